@@ -1,0 +1,322 @@
+//! Argument parsing and validation for every TB command.
+//!
+//! Works on raw byte slices (`argv[0]` is the command name), so keys and
+//! numbers are binary-safe and nothing is copied. Validation order is part
+//! of the contract, since the Lua library must report the same first error:
+//! arity, then each group left to right (`max`, `rate`, the fill-time bound,
+//! `cost`/`delta`), then duplicate keys.
+
+use crate::bucket::Limits;
+use crate::number::parse_decimal;
+use std::fmt;
+
+/// Largest `max` accepted.
+pub const MAX_CAPACITY: f64 = 1e12;
+/// Largest `rate` accepted (tokens per second).
+pub const MAX_RATE: f64 = 1e12;
+/// Largest `max / rate`: the seconds an empty bucket takes to fill. Keeps
+/// every reply time below 2e13 ms and keeps one millisecond of refill far
+/// above float rounding, so retry times are exact to the millisecond.
+pub const MAX_FILL_SECONDS: f64 = 1e10;
+/// Most buckets in one TB.MCONSUME: bounds the time one call holds Redis.
+pub const MAX_GROUPS: usize = 10_000;
+
+/// Command arguments, `argv[0]` being the command name.
+pub trait Argv {
+    fn count(&self) -> usize;
+    fn arg(&self, i: usize) -> &[u8];
+}
+
+impl<T: AsRef<[u8]>> Argv for [T] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn arg(&self, i: usize) -> &[u8] {
+        self[i].as_ref()
+    }
+}
+
+/// A validated single-bucket call; its key is `argv[1]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Single {
+    pub limits: Limits,
+    /// `cost` for CONSUME/PEEK, `delta` for ADJUST.
+    pub amount: f64,
+}
+
+/// One validated TB.MCONSUME group.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Group {
+    pub key_index: usize,
+    pub limits: Limits,
+    pub cost: f64,
+}
+
+/// Which argument an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg {
+    Max,
+    Rate,
+    Cost,
+    Delta,
+}
+
+impl Arg {
+    fn name(self) -> &'static str {
+        match self {
+            Arg::Max => "max",
+            Arg::Rate => "rate",
+            Arg::Cost => "cost",
+            Arg::Delta => "delta",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgError {
+    Arity,
+    TooManyGroups,
+    /// Not a finite decimal (garbage, NaN, infinity, hex, spaces...).
+    NotANumber(Arg, Option<usize>),
+    OutOfRange(Arg, Option<usize>),
+    CostAboveMax(Option<usize>),
+    FillTooSlow(Option<usize>),
+    DuplicateKey { group: usize, first: usize },
+}
+
+impl ArgError {
+    /// The error reply, for `command` as the client spelled it in lower case.
+    pub fn message(&self, command: &str) -> String {
+        let group = |g: &Option<usize>| g.map(|g| format!(" (group {g})")).unwrap_or_default();
+        match self {
+            ArgError::Arity => format!("ERR wrong number of arguments for '{command}' command"),
+            ArgError::TooManyGroups => {
+                format!("ERR too many buckets: at most {MAX_GROUPS} groups per call")
+            }
+            ArgError::NotANumber(a, g) => {
+                format!("ERR {} must be a finite decimal number{}", a.name(), group(g))
+            }
+            ArgError::OutOfRange(a, g) => {
+                let bound = match a {
+                    Arg::Max => "must be > 0 and <= 1e12",
+                    Arg::Rate => "must be > 0 and <= 1e12",
+                    Arg::Cost => "must be >= 0",
+                    Arg::Delta => "must be finite",
+                };
+                format!("ERR {} {bound}{}", a.name(), group(g))
+            }
+            ArgError::CostAboveMax(g) => {
+                format!("ERR cost must not exceed max, it could never pass{}", group(g))
+            }
+            ArgError::FillTooSlow(g) => format!(
+                "ERR rate is too low for max: max/rate must be <= 1e10 seconds{}",
+                group(g)
+            ),
+            ArgError::DuplicateKey { group, first } => {
+                format!("ERR duplicate key: group {group} repeats the key of group {first}")
+            }
+        }
+    }
+}
+
+impl fmt::Display for ArgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message("tb"))
+    }
+}
+
+fn number(bytes: &[u8], arg: Arg, group: Option<usize>) -> Result<f64, ArgError> {
+    parse_decimal(bytes).ok_or(ArgError::NotANumber(arg, group))
+}
+
+/// `max` and `rate` at `argv[i]`, `argv[i + 1]`.
+fn limits(argv: &(impl Argv + ?Sized), i: usize, g: Option<usize>) -> Result<Limits, ArgError> {
+    let max = number(argv.arg(i), Arg::Max, g)?;
+    if !(max > 0.0 && max <= MAX_CAPACITY) {
+        return Err(ArgError::OutOfRange(Arg::Max, g));
+    }
+    let rate = number(argv.arg(i + 1), Arg::Rate, g)?;
+    if !(rate > 0.0 && rate <= MAX_RATE) {
+        return Err(ArgError::OutOfRange(Arg::Rate, g));
+    }
+    if max / rate > MAX_FILL_SECONDS {
+        return Err(ArgError::FillTooSlow(g));
+    }
+    Ok(Limits { max, rate })
+}
+
+fn cost(bytes: &[u8], limits: &Limits, g: Option<usize>) -> Result<f64, ArgError> {
+    let cost = number(bytes, Arg::Cost, g)?;
+    if cost < 0.0 {
+        return Err(ArgError::OutOfRange(Arg::Cost, g));
+    }
+    if cost > limits.max {
+        return Err(ArgError::CostAboveMax(g));
+    }
+    Ok(cost)
+}
+
+/// `TB.CONSUME key max rate [cost]` and `TB.PEEK`, same shape.
+pub fn parse_consume(argv: &(impl Argv + ?Sized)) -> Result<Single, ArgError> {
+    let n = argv.count();
+    if !(4..=5).contains(&n) {
+        return Err(ArgError::Arity);
+    }
+    let limits = limits(argv, 2, None)?;
+    let amount = if n == 5 {
+        cost(argv.arg(4), &limits, None)?
+    } else {
+        // Default cost 1, but never above max: a fractional max still works.
+        1.0_f64.min(limits.max)
+    };
+    Ok(Single { limits, amount })
+}
+
+/// `TB.ADJUST key max rate delta`.
+pub fn parse_adjust(argv: &(impl Argv + ?Sized)) -> Result<Single, ArgError> {
+    if argv.count() != 5 {
+        return Err(ArgError::Arity);
+    }
+    let limits = limits(argv, 2, None)?;
+    let amount = number(argv.arg(4), Arg::Delta, None)?;
+    Ok(Single { limits, amount })
+}
+
+/// `TB.MCONSUME key max rate cost [key max rate cost ...]`.
+pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, ArgError> {
+    let n = argv.count();
+    if n < 5 || (n - 1) % 4 != 0 {
+        return Err(ArgError::Arity);
+    }
+    let count = (n - 1) / 4;
+    if count > MAX_GROUPS {
+        return Err(ArgError::TooManyGroups);
+    }
+    let mut groups = Vec::with_capacity(count);
+    for g in 0..count {
+        let base = 1 + 4 * g;
+        let label = Some(g + 1);
+        let limits = limits(argv, base + 1, label)?;
+        let cost = cost(argv.arg(base + 3), &limits, label)?;
+        groups.push(Group {
+            key_index: base,
+            limits,
+            cost,
+        });
+    }
+    if let Some((group, first)) = first_duplicate(argv, &groups) {
+        return Err(ArgError::DuplicateKey { group, first });
+    }
+    Ok(groups)
+}
+
+/// The earliest group (1-based) whose key appeared before, and that earlier
+/// group: what a left-to-right scan would report, in O(n log n).
+fn first_duplicate(argv: &(impl Argv + ?Sized), groups: &[Group]) -> Option<(usize, usize)> {
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by(|&a, &b| {
+        argv.arg(groups[a].key_index)
+            .cmp(argv.arg(groups[b].key_index))
+            .then(a.cmp(&b))
+    });
+    let key = |p: usize| argv.arg(groups[order[p]].key_index);
+    // In a run of equal keys (sorted by position) the second member is that
+    // key's earliest repeat and the first member is its original.
+    (1..order.len())
+        .filter(|&p| key(p) == key(p - 1) && (p < 2 || key(p - 2) != key(p - 1)))
+        .map(|p| (order[p] + 1, order[p - 1] + 1))
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &[&str]) -> Vec<Vec<u8>> {
+        s.iter().map(|a| a.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn consume_defaults_cost_to_one() {
+        let a = parse_consume(argv(&["tb.consume", "k", "10", "0.17"]).as_slice()).unwrap();
+        assert_eq!(a.limits, Limits { max: 10.0, rate: 0.17 });
+        assert_eq!(a.amount, 1.0);
+        let a = parse_consume(argv(&["tb.consume", "k", "0.5", "1"]).as_slice()).unwrap();
+        assert_eq!(a.amount, 0.5);
+    }
+
+    #[test]
+    fn errors_name_the_argument() {
+        let cases = [
+            (vec!["c", "k", "10"], ArgError::Arity),
+            (vec!["c", "k", "10", "1", "1", "1"], ArgError::Arity),
+            (vec!["c", "k", "x", "1"], ArgError::NotANumber(Arg::Max, None)),
+            (vec!["c", "k", "nan", "1"], ArgError::NotANumber(Arg::Max, None)),
+            (vec!["c", "k", "0", "1"], ArgError::OutOfRange(Arg::Max, None)),
+            (vec!["c", "k", "1e13", "1"], ArgError::OutOfRange(Arg::Max, None)),
+            (vec!["c", "k", "10", "inf"], ArgError::NotANumber(Arg::Rate, None)),
+            (vec!["c", "k", "10", "-1"], ArgError::OutOfRange(Arg::Rate, None)),
+            (vec!["c", "k", "1e12", "1"], ArgError::FillTooSlow(None)),
+            (vec!["c", "k", "10", "1", "0x1"], ArgError::NotANumber(Arg::Cost, None)),
+            (vec!["c", "k", "10", "1", "-1"], ArgError::OutOfRange(Arg::Cost, None)),
+            (vec!["c", "k", "10", "1", "11"], ArgError::CostAboveMax(None)),
+        ];
+        for (a, e) in cases {
+            assert_eq!(parse_consume(argv(&a).as_slice()), Err(e), "{a:?}");
+        }
+        assert_eq!(
+            ArgError::NotANumber(Arg::Rate, Some(2)).message("tb.mconsume"),
+            "ERR rate must be a finite decimal number (group 2)"
+        );
+    }
+
+    #[test]
+    fn adjust_takes_a_signed_delta() {
+        let a = parse_adjust(argv(&["a", "k", "10", "1", "-25.5"]).as_slice()).unwrap();
+        assert_eq!(a.amount, -25.5);
+        assert_eq!(
+            parse_adjust(argv(&["a", "k", "10", "1", "nan"]).as_slice()),
+            Err(ArgError::NotANumber(Arg::Delta, None))
+        );
+        assert_eq!(
+            parse_adjust(argv(&["a", "k", "10", "1"]).as_slice()),
+            Err(ArgError::Arity)
+        );
+    }
+
+    #[test]
+    fn mconsume_groups_and_duplicates() {
+        let ok = argv(&["m", "a", "10", "1", "1", "b", "5", "2", "0"]);
+        let g = parse_mconsume(ok.as_slice()).unwrap();
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[1].key_index, 5);
+        assert_eq!(g[1].cost, 0.0);
+        for bad in [vec!["m"], vec!["m", "a", "1", "1"], vec!["m", "a", "1", "1", "1", "b"]] {
+            assert_eq!(parse_mconsume(argv(&bad).as_slice()), Err(ArgError::Arity));
+        }
+        let dup = argv(&[
+            "m", "b", "1", "1", "1", "a", "1", "1", "1", "c", "1", "1", "1", "a", "1", "1", "1",
+            "b", "1", "1", "1",
+        ]);
+        assert_eq!(
+            parse_mconsume(dup.as_slice()),
+            Err(ArgError::DuplicateKey { group: 4, first: 2 })
+        );
+        let bad_cost = argv(&["m", "a", "1", "1", "1", "b", "1", "1", "2"]);
+        assert_eq!(
+            parse_mconsume(bad_cost.as_slice()),
+            Err(ArgError::CostAboveMax(Some(2)))
+        );
+    }
+
+    #[test]
+    fn mconsume_group_limit() {
+        let mut a = vec!["m".to_string()];
+        for i in 0..=MAX_GROUPS {
+            a.extend([format!("k{i}"), "1".into(), "1".into(), "1".into()]);
+        }
+        assert_eq!(parse_mconsume(a.as_slice()), Err(ArgError::TooManyGroups));
+        a.truncate(a.len() - 4);
+        assert_eq!(parse_mconsume(a.as_slice()).map(|g| g.len()), Ok(MAX_GROUPS));
+    }
+}

@@ -1,0 +1,11 @@
+//! The pure core of redis-tokenbucket: no Redis types, no I/O.
+//!
+//! * [`bucket`]: refill, consume, adjust and the reply times;
+//! * [`args`]: parsing and validation of command arguments;
+//! * [`state`]: the `tokens`/`ts` hash encoding;
+//! * [`number`]: the strict decimal grammar both of the above use.
+
+pub mod args;
+pub mod bucket;
+pub mod number;
+pub mod state;
