@@ -81,7 +81,10 @@ pub enum ArgError {
     OutOfRange(Arg, Option<usize>),
     CostAboveMax(Option<usize>),
     FillTooSlow(Option<usize>),
-    DuplicateKey { group: usize, first: usize },
+    DuplicateKey {
+        group: usize,
+        first: usize,
+    },
 }
 
 impl ArgError {
@@ -94,7 +97,11 @@ impl ArgError {
                 format!("ERR too many buckets: at most {MAX_GROUPS} groups per call")
             }
             ArgError::NotANumber(a, g) => {
-                format!("ERR {} must be a finite decimal number{}", a.name(), group(g))
+                format!(
+                    "ERR {} must be a finite decimal number{}",
+                    a.name(),
+                    group(g)
+                )
             }
             ArgError::OutOfRange(a, g) => {
                 let bound = match a {
@@ -106,7 +113,10 @@ impl ArgError {
                 format!("ERR {} {bound}{}", a.name(), group(g))
             }
             ArgError::CostAboveMax(g) => {
-                format!("ERR cost must not exceed max, it could never pass{}", group(g))
+                format!(
+                    "ERR cost must not exceed max, it could never pass{}",
+                    group(g)
+                )
             }
             ArgError::FillTooSlow(g) => format!(
                 "ERR rate is too low for max: max/rate must be <= 1e10 seconds{}",
@@ -239,7 +249,13 @@ mod tests {
     #[test]
     fn consume_defaults_cost_to_one() {
         let a = parse_consume(argv(&["tb.consume", "k", "10", "0.17"]).as_slice()).unwrap();
-        assert_eq!(a.limits, Limits { max: 10.0, rate: 0.17 });
+        assert_eq!(
+            a.limits,
+            Limits {
+                max: 10.0,
+                rate: 0.17
+            }
+        );
         assert_eq!(a.amount, 1.0);
         let a = parse_consume(argv(&["tb.consume", "k", "0.5", "1"]).as_slice()).unwrap();
         assert_eq!(a.amount, 0.5);
@@ -250,16 +266,43 @@ mod tests {
         let cases = [
             (vec!["c", "k", "10"], ArgError::Arity),
             (vec!["c", "k", "10", "1", "1", "1"], ArgError::Arity),
-            (vec!["c", "k", "x", "1"], ArgError::NotANumber(Arg::Max, None)),
-            (vec!["c", "k", "nan", "1"], ArgError::NotANumber(Arg::Max, None)),
-            (vec!["c", "k", "0", "1"], ArgError::OutOfRange(Arg::Max, None)),
-            (vec!["c", "k", "1e13", "1"], ArgError::OutOfRange(Arg::Max, None)),
-            (vec!["c", "k", "10", "inf"], ArgError::NotANumber(Arg::Rate, None)),
-            (vec!["c", "k", "10", "-1"], ArgError::OutOfRange(Arg::Rate, None)),
+            (
+                vec!["c", "k", "x", "1"],
+                ArgError::NotANumber(Arg::Max, None),
+            ),
+            (
+                vec!["c", "k", "nan", "1"],
+                ArgError::NotANumber(Arg::Max, None),
+            ),
+            (
+                vec!["c", "k", "0", "1"],
+                ArgError::OutOfRange(Arg::Max, None),
+            ),
+            (
+                vec!["c", "k", "1e13", "1"],
+                ArgError::OutOfRange(Arg::Max, None),
+            ),
+            (
+                vec!["c", "k", "10", "inf"],
+                ArgError::NotANumber(Arg::Rate, None),
+            ),
+            (
+                vec!["c", "k", "10", "-1"],
+                ArgError::OutOfRange(Arg::Rate, None),
+            ),
             (vec!["c", "k", "1e12", "1"], ArgError::FillTooSlow(None)),
-            (vec!["c", "k", "10", "1", "0x1"], ArgError::NotANumber(Arg::Cost, None)),
-            (vec!["c", "k", "10", "1", "-1"], ArgError::OutOfRange(Arg::Cost, None)),
-            (vec!["c", "k", "10", "1", "11"], ArgError::CostAboveMax(None)),
+            (
+                vec!["c", "k", "10", "1", "0x1"],
+                ArgError::NotANumber(Arg::Cost, None),
+            ),
+            (
+                vec!["c", "k", "10", "1", "-1"],
+                ArgError::OutOfRange(Arg::Cost, None),
+            ),
+            (
+                vec!["c", "k", "10", "1", "11"],
+                ArgError::CostAboveMax(None),
+            ),
         ];
         for (a, e) in cases {
             assert_eq!(parse_consume(argv(&a).as_slice()), Err(e), "{a:?}");
@@ -291,7 +334,11 @@ mod tests {
         assert_eq!(g.len(), 2);
         assert_eq!(g[1].key_index, 5);
         assert_eq!(g[1].cost, 0.0);
-        for bad in [vec!["m"], vec!["m", "a", "1", "1"], vec!["m", "a", "1", "1", "1", "b"]] {
+        for bad in [
+            vec!["m"],
+            vec!["m", "a", "1", "1"],
+            vec!["m", "a", "1", "1", "1", "b"],
+        ] {
             assert_eq!(parse_mconsume(argv(&bad).as_slice()), Err(ArgError::Arity));
         }
         let dup = argv(&[
@@ -317,6 +364,9 @@ mod tests {
         }
         assert_eq!(parse_mconsume(a.as_slice()), Err(ArgError::TooManyGroups));
         a.truncate(a.len() - 4);
-        assert_eq!(parse_mconsume(a.as_slice()).map(|g| g.len()), Ok(MAX_GROUPS));
+        assert_eq!(
+            parse_mconsume(a.as_slice()).map(|g| g.len()),
+            Ok(MAX_GROUPS)
+        );
     }
 }

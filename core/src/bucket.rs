@@ -100,7 +100,11 @@ impl Limits {
         Outcome {
             allowed,
             tokens,
-            retry_after_ms: if allowed { 0 } else { self.ms_until(current, cost) },
+            retry_after_ms: if allowed {
+                0
+            } else {
+                self.ms_until(current, cost)
+            },
             reset_after_ms: self.ms_until(tokens, self.max),
         }
     }

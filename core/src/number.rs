@@ -92,8 +92,8 @@ mod tests {
     #[test]
     fn rejects_everything_else() {
         for s in [
-            "", " ", "1 ", " 1", "nan", "NaN", "inf", "-inf", "infinity", "0x10", "1e", "1e+",
-            ".", "+", "-", "1..2", "1.2.3", "e5", "1e999", "1_000", "１", "1\0", "--1", "1,5",
+            "", " ", "1 ", " 1", "nan", "NaN", "inf", "-inf", "infinity", "0x10", "1e", "1e+", ".",
+            "+", "-", "1..2", "1.2.3", "e5", "1e999", "1_000", "１", "1\0", "--1", "1,5",
         ] {
             assert_eq!(parse_decimal(s.as_bytes()), None, "{s:?}");
         }
@@ -102,10 +102,22 @@ mod tests {
 
     #[test]
     fn integers_are_plain_and_short() {
-        assert_eq!(parse_int16(b"1764513600123456"), Some(1_764_513_600_123_456));
+        assert_eq!(
+            parse_int16(b"1764513600123456"),
+            Some(1_764_513_600_123_456)
+        );
         assert_eq!(parse_int16(b"-5"), Some(-5));
         assert_eq!(parse_int16(b"0"), Some(0));
-        for s in ["", "-", "+5", "1.0", "1e3", "12345678901234567", " 1", "0x1"] {
+        for s in [
+            "",
+            "-",
+            "+5",
+            "1.0",
+            "1e3",
+            "12345678901234567",
+            " 1",
+            "0x1",
+        ] {
             assert_eq!(parse_int16(s.as_bytes()), None, "{s:?}");
         }
     }

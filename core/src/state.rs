@@ -94,7 +94,11 @@ mod tests {
         ] {
             encode_tokens(t, &mut s);
             let back = decode(Some(s.as_bytes()), Some(b"0")).unwrap().tokens;
-            assert_eq!(back.to_bits(), if t == 0.0 { 0 } else { t.to_bits() }, "{t} -> {s}");
+            assert_eq!(
+                back.to_bits(),
+                if t == 0.0 { 0 } else { t.to_bits() },
+                "{t} -> {s}"
+            );
         }
         encode_tokens(-0.0, &mut s);
         assert_eq!(s, "0");
@@ -108,7 +112,12 @@ mod tests {
         let s = decode(Some(b"0.10000000000000001"), Some(b"1764513600123456")).unwrap();
         assert_eq!(s.tokens, 0.1);
         assert_eq!(s.ts_us, 1_764_513_600_123_456);
-        assert_eq!(decode(Some(b"1.0000000000000001e-05"), Some(b"1")).unwrap().tokens, 1e-5);
+        assert_eq!(
+            decode(Some(b"1.0000000000000001e-05"), Some(b"1"))
+                .unwrap()
+                .tokens,
+            1e-5
+        );
     }
 
     #[test]

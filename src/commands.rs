@@ -1,0 +1,148 @@
+//! The command handlers. Each one follows the same steps: parse the
+//! arguments (nothing is touched if they are wrong), open the key(s), read
+//! the clock once, compute with `tb_core::bucket`, write and replicate the
+//! effects only if something changed, then reply.
+
+use crate::clock;
+use crate::guard;
+use crate::keyspace::{Args, BucketKey, KeyError};
+use crate::reply::{reply_array, reply_int, reply_outcome};
+use crate::stats;
+use redis_module::raw::{RedisModuleCtx, RedisModuleString};
+use std::os::raw::c_int;
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
+use tb_core::bucket::consume_all;
+
+const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+fn key_error(e: KeyError, group: Option<usize>) -> String {
+    match (e, group) {
+        (KeyError::WrongType, _) => WRONGTYPE.to_string(),
+        (KeyError::State(s), None) => s.message().to_string(),
+        (KeyError::State(s), Some(g)) => format!("{} (group {g})", s.message()),
+    }
+}
+
+/// `TB.CONSUME key max rate [cost]`. A denied call, or one with cost 0,
+/// writes and replicates nothing.
+pub extern "C" fn consume(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    guard::run(ctx, || {
+        let args = Args::new(argv, argc);
+        let call = parse_consume(&args).map_err(|e| e.message("tb.consume"))?;
+        let key = BucketKey::open(ctx, args.raw(1), true);
+        let now = clock::now_us();
+        let stored = key.load().map_err(|e| key_error(e, None))?;
+        let outcome = call
+            .limits
+            .consume(call.limits.current(stored, now), call.amount);
+        if outcome.allowed {
+            if call.amount > 0.0 {
+                key.save(&call.limits, &outcome, now);
+            }
+            stats::ADMITTED.incr();
+        } else {
+            stats::DENIED.incr();
+        }
+        reply_outcome(ctx, &outcome);
+        Ok(())
+    })
+}
+
+/// `TB.PEEK key max rate [cost]`: read-only, runs on replicas.
+pub extern "C" fn peek(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    guard::run(ctx, || {
+        let args = Args::new(argv, argc);
+        let call = parse_consume(&args).map_err(|e| e.message("tb.peek"))?;
+        let key = BucketKey::open(ctx, args.raw(1), false);
+        let stored = key.load().map_err(|e| key_error(e, None))?;
+        let outcome = call
+            .limits
+            .peek(call.limits.current(stored, clock::now_us()), call.amount);
+        stats::PEEKS.incr();
+        reply_outcome(ctx, &outcome);
+        Ok(())
+    })
+}
+
+/// `TB.ADJUST key max rate delta`: refund (delta > 0) or charge after the
+/// fact (delta < 0, down to -max). Always applies.
+pub extern "C" fn adjust(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    guard::run(ctx, || {
+        let args = Args::new(argv, argc);
+        let call = parse_adjust(&args).map_err(|e| e.message("tb.adjust"))?;
+        let key = BucketKey::open(ctx, args.raw(1), true);
+        let now = clock::now_us();
+        let stored = key.load().map_err(|e| key_error(e, None))?;
+        let outcome = call
+            .limits
+            .adjust(call.limits.current(stored, now), call.amount);
+        key.save(&call.limits, &outcome, now);
+        stats::ADJUSTS.incr();
+        reply_outcome(ctx, &outcome);
+        Ok(())
+    })
+}
+
+/// `TB.MCONSUME key max rate cost [key max rate cost ...]`: all buckets are
+/// charged, or none is.
+pub extern "C" fn mconsume(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    guard::run(ctx, || {
+        let args = Args::new(argv, argc);
+        let groups = parse_mconsume(&args).map_err(|e| e.message("tb.mconsume"))?;
+        let keys: Vec<BucketKey> = groups
+            .iter()
+            .map(|g| BucketKey::open(ctx, args.raw(g.key_index), true))
+            .collect();
+        let now = clock::now_us();
+        let mut buckets = Vec::with_capacity(groups.len());
+        for (i, (group, key)) in groups.iter().zip(&keys).enumerate() {
+            let stored = key.load().map_err(|e| key_error(e, Some(i + 1)))?;
+            buckets.push((group.limits, group.limits.current(stored, now), group.cost));
+        }
+        let (all, retry, outcomes) = consume_all(&buckets);
+        if all {
+            for ((group, key), outcome) in groups.iter().zip(&keys).zip(&outcomes) {
+                if group.cost > 0.0 {
+                    key.save(&group.limits, outcome, now);
+                }
+            }
+            stats::ADMITTED.incr();
+        } else {
+            stats::DENIED.incr();
+        }
+        reply_array(ctx, 2 + outcomes.len());
+        reply_int(ctx, i64::from(all));
+        reply_int(ctx, retry);
+        for outcome in &outcomes {
+            reply_outcome(ctx, outcome);
+        }
+        Ok(())
+    })
+}
+
+/// `TB.PANIC`: panics on purpose so a test can prove containment. Only in
+/// builds with the `panic-test` feature.
+#[cfg(feature = "panic-test")]
+pub extern "C" fn panic(
+    ctx: *mut RedisModuleCtx,
+    _argv: *mut *mut RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    guard::run(ctx, || panic!("TB.PANIC was called (panic-test build)"))
+}

@@ -1,0 +1,40 @@
+//! Panic containment. A panic unwinding into Redis would abort the server
+//! and drop every client and all unsaved data, so each handler runs inside
+//! `run`, which turns a panic into an error reply. The hook installed at
+//! load logs the panic through the Redis log first.
+
+use crate::reply::{log_warning, reply_error};
+use crate::stats;
+use redis_module::raw::RedisModuleCtx;
+use std::os::raw::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// The reply a client gets when its command panicked.
+pub const PANIC_REPLY: &str =
+    "ERR tb internal error: the command failed and was contained, see the server log";
+
+/// Routes panic messages to the Redis log (stderr may go nowhere).
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        log_warning(&format!("tb: panic contained in a command handler: {info}"));
+    }));
+}
+
+/// Runs a handler body. `Err(message)` becomes an error reply; so does a
+/// panic. Handlers reply only after all fallible work, so a panic can't
+/// leave a half-written reply behind.
+pub fn run(ctx: *mut RedisModuleCtx, body: impl FnOnce() -> Result<(), String>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => {}
+        Ok(Err(message)) => {
+            stats::ERRORS.incr();
+            reply_error(ctx, &message);
+        }
+        Err(_) => {
+            stats::ERRORS.incr();
+            stats::PANICS.incr();
+            reply_error(ctx, PANIC_REPLY);
+        }
+    }
+    redis_module::raw::REDISMODULE_OK as c_int
+}

@@ -1,0 +1,280 @@
+//! Bucket hashes in the keyspace, through Redis's low-level key API, and
+//! the replication of every write as effects (`HSET`, `PEXPIREAT`, `DEL`).
+//!
+//! Effects, never the command: a replica or an AOF replay, with or without
+//! the module, then ends with the primary's exact hash and expire time
+//! instead of recomputing with its own clock.
+//!
+//! Every function pointer used here is checked at load time
+//! (`REQUIRED_APIS`), so the `None` branches are unreachable in a loaded
+//! module; they degrade to harmless values rather than panicking.
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
+use std::cell::RefCell;
+use std::os::raw::{c_char, c_int, c_longlong};
+use std::ptr;
+use tb_core::args::Argv;
+use tb_core::bucket::{Limits, Outcome, Stored};
+use tb_core::state::{self, StateError};
+
+/// The first module API function the handlers need that this server lacks.
+/// Checked once at load, so a missing one stops the load instead of
+/// surfacing in a command.
+pub fn missing_api() -> Option<&'static str> {
+    macro_rules! check {
+        ($($name:ident),*) => {
+            $(
+                // Copy the Option out of the `static mut`; never borrow it.
+                let f = unsafe { raw::$name };
+                if f.is_none() {
+                    return Some(stringify!($name));
+                }
+            )*
+        };
+    }
+    check!(
+        RedisModule_OpenKey,
+        RedisModule_CloseKey,
+        RedisModule_KeyType,
+        RedisModule_ValueLength,
+        RedisModule_HashGet,
+        RedisModule_HashSet,
+        RedisModule_SetAbsExpire,
+        RedisModule_DeleteKey,
+        RedisModule_Replicate,
+        RedisModule_CreateString,
+        RedisModule_FreeString,
+        RedisModule_StringPtrLen,
+        RedisModule_ReplyWithArray,
+        RedisModule_ReplyWithLongLong,
+        RedisModule_ReplyWithError
+    );
+    None
+}
+
+/// Bytes of a Redis string, borrowed for as long as Redis keeps it.
+fn bytes<'a>(s: *const RedisModuleString) -> &'a [u8] {
+    let mut len = 0usize;
+    match unsafe { raw::RedisModule_StringPtrLen } {
+        Some(f) if !s.is_null() => {
+            let p = unsafe { f(s, &mut len) };
+            if p.is_null() {
+                &[]
+            } else {
+                unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }
+            }
+        }
+        _ => &[],
+    }
+}
+
+/// A command's argv, read in place (no copies into `String`s).
+pub struct Args {
+    argv: *mut *mut RedisModuleString,
+    argc: usize,
+}
+
+impl Args {
+    pub fn new(argv: *mut *mut RedisModuleString, argc: c_int) -> Self {
+        Args {
+            argv,
+            argc: usize::try_from(argc).unwrap_or(0),
+        }
+    }
+
+    /// The Redis string at `i`, for use as a key name.
+    pub fn raw(&self, i: usize) -> *mut RedisModuleString {
+        if i < self.argc {
+            unsafe { *self.argv.add(i) }
+        } else {
+            ptr::null_mut()
+        }
+    }
+}
+
+impl Argv for Args {
+    fn count(&self) -> usize {
+        self.argc
+    }
+    fn arg(&self, i: usize) -> &[u8] {
+        bytes(self.raw(i))
+    }
+}
+
+/// Why a key can't be used as a bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyError {
+    WrongType,
+    State(StateError),
+}
+
+/// An open key that should hold a bucket. Closed on drop.
+pub struct BucketKey {
+    ctx: *mut RedisModuleCtx,
+    key: *mut RedisModuleKey,
+    name: *mut RedisModuleString,
+}
+
+thread_local! {
+    // Scratch buffers for formatting, reused across calls (Redis runs
+    // commands on one thread).
+    static SCRATCH: RefCell<(String, String)> = RefCell::new((String::with_capacity(32), String::with_capacity(24)));
+}
+
+impl BucketKey {
+    pub fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, writable: bool) -> Self {
+        let mode = if writable {
+            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
+        } else {
+            raw::REDISMODULE_READ
+        };
+        let key = match unsafe { raw::RedisModule_OpenKey } {
+            Some(f) if !name.is_null() => unsafe { f(ctx, name, mode as c_int) },
+            _ => ptr::null_mut(),
+        };
+        BucketKey { ctx, key, name }
+    }
+
+    fn key_type(&self) -> c_int {
+        match unsafe { raw::RedisModule_KeyType } {
+            Some(f) if !self.key.is_null() => unsafe { f(self.key) },
+            _ => raw::REDISMODULE_KEYTYPE_EMPTY as c_int,
+        }
+    }
+
+    pub fn exists(&self) -> bool {
+        self.key_type() != raw::REDISMODULE_KEYTYPE_EMPTY as c_int
+    }
+
+    /// The stored bucket, `None` for a missing key (a full bucket).
+    pub fn load(&self) -> Result<Option<Stored>, KeyError> {
+        match self.key_type() as isize {
+            raw::REDISMODULE_KEYTYPE_EMPTY => return Ok(None),
+            raw::REDISMODULE_KEYTYPE_HASH => {}
+            _ => return Err(KeyError::WrongType),
+        }
+        let len = match unsafe { raw::RedisModule_ValueLength } {
+            Some(f) => unsafe { f(self.key) },
+            None => 0,
+        };
+        if len != 2 {
+            return Err(KeyError::State(StateError::Fields));
+        }
+        let mut tokens: *mut RedisModuleString = ptr::null_mut();
+        let mut ts: *mut RedisModuleString = ptr::null_mut();
+        if let Some(f) = unsafe { raw::RedisModule_HashGet } {
+            unsafe {
+                f(
+                    self.key,
+                    raw::REDISMODULE_HASH_CFIELDS as c_int,
+                    c"tokens".as_ptr(),
+                    &mut tokens as *mut *mut RedisModuleString,
+                    c"ts".as_ptr(),
+                    &mut ts as *mut *mut RedisModuleString,
+                    ptr::null::<c_char>(),
+                );
+            }
+        }
+        let field = |s: *mut RedisModuleString| (!s.is_null()).then(|| bytes(s));
+        let decoded = state::decode(field(tokens), field(ts)).map_err(KeyError::State);
+        self.free(tokens);
+        self.free(ts);
+        decoded.map(Some)
+    }
+
+    fn free(&self, s: *mut RedisModuleString) {
+        if let (Some(f), false) = (unsafe { raw::RedisModule_FreeString }, s.is_null()) {
+            unsafe { f(self.ctx, s) }
+        }
+    }
+
+    fn create(&self, text: &str) -> *mut RedisModuleString {
+        match unsafe { raw::RedisModule_CreateString } {
+            Some(f) => unsafe { f(self.ctx, text.as_ptr().cast::<c_char>(), text.len()) },
+            None => ptr::null_mut(),
+        }
+    }
+
+    /// Stores a bucket's new balance, or deletes the key if the bucket is
+    /// full (a missing key *is* a full bucket, and takes no memory).
+    pub fn save(&self, limits: &Limits, outcome: &Outcome, now_us: i64) {
+        if limits.is_full(outcome.tokens) {
+            self.delete();
+        } else {
+            let at = Limits::expire_at_ms(now_us, outcome.reset_after_ms);
+            self.write(outcome.tokens, now_us, at);
+        }
+    }
+
+    fn write(&self, tokens: f64, ts_us: i64, expire_at_ms: i64) {
+        SCRATCH.with(|cell| {
+            let Ok(mut bufs) = cell.try_borrow_mut() else {
+                return;
+            };
+            let (tok_buf, ts_buf) = &mut *bufs;
+            state::encode_tokens(tokens, tok_buf);
+            state::encode_ts(ts_us, ts_buf);
+            let tok = self.create(tok_buf);
+            let ts = self.create(ts_buf);
+            unsafe {
+                if let Some(f) = raw::RedisModule_HashSet {
+                    f(
+                        self.key,
+                        raw::REDISMODULE_HASH_CFIELDS as c_int,
+                        c"tokens".as_ptr(),
+                        tok,
+                        c"ts".as_ptr(),
+                        ts,
+                        ptr::null::<c_char>(),
+                    );
+                }
+                if let Some(f) = raw::RedisModule_SetAbsExpire {
+                    f(self.key, expire_at_ms);
+                }
+                if let Some(f) = raw::RedisModule_Replicate {
+                    f(
+                        self.ctx,
+                        c"HSET".as_ptr(),
+                        c"scscs".as_ptr(),
+                        self.name,
+                        c"tokens".as_ptr(),
+                        tok,
+                        c"ts".as_ptr(),
+                        ts,
+                    );
+                    f(
+                        self.ctx,
+                        c"PEXPIREAT".as_ptr(),
+                        c"sl".as_ptr(),
+                        self.name,
+                        expire_at_ms as c_longlong,
+                    );
+                }
+            }
+            self.free(tok);
+            self.free(ts);
+        });
+    }
+
+    fn delete(&self) {
+        if !self.exists() {
+            return;
+        }
+        unsafe {
+            if let Some(f) = raw::RedisModule_DeleteKey {
+                f(self.key);
+            }
+            if let Some(f) = raw::RedisModule_Replicate {
+                f(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), self.name);
+            }
+        }
+    }
+}
+
+impl Drop for BucketKey {
+    fn drop(&mut self) {
+        if let (Some(f), false) = (unsafe { raw::RedisModule_CloseKey }, self.key.is_null()) {
+            unsafe { f(self.key) }
+        }
+    }
+}
