@@ -175,9 +175,11 @@ pub fn parse_consume(argv: &(impl Argv + ?Sized)) -> Result<Single, ArgError> {
     let limits = limits(argv, 2, None)?;
     let amount = if n == 5 {
         cost(argv.arg(4), &limits, None)?
+    } else if limits.max < 1.0 {
+        // The default cost of 1 could never pass a bucket this small.
+        return Err(ArgError::CostAboveMax(None));
     } else {
-        // Default cost 1, but never above max: a fractional max still works.
-        1.0_f64.min(limits.max)
+        1.0
     };
     Ok(Single { limits, amount })
 }
@@ -195,7 +197,7 @@ pub fn parse_adjust(argv: &(impl Argv + ?Sized)) -> Result<Single, ArgError> {
 /// `TB.MCONSUME key max rate cost [key max rate cost ...]`.
 pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, ArgError> {
     let n = argv.count();
-    if n < 5 || (n - 1) % 4 != 0 {
+    if n < 5 || !(n - 1).is_multiple_of(4) {
         return Err(ArgError::Arity);
     }
     let count = (n - 1) / 4;
@@ -257,8 +259,10 @@ mod tests {
             }
         );
         assert_eq!(a.amount, 1.0);
-        let a = parse_consume(argv(&["tb.consume", "k", "0.5", "1"]).as_slice()).unwrap();
-        assert_eq!(a.amount, 0.5);
+        assert_eq!(
+            parse_consume(argv(&["tb.consume", "k", "0.5", "1"]).as_slice()),
+            Err(ArgError::CostAboveMax(None))
+        );
     }
 
     #[test]

@@ -1,0 +1,383 @@
+//! Test harness: real redis-server processes on free loopback ports, each in
+//! its own temporary directory, killed and cleaned up on drop.
+//!
+//! * `TB_MODULE`: path of the module (default: the release build).
+//! * `TB_REDIS_SERVER`: the server binary (default: `redis-server`), so the
+//!   same suite runs against Redis 7.0, Redis 8.2 and Valkey.
+#![allow(dead_code)] // Each test file uses a different part of the harness.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+pub fn module_path() -> PathBuf {
+    let path = std::env::var_os("TB_MODULE").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_tokenbucket.so")
+    });
+    assert!(
+        path.exists(),
+        "module not found at {}: run `make build` (or set TB_MODULE)",
+        path.display()
+    );
+    path
+}
+
+pub fn server_bin() -> String {
+    std::env::var("TB_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
+}
+
+/// A port that is free now, whose cluster bus port (+10000) is free too.
+pub fn free_port() -> u16 {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = l.local_addr().expect("local addr").port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn scratch_dir(port: u16) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tb-tests-{}-{}-{}",
+        std::process::id(),
+        port,
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// How to start a server.
+#[derive(Clone)]
+pub struct Config {
+    pub module: bool,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub bin: String,
+    /// Prefix command (e.g. valgrind) and its arguments.
+    pub wrapper: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            module: true,
+            args: Vec::new(),
+            env: Vec::new(),
+            bin: server_bin(),
+            wrapper: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    pub fn without_module() -> Self {
+        Config {
+            module: false,
+            ..Config::default()
+        }
+    }
+
+    /// Adds `--name value` (value may hold several words).
+    pub fn arg(mut self, name: &str, value: &str) -> Self {
+        self.args.push(format!("--{name}"));
+        self.args.extend(value.split(' ').map(str::to_string));
+        self
+    }
+
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_string(), value.to_string()));
+        self
+    }
+}
+
+pub struct Server {
+    pub port: u16,
+    pub dir: PathBuf,
+    pub config: Config,
+    child: Option<Child>,
+}
+
+impl Server {
+    /// A server with the module loaded and no persistence.
+    pub fn start() -> Server {
+        Server::with(Config::default())
+    }
+
+    pub fn with(config: Config) -> Server {
+        let port = free_port();
+        let dir = scratch_dir(port);
+        let mut s = Server {
+            port,
+            dir,
+            config,
+            child: None,
+        };
+        s.launch();
+        s
+    }
+
+    fn launch(&mut self) {
+        let c = &self.config;
+        let (program, mut args) = match c.wrapper.split_first() {
+            Some((p, rest)) => (p.clone(), [rest.to_vec(), vec![c.bin.clone()]].concat()),
+            None => (c.bin.clone(), Vec::new()),
+        };
+        args.extend(
+            [
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                &self.dir.to_string_lossy(),
+                "--logfile",
+                "server.log",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                // Replicas attach at once instead of after the 5 s default.
+                "--repl-diskless-sync-delay",
+                "0",
+            ]
+            .map(String::from),
+        );
+        if c.module {
+            args.push("--loadmodule".into());
+            args.push(module_path().to_string_lossy().into_owned());
+        }
+        args.extend(c.args.iter().cloned());
+        let mut cmd = Command::new(&program);
+        cmd.args(&args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in &c.env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("could not start {program}: {e}"));
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    panic!(
+                        "server on port {} exited with {status}: {err}\n{}",
+                        self.port,
+                        self.log()
+                    );
+                }
+            }
+            if let Ok(mut c) = self.try_conn() {
+                // LOADING replies an error until the dataset is in memory.
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server on port {} did not start:\n{}",
+                self.port,
+                self.log()
+            );
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn try_conn(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(5))
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        self.try_conn().expect("connect to test server")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// SIGKILL: no shutdown save, no AOF rewrite, nothing graceful.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SHUTDOWN (saving if configured) and wait for the process to exit.
+    pub fn shutdown(&mut self) {
+        if let Ok(mut c) = self.try_conn() {
+            let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query(&mut c);
+        }
+        if let Some(mut c) = self.child.take() {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the same server again on the same port and directory, with
+    /// `config` (to load or drop the module, change persistence...).
+    pub fn restart_with(&mut self, config: Config) {
+        self.kill9();
+        self.config = config;
+        self.launch();
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("server log kept in {}", self.dir.display());
+        }
+    }
+}
+
+// ---- small client helpers ------------------------------------------------
+
+pub fn consume(c: &mut redis::Connection, key: &str, max: &str, rate: &str, cost: &str) -> Vec<i64> {
+    redis::cmd("TB.CONSUME")
+        .arg(key)
+        .arg(max)
+        .arg(rate)
+        .arg(cost)
+        .query(c)
+        .expect("TB.CONSUME")
+}
+
+pub fn peek(c: &mut redis::Connection, key: &str, max: &str, rate: &str, cost: &str) -> Vec<i64> {
+    redis::cmd("TB.PEEK")
+        .arg(key)
+        .arg(max)
+        .arg(rate)
+        .arg(cost)
+        .query(c)
+        .expect("TB.PEEK")
+}
+
+/// A command's error text, failing the test if it succeeded.
+pub fn error_of(c: &mut redis::Connection, cmd: &redis::Cmd) -> String {
+    match cmd.query::<redis::Value>(c) {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => {
+            let code = e.code().unwrap_or("");
+            let detail = e.detail().unwrap_or("");
+            format!("{code} {detail}").trim().to_string()
+        }
+    }
+}
+
+pub fn hgetall(c: &mut redis::Connection, key: impl redis::ToRedisArgs) -> BTreeMap<String, String> {
+    redis::cmd("HGETALL").arg(key).query(c).expect("HGETALL")
+}
+
+pub fn int(c: &mut redis::Connection, cmd: &str, key: impl redis::ToRedisArgs) -> i64 {
+    redis::cmd(cmd).arg(key).query(c).expect(cmd)
+}
+
+/// One `field:value` line of INFO.
+pub fn info_field(c: &mut redis::Connection, section: &str, field: &str) -> String {
+    let info: String = redis::cmd("INFO").arg(section).query(c).expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in INFO {section}:\n{info}"))
+        .trim()
+        .to_string()
+}
+
+pub fn repl_offset(c: &mut redis::Connection) -> i64 {
+    info_field(c, "replication", "master_repl_offset")
+        .parse()
+        .expect("offset")
+}
+
+/// Every key with its hash and absolute expire time (ms), for comparing two
+/// servers' datasets.
+pub fn snapshot(c: &mut redis::Connection) -> BTreeMap<Vec<u8>, (BTreeMap<String, String>, i64)> {
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(c).expect("KEYS");
+    keys.into_iter()
+        .map(|k| {
+            let h = hgetall(c, &k);
+            let at = int(c, "PEXPIRETIME", &k);
+            (k, (h, at))
+        })
+        .collect()
+}
+
+/// Polls `f` until it returns true or the timeout passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+/// Starts a replica of `primary` and waits until its link is up.
+pub fn start_replica(primary: &Server, config: Config) -> Server {
+    let replica = Server::with(config.arg("replicaof", &format!("127.0.0.1 {}", primary.port)));
+    let mut c = replica.conn();
+    assert!(
+        eventually(Duration::from_secs(30), || info_field(
+            &mut c,
+            "replication",
+            "master_link_status"
+        ) == "up"),
+        "replica did not sync:\n{}",
+        replica.log()
+    );
+    replica
+}
+
+/// Waits until every replica has acknowledged the primary's writes.
+pub fn wait_replicas(primary: &mut redis::Connection, replicas: i64) {
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(replicas)
+        .arg(10_000)
+        .query(primary)
+        .expect("WAIT");
+    assert_eq!(acked, replicas, "replicas acknowledged");
+}

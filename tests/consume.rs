@@ -1,0 +1,157 @@
+//! TB.CONSUME on a real server: reply values, stored hash, expiry, and that
+//! denied and zero-cost calls write nothing.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+#[test]
+fn fresh_bucket_replies_and_stores_state() {
+    let s = Server::start();
+    // The replication offset only moves while a replica is attached.
+    let _replica = start_replica(&s, Config::default());
+    let mut c = s.conn();
+    let before = repl_offset(&mut c);
+    let now_ms: i64 = {
+        let t: Vec<i64> = redis::cmd("TIME").query(&mut c).unwrap();
+        t[0] * 1000 + t[1] / 1000
+    };
+    assert_eq!(consume(&mut c, "k", "10", "1", "1"), vec![1, 9, 0, 1000]);
+
+    let h = hgetall(&mut c, "k");
+    assert_eq!(h.len(), 2, "{h:?}");
+    assert_eq!(h["tokens"], "9");
+    let ts: i64 = h["ts"].parse().expect("ts is an integer");
+    assert!((ts / 1000 - now_ms).abs() < 1000, "ts {ts} is server time in µs");
+
+    // Expires exactly when full again: ceil(ts/1000) + reset_after_ms.
+    let at = int(&mut c, "PEXPIRETIME", "k");
+    assert_eq!(at, (ts + 999) / 1000 + 1000);
+    let pttl = int(&mut c, "PTTL", "k");
+    // PTTL counts from the current (floored) millisecond; expiry rounds up.
+    assert!(pttl > 900 && pttl <= 1001, "pttl {pttl}");
+    assert!(repl_offset(&mut c) > before, "an admitted call is replicated");
+}
+
+#[test]
+fn draining_then_denial_gives_sub_second_retry() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // 3 burst, 0.5 tokens/s: a token every 2000 ms.
+    for left in [2, 1, 0] {
+        let r = consume(&mut c, "k", "3", "0.5", "1");
+        assert_eq!(r[0..3], [1, left, 0]);
+    }
+    let r = consume(&mut c, "k", "3", "0.5", "1");
+    assert_eq!(r[0], 0);
+    assert_eq!(r[1], 0);
+    assert!(r[2] > 1900 && r[2] <= 2000, "retry {r:?}");
+    assert!(r[3] > 5900 && r[3] <= 6000, "reset {r:?}");
+
+    // Fractional cost and rate: 10 at 4/s, cost 2.5 → retry in 625 ms steps.
+    let r = consume(&mut c, "f", "10", "4", "2.5");
+    assert_eq!(r, vec![1, 7, 0, 625]);
+    assert_eq!(hgetall(&mut c, "f")["tokens"], "7.5");
+}
+
+#[test]
+fn retry_after_is_when_the_request_passes() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // 2 burst at 5/s: after draining, a cost-1 request passes after 200 ms.
+    consume(&mut c, "k", "2", "5", "2");
+    let r = consume(&mut c, "k", "2", "5", "1");
+    assert_eq!(r[0], 0);
+    let wait = r[2];
+    assert!(wait > 150 && wait <= 200, "{r:?}");
+    std::thread::sleep(Duration::from_millis(wait as u64 + 5));
+    assert_eq!(consume(&mut c, "k", "2", "5", "1")[0], 1);
+}
+
+#[test]
+fn denied_and_zero_cost_calls_write_nothing() {
+    let s = Server::start();
+    let _replica = start_replica(&s, Config::default());
+    let mut c = s.conn();
+    consume(&mut c, "k", "2", "0.001", "2");
+    let state = hgetall(&mut c, "k");
+    let at = int(&mut c, "PEXPIRETIME", "k");
+    let offset = repl_offset(&mut c);
+    let dirty = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
+
+    for _ in 0..20 {
+        assert_eq!(consume(&mut c, "k", "2", "0.001", "1")[0], 0);
+        assert_eq!(consume(&mut c, "k", "2", "0.001", "0")[0], 1);
+    }
+    // Cost 0 on a missing key must not create it either.
+    assert_eq!(consume(&mut c, "missing", "2", "1", "0"), vec![1, 2, 0, 0]);
+
+    assert_eq!(hgetall(&mut c, "k"), state);
+    assert_eq!(int(&mut c, "PEXPIRETIME", "k"), at);
+    assert_eq!(int(&mut c, "EXISTS", "missing"), 0);
+    assert_eq!(repl_offset(&mut c), offset, "nothing replicated");
+    assert_eq!(
+        info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
+        dirty,
+        "nothing dirtied"
+    );
+}
+
+#[test]
+fn lowered_max_clamps_stored_tokens() {
+    let s = Server::start();
+    let mut c = s.conn();
+    consume(&mut c, "k", "100", "1", "1"); // 99 left
+    assert_eq!(consume(&mut c, "k", "10", "1", "1"), vec![1, 9, 0, 1000]);
+    assert_eq!(hgetall(&mut c, "k")["tokens"], "9");
+}
+
+#[test]
+fn bucket_that_expired_is_full_again() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // 2 tokens at 20/s: full again 100 ms after being drained.
+    consume(&mut c, "k", "2", "20", "2");
+    assert!(eventually(Duration::from_secs(3), || int(
+        &mut c, "EXISTS", "k"
+    ) == 0));
+    assert_eq!(consume(&mut c, "k", "2", "20", "2")[0..2], [1, 0]);
+}
+
+#[test]
+fn binary_keys_are_kept_byte_for_byte() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let keys: [&[u8]; 3] = [b"rl:\x00nul", b"rl:\xff\xfe not utf8", b""];
+    for key in keys {
+        let r: Vec<i64> = redis::cmd("TB.CONSUME")
+            .arg(key)
+            .arg(5)
+            .arg(1)
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(r, vec![1, 4, 0, 1000]);
+        assert_eq!(hgetall(&mut c, key)["tokens"], "4");
+        let r: Vec<i64> = redis::cmd("TB.PEEK")
+            .arg(key)
+            .arg(5)
+            .arg(1)
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(r[1], 4);
+    }
+    let all: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    assert_eq!(all.len(), 3);
+}
+
+#[test]
+fn fractional_max_needs_an_explicit_cost() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // The default cost of 1 can never pass a bucket of 0.5.
+    let mut cmd = redis::cmd("TB.CONSUME");
+    cmd.arg("k").arg("0.5").arg("0.17");
+    assert!(error_of(&mut c, &cmd).contains("cost must not exceed max"));
+    assert_eq!(consume(&mut c, "k", "0.5", "0.17", "0.25")[0..3], [1, 0, 0]);
+    assert_eq!(hgetall(&mut c, "k")["tokens"], "0.25");
+}
