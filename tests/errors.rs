@@ -1,0 +1,298 @@
+//! Every error: the message names the bad argument, and nothing is written.
+
+mod common;
+use common::*;
+
+fn cmd(parts: &[&[u8]]) -> redis::Cmd {
+    let mut c = redis::cmd(std::str::from_utf8(parts[0]).unwrap());
+    for p in &parts[1..] {
+        c.arg(*p);
+    }
+    c
+}
+
+/// Runs `parts`, expects an error containing `expected`, and checks that
+/// neither `k` (an existing bucket) nor `new` (a missing key) changed.
+fn assert_rejected(c: &mut redis::Connection, parts: &[&[u8]], expected: &str) {
+    let before = snapshot(c);
+    let offset = repl_offset(c);
+    let err = error_of(c, &cmd(parts));
+    assert!(
+        err.contains(expected),
+        "{:?}: got {err:?}, want {expected:?}",
+        parts
+            .iter()
+            .map(|p| String::from_utf8_lossy(p))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(snapshot(c), before, "an error changed the dataset");
+    assert_eq!(repl_offset(c), offset, "an error was replicated");
+}
+
+#[test]
+fn argument_errors_name_the_argument_and_write_nothing() {
+    let s = Server::start();
+    let _replica = start_replica(&s, Config::default());
+    let mut c = s.conn();
+    consume(&mut c, "k", "10", "1", "3");
+
+    let arity = "wrong number of arguments";
+    let cases: Vec<(Vec<&[u8]>, &str)> = vec![
+        (vec![b"TB.CONSUME", b"k", b"10"], arity),
+        (vec![b"TB.CONSUME", b"k", b"10", b"1", b"1", b"1"], arity),
+        (vec![b"TB.PEEK", b"k"], arity),
+        (vec![b"TB.ADJUST", b"k", b"10", b"1"], arity),
+        (vec![b"TB.MCONSUME", b"k", b"10", b"1"], arity),
+        (vec![b"TB.MCONSUME", b"k", b"10", b"1", b"1", b"new"], arity),
+        (
+            vec![b"TB.CONSUME", b"new", b"abc", b"1"],
+            "max must be a finite decimal number",
+        ),
+        (
+            vec![b"TB.CONSUME", b"new", b"nan", b"1"],
+            "max must be a finite decimal number",
+        ),
+        (
+            vec![b"TB.CONSUME", b"new", b"inf", b"1"],
+            "max must be a finite decimal number",
+        ),
+        (
+            vec![b"TB.CONSUME", b"new", b"-inf", b"1"],
+            "max must be a finite decimal number",
+        ),
+        (
+            vec![b"TB.CONSUME", b"new", b"0x10", b"1"],
+            "max must be a finite decimal number",
+        ),
+        (
+            vec![b"TB.CONSUME", b"new", b" 10", b"1"],
+            "max must be a finite decimal number",
+        ),
+        (
+            vec![b"TB.CONSUME", b"new", b"", b"1"],
+            "max must be a finite decimal number",
+        ),
+        (
+            vec![b"TB.CONSUME", b"new", b"1e999", b"1"],
+            "max must be a finite decimal number",
+        ),
+        (
+            vec![b"TB.CONSUME", b"new", b"\xff", b"1"],
+            "max must be a finite decimal number",
+        ),
+        (
+            vec![b"TB.CONSUME", b"new", b"0", b"1"],
+            "max must be > 0 and <= 1e12",
+        ),
+        (
+            vec![b"TB.CONSUME", b"new", b"-5", b"1"],
+            "max must be > 0 and <= 1e12",
+        ),
+        (
+            vec![b"TB.CONSUME", b"new", b"2e12", b"1"],
+            "max must be > 0 and <= 1e12",
+        ),
+        (
+            vec![b"TB.CONSUME", b"k", b"10", b"NaN"],
+            "rate must be a finite decimal number",
+        ),
+        (
+            vec![b"TB.CONSUME", b"k", b"10", b"0"],
+            "rate must be > 0 and <= 1e12",
+        ),
+        (
+            vec![b"TB.CONSUME", b"k", b"10", b"1e13"],
+            "rate must be > 0 and <= 1e12",
+        ),
+        (
+            vec![b"TB.CONSUME", b"k", b"1e11", b"1"],
+            "rate is too low for max",
+        ),
+        (
+            vec![b"TB.CONSUME", b"k", b"10", b"1", b"x"],
+            "cost must be a finite decimal number",
+        ),
+        (
+            vec![b"TB.CONSUME", b"k", b"10", b"1", b"-1"],
+            "cost must be >= 0",
+        ),
+        (
+            vec![b"TB.CONSUME", b"k", b"10", b"1", b"11"],
+            "cost must not exceed max",
+        ),
+        (
+            vec![b"TB.CONSUME", b"k", b"0.5", b"1"],
+            "cost must not exceed max",
+        ),
+        (
+            vec![b"TB.PEEK", b"k", b"10", b"1", b"10.5"],
+            "cost must not exceed max",
+        ),
+        (
+            vec![b"TB.ADJUST", b"k", b"10", b"1", b"inf"],
+            "delta must be a finite decimal number",
+        ),
+        (
+            vec![
+                b"TB.MCONSUME",
+                b"k",
+                b"10",
+                b"1",
+                b"1",
+                b"new",
+                b"10",
+                b"x",
+                b"1",
+            ],
+            "rate must be a finite decimal number (group 2)",
+        ),
+        (
+            vec![
+                b"TB.MCONSUME",
+                b"k",
+                b"10",
+                b"1",
+                b"1",
+                b"k",
+                b"10",
+                b"1",
+                b"1",
+            ],
+            "duplicate key: group 2 repeats the key of group 1",
+        ),
+    ];
+    let errors_before: u64 = info_field(&mut c, "tb", "tb_errors").parse().unwrap();
+    for (parts, expected) in &cases {
+        assert_rejected(&mut c, parts, expected);
+    }
+    let errors_after: u64 = info_field(&mut c, "tb", "tb_errors").parse().unwrap();
+    assert_eq!(errors_after - errors_before, cases.len() as u64);
+    assert!(s.log().lines().all(|l| !l.contains("panic")));
+}
+
+#[test]
+fn keys_of_other_types_are_wrongtype_and_untouched() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let _: () = redis::cmd("SET").arg("str").arg("x").query(&mut c).unwrap();
+    let _: () = redis::cmd("RPUSH")
+        .arg("list")
+        .arg("x")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("SADD")
+        .arg("set")
+        .arg("x")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg("zset")
+        .arg(1)
+        .arg("x")
+        .query(&mut c)
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("stream")
+        .arg("*")
+        .arg("f")
+        .arg("v")
+        .query(&mut c)
+        .unwrap();
+    for key in ["str", "list", "set", "zset", "stream"] {
+        let k = key.as_bytes();
+        for parts in [
+            vec![&b"TB.CONSUME"[..], k, b"10", b"1"],
+            vec![b"TB.PEEK", k, b"10", b"1"],
+            vec![b"TB.ADJUST", k, b"10", b"1", b"5"],
+            vec![
+                b"TB.MCONSUME",
+                b"fresh",
+                b"10",
+                b"1",
+                b"1",
+                k,
+                b"10",
+                b"1",
+                b"1",
+            ],
+        ] {
+            let before = snapshot_types(&mut c);
+            let err = error_of(&mut c, &cmd(&parts));
+            assert!(err.starts_with("WRONGTYPE"), "{key}: {err}");
+            assert_eq!(snapshot_types(&mut c), before);
+        }
+    }
+    assert_eq!(int(&mut c, "EXISTS", "fresh"), 0, "MCONSUME wrote nothing");
+}
+
+fn snapshot_types(c: &mut redis::Connection) -> Vec<(String, String, i64)> {
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(c).unwrap();
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let t: String = redis::cmd("TYPE").arg(&k).query(c).unwrap();
+            let d: Vec<u8> = redis::cmd("DUMP").arg(&k).query(c).unwrap();
+            (k, t, d.len() as i64)
+        })
+        .collect()
+}
+
+#[test]
+fn hashes_that_are_not_buckets_are_errors_and_untouched() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["tokens", "5", "ts", "1", "extra", "x"],
+            "exactly the fields tokens and ts",
+        ),
+        (&["tokens", "5"], "exactly the fields tokens and ts"),
+        (
+            &["tokens", "5", "other", "1"],
+            "exactly the fields tokens and ts",
+        ),
+        (
+            &["tokens", "abc", "ts", "1"],
+            "field tokens is not a finite decimal number",
+        ),
+        (
+            &["tokens", "nan", "ts", "1"],
+            "field tokens is not a finite decimal number",
+        ),
+        (
+            &["tokens", "5", "ts", "1.5"],
+            "field ts is not an integer of microseconds",
+        ),
+    ];
+    for (i, (fields, expected)) in cases.iter().enumerate() {
+        let key = format!("h{i}");
+        let mut hset = redis::cmd("HSET");
+        hset.arg(&key).arg(*fields);
+        let _: i64 = hset.query(&mut c).unwrap();
+        for command in ["TB.CONSUME", "TB.PEEK", "TB.ADJUST"] {
+            let mut parts: Vec<&[u8]> = vec![command.as_bytes(), key.as_bytes(), b"10", b"1"];
+            if command == "TB.ADJUST" {
+                parts.push(b"1");
+            }
+            assert_rejected(&mut c, &parts, expected);
+        }
+        assert_rejected(
+            &mut c,
+            &[
+                b"TB.MCONSUME",
+                b"ok",
+                b"1",
+                b"1",
+                b"1",
+                key.as_bytes(),
+                b"10",
+                b"1",
+                b"1",
+            ],
+            expected,
+        );
+        assert_eq!(int(&mut c, "EXISTS", "ok"), 0);
+    }
+    let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+    assert_eq!(pong, "PONG");
+}

@@ -1,0 +1,78 @@
+//! Effects replication: after thousands of mixed calls a replica, with or
+//! without the module, holds the primary's exact hashes and expire times.
+
+mod common;
+use common::*;
+
+/// A small deterministic PRNG, so failures can be replayed.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[(self.next() % items.len() as u64) as usize]
+    }
+}
+
+fn mixed_traffic(c: &mut redis::Connection, seed: u64, calls: usize) {
+    let mut rng = Rng(seed);
+    let keys: Vec<String> = (0..50).map(|i| format!("rl:{i}")).collect();
+    for _ in 0..calls {
+        let k = &keys[(rng.next() % 50) as usize];
+        let max = rng.pick(&["5", "10", "2.5"]);
+        // Slow refill: no bucket can come within seconds of full (and expire)
+        // while the two datasets are being compared.
+        let rate = rng.pick(&["0.001", "0.002", "0.005"]);
+        let r: redis::RedisResult<redis::Value> = match rng.next() % 6 {
+            0 => redis::cmd("TB.PEEK").arg(&[k.as_str(), max, rate]).query(c),
+            1 => redis::cmd("TB.ADJUST")
+                .arg(&[
+                    k.as_str(),
+                    max,
+                    rate,
+                    rng.pick(&["-3", "1.5", "-0.25", "7"]),
+                ])
+                .query(c),
+            2 => {
+                let k2 = &keys[(rng.next() % 50) as usize];
+                let k2 = if k2 == k { "rl:other" } else { k2.as_str() };
+                redis::cmd("TB.MCONSUME")
+                    .arg(&[k.as_str(), max, rate, "1", k2, "5", "0.002", "2"])
+                    .query(c)
+            }
+            _ => redis::cmd("TB.CONSUME")
+                .arg(&[k.as_str(), max, rate, rng.pick(&["1", "0", "2.5", "0.3"])])
+                .query(c),
+        };
+        r.expect("valid traffic never errors");
+    }
+}
+
+fn replica_matches_primary(replica_config: Config) {
+    let s = Server::start();
+    let replica = start_replica(&s, replica_config);
+    let mut p = s.conn();
+    mixed_traffic(&mut p, 42, 3000);
+    wait_replicas(&mut p, 1);
+    let primary_state = snapshot(&mut p);
+    let replica_state = snapshot(&mut replica.conn());
+    assert!(primary_state.len() > 10, "traffic left buckets behind");
+    assert!(primary_state
+        .values()
+        .all(|(h, at)| h.len() == 2 && *at > 0));
+    assert_eq!(primary_state, replica_state);
+}
+
+#[test]
+fn replica_with_the_module_is_identical() {
+    replica_matches_primary(Config::default());
+}
+
+#[test]
+fn replica_without_the_module_is_identical() {
+    replica_matches_primary(Config::without_module());
+}
