@@ -191,6 +191,20 @@ mod tests {
     }
 
     #[test]
+    fn retry_is_corrected_where_the_closed_form_rounds_wrong() {
+        let l = Limits {
+            max: 10.0,
+            rate: 0.3,
+        };
+        // ceil(1000 * 0.6 / 0.3) is 2001 in floats, yet 2000 ms already pass.
+        assert_eq!(l.ms_until(1.4, 2.0), 2000);
+        assert!(l.refill(1.4, 2000.0 * 1000.0) >= 2.0);
+        // ceil gives 12000, where refill still falls short by one ulp.
+        assert_eq!(l.ms_until(-3.1, 0.5), 12001);
+        assert!(l.refill(-3.1, 12000.0 * 1000.0) < 0.5);
+    }
+
+    #[test]
     fn clock_step_back_mints_nothing() {
         let s = Stored {
             tokens: 3.0,
