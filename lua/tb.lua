@@ -1,0 +1,345 @@
+#!lua name=tb
+--[[
+redis-tokenbucket, Lua fallback: the TB.* contract as a Redis Functions
+library, for servers that cannot load the module (managed Redis/Valkey).
+
+  FCALL    tb_consume  1 key max rate [cost]
+  FCALL_RO tb_peek     1 key max rate [cost]
+  FCALL    tb_mconsume N key1..keyN max1 rate1 cost1 ... maxN rateN costN
+  FCALL    tb_adjust   1 key max rate delta
+
+Load with: redis-cli -x FUNCTION LOAD REPLACE < lua/tb.lua
+
+The module (core/src/*.rs, src/commands.rs, src/keyspace.rs) is the
+authority. This file repeats its floating-point operations in the same
+order, so replies and stored balances are bit-identical, and uses the same
+hash layout, so both can serve the same keys.
+
+The block between the "shared" markers is also the body of the EVAL
+scripts in lua/eval/, which lua/gen_eval.py generates from it: edit it
+here, then run `python3 lua/gen_eval.py`. It must only define locals.
+]]
+
+-- >>> shared: begin
+local MAX_CAPACITY = 1e12
+local MAX_RATE = 1e12
+local MAX_FILL_SECONDS = 1e10
+local MAX_GROUPS = 10000
+
+local WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
+local NOT_A_BUCKET = 'ERR key is not a token bucket: '
+local BAD_FIELDS = NOT_A_BUCKET .. 'the hash must hold exactly the fields tokens and ts'
+local BAD_TOKENS = NOT_A_BUCKET .. 'field tokens is not a finite decimal number'
+local BAD_TS = NOT_A_BUCKET .. 'field ts is not an integer of microseconds'
+
+-- ---- errors (texts of core/src/args.rs) -----------------------------------
+
+-- ' (group N)' in TB.MCONSUME messages, nothing otherwise.
+local function in_group(g)
+  if g then return ' (group ' .. g .. ')' end
+  return ''
+end
+
+local function arity_error(name)
+  return redis.error_reply("ERR wrong number of arguments for '" .. name .. "' command")
+end
+
+local function not_a_number(arg, g)
+  return 'ERR ' .. arg .. ' must be a finite decimal number' .. in_group(g)
+end
+
+-- ---- numbers (core/src/number.rs) ------------------------------------------
+
+-- The strict decimal grammar [+-]? (digits ["." digits*] | "." digits)
+-- [(e|E) [+-]? digits]. tonumber alone would also take hex, "inf", "nan"
+-- and surrounding spaces, so the text is checked first. Returns nil for
+-- anything else, including values that overflow to infinity.
+local function parse_decimal(s)
+  local i = 1
+  local sign = string.sub(s, 1, 1)
+  if sign == '+' or sign == '-' then i = 2 end
+  local rest = string.match(s, '^%d+%.?%d*()', i) or string.match(s, '^%.%d+()', i)
+  if not rest then return nil end
+  if rest <= #s and not string.find(s, '^[eE][+-]?%d+$', rest) then return nil end
+  -- strtod underneath: correctly rounded, like Rust's parse.
+  local v = tonumber(s)
+  if v == nil or v ~= v or v == math.huge or v == -math.huge then return nil end
+  return v
+end
+
+-- An optionally negative integer of at most 16 digits (the `ts` field), as
+-- two exact halves {hi, lo} with value hi * 1e8 + lo: 16 digits can exceed
+-- 2^53, and the module subtracts in exact integers before rounding once.
+local function parse_int16(s)
+  local neg, digits = string.match(s, '^(%-?)(%d+)$')
+  if not digits or #digits > 16 then return nil end
+  local cut = #digits - 8
+  local hi = cut > 0 and tonumber(string.sub(digits, 1, cut)) or 0
+  local lo = tonumber(string.sub(digits, cut > 0 and cut + 1 or 1))
+  if neg == '-' then return { -hi, -lo } end
+  return { hi, lo }
+end
+
+-- ---- arguments (core/src/args.rs, same order of checks) -------------------
+
+-- max and rate, or nil and the error text.
+local function parse_limits(max_s, rate_s, g)
+  local max = parse_decimal(max_s)
+  if not max then return nil, not_a_number('max', g) end
+  if not (max > 0 and max <= MAX_CAPACITY) then
+    return nil, 'ERR max must be > 0 and <= 1e12' .. in_group(g)
+  end
+  local rate = parse_decimal(rate_s)
+  if not rate then return nil, not_a_number('rate', g) end
+  if not (rate > 0 and rate <= MAX_RATE) then
+    return nil, 'ERR rate must be > 0 and <= 1e12' .. in_group(g)
+  end
+  if max / rate > MAX_FILL_SECONDS then
+    return nil, 'ERR rate is too low for max: max/rate must be <= 1e10 seconds' .. in_group(g)
+  end
+  return { max = max, rate = rate }
+end
+
+local function cost_above_max(g)
+  return 'ERR cost must not exceed max, it could never pass' .. in_group(g)
+end
+
+local function parse_cost(s, limits, g)
+  local cost = parse_decimal(s)
+  if not cost then return nil, not_a_number('cost', g) end
+  if cost < 0 then return nil, 'ERR cost must be >= 0' .. in_group(g) end
+  if cost > limits.max then return nil, cost_above_max(g) end
+  return cost
+end
+
+-- ---- bucket arithmetic (core/src/bucket.rs, operation for operation) ------
+
+local function refill(l, tokens, elapsed_us)
+  return math.min(tokens + elapsed_us / 1000000 * l.rate, l.max)
+end
+
+-- Keeps a balance in [-max, max]: a lowered max clamps stored tokens.
+local function clamp(l, tokens)
+  return math.min(math.max(tokens, -l.max), l.max)
+end
+
+-- The balance now; a missing bucket is full, a clock that stepped back
+-- counts as no time elapsed.
+local function current(l, stored, now)
+  if not stored then return l.max end
+  -- (now - ts) rounded once: every partial result here is an exact integer.
+  local elapsed = (now.hi - stored.ts[1]) * 1e8 + (now.lo - stored.ts[2])
+  if elapsed < 0 then elapsed = 0 end
+  return refill(l, clamp(l, stored.tokens), elapsed)
+end
+
+-- Whole ms until tokens reaches target: the closed form, checked against
+-- refill itself and nudged by one when rounding put it off.
+local function ms_until(l, tokens, target)
+  if tokens >= target then return 0 end
+  local ms = math.ceil(1000 * (target - tokens) / l.rate)
+  if refill(l, tokens, ms * 1000) < target then
+    ms = ms + 1
+  elseif ms > 1 and refill(l, tokens, (ms - 1) * 1000) >= target then
+    ms = ms - 1
+  end
+  return ms
+end
+
+-- An outcome: allowed, the balance after the call, retry and reset in ms.
+local function consume(l, cur, cost)
+  local allowed = cur >= cost
+  local tokens = cur
+  if allowed then tokens = cur - cost end
+  local retry = 0
+  if not allowed then retry = ms_until(l, cur, cost) end
+  return { allowed = allowed, tokens = tokens, retry = retry, reset = ms_until(l, tokens, l.max) }
+end
+
+local function peek(l, cur, cost)
+  return {
+    allowed = cur >= cost,
+    tokens = cur,
+    retry = ms_until(l, cur, cost),
+    reset = ms_until(l, cur, l.max),
+  }
+end
+
+-- retry is for a request of cost 1, or max if smaller.
+local function adjust(l, cur, delta)
+  local tokens = clamp(l, cur + delta)
+  return {
+    allowed = true,
+    tokens = tokens,
+    retry = ms_until(l, tokens, math.min(l.max, 1)),
+    reset = ms_until(l, tokens, l.max),
+  }
+end
+
+-- {allowed, remaining, retry_after_ms, reset_after_ms}; all are already
+-- whole numbers, so the integer replies are exact.
+local function reply(o)
+  return { o.allowed and 1 or 0, math.floor(o.tokens), o.retry, o.reset }
+end
+
+-- ---- the keyspace (src/keyspace.rs) ---------------------------------------
+
+-- The server clock, read once per call. Exact integers throughout: us for
+-- `ts`, hi/lo halves (us = hi * 1e8 + lo) for elapsed time, and the next
+-- whole ms for expiry (the module rounds now up).
+local function clock()
+  local t = redis.call('TIME')
+  local sec, usec = tonumber(t[1]), tonumber(t[2])
+  return {
+    us = sec * 1000000 + usec,
+    hi = math.floor(sec / 100),
+    lo = (sec % 100) * 1000000 + usec,
+    ceil_ms = sec * 1000 + math.ceil(usec / 1000),
+  }
+end
+
+-- A key's bucket: false if the key is missing, else {tokens, ts}. On error
+-- nil and the message (state errors carry the group in TB.MCONSUME).
+local function load(key, g)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then return false end
+  if kind ~= 'hash' then return nil, WRONGTYPE end
+  if redis.call('HLEN', key) ~= 2 then return nil, BAD_FIELDS .. in_group(g) end
+  local f = redis.call('HMGET', key, 'tokens', 'ts')
+  if not f[1] or not f[2] then return nil, BAD_FIELDS .. in_group(g) end
+  local tokens = parse_decimal(f[1])
+  if not tokens then return nil, BAD_TOKENS .. in_group(g) end
+  local ts = parse_int16(f[2])
+  if not ts then return nil, BAD_TS .. in_group(g) end
+  return { tokens = tokens, ts = ts }
+end
+
+-- Stores a new balance, or deletes the key when the bucket is full (no key
+-- is a full bucket). The expiry is when it would be full again.
+local function save(key, existed, l, o, now)
+  if o.tokens >= l.max then
+    if existed then redis.call('DEL', key) end
+    return
+  end
+  local tokens = o.tokens
+  if tokens == 0 then tokens = 0 end -- never write "-0"
+  -- %.17g round-trips a double (tostring would keep only 14 digits).
+  redis.call('HSET', key, 'tokens', string.format('%.17g', tokens),
+    'ts', string.format('%d', now.us))
+  redis.call('PEXPIREAT', key, string.format('%d', now.ceil_ms + o.reset))
+end
+
+-- ---- the operations (src/commands.rs) -------------------------------------
+
+-- CONSUME and PEEK arguments: limits and cost, or nil and an error reply.
+local function single_args(name, keys, args)
+  if #keys ~= 1 or #args < 2 or #args > 3 then return nil, nil, arity_error(name) end
+  local l, err = parse_limits(args[1], args[2])
+  if not l then return nil, nil, redis.error_reply(err) end
+  local cost = 1
+  if #args == 3 then
+    cost, err = parse_cost(args[3], l)
+    if not cost then return nil, nil, redis.error_reply(err) end
+  elseif l.max < 1 then
+    -- The default cost of 1 could never pass a bucket this small.
+    return nil, nil, redis.error_reply(cost_above_max())
+  end
+  return l, cost
+end
+
+-- tb_consume: a denied call, or one of cost 0, writes nothing.
+local function tb_consume(keys, args)
+  local l, cost, failed = single_args('tb_consume', keys, args)
+  if not l then return failed end
+  local now = clock()
+  local stored, err = load(keys[1])
+  if stored == nil then return redis.error_reply(err) end
+  local o = consume(l, current(l, stored, now), cost)
+  if o.allowed and cost > 0 then save(keys[1], stored, l, o, now) end
+  return reply(o)
+end
+
+-- tb_peek: read-only (registered no-writes).
+local function tb_peek(keys, args)
+  local l, cost, failed = single_args('tb_peek', keys, args)
+  if not l then return failed end
+  local now = clock()
+  local stored, err = load(keys[1])
+  if stored == nil then return redis.error_reply(err) end
+  return reply(peek(l, current(l, stored, now), cost))
+end
+
+-- tb_adjust: refund (delta > 0) or late charge (delta < 0); always saves.
+local function tb_adjust(keys, args)
+  if #keys ~= 1 or #args ~= 3 then return arity_error('tb_adjust') end
+  local l, err = parse_limits(args[1], args[2])
+  if not l then return redis.error_reply(err) end
+  local delta = parse_decimal(args[3])
+  if not delta then return redis.error_reply(not_a_number('delta')) end
+  local now = clock()
+  local stored
+  stored, err = load(keys[1])
+  if stored == nil then return redis.error_reply(err) end
+  local o = adjust(l, current(l, stored, now), delta)
+  save(keys[1], stored, l, o, now)
+  return reply(o)
+end
+
+-- tb_mconsume: all buckets are charged or none is. Keys are KEYS[1..N],
+-- their numbers ARGV[3g-2..3g] (max, rate, cost of group g).
+local function tb_mconsume(keys, args)
+  local n = #keys
+  if n == 0 or #args ~= 3 * n then return arity_error('tb_mconsume') end
+  if n > MAX_GROUPS then
+    return redis.error_reply('ERR too many buckets: at most ' .. MAX_GROUPS .. ' groups per call')
+  end
+  local limits, costs = {}, {}
+  for g = 1, n do
+    local l, err = parse_limits(args[3 * g - 2], args[3 * g - 1], g)
+    if not l then return redis.error_reply(err) end
+    local cost
+    cost, err = parse_cost(args[3 * g], l, g)
+    if not cost then return redis.error_reply(err) end
+    limits[g], costs[g] = l, cost
+  end
+  local first = {}
+  for g = 1, n do
+    local seen = first[keys[g]]
+    if seen then
+      return redis.error_reply('ERR duplicate key: group ' .. g .. ' repeats the key of group ' .. seen)
+    end
+    first[keys[g]] = g
+  end
+  local now = clock()
+  local stored, cur = {}, {}
+  for g = 1, n do
+    local s, err = load(keys[g], g)
+    if s == nil then return redis.error_reply(err) end
+    stored[g], cur[g] = s, current(limits[g], s, now)
+  end
+  local all = true
+  for g = 1, n do
+    if not (cur[g] >= costs[g]) then all = false end
+  end
+  local out = { all and 1 or 0, 0 }
+  local retry = 0
+  for g = 1, n do
+    local o
+    if all then
+      o = consume(limits[g], cur[g], costs[g])
+      if costs[g] > 0 then save(keys[g], stored[g], limits[g], o, now) end
+    else
+      o = peek(limits[g], cur[g], costs[g])
+    end
+    if o.retry > retry then retry = o.retry end
+    out[g + 2] = reply(o)
+  end
+  out[2] = retry
+  return out
+end
+-- <<< shared: end
+
+redis.register_function('tb_consume', tb_consume)
+redis.register_function { function_name = 'tb_peek', callback = tb_peek, flags = { 'no-writes' } }
+redis.register_function('tb_mconsume', tb_mconsume)
+redis.register_function('tb_adjust', tb_adjust)
