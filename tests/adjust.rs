@@ -1,0 +1,72 @@
+//! TB.ADJUST: refunds capped at max, debt floored at -max, and how CONSUME
+//! behaves in debt.
+
+mod common;
+use common::*;
+
+fn adjust(c: &mut redis::Connection, key: &str, max: &str, rate: &str, delta: &str) -> Vec<i64> {
+    redis::cmd("TB.ADJUST")
+        .arg(&[key, max, rate, delta])
+        .query(c)
+        .expect("TB.ADJUST")
+}
+
+#[test]
+fn refund_is_capped_at_max() {
+    let s = Server::start();
+    let mut c = s.conn();
+    consume(&mut c, "k", "10", "0.01", "6");
+    let r = adjust(&mut c, "k", "10", "0.01", "2.5");
+    assert_eq!(r[0..2], [1, 6]);
+    assert_eq!(
+        hgetall(&mut c, "k")["tokens"]
+            .parse::<f64>()
+            .unwrap()
+            .floor(),
+        6.0
+    );
+    // Refunding past max fills the bucket, which is the same as no key.
+    assert_eq!(adjust(&mut c, "k", "10", "0.01", "1000"), vec![1, 10, 0, 0]);
+    assert_eq!(int(&mut c, "EXISTS", "k"), 0);
+}
+
+#[test]
+fn debt_is_floored_at_minus_max() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // 100 tokens at 10/s; one settlement of 1,000,000 stops at -100.
+    let r = adjust(&mut c, "k", "100", "10", "-1000000");
+    assert_eq!(r[0..2], [1, -100]);
+    // Cost 1 needs 101 tokens of refill: 10.1 s. Full after 20 s = 2*max/rate.
+    assert!(r[2] > 10_000 && r[2] <= 10_100, "{r:?}");
+    assert!(r[3] > 19_900 && r[3] <= 20_000, "{r:?}");
+    assert_eq!(hgetall(&mut c, "k")["tokens"], "-100");
+    let pttl = int(&mut c, "PTTL", "k");
+    assert!(pttl > 19_800 && pttl <= 20_001, "{pttl}");
+
+    // In debt, CONSUME and PEEK deny; refill pays the debt back first.
+    let d = consume(&mut c, "k", "100", "10", "1");
+    assert_eq!(d[0], 0);
+    assert!(d[1] <= -99);
+    assert_eq!(
+        peek(&mut c, "k", "100", "10", "0")[0],
+        0,
+        "even cost 0 waits for 0"
+    );
+}
+
+#[test]
+fn adjust_always_writes_and_replicates() {
+    let s = Server::start();
+    let replica = start_replica(&s, Config::without_module());
+    let mut c = s.conn();
+    let before = repl_offset(&mut c);
+    adjust(&mut c, "k", "10", "0.01", "-3");
+    adjust(&mut c, "k", "10", "0.01", "-0.5");
+    adjust(&mut c, "k", "10", "0.01", "1.25");
+    assert!(repl_offset(&mut c) > before);
+    wait_replicas(&mut c, 1);
+    let h = hgetall(&mut c, "k");
+    assert_eq!(h["tokens"].parse::<f64>().unwrap().floor(), 7.0);
+    assert_eq!(snapshot(&mut replica.conn()), snapshot(&mut c));
+}
