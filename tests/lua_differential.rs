@@ -1,0 +1,542 @@
+//! The Lua library against the module, on one server with a fake clock.
+//!
+//! * `random_sequence_matches_the_module`: one seeded random sequence of
+//!   operations goes through TB.* on `m:` keys and through FCALL on `l:`
+//!   keys, with the clock stepped between operations. Replies, errors and
+//!   stored states must be identical: same keys, bit-identical balances,
+//!   same `ts`, same PEXPIRETIME.
+//! * `module_and_library_share_keys`: one key served alternately by both
+//!   behaves exactly like a key served by the module alone.
+//!
+//! Valkey 9.1 under libfaketime: both the module (CachedMicroseconds) and
+//! the library (TIME) read the frozen fake clock, so results are exact.
+//! Set `TB_DIFF_SEED` to replay another sequence.
+
+mod common;
+use common::*;
+use redis::Value;
+use std::collections::BTreeMap;
+
+const T0: i64 = 1_893_456_000_000_000; // 2030-01-01T00:00:00Z in µs
+const LIBRARY: &str = include_str!("../lua/tb.lua");
+const OPS: usize = 4000;
+
+/// splitmix64: small, seedable, good enough to pick test inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
+    }
+    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// Keys that hold buckets; each has usual limits, sometimes overridden.
+const POOL: &[(&str, &str, &str)] = &[
+    ("a", "10", "1"),
+    ("b", "3", "0.5"),
+    ("c", "0.5", "0.17"),
+    ("d", "100", "2.5"),
+    ("e", "7.25", "1000"),
+    ("f", "1000000", "0.17"),
+];
+/// Keys that are not buckets, identical under both prefixes.
+const BROKEN: &[&str] = &["str", "extra", "hexnum", "fracts"];
+const MAXES: &[&str] = &[
+    "1", "2", "3", "10", "0.5", "0.17", "100", "7.25", "1e6", "1e12",
+];
+const RATES: &[&str] = &[
+    "0.17", "1", "2.5", "1000", "0.001", "3", "1e12", "100", "1e-3",
+];
+const GARBAGE: &[&str] = &[
+    "x", "nan", "inf", "-inf", "0x10", " 1", "1 ", "1e999", "", "1e", ".", "+-1", "1,5",
+];
+
+/// One operation in the library's layout: KEYS and ARGV.
+#[derive(Clone, Debug)]
+struct Op {
+    kind: &'static str,
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl Op {
+    /// The TB.* command on `prefix`-ed keys (MCONSUME interleaves the keys
+    /// with their groups of three numbers).
+    fn module(&self, prefix: &str) -> redis::Cmd {
+        let mut cmd = redis::cmd(&format!("TB.{}", self.kind.to_uppercase()));
+        if self.kind == "mconsume" {
+            let mut args = self.args.iter();
+            for k in &self.keys {
+                cmd.arg(format!("{prefix}{k}"));
+                for a in args.by_ref().take(3) {
+                    cmd.arg(a);
+                }
+            }
+            cmd.arg(args.collect::<Vec<_>>());
+        } else {
+            for k in &self.keys {
+                cmd.arg(format!("{prefix}{k}"));
+            }
+            cmd.arg(&self.args);
+        }
+        cmd
+    }
+
+    /// The FCALL (FCALL_RO for peek) on `prefix`-ed keys.
+    fn library(&self, prefix: &str) -> redis::Cmd {
+        let mut cmd = redis::cmd(if self.kind == "peek" {
+            "FCALL_RO"
+        } else {
+            "FCALL"
+        });
+        cmd.arg(format!("tb_{}", self.kind)).arg(self.keys.len());
+        for k in &self.keys {
+            cmd.arg(format!("{prefix}{k}"));
+        }
+        cmd.arg(&self.args);
+        cmd
+    }
+}
+
+/// A reply, or the error text exactly as the server sent it.
+fn run(c: &mut redis::Connection, cmd: &redis::Cmd) -> Result<Value, String> {
+    cmd.query::<Value>(c).map_err(|e| {
+        assert!(e.code().is_some(), "not a server error: {e}");
+        format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or(""))
+            .trim()
+            .to_string()
+    })
+}
+
+/// The library spells arity errors with its function name.
+fn module_spelling(reply: Result<Value, String>) -> Result<Value, String> {
+    reply.map_err(|e| {
+        ["consume", "peek", "mconsume", "adjust"]
+            .iter()
+            .fold(e, |e, k| {
+                e.replace(&format!("'tb_{k}'"), &format!("'tb.{k}'"))
+            })
+    })
+}
+
+/// A decimal number, in one of the spellings the grammar allows.
+fn spell(rng: &mut Rng, x: f64) -> String {
+    match rng.below(6) {
+        0 => format!("{x:e}"),
+        1 => format!("+{x}"),
+        _ => format!("{x}"),
+    }
+}
+
+fn cost(rng: &mut Rng, max: &str) -> Option<String> {
+    let m: f64 = max.parse().unwrap_or(1.0); // max may be garbage too
+    Some(match rng.below(100) {
+        0..=29 => "1".into(),
+        30..=44 => "0".into(),
+        45..=59 => max.to_string(),
+        60..=79 => {
+            let x = (rng.unit() * m * 1000.0).floor() / 1000.0;
+            spell(rng, x)
+        }
+        80..=89 => return None,
+        90..=94 => format!("{}", m * 2.0 + 1.0),
+        95..=96 => "-1".into(),
+        _ => rng.pick(GARBAGE).to_string(),
+    })
+}
+
+fn delta(rng: &mut Rng, max: &str) -> String {
+    let m: f64 = max.parse().unwrap_or(1.0); // max may be garbage too
+    let magnitude = match rng.below(8) {
+        0 => 1.0,
+        1 => 0.5,
+        2 => m,
+        3 => 2.0 * m,
+        4 => 1e6,
+        5 => 0.0,
+        _ => (rng.unit() * m * 100.0).floor() / 100.0,
+    };
+    match rng.below(40) {
+        0 => rng.pick(GARBAGE).to_string(),
+        n if n < 20 => spell(rng, -magnitude),
+        _ => spell(rng, magnitude),
+    }
+}
+
+/// max and rate for `key`: usually its own, sometimes lowered, raised or
+/// invalid (a random pair can break the max/rate bound, or be garbage).
+fn limits(rng: &mut Rng, key: &str) -> (String, String) {
+    let (_, max, rate) = POOL.iter().find(|(k, _, _)| *k == key).unwrap();
+    match rng.below(100) {
+        0..=79 => (max.to_string(), rate.to_string()),
+        80..=95 => (rng.pick(MAXES).to_string(), rng.pick(RATES).to_string()),
+        96 => (rng.pick(GARBAGE).to_string(), rate.to_string()),
+        97 => (max.to_string(), rng.pick(GARBAGE).to_string()),
+        98 => ("0".into(), rate.to_string()),
+        _ => (max.to_string(), "-1".into()),
+    }
+}
+
+fn bucket_key(rng: &mut Rng) -> String {
+    if rng.chance(0.03) {
+        rng.pick(BROKEN).to_string()
+    } else {
+        rng.pick(POOL).0.to_string()
+    }
+}
+
+fn random_op(rng: &mut Rng) -> Op {
+    let roll = rng.below(100);
+    let kind = match roll {
+        0..=39 => "consume",
+        40..=54 => "peek",
+        55..=69 => "adjust",
+        70..=96 => "mconsume",
+        _ => return arity_op(rng),
+    };
+    if kind == "mconsume" {
+        let n = 1 + rng.below(4) as usize;
+        let mut keys: Vec<String> = Vec::new();
+        let mut args = Vec::new();
+        for _ in 0..n {
+            let mut key = bucket_key(rng);
+            // Mostly distinct keys; now and then a duplicate on purpose.
+            while keys.contains(&key) && !rng.chance(0.1) {
+                key = bucket_key(rng);
+            }
+            let base = if BROKEN.contains(&key.as_str()) {
+                "a"
+            } else {
+                &key
+            };
+            let (max, rate) = limits(rng, base);
+            let c = cost(rng, &max).unwrap_or_else(|| "1".into());
+            keys.push(key);
+            args.extend([max, rate, c]);
+        }
+        return Op { kind, keys, args };
+    }
+    let key = bucket_key(rng);
+    let base = if BROKEN.contains(&key.as_str()) {
+        "a"
+    } else {
+        &key
+    };
+    let (max, rate) = limits(rng, base);
+    let mut args = vec![max.clone(), rate];
+    if kind == "adjust" {
+        args.push(delta(rng, &max));
+    } else if let Some(c) = cost(rng, &max) {
+        args.push(c);
+    }
+    Op {
+        kind,
+        keys: vec![key],
+        args,
+    }
+}
+
+/// Wrong argument counts that are arity errors for both forms (for
+/// MCONSUME: ARGV one or two off a multiple of three, or nothing at all).
+fn arity_op(rng: &mut Rng) -> Op {
+    let key = rng.pick(POOL).0.to_string();
+    let numbers = |n: usize| vec!["1".to_string(); n];
+    match rng.below(4) {
+        0 => Op {
+            kind: "consume",
+            keys: vec![key],
+            args: numbers(*rng.pick(&[0, 1, 4])),
+        },
+        1 => Op {
+            kind: "peek",
+            keys: vec![key],
+            args: numbers(*rng.pick(&[0, 1, 4])),
+        },
+        2 => Op {
+            kind: "adjust",
+            keys: vec![key],
+            args: numbers(*rng.pick(&[2, 4])),
+        },
+        _ => {
+            let n = rng.below(3) as usize;
+            let keys: Vec<String> = POOL[..n].iter().map(|p| p.0.to_string()).collect();
+            let args = match (n, rng.below(2)) {
+                (0, _) => Vec::new(),
+                (_, 0) => numbers(3 * n - 1),
+                _ => numbers(3 * n + 2),
+            };
+            Op {
+                kind: "mconsume",
+                keys,
+                args,
+            }
+        }
+    }
+}
+
+/// How far the clock moves before the next operation, in µs.
+fn step(rng: &mut Rng) -> i64 {
+    match rng.below(100) {
+        0..=29 => 0,
+        30..=54 => 1 + rng.below(999) as i64,
+        55..=79 => 1_000 * (1 + rng.below(5_000) as i64) + rng.below(1_000) as i64,
+        80..=94 => 1_000_000 * (1 + rng.below(100) as i64) + rng.below(1_000_000) as i64,
+        _ => -(1 + rng.below(10_000_000) as i64),
+    }
+}
+
+/// A bucket's stored state: `tokens` as the f64's bits, `ts`, expire time.
+type State = Option<(u64, String, i64)>;
+
+fn state(c: &mut redis::Connection, key: &str) -> State {
+    let h = hgetall(c, key);
+    if h.is_empty() {
+        assert_eq!(int(c, "EXISTS", key), 0, "{key} is an empty hash?");
+        return None;
+    }
+    assert_eq!(h.len(), 2, "{key}: {h:?}");
+    let tokens: f64 = h["tokens"]
+        .parse()
+        .unwrap_or_else(|_| panic!("{key}: {h:?}"));
+    assert!(
+        tokens.is_finite() && !h["tokens"].contains("inf"),
+        "{key}: {h:?}"
+    );
+    Some((
+        tokens.to_bits(),
+        h["ts"].clone(),
+        int(c, "PEXPIRETIME", key),
+    ))
+}
+
+/// Buckets and non-buckets, identical under both prefixes.
+fn setup_keys(c: &mut redis::Connection) {
+    for p in ["m:", "l:"] {
+        let _: () = redis::cmd("SET")
+            .arg(format!("{p}str"))
+            .arg("1")
+            .query(c)
+            .unwrap();
+        for (key, fields) in [
+            ("extra", vec![("tokens", "1"), ("ts", "1"), ("x", "1")]),
+            ("hexnum", vec![("tokens", "0x10"), ("ts", "1")]),
+            ("fracts", vec![("tokens", "1"), ("ts", "1.5")]),
+        ] {
+            let _: () = redis::cmd("HSET")
+                .arg(format!("{p}{key}"))
+                .arg(fields)
+                .query(c)
+                .unwrap();
+        }
+    }
+}
+
+fn load_library(c: &mut redis::Connection) {
+    let name: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(LIBRARY)
+        .query(c)
+        .expect("FUNCTION LOAD");
+    assert_eq!(name, "tb");
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    admitted: usize,
+    denied: usize,
+    errors: BTreeMap<String, usize>,
+    deletes: usize,
+    debts: usize,
+    backwards: usize,
+    mconsume_denied: usize,
+}
+
+#[test]
+fn random_sequence_matches_the_module() {
+    let seed = std::env::var("TB_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x7B5E_ED00_2030_0101u64);
+    let mut rng = Rng(seed);
+    let clock = FakeClock::new(T0);
+    let s = Server::with(clock.config());
+    let mut c = s.conn();
+    load_library(&mut c);
+    setup_keys(&mut c);
+
+    let mut now = T0;
+    let mut tally = Tally::default();
+    for i in 0..OPS {
+        let dt = step(&mut rng);
+        if dt < 0 {
+            // Expire, at the current time, every key that is due, on both
+            // sides alike: the server's background expiry may have taken
+            // one side's key and not yet the other's, which a step back
+            // would otherwise bring to light.
+            for (k, _, _) in POOL {
+                for p in ["m:", "l:"] {
+                    int(&mut c, "EXISTS", format!("{p}{k}"));
+                }
+            }
+            tally.backwards += 1;
+        }
+        if dt != 0 {
+            now += dt;
+            clock.set(now);
+        }
+        let op = random_op(&mut rng);
+        let ctx = || format!("op {i} (seed {seed:#x}, clock T0{:+}us): {op:?}", now - T0);
+        let before: Vec<State> = op
+            .keys
+            .iter()
+            .filter(|k| !BROKEN.contains(&k.as_str()))
+            .map(|k| state(&mut c, &format!("m:{k}")))
+            .collect();
+
+        let by_module = run(&mut c, &op.module("m:"));
+        let by_library = module_spelling(run(&mut c, &op.library("l:")));
+        assert_eq!(by_library, by_module, "{}", ctx());
+
+        for k in op.keys.iter().filter(|k| !BROKEN.contains(&k.as_str())) {
+            let m = state(&mut c, &format!("m:{k}"));
+            let l = state(&mut c, &format!("l:{k}"));
+            assert_eq!(l, m, "state of {k} after {}", ctx());
+        }
+
+        // What the sequence exercised, so a dull generator fails the test.
+        match &by_module {
+            Err(e) => {
+                let kind = e.split(':').next().unwrap_or(e).to_string();
+                *tally.errors.entry(kind).or_default() += 1;
+            }
+            Ok(Value::Array(r)) => {
+                if r.first() == Some(&Value::Int(1)) {
+                    tally.admitted += 1;
+                } else {
+                    tally.denied += 1;
+                    if op.kind == "mconsume"
+                        && r.iter().any(
+                            |b| matches!(b, Value::Array(b) if b.first() == Some(&Value::Int(1))),
+                        )
+                    {
+                        tally.mconsume_denied += 1;
+                    }
+                }
+                if op.kind == "adjust" && matches!(r.get(1), Some(Value::Int(n)) if *n < 0) {
+                    tally.debts += 1;
+                }
+            }
+            Ok(v) => panic!("unexpected reply {v:?} to {}", ctx()),
+        }
+        let after: Vec<State> = op
+            .keys
+            .iter()
+            .filter(|k| !BROKEN.contains(&k.as_str()))
+            .map(|k| state(&mut c, &format!("m:{k}")))
+            .collect();
+        tally.deletes += before
+            .iter()
+            .zip(&after)
+            .filter(|(b, a)| b.is_some() && a.is_none())
+            .count();
+    }
+
+    // The non-buckets were never written; then drop them, and compare the
+    // whole dataset: same keys, same contents, under both prefixes.
+    for p in ["m:", "l:"] {
+        let v: String = redis::cmd("GET")
+            .arg(format!("{p}str"))
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(v, "1");
+        assert_eq!(hgetall(&mut c, format!("{p}extra")).len(), 3);
+        assert_eq!(hgetall(&mut c, format!("{p}hexnum"))["tokens"], "0x10");
+        assert_eq!(hgetall(&mut c, format!("{p}fracts"))["ts"], "1.5");
+        for b in BROKEN {
+            assert_eq!(int(&mut c, "DEL", format!("{p}{b}")), 1);
+        }
+    }
+    let all = snapshot(&mut c);
+    let side = |p: &str| -> BTreeMap<Vec<u8>, _> {
+        all.iter()
+            .filter_map(|(k, v)| k.strip_prefix(p.as_bytes()).map(|k| (k.to_vec(), v)))
+            .collect()
+    };
+    let (m, l) = (side("m:"), side("l:"));
+    assert_eq!(
+        l.keys().collect::<Vec<_>>(),
+        m.keys().collect::<Vec<_>>(),
+        "same keys"
+    );
+    assert_eq!(m.len() + l.len(), all.len(), "no other keys");
+    for (k, v) in &m {
+        let (mh, ma) = v;
+        let (lh, la) = l[k];
+        assert_eq!((&lh["ts"], la), (&mh["ts"], ma), "{k:?}");
+        let bits = |h: &BTreeMap<String, String>| h["tokens"].parse::<f64>().unwrap().to_bits();
+        assert_eq!(bits(lh), bits(mh), "{k:?}");
+    }
+
+    eprintln!("{tally:?}");
+    assert!(tally.admitted > OPS / 4, "{tally:?}");
+    assert!(tally.denied > OPS / 20, "{tally:?}");
+    assert!(tally.mconsume_denied > 20, "{tally:?}");
+    assert!(tally.deletes > 20, "{tally:?}");
+    assert!(tally.debts > 20, "{tally:?}");
+    assert!(tally.backwards > 20, "{tally:?}");
+    assert!(tally.errors.len() >= 8, "{tally:?}");
+}
+
+/// Alternates the module and the library on key `x`, and runs the same
+/// calls through the module alone on `y`: a caller cannot tell the two
+/// apart, whichever served the previous call.
+#[test]
+fn module_and_library_share_keys() {
+    let clock = FakeClock::new(T0);
+    let s = Server::with(clock.config());
+    let mut c = s.conn();
+    load_library(&mut c);
+    let mut rng = Rng(42);
+    let mut now = T0;
+    for i in 0..600 {
+        now += rng.below(400_000) as i64 - 20_000;
+        clock.set(now);
+        let (kind, third) = match rng.below(3) {
+            0 => ("consume", *rng.pick(&["1", "2", "0", "2.5", "5"])),
+            1 => ("peek", *rng.pick(&["1", "3", "5"])),
+            _ => ("adjust", *rng.pick(&["1", "-1", "-7.5", "2.25", "9"])),
+        };
+        let op = Op {
+            kind,
+            keys: vec![String::new()],
+            args: vec!["5".into(), "2".into(), third.into()],
+        };
+        let shared = if i % 2 == 0 {
+            run(&mut c, &op.module("x"))
+        } else {
+            run(&mut c, &op.library("x"))
+        };
+        let alone = run(&mut c, &op.module("y"));
+        assert_eq!(shared, alone, "call {i}: {op:?}");
+        assert!(shared.is_ok(), "call {i}: {shared:?}");
+        assert_eq!(state(&mut c, "x"), state(&mut c, "y"), "call {i}: {op:?}");
+    }
+}
