@@ -6,6 +6,8 @@
 //!   same suite runs against Redis 7.0, Redis 8.2 and Valkey.
 #![allow(dead_code)] // Each test file uses a different part of the harness.
 
+pub mod cluster;
+
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::TcpListener;
