@@ -6,7 +6,6 @@ mod common;
 use common::cluster::Cluster;
 use common::*;
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 #[test]
 fn cluster_spreads_buckets_routes_mconsume_and_survives_failover() {
