@@ -1,0 +1,244 @@
+//! The contract cases of `tests/vectors.json`, checked against tb_core.
+//!
+//! The same file drives `tests/lua_vectors.rs` (the Lua library, the EVAL
+//! scripts and the module on a real server), so the pure functions, the
+//! module and the fallback are held to one list of expectations. The key
+//! handling of `src/keyspace.rs` and `src/commands.rs` (type check, field
+//! count, save-or-delete, what is written when) is repeated here in a few
+//! lines so that whole commands can be checked without a server.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
+use tb_core::bucket::{consume_all, Limits, Outcome, Stored};
+use tb_core::state::{decode, encode_tokens, StateError};
+
+const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+#[derive(Deserialize)]
+struct Vectors {
+    base_ts_us: i64,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    command: String,
+    keys: Vec<String>,
+    args: Vec<String>,
+    state: BTreeMap<String, Value>,
+    elapsed_us: i64,
+    reply: Option<serde_json::Value>,
+    error: Option<String>,
+    after: Option<BTreeMap<String, After>>,
+}
+
+/// A key's value before the call.
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Value {
+    Hash(BTreeMap<String, String>),
+    /// Any non-hash: only its type matters.
+    String(serde::de::IgnoredAny),
+}
+
+/// A key after the call.
+#[derive(Deserialize, Debug, PartialEq)]
+#[serde(untagged)]
+enum After {
+    /// "unchanged" or "absent".
+    Same(String),
+    Bucket {
+        tokens: String,
+        ts: String,
+        expire_at_ms: i64,
+    },
+}
+
+fn load() -> Vectors {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/vectors.json");
+    let text = std::fs::read_to_string(path).expect("read tests/vectors.json");
+    serde_json::from_str(&text).expect("parse tests/vectors.json")
+}
+
+/// The module's argv: the command, then each key followed by its arguments
+/// (MCONSUME groups of three; arguments left over go at the end).
+fn argv(case: &Case) -> Vec<String> {
+    let mut argv = vec![format!("tb.{}", case.command)];
+    let per_key = if case.command == "mconsume" {
+        3
+    } else {
+        case.args.len()
+    };
+    let mut args = case.args.iter();
+    for key in &case.keys {
+        argv.push(key.clone());
+        argv.extend(args.by_ref().take(per_key).cloned());
+    }
+    argv.extend(args.cloned());
+    argv
+}
+
+/// `BucketKey::load`: missing, wrong type, or a decoded two-field hash.
+fn load_key(case: &Case, key: &str) -> Result<Option<Stored>, String> {
+    match case.state.get(key) {
+        None => Ok(None),
+        Some(Value::String(_)) => Err(WRONGTYPE.to_string()),
+        Some(Value::Hash(h)) if h.len() != 2 => Err(StateError::Fields.message().to_string()),
+        Some(Value::Hash(h)) => decode(
+            h.get("tokens").map(|s| s.as_bytes()),
+            h.get("ts").map(|s| s.as_bytes()),
+        )
+        .map(Some)
+        .map_err(|e| e.message().to_string()),
+    }
+}
+
+/// `BucketKey::save`: delete a full bucket (if the key exists), else write.
+fn save(after: &mut BTreeMap<String, After>, key: &str, l: &Limits, o: &Outcome, now: i64) {
+    let state = if l.is_full(o.tokens) {
+        After::Same("absent".to_string())
+    } else {
+        let mut tokens = String::new();
+        encode_tokens(o.tokens, &mut tokens);
+        After::Bucket {
+            tokens,
+            ts: now.to_string(),
+            expire_at_ms: Limits::expire_at_ms(now, o.reset_after_ms),
+        }
+    };
+    after.insert(key.to_string(), state);
+}
+
+fn ints(o: &Outcome) -> serde_json::Value {
+    serde_json::json!(o.reply())
+}
+
+type Run = Result<(serde_json::Value, BTreeMap<String, After>), String>;
+
+/// One command as the module runs it (`src/commands.rs`).
+fn run(case: &Case, now: i64) -> Run {
+    let argv = argv(case);
+    let command = argv[0].clone();
+    let bad_args = |e: tb_core::args::ArgError| e.message(&command);
+    // Keys the call does not write stay as they were.
+    let mut after: BTreeMap<String, After> = case
+        .keys
+        .iter()
+        .map(|k| {
+            let same = if case.state.contains_key(k) {
+                "unchanged"
+            } else {
+                "absent"
+            };
+            (k.clone(), After::Same(same.to_string()))
+        })
+        .collect();
+    match case.command.as_str() {
+        "consume" | "peek" | "adjust" => {
+            let call = if case.command == "adjust" {
+                parse_adjust(argv.as_slice())
+            } else {
+                parse_consume(argv.as_slice())
+            }
+            .map_err(bad_args)?;
+            let key = &argv[1];
+            let l = call.limits;
+            let current = l.current(load_key(case, key)?, now);
+            let o = match case.command.as_str() {
+                "peek" => l.peek(current, call.amount),
+                "adjust" => l.adjust(current, call.amount),
+                _ => l.consume(current, call.amount),
+            };
+            let writes = match case.command.as_str() {
+                "peek" => false,
+                "adjust" => true,
+                _ => o.allowed && call.amount > 0.0,
+            };
+            if writes {
+                save(&mut after, key, &l, &o, now);
+            }
+            Ok((ints(&o), after))
+        }
+        "mconsume" => {
+            let groups = parse_mconsume(argv.as_slice()).map_err(bad_args)?;
+            let mut buckets = Vec::new();
+            for (i, g) in groups.iter().enumerate() {
+                let stored = load_key(case, &argv[g.key_index]).map_err(|e| {
+                    if e == WRONGTYPE {
+                        e
+                    } else {
+                        format!("{e} (group {})", i + 1)
+                    }
+                })?;
+                buckets.push((g.limits, g.limits.current(stored, now), g.cost));
+            }
+            let (all, retry, outcomes) = consume_all(&buckets);
+            let mut reply = vec![serde_json::json!(i64::from(all)), serde_json::json!(retry)];
+            for (g, o) in groups.iter().zip(&outcomes) {
+                if all && g.cost > 0.0 {
+                    save(&mut after, &argv[g.key_index], &g.limits, o, now);
+                }
+                reply.push(ints(o));
+            }
+            Ok((serde_json::Value::Array(reply), after))
+        }
+        other => panic!("{}: unknown command {other}", case.name),
+    }
+}
+
+#[test]
+fn every_vector_holds_for_tb_core() {
+    let v = load();
+    assert!(v.cases.len() >= 30, "only {} cases", v.cases.len());
+    for case in &v.cases {
+        let now = v.base_ts_us + case.elapsed_us;
+        let got = run(case, now);
+        match (&case.error, &case.reply, &case.after) {
+            (Some(e), None, None) => {
+                assert_eq!(got.err().as_ref(), Some(e), "{}", case.name);
+            }
+            (None, Some(reply), Some(after)) => {
+                let (r, a) = got.unwrap_or_else(|e| panic!("{}: error {e}", case.name));
+                assert_eq!(&r, reply, "{}: reply", case.name);
+                assert_eq!(&a, after, "{}: keys after the call", case.name);
+            }
+            _ => panic!("{}: a case has an error, or a reply and after", case.name),
+        }
+    }
+}
+
+#[test]
+fn vectors_cover_every_error_message() {
+    let v = load();
+    let errors: Vec<&str> = v.cases.iter().filter_map(|c| c.error.as_deref()).collect();
+    for fragment in [
+        "wrong number of arguments for 'tb.consume'",
+        "wrong number of arguments for 'tb.peek'",
+        "wrong number of arguments for 'tb.adjust'",
+        "wrong number of arguments for 'tb.mconsume'",
+        "ERR max must be a finite decimal number",
+        "ERR max must be > 0 and <= 1e12",
+        "ERR rate must be a finite decimal number",
+        "ERR rate must be > 0 and <= 1e12",
+        "ERR rate is too low for max",
+        "ERR cost must be a finite decimal number",
+        "ERR cost must be >= 0",
+        "ERR cost must not exceed max",
+        "ERR delta must be a finite decimal number",
+        "ERR duplicate key",
+        "(group 2)",
+        WRONGTYPE,
+        StateError::Fields.message(),
+        StateError::Tokens.message(),
+        StateError::Ts.message(),
+    ] {
+        assert!(
+            errors.iter().any(|e| e.contains(fragment)),
+            "no case for {fragment:?}"
+        );
+    }
+    // The one message a file of vectors cannot hold (10001 groups) is
+    // checked in tb_core's unit tests and in tests/lua_contract.rs.
+}
