@@ -68,3 +68,36 @@ fn data_loads_without_the_module_and_back() {
         before[&b"rl:user:1".to_vec()].0
     );
 }
+
+#[test]
+fn bgrewriteaof_then_restart_is_identical() {
+    let mut s = Server::with(aof());
+    let mut c = s.conn();
+    some_buckets(&mut c);
+    let _: String = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
+    assert!(eventually(std::time::Duration::from_secs(30), || {
+        info_field(&mut c, "persistence", "aof_rewrite_in_progress") == "0"
+            && info_field(&mut c, "persistence", "aof_rewrite_scheduled") == "0"
+            && info_field(&mut c, "persistence", "aof_last_bgrewrite_status") == "ok"
+    }));
+    // A write after the rewrite lands in the new incremental AOF.
+    consume(&mut c, "rl:after", "9", "0.01", "4");
+    let before = snapshot(&mut c);
+    drop(c);
+    s.kill9();
+    s.restart_with(aof());
+    assert_eq!(snapshot(&mut s.conn()), before);
+}
+
+#[test]
+fn rdb_save_then_restart_is_identical() {
+    let mut s = Server::start();
+    let mut c = s.conn();
+    some_buckets(&mut c);
+    let _: String = redis::cmd("SAVE").query(&mut c).unwrap();
+    let before = snapshot(&mut c);
+    drop(c);
+    s.kill9();
+    s.restart_with(Config::default());
+    assert_eq!(snapshot(&mut s.conn()), before);
+}

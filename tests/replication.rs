@@ -76,3 +76,52 @@ fn replica_with_the_module_is_identical() {
 fn replica_without_the_module_is_identical() {
     replica_matches_primary(Config::without_module());
 }
+
+#[test]
+fn replica_attached_mid_traffic_ends_identical() {
+    let s = Server::start();
+    let url = s.url();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+            let mut seed = 7;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                mixed_traffic(&mut c, seed, 200);
+                seed += 1;
+            }
+            // WAIT from the connection that wrote: its writes are acked.
+            wait_replicas(&mut c, 1);
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Full sync while writes keep coming.
+    let replica = start_replica(&s, Config::default());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    traffic.join().unwrap();
+    let mut p = s.conn();
+    wait_replicas(&mut p, 1);
+    assert!(
+        info_field(
+            &mut replica.conn(),
+            "replication",
+            "master_sync_in_progress"
+        ) == "0"
+    );
+    let primary = snapshot(&mut p);
+    eprintln!(
+        "P {}\nR {}",
+        info_field(&mut p, "replication", "role"),
+        info_field(&mut replica.conn(), "replication", "role")
+    );
+    eprintln!(
+        "P {} R {}",
+        repl_offset(&mut p),
+        repl_offset(&mut replica.conn())
+    );
+    eprintln!("P {:?}", redis::cmd("TIME").query::<Vec<String>>(&mut p));
+    assert!(primary.len() > 10);
+    assert_eq!(snapshot(&mut replica.conn()), primary);
+}

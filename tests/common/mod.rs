@@ -385,7 +385,9 @@ pub fn start_replica(primary: &Server, config: Config) -> Server {
     replica
 }
 
-/// Waits until every replica has acknowledged the primary's writes.
+/// Waits until `replicas` replicas have acknowledged everything the primary
+/// has written so far. (WAIT alone only covers the writes of the calling
+/// connection, so the offsets are compared as well.)
 pub fn wait_replicas(primary: &mut redis::Connection, replicas: i64) {
     let acked: i64 = redis::cmd("WAIT")
         .arg(replicas)
@@ -393,6 +395,20 @@ pub fn wait_replicas(primary: &mut redis::Connection, replicas: i64) {
         .query(primary)
         .expect("WAIT");
     assert_eq!(acked, replicas, "replicas acknowledged");
+    let target = repl_offset(primary);
+    let caught_up = eventually(Duration::from_secs(30), || {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(primary)
+            .expect("INFO");
+        let offsets: Vec<i64> = info
+            .lines()
+            .filter(|l| l.starts_with("slave") && l.contains("offset="))
+            .filter_map(|l| l.split("offset=").nth(1)?.split(',').next()?.parse().ok())
+            .collect();
+        offsets.len() as i64 >= replicas && offsets.iter().all(|&o| o >= target)
+    });
+    assert!(caught_up, "replicas did not reach offset {target}");
 }
 
 /// Servers installed from PyPI into the project's venv by `make venv`.

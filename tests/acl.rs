@@ -1,0 +1,117 @@
+//! ACL: a user limited to `~rl:*` and the TB commands can't reach other
+//! keys through any TB command, and the commands sit in the right ACL
+//! categories where the server supports module categories.
+
+mod common;
+use common::*;
+
+#[test]
+fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    let _: String = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "limited",
+            "on",
+            ">pw",
+            "~rl:*",
+            "resetchannels",
+            "-@all",
+            "+tb.consume",
+            "+tb.peek",
+            "+tb.mconsume",
+            "+tb.adjust",
+        ])
+        .query(&mut admin)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&["secret:bucket", "tokens", "1", "ts", "1"])
+        .query(&mut admin)
+        .unwrap();
+    let mut c = redis::Client::open(format!("redis://limited:pw@127.0.0.1:{}/", s.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+
+    assert_eq!(consume(&mut c, "rl:ok", "10", "0.01", "1")[0], 1);
+    let before = snapshot(&mut admin);
+    let denied: [&[&str]; 6] = [
+        &["TB.CONSUME", "secret:new", "10", "1"],
+        &["TB.PEEK", "secret:bucket", "10", "1"],
+        &["TB.ADJUST", "secret:bucket", "10", "1", "5"],
+        &[
+            "TB.MCONSUME",
+            "rl:ok",
+            "10",
+            "0.01",
+            "1",
+            "secret:x",
+            "10",
+            "1",
+            "1",
+        ],
+        &[
+            "TB.MCONSUME",
+            "secret:x",
+            "10",
+            "1",
+            "1",
+            "rl:ok",
+            "10",
+            "0.01",
+            "1",
+        ],
+        &["HGETALL", "rl:ok"],
+    ];
+    for args in denied {
+        let err = error_of(&mut c, redis::cmd(args[0]).arg(&args[1..]));
+        assert!(err.starts_with("NOPERM"), "{args:?}: {err}");
+    }
+    assert_eq!(snapshot(&mut admin), before, "denied calls changed nothing");
+}
+
+#[test]
+fn acl_categories_where_the_server_supports_them() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let categories = |c: &mut redis::Connection, cat: &str| -> Vec<String> {
+        redis::cmd("ACL").arg("CAT").arg(cat).query(c).unwrap()
+    };
+    let info: Vec<redis::Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("tb.consume")
+        .query(&mut c)
+        .unwrap();
+    let redis::Value::Array(entry) = &info[0] else {
+        panic!("{info:?}")
+    };
+    let declared: Vec<String> = redis::from_redis_value(&entry[6]).unwrap_or_default();
+    let version = info_field(&mut c, "server", "redis_version");
+    let (major, minor) = {
+        let mut p = version.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
+        (p.next().unwrap_or(0), p.next().unwrap_or(0))
+    };
+    if (major, minor) < (7, 2) {
+        // Redis 7.0 has no module ACL category API: loaded all the same.
+        assert!(declared.is_empty(), "{declared:?}");
+        return;
+    }
+    assert!(declared.contains(&"@write".to_string()) && declared.contains(&"@fast".to_string()));
+    let write = categories(&mut c, "write");
+    let read = categories(&mut c, "read");
+    let fast = categories(&mut c, "fast");
+    for cmd in ["tb.consume", "tb.mconsume", "tb.adjust"] {
+        assert!(write.contains(&cmd.to_string()), "{cmd} in @write");
+        assert!(!read.contains(&cmd.to_string()), "{cmd} not in @read");
+    }
+    assert!(read.contains(&"tb.peek".to_string()));
+    assert!(!write.contains(&"tb.peek".to_string()));
+    for cmd in ["tb.consume", "tb.peek", "tb.adjust"] {
+        assert!(fast.contains(&cmd.to_string()), "{cmd} in @fast");
+    }
+    assert!(
+        !fast.contains(&"tb.mconsume".to_string()),
+        "up to 10,000 keys is not fast"
+    );
+}
