@@ -25,3 +25,34 @@ fn refill_follows_the_fake_clock_exactly() {
     clock.set(T0 + 3_600_000_000); // forward an hour: full, not more
     assert_eq!(peek(&mut c, "k", "10", "2", "1"), vec![1, 10, 0, 0]);
 }
+
+#[test]
+fn failover_to_a_replica_whose_clock_is_behind_refills_nothing_early() {
+    let primary = Server::with(Config {
+        bin: pypi_server(Pypi::Valkey91),
+        ..Config::default()
+    });
+    // The replica's clock runs an hour behind the primary's.
+    let replica = start_replica(&primary, skewed_clock("-3600"));
+    let mut p = primary.conn();
+    assert_eq!(consume(&mut p, "k", "10", "1", "10"), vec![1, 0, 0, 10_000]);
+    wait_replicas(&mut p, 1);
+    let state = snapshot(&mut p);
+
+    let mut r = replica.conn();
+    let _: String = redis::cmd("REPLICAOF")
+        .arg(&["NO", "ONE"])
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(
+        snapshot(&mut r),
+        state,
+        "tokens, ts and expire time carried over"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    // 1.2 s later the old primary would hold 1.2 tokens. On the new one the
+    // stored ts is an hour in its future: no time has elapsed, no refill.
+    let d = consume(&mut r, "k", "10", "1", "1");
+    assert_eq!(d[0..3], [0, 0, 1000]);
+    assert_eq!(snapshot(&mut r), state, "the denial wrote nothing");
+}

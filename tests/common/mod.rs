@@ -486,11 +486,7 @@ impl FakeClock {
     /// Server config: Valkey 9.1 from PyPI (Debian's jemalloc build hangs
     /// under libfaketime) with the fake clock preloaded.
     pub fn config(&self) -> Config {
-        let lib = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
-            .iter()
-            .map(|a| format!("/usr/lib/{a}/faketime/libfaketime.so.1"))
-            .find(|p| Path::new(p).exists())
-            .expect("libfaketime not installed: run `make deps`");
+        let lib = faketime_lib();
         Config {
             bin: pypi_server(Pypi::Valkey91),
             ..Config::default()
@@ -499,6 +495,25 @@ impl FakeClock {
         .env("FAKETIME_TIMESTAMP_FILE", &self.file.to_string_lossy())
         .env("FAKETIME_NO_CACHE", "1")
     }
+}
+
+/// Valkey 9.1 whose clock runs normally but `offset` away from the real
+/// one (libfaketime syntax, e.g. "-3600" for an hour behind).
+pub fn skewed_clock(offset: &str) -> Config {
+    Config {
+        bin: pypi_server(Pypi::Valkey91),
+        ..Config::default()
+    }
+    .env("LD_PRELOAD", &faketime_lib())
+    .env("FAKETIME", offset)
+}
+
+fn faketime_lib() -> String {
+    ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+        .iter()
+        .map(|a| format!("/usr/lib/{a}/faketime/libfaketime.so.1"))
+        .find(|p| Path::new(p).exists())
+        .expect("libfaketime not installed: run `make deps`")
 }
 
 impl Drop for FakeClock {
