@@ -37,14 +37,15 @@ fn cluster_spreads_buckets_routes_mconsume_and_survives_failover() {
 
     // MCONSUME: one hash tag works; keys in different slots get CROSSSLOT.
     let r: redis::Value = redis::cmd("TB.MCONSUME")
+        // Slow refill: these buckets must outlive the failovers below.
         .arg(&[
             "rl:{u42}:user",
             "10",
-            "1",
+            "0.01",
             "1",
             "rl:{u42}:key",
             "5",
-            "1",
+            "0.01",
             "1",
         ])
         .query(&mut cc)
