@@ -1,0 +1,9 @@
+//! (a) Argument parsing: bytes split at `\n` into an argv for TB.CONSUME,
+//! TB.ADJUST or TB.MCONSUME (picked by `argv[0]`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    tb_fuzz::check_args(&tb_fuzz::argv_from_bytes(data));
+});

@@ -1,0 +1,9 @@
+//! (c) Bucket arithmetic: arbitrary f64 limits, balances, costs and deltas
+//! (NaN and infinities included), i64 timestamps, and a schedule of calls.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    tb_fuzz::check_bucket(&tb_fuzz::bucket_case_from_bytes(data));
+});

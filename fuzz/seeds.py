@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Writes the checked-in seed corpora fuzz/corpus/{args,state,bucket}/.
+
+The formats are the ones fuzz/src/lib.rs decodes:
+  args    argv joined with "\\n" (argv[0] picks the parser);
+  state   one flags byte ("3": both fields present), tokens "\\n" ts;
+  bucket  flags u8 | max f64 | rate f64 | a u16 | b u16 | tokens f64 | t u16
+          | ts i64 | now i64 | dt i32 | cost f64 | c u16 | delta f64 | d u16
+          | steps: (kind u8, dt u32, frac u16)*   (little-endian)
+
+Run it after changing a format: python3 fuzz/seeds.py
+"""
+
+import math
+import os
+import shutil
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, seeds):
+    d = os.path.join(HERE, "corpus", target)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    for name, data in seeds:
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+
+
+def argv(*parts):
+    return b"\n".join(p if isinstance(p, bytes) else p.encode() for p in parts)
+
+
+C, P, A, M = "TB.CONSUME", "TB.PEEK", "TB.ADJUST", "TB.MCONSUME"
+
+args = [
+    ("consume-valid", argv(C, "k", "10", "1", "1")),
+    ("consume-default-cost", argv(C, "k", "10", "0.17")),
+    ("peek-valid", argv(P, "k", "5", "2.5", "0")),
+    ("adjust-refund", argv(A, "k", "10", "1", "-25.5")),
+    ("adjust-charge", argv(A, "k", "10", "1", "3e2")),
+    ("mconsume-two", argv(M, "a", "10", "1", "1", "b", "5", "2", "0")),
+    ("mconsume-dup", argv(M, "a", "1", "1", "1", "b", "1", "1", "1", "a", "1", "1", "1")),
+    ("mconsume-arity", argv(M, "a", "1", "1", "1", "b")),
+    ("nan", argv(C, "k", "nan", "1")),
+    ("NaN-rate", argv(C, "k", "10", "NaN")),
+    ("inf", argv(C, "k", "inf", "1")),
+    ("minus-infinity", argv(C, "k", "10", "1", "-infinity")),
+    ("hex", argv(C, "k", "0x10", "1")),
+    ("space-inside", argv(C, "k", "1 0", "1")),
+    ("space-around", argv(C, "k", " 10", "1 ")),
+    ("empty", argv(C, "k", "", "")),
+    ("nul", argv(C, "k", b"10\x00", b"\x001")),
+    ("nul-key", argv(M, b"\x00", "1", "1", "1", b"\x00\x00", "1", "1", "1")),
+    ("huge-exponent", argv(C, "k", "1e99999999999999999999", "1")),
+    ("tiny-exponent", argv(C, "k", "1e-99999999999", "1")),
+    ("subnormal", argv(C, "k", "5e-324", "5e-324", "0")),
+    ("max-bound", argv(C, "k", "1e12", "100", "1e12")),
+    ("above-max-bound", argv(C, "k", "1000000000000.0001", "1e12")),
+    ("fill-bound", argv(C, "k", "1e10", "1", "1")),
+    ("fill-too-slow", argv(C, "k", "1e10", "0.99999", "1")),
+    ("cost-above-max", argv(C, "k", "10", "1", "10.000000000001")),
+    ("negative-zero-cost", argv(C, "k", "10", "1", "-0")),
+    ("signs", argv(C, "k", "+1.", "+.5", "-.0e-0")),
+    ("long-digits", argv(C, "k", "0." + "0" * 400 + "1", "1" + "0" * 11)),
+    ("utf8-digit", argv(C, "k", "１", "1")),
+    ("high-bytes", argv(C, "k", b"\xff\xfe", b"1")),
+    ("arity-short", argv(C, "k")),
+    ("arity-long", argv(C, "k", "1", "1", "1", "1")),
+    ("adjust-nan-delta", argv(A, "k", "10", "1", "nan")),
+    ("mconsume-many", argv(M, *[x for i in range(64) for x in (f"k{i}", "10", "1", "1")], "k7", "10", "1", "1")),
+]
+
+state = [
+    ("valid", b"3" + b"9.5\n1764513600123456"),
+    ("zero", b"3" + b"0\n0"),
+    ("negative", b"3" + b"-3.5e-9\n-5"),
+    ("lua-format", b"3" + b"0.10000000000000001\n1764513600123456"),
+    ("subnormal", b"3" + b"5e-324\n1"),
+    ("huge", b"3" + b"1e308\n9999999999999999"),
+    ("overflow", b"3" + b"1e309\n1"),
+    ("ts-17-digits", b"3" + b"1\n12345678901234567"),
+    ("ts-float", b"3" + b"1\n1.5"),
+    ("ts-plus", b"3" + b"1\n+5"),
+    ("nan", b"3" + b"nan\n1"),
+    ("inf", b"3" + b"-inf\n1"),
+    ("hex", b"3" + b"0x10\n0x10"),
+    ("spaces", b"3" + b" 1\n1 "),
+    ("nul", b"3" + b"1\x00\n\x001"),
+    ("empty", b"3" + b"\n"),
+    ("tokens-only", b"1" + b"1\n1"),
+    ("ts-only", b"2" + b"1\n1"),
+    ("neither", b"0"),
+    ("f64-nan-bits", struct.pack("<d", math.nan)),
+    ("f64-max-bits", struct.pack("<d", 1.7976931348623157e308)),
+    ("i64-min-bits", struct.pack("<q", -(2**63))),
+]
+
+
+def bucket(flags, mx=0.0, rate=0.0, a=0, b=0, tokens=0.0, t=0, ts=0, now=0, dt=0,
+           cost=0.0, c=0, delta=0.0, d=0, steps=()):
+    out = struct.pack("<BddHH", flags, mx, rate, a, b)
+    out += struct.pack("<dHqqidHdH", tokens, t, ts, now, dt, cost, c, delta, d)
+    for kind, sdt, frac in steps:
+        out += struct.pack("<BIH", kind, sdt, frac)
+    return out
+
+
+NOW = 1_764_513_600_123_456
+RAW = 1 | 2 | 4 | 16 | 32  # every value raw, key present
+schedule = [(0, 1000, 65535 // 10), (0x80, 200_000, 65535), (2, 5000, 40000),
+            (1, 0, 65535), (0, 1_000_000, 65535 // 3), (2, 7, 0)] * 4
+
+bucket_seeds = [
+    ("mapped-zero", bucket(0)),
+    ("mapped-mid", bucket(0, a=40000, b=30000, t=50000, ts=NOW, dt=1500, c=30000, d=20000, steps=schedule)),
+    ("mapped-empty-key", bucket(8, a=65535, b=65535, ts=NOW, dt=-1000, c=65535, steps=schedule)),
+    ("mapped-tiny", bucket(0, a=1, b=65535, t=1, ts=NOW, dt=999, c=65535, d=65535, steps=schedule)),
+    ("raw-valid", bucket(RAW, 10.0, 1.0, tokens=3.0, ts=NOW, now=NOW + 1_500_000, cost=2.0, delta=-25.5, steps=schedule)),
+    ("raw-contract", bucket(RAW, 10.0, 0.3, tokens=1.4, ts=NOW, now=NOW, cost=2.0, delta=1.0)),
+    ("raw-bounds", bucket(RAW, 1e12, 100.0, tokens=-1e12, ts=0, now=1, cost=1e12, delta=1e12, steps=schedule)),
+    ("raw-fast", bucket(RAW, 1e12, 1e12, tokens=-1e12, ts=NOW, now=NOW + 1, cost=0.5, delta=-1e13)),
+    ("raw-subnormal", bucket(RAW, 5e-324, 5e-324, tokens=-5e-324, ts=NOW, now=NOW + 3, cost=5e-324, delta=5e-324)),
+    ("raw-tiny-normal", bucket(RAW, 1e-300, 1e-310, tokens=0.0, ts=NOW, now=NOW, cost=1e-300, delta=-1e-300)),
+    ("raw-nan", bucket(RAW, math.nan, math.nan, tokens=math.nan, ts=NOW, now=NOW, cost=math.nan, delta=math.nan)),
+    ("raw-inf", bucket(RAW, math.inf, -math.inf, tokens=math.inf, ts=NOW, now=NOW, cost=math.inf, delta=-math.inf)),
+    ("raw-nan-tokens", bucket(RAW, 10.0, 1.0, tokens=math.nan, ts=NOW, now=NOW + 10, cost=1.0, delta=math.inf)),
+    ("raw-hostile-tokens", bucket(RAW, 10.0, 1.0, tokens=1e300, ts=-(2**63), now=2**63 - 1, cost=10.0, delta=-1e300)),
+    ("raw-ts-future", bucket(RAW, 10.0, 1.0, tokens=-1e300, ts=2**63 - 1, now=-(2**63), cost=0.0, delta=0.0)),
+    ("raw-zero-rate", bucket(RAW, 10.0, 0.0, tokens=1.0, ts=NOW, now=NOW, cost=5.0, delta=1.0)),
+    ("raw-negative", bucket(RAW, -10.0, -1.0, tokens=-1.0, ts=NOW, now=NOW, cost=-5.0, delta=-1.0)),
+    ("raw-fill-too-slow", bucket(RAW, 1e11, 1.0, tokens=0.0, ts=NOW, now=NOW, cost=1.0, delta=1.0)),
+]
+
+write("args", args)
+write("state", state)
+write("bucket", bucket_seeds)
+print(f"{len(args)} args, {len(state)} state, {len(bucket_seeds)} bucket seeds")

@@ -1,0 +1,651 @@
+//! Properties of tb-core under hostile input, shared by the libFuzzer
+//! targets (`fuzz/fuzz_targets/*.rs`, nightly) and their proptest
+//! equivalents (`core/tests/fuzz_equivalents.rs`, stable), which includes
+//! this file as a module. Only `std` and `tb_core` may be used here.
+//!
+//! Each `check_*` function panics when a property fails; each `*_from_bytes`
+//! function turns fuzzer bytes into that check's input.
+//!
+//! * (a) argument parsing: never panics; the result is exactly what an
+//!   independent reference validator predicts, and any `Ok` is within the
+//!   documented bounds (0 < max <= 1e12, 0 < rate <= 1e12, max/rate <= 1e10,
+//!   0 <= cost <= max, all finite);
+//! * (b) state decoding: never panics; `Ok` values are finite; what is
+//!   encoded decodes back to the same bits;
+//! * (c) bucket arithmetic: never panics on any f64/i64; with valid limits
+//!   the balance is never NaN and stays in [-max, max], an admitted call had
+//!   the tokens, reply times are non-negative, bounded and exact to the
+//!   millisecond, and a schedule of calls (with keys expiring at the time the
+//!   module sets) never admits more than burst plus refill plus refunds.
+
+use tb_core::args::{
+    parse_adjust, parse_consume, parse_mconsume, Arg, ArgError, Argv, MAX_CAPACITY,
+    MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE,
+};
+use tb_core::bucket::{consume_all, Limits, Outcome, Stored};
+use tb_core::number::parse_decimal;
+use tb_core::state::{decode, encode_tokens, encode_ts, StateError};
+
+// ---- (a) argument parsing --------------------------------------------------
+
+/// Which parser an argv goes to (TB.PEEK shares TB.CONSUME's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    Consume,
+    Adjust,
+    MConsume,
+}
+
+impl Command {
+    /// Picks the parser from `argv[0]`: a name ending in `adjust` or
+    /// `mconsume` (any case), else TB.CONSUME.
+    pub fn of(name: &[u8]) -> Command {
+        let lower = name.to_ascii_lowercase();
+        if lower.ends_with(b"mconsume") {
+            Command::MConsume
+        } else if lower.ends_with(b"adjust") {
+            Command::Adjust
+        } else {
+            Command::Consume
+        }
+    }
+}
+
+/// Fuzzer bytes as an argv: split at `\n`, so seeds read like
+/// `TB.CONSUME\nk\n10\n1`. Every other byte (NUL, spaces, 0xff...) can
+/// appear inside an argument.
+pub fn argv_from_bytes(data: &[u8]) -> Vec<&[u8]> {
+    data.split(|&b| b == b'\n').collect()
+}
+
+/// The number grammar, restated independently of `tb_core::number`: only
+/// the characters of a decimal, and Rust's float parser (which would also
+/// take `inf`, `nan` and `infinity`, excluded by the character set) must
+/// read it as a finite value.
+pub fn reference_number(bytes: &[u8]) -> Option<f64> {
+    if !bytes.iter().all(|b| b"0123456789+-.eE".contains(b)) {
+        return None;
+    }
+    let v: f64 = std::str::from_utf8(bytes).ok()?.parse().ok()?;
+    v.is_finite().then_some(v)
+}
+
+fn reference_limits(max: &[u8], rate: &[u8], g: Option<usize>) -> Result<Limits, ArgError> {
+    let max = reference_number(max).ok_or(ArgError::NotANumber(Arg::Max, g))?;
+    if max <= 0.0 || max > 1e12 {
+        return Err(ArgError::OutOfRange(Arg::Max, g));
+    }
+    let rate = reference_number(rate).ok_or(ArgError::NotANumber(Arg::Rate, g))?;
+    if rate <= 0.0 || rate > 1e12 {
+        return Err(ArgError::OutOfRange(Arg::Rate, g));
+    }
+    if max / rate > 1e10 {
+        return Err(ArgError::FillTooSlow(g));
+    }
+    Ok(Limits { max, rate })
+}
+
+fn reference_cost(cost: &[u8], max: f64, g: Option<usize>) -> Result<f64, ArgError> {
+    let cost = reference_number(cost).ok_or(ArgError::NotANumber(Arg::Cost, g))?;
+    if cost < 0.0 {
+        return Err(ArgError::OutOfRange(Arg::Cost, g));
+    }
+    if cost > max {
+        return Err(ArgError::CostAboveMax(g));
+    }
+    Ok(cost)
+}
+
+/// What TB.CONSUME/TB.PEEK must answer: `(limits, cost)` or the first error.
+pub fn reference_consume(argv: &[&[u8]]) -> Result<(Limits, f64), ArgError> {
+    if argv.len() != 4 && argv.len() != 5 {
+        return Err(ArgError::Arity);
+    }
+    let l = reference_limits(argv[2], argv[3], None)?;
+    let cost = match argv.get(4) {
+        Some(c) => reference_cost(c, l.max, None)?,
+        None if l.max < 1.0 => return Err(ArgError::CostAboveMax(None)),
+        None => 1.0,
+    };
+    Ok((l, cost))
+}
+
+pub fn reference_adjust(argv: &[&[u8]]) -> Result<(Limits, f64), ArgError> {
+    if argv.len() != 5 {
+        return Err(ArgError::Arity);
+    }
+    let l = reference_limits(argv[2], argv[3], None)?;
+    let delta = reference_number(argv[4]).ok_or(ArgError::NotANumber(Arg::Delta, None))?;
+    Ok((l, delta))
+}
+
+/// `(key_index, limits, cost)` per group, or the first error; duplicates by
+/// a plain left-to-right scan.
+pub fn reference_mconsume(argv: &[&[u8]]) -> Result<Vec<(usize, Limits, f64)>, ArgError> {
+    if argv.len() < 5 || !(argv.len() - 1).is_multiple_of(4) {
+        return Err(ArgError::Arity);
+    }
+    if (argv.len() - 1) / 4 > 10_000 {
+        return Err(ArgError::TooManyGroups);
+    }
+    let mut groups = Vec::new();
+    for (g, chunk) in argv[1..].chunks(4).enumerate() {
+        let label = Some(g + 1);
+        let l = reference_limits(chunk[1], chunk[2], label)?;
+        let cost = reference_cost(chunk[3], l.max, label)?;
+        groups.push((1 + 4 * g, l, cost));
+    }
+    for g in 1..groups.len() {
+        let key = argv[groups[g].0];
+        if let Some(first) = (0..g).find(|&f| argv[groups[f].0] == key) {
+            return Err(ArgError::DuplicateKey {
+                group: g + 1,
+                first: first + 1,
+            });
+        }
+    }
+    Ok(groups)
+}
+
+fn assert_limits_in_bounds(l: &Limits) {
+    assert!(l.max.is_finite() && l.rate.is_finite(), "{l:?}");
+    assert!(
+        l.max > 0.0 && l.max <= MAX_CAPACITY,
+        "max out of bounds: {l:?}"
+    );
+    assert!(
+        l.rate > 0.0 && l.rate <= MAX_RATE,
+        "rate out of bounds: {l:?}"
+    );
+    assert!(l.max / l.rate <= MAX_FILL_SECONDS, "fill time: {l:?}");
+}
+
+fn assert_cost_in_bounds(cost: f64, l: &Limits) {
+    assert!(
+        cost.is_finite() && cost >= 0.0 && cost <= l.max,
+        "cost {cost} outside [0, {}]",
+        l.max
+    );
+}
+
+/// Property (a) for one argv (`argv[0]` is the command name).
+pub fn check_args(argv: &[&[u8]]) {
+    assert_eq!(MAX_GROUPS, 10_000, "documented group limit");
+    match Command::of(argv.first().copied().unwrap_or_default()) {
+        Command::Consume => {
+            let got = parse_consume(argv);
+            let want = reference_consume(argv);
+            assert_eq!(got.map(|s| (s.limits, s.amount)), want, "{argv:?}");
+            if let Ok(s) = got {
+                assert_limits_in_bounds(&s.limits);
+                assert_cost_in_bounds(s.amount, &s.limits);
+            }
+        }
+        Command::Adjust => {
+            let got = parse_adjust(argv);
+            assert_eq!(
+                got.map(|s| (s.limits, s.amount)),
+                reference_adjust(argv),
+                "{argv:?}"
+            );
+            if let Ok(s) = got {
+                assert_limits_in_bounds(&s.limits);
+                assert!(s.amount.is_finite(), "delta {}", s.amount);
+            }
+        }
+        Command::MConsume => {
+            let got = parse_mconsume(argv);
+            let simple = got
+                .as_ref()
+                .map(|gs| gs.iter().map(|g| (g.key_index, g.limits, g.cost)).collect())
+                .map_err(|e| *e);
+            assert_eq!(simple, reference_mconsume(argv), "{argv:?}");
+            if let Ok(groups) = got {
+                assert!(!groups.is_empty() && groups.len() <= MAX_GROUPS);
+                assert_eq!(groups.len(), (argv.count() - 1) / 4);
+                for g in &groups {
+                    assert_limits_in_bounds(&g.limits);
+                    assert_cost_in_bounds(g.cost, &g.limits);
+                }
+            }
+        }
+    }
+    for arg in argv {
+        let ours = parse_decimal(arg).map(f64::to_bits);
+        assert_eq!(ours, reference_number(arg).map(f64::to_bits), "{arg:?}");
+    }
+}
+
+// ---- (b) state decoding ------------------------------------------------------
+
+/// Fuzzer bytes as the two hash fields: bit 0 of the first byte says
+/// `tokens` is present, bit 1 that `ts` is (so seeds start with `3`), and
+/// the rest is split at the first `\n` into `tokens` and `ts`.
+pub fn fields_from_bytes(data: &[u8]) -> (Option<&[u8]>, Option<&[u8]>) {
+    let (flags, rest) = data.split_first().map_or((0, data), |(f, r)| (*f, r));
+    let (tokens, ts) = match rest.iter().position(|&b| b == b'\n') {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &rest[rest.len()..]),
+    };
+    (
+        (flags & 1 != 0).then_some(tokens),
+        (flags & 2 != 0).then_some(ts),
+    )
+}
+
+/// The `ts` grammar restated: an optional `-` and 1 to 16 digits.
+pub fn reference_ts(bytes: &[u8]) -> Option<i64> {
+    let digits = bytes.strip_prefix(b"-").unwrap_or(bytes);
+    if digits.is_empty() || digits.len() > 16 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(bytes).ok()?.parse().ok()
+}
+
+/// Property (b) for one pair of fields.
+pub fn check_state(tokens: Option<&[u8]>, ts: Option<&[u8]>) {
+    let got = decode(tokens, ts);
+    let (Some(t), Some(s)) = (tokens, ts) else {
+        assert_eq!(got, Err(StateError::Fields));
+        return;
+    };
+    let want = match (reference_number(t), reference_ts(s)) {
+        (None, _) => Err(StateError::Tokens),
+        (_, None) => Err(StateError::Ts),
+        (Some(tokens), Some(ts_us)) => Ok(Stored { tokens, ts_us }),
+    };
+    assert_eq!(got, want, "tokens {t:?} ts {s:?}");
+    if let Ok(stored) = got {
+        assert!(stored.tokens.is_finite());
+        check_tokens_round_trip(stored.tokens);
+        check_ts_round_trip(stored.ts_us);
+    }
+}
+
+/// Any finite balance encodes to a decimal that decodes to the same bits
+/// (negative zero as zero), short enough for the balances the module
+/// stores (|tokens| <= 1e12).
+pub fn check_tokens_round_trip(tokens: f64) {
+    if !tokens.is_finite() {
+        return;
+    }
+    let mut text = String::new();
+    encode_tokens(tokens, &mut text);
+    let back = decode(Some(text.as_bytes()), Some(b"0"))
+        .unwrap_or_else(|e| panic!("{tokens:e} encoded as {text:?}: {e:?}"))
+        .tokens;
+    let want = if tokens == 0.0 { 0.0 } else { tokens };
+    assert_eq!(back.to_bits(), want.to_bits(), "{tokens:e} -> {text:?}");
+    if tokens.abs() <= 1e12 {
+        assert!(text.len() <= 24, "{tokens:e} encoded long: {text:?}");
+    }
+}
+
+/// A `ts` of at most 16 digits (every real clock until the year 2286)
+/// round-trips; longer ones are refused by the decoder, never misread.
+pub fn check_ts_round_trip(ts_us: i64) {
+    let mut text = String::new();
+    encode_ts(ts_us, &mut text);
+    let back = decode(Some(b"0"), Some(text.as_bytes())).map(|s| s.ts_us);
+    if ts_us.unsigned_abs() < 10_000_000_000_000_000 {
+        assert_eq!(back, Ok(ts_us), "{text}");
+    } else {
+        assert_eq!(back, Err(StateError::Ts), "{text}");
+    }
+}
+
+// ---- (c) bucket arithmetic ---------------------------------------------------
+
+/// One call in a schedule, `dt_us` after the previous one.
+#[derive(Clone, Copy, Debug)]
+pub enum Op {
+    /// TB.CONSUME with `cost = frac * max`.
+    Consume(f64),
+    /// TB.PEEK with `cost = frac * max`.
+    Peek(f64),
+    /// TB.ADJUST with `delta = frac * max`, `frac` in [-2, 2].
+    Adjust(f64),
+}
+
+#[derive(Clone, Debug)]
+pub struct BucketCase {
+    pub max: f64,
+    pub rate: f64,
+    /// Stored `tokens` and `ts`; `None` is a missing key.
+    pub stored: Option<(f64, i64)>,
+    pub now_us: i64,
+    pub cost: f64,
+    pub delta: f64,
+    pub steps: Vec<(u32, Op)>,
+}
+
+/// Reads fixed-size values, zeros past the end of the input.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn bytes<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0u8; N];
+        let n = N.min(self.0.len());
+        out[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        out
+    }
+    fn u8(&mut self) -> u8 {
+        self.bytes::<1>()[0]
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes(self.bytes())
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.bytes())
+    }
+    fn i64(&mut self) -> i64 {
+        i64::from_le_bytes(self.bytes())
+    }
+    fn f64(&mut self) -> f64 {
+        f64::from_le_bytes(self.bytes())
+    }
+    /// A fraction in [0, 1].
+    fn unit(&mut self) -> f64 {
+        f64::from(self.u16()) / f64::from(u16::MAX)
+    }
+}
+
+/// Fuzzer bytes as a bucket case. A flags byte picks, per value, either
+/// raw bits (any f64, NaN and infinities included; any i64) or a value
+/// mapped into the valid domain, so both halves get explored:
+///
+/// ```text
+/// flags u8 | max f64 | rate f64 | a u16 | b u16 | tokens f64 | t u16
+/// | ts i64 | now i64 | dt i32 | cost f64 | c u16 | delta f64 | d u16
+/// | steps: (kind u8, dt u32, frac u16)*
+/// ```
+pub fn bucket_case_from_bytes(data: &[u8]) -> BucketCase {
+    let mut r = Reader(data);
+    let flags = r.u8();
+    let (raw_max, raw_rate, a, b) = (r.f64(), r.f64(), r.unit(), r.unit());
+    let (max, rate) = if flags & 1 != 0 {
+        (raw_max, raw_rate)
+    } else {
+        valid_limits_from(a, b)
+    };
+    let (raw_tokens, t) = (r.f64(), r.unit());
+    let tokens = if flags & 2 != 0 {
+        raw_tokens
+    } else {
+        max * (2.0 * t - 1.0)
+    };
+    let ts = r.i64();
+    let (raw_now, dt) = (r.i64(), r.bytes::<4>());
+    let now_us = if flags & 4 != 0 {
+        raw_now
+    } else {
+        ts.saturating_add(i64::from(i32::from_le_bytes(dt)))
+    };
+    let stored = (flags & 8 == 0).then_some((tokens, ts));
+    let (raw_cost, c) = (r.f64(), r.unit());
+    let cost = if flags & 16 != 0 { raw_cost } else { max * c };
+    let (raw_delta, d) = (r.f64(), r.unit());
+    let delta = if flags & 32 != 0 {
+        raw_delta
+    } else {
+        max * (4.0 * d - 2.0)
+    };
+    let mut steps = Vec::new();
+    while !r.0.is_empty() && steps.len() < 256 {
+        let kind = r.u8();
+        let mut dt = r.u32();
+        if kind & 0x80 != 0 {
+            dt >>= 12; // mostly sub-second steps
+        }
+        let frac = r.unit();
+        let op = match kind % 3 {
+            0 => Op::Consume(frac),
+            1 => Op::Peek(frac),
+            _ => Op::Adjust(4.0 * frac - 2.0),
+        };
+        steps.push((dt, op));
+    }
+    BucketCase {
+        max,
+        rate,
+        stored,
+        now_us,
+        cost,
+        delta,
+        steps,
+    }
+}
+
+/// Valid limits from two fractions in [0, 1]: max log-uniform in
+/// [1e-15, 1e12], fill time log-uniform in [1e-6, 1e10] s (rate <= 1e12).
+pub fn valid_limits_from(a: f64, b: f64) -> (f64, f64) {
+    let max = 10f64.powf(-15.0 + 27.0 * a).min(MAX_CAPACITY);
+    let fill = 10f64.powf(-6.0 + 16.0 * b).min(MAX_FILL_SECONDS);
+    let rate = (max / fill).min(MAX_RATE);
+    (max, rate)
+}
+
+/// The limits if the argument parser would accept them.
+pub fn valid(max: f64, rate: f64) -> Option<Limits> {
+    (max > 0.0
+        && max <= MAX_CAPACITY
+        && rate > 0.0
+        && rate <= MAX_RATE
+        && max / rate <= MAX_FILL_SECONDS)
+        .then_some(Limits { max, rate })
+}
+
+fn in_balance_range(l: &Limits, tokens: f64) -> bool {
+    !tokens.is_nan() && tokens >= -l.max && tokens <= l.max
+}
+
+/// The longest reply time valid limits allow: from -max to max.
+fn longest_ms(l: &Limits) -> i64 {
+    (2000.0 * l.max / l.rate).ceil() as i64 + 2
+}
+
+/// Below this rate one millisecond of refill is a subnormal float of a few
+/// significant bits, and reply times are only safe (never early), not the
+/// earliest millisecond: e.g. max 4.4085e-320, rate 5e-324 from -1.803e-320
+/// gives reset 12571999 ms where 12571500 ms already refill the bucket.
+/// No valid limits above it lose exactness.
+pub const EXACT_RATE_MIN: f64 = 1e-300;
+
+/// `ms` is the earliest whole millisecond at which `tokens` refills to
+/// `target` (0 when it already has): never early, and, for rates of at
+/// least `EXACT_RATE_MIN`, not a millisecond late either.
+fn assert_earliest_ms(l: &Limits, tokens: f64, target: f64, ms: i64, what: &str) {
+    assert!(ms >= 0, "{what}: negative {ms}");
+    assert!(
+        l.refill(tokens, ms as f64 * 1000.0) >= target,
+        "{what}: {l:?} from {tokens:e} to {target:e} not reached at {ms} ms"
+    );
+    if ms > 0 && l.rate >= EXACT_RATE_MIN {
+        assert!(
+            l.refill(tokens, (ms - 1) as f64 * 1000.0) < target,
+            "{what}: {l:?} from {tokens:e} to {target:e} already reached at {} ms",
+            ms - 1
+        );
+    }
+}
+
+/// Checks an outcome of valid limits from a balance of `current`; `target`
+/// is what the retry time waits for; `charged` is an admitted consume.
+fn check_outcome(l: &Limits, current: f64, target: f64, o: &Outcome, charged: bool) {
+    assert!(
+        in_balance_range(l, o.tokens),
+        "{l:?}: balance {} outside [-max, max]",
+        o.tokens
+    );
+    let (retry, reset) = (o.retry_after_ms, o.reset_after_ms);
+    assert!(retry >= 0 && reset >= 0, "{l:?} {o:?}");
+    assert!(retry <= reset, "{l:?}: retry {retry} after reset {reset}");
+    assert!(reset <= longest_ms(l), "{l:?}: reset {reset} ms too long");
+    assert!(o.remaining() <= l.max.floor() as i64, "{o:?}");
+    assert_earliest_ms(l, o.tokens, l.max, reset, "reset");
+    if charged {
+        // Admitted: retry is 0 and the charge did not go below zero.
+        assert!(current >= target && o.tokens == current - target, "{o:?}");
+        assert_eq!(retry, 0);
+        assert!(o.tokens >= 0.0, "{l:?}: admitted into debt {o:?}");
+    } else {
+        assert_earliest_ms(l, o.tokens, target, retry, "retry");
+    }
+}
+
+/// The never-panics half of (c): every entry point with raw values.
+fn exercise(l: &Limits, tokens: f64, cost: f64, delta: f64, now: i64, ts: i64) {
+    let stored = Some(Stored { tokens, ts_us: ts });
+    let c = l.current(stored, now);
+    let _ = l.current(None, now);
+    let _ = l.refill(tokens, now as f64);
+    let _ = l.clamp(tokens);
+    let _ = l.ms_until(tokens, cost);
+    let _ = l.is_full(c);
+    for o in [l.consume(c, cost), l.peek(tokens, cost), l.adjust(c, delta)] {
+        let _ = (o.reply(), Limits::expire_at_ms(now, o.reset_after_ms));
+    }
+    let _ = consume_all(&[(*l, c, cost), (*l, tokens, delta)]);
+    let _ = Limits::expire_at_ms(ts, i64::MAX);
+    let _ = Limits::expire_at_ms(i64::MIN, i64::MIN);
+}
+
+/// Property (c) for one case.
+pub fn check_bucket(case: &BucketCase) {
+    let raw = Limits {
+        max: case.max,
+        rate: case.rate,
+    };
+    let (tokens, ts) = case.stored.unwrap_or((case.max, case.now_us));
+    exercise(&raw, tokens, case.cost, case.delta, case.now_us, ts);
+    let Some(l) = valid(case.max, case.rate) else {
+        return;
+    };
+    let stored = case.stored.map(|(tokens, ts_us)| Stored { tokens, ts_us });
+    let now = case.now_us;
+    let current = l.current(stored, now);
+    assert!(in_balance_range(&l, current), "{l:?}: current {current}");
+    match stored {
+        None => assert_eq!(current, l.max, "a missing key is a full bucket"),
+        Some(s) if now <= s.ts_us => {
+            assert_eq!(current, l.clamp(s.tokens), "minted");
+        }
+        Some(s) => assert!(current >= l.clamp(s.tokens), "refill lost tokens"),
+    }
+
+    if case.cost.is_finite() && case.cost >= 0.0 && case.cost <= l.max {
+        let cost = case.cost;
+        let o = l.consume(current, cost);
+        assert_eq!(o.allowed, current >= cost);
+        if !o.allowed {
+            assert_eq!(o.tokens.to_bits(), current.to_bits(), "denied but charged");
+        }
+        check_outcome(&l, current, cost, &o, o.allowed);
+        let p = l.peek(current, cost);
+        assert_eq!(
+            (p.allowed, p.tokens.to_bits()),
+            (o.allowed, current.to_bits())
+        );
+        check_outcome(&l, current, cost, &p, false);
+        // All-or-nothing over two buckets: a short one charges nobody.
+        let other = l.clamp(case.delta);
+        let (all, retry, outs) = consume_all(&[(l, current, cost), (l, other, cost)]);
+        let other_ok = !other.is_nan() && other >= cost;
+        assert_eq!(all, current >= cost && other_ok);
+        assert_eq!(retry, outs.iter().map(|o| o.retry_after_ms).max().unwrap());
+        for (o, cur) in outs.iter().zip([current, other]) {
+            if !all {
+                assert_eq!(o.tokens.to_bits(), cur.to_bits(), "partial charge");
+            }
+        }
+    }
+    if case.delta.is_finite() {
+        let o = l.adjust(current, case.delta);
+        assert!(o.allowed);
+        check_outcome(&l, current, l.max.min(1.0), &o, false);
+        assert_eq!(o.tokens, l.clamp(current + case.delta));
+    }
+    check_schedule(&l, stored, now, &case.steps);
+}
+
+/// Runs `steps` through load → compute → store as the module does, with
+/// keys expiring as early as the expire time the module sets allows, and
+/// checks the bucket never gives out more than its contract: what was
+/// admitted plus what is left is at most the starting balance plus the
+/// refill (`rate` × elapsed) plus the refunds.
+fn check_schedule(l: &Limits, mut stored: Option<Stored>, start: i64, steps: &[(u32, Op)]) {
+    let initial = l.current(stored, start);
+    let mut expire_at_ms: Option<i64> = None;
+    let mut now = start;
+    let (mut admitted, mut refunds) = (0.0f64, 0.0f64);
+    for &(dt, op) in steps {
+        let Some(t) = now.checked_add(i64::from(dt)) else {
+            break;
+        };
+        now = t;
+        // Redis deletes a key once its expire time has passed; deleting it
+        // already at that millisecond is stricter.
+        if expire_at_ms.is_some_and(|at| now.div_euclid(1000) >= at) {
+            stored = None;
+            expire_at_ms = None;
+        }
+        let current = l.current(stored, now);
+        assert!(in_balance_range(l, current), "{l:?}: current {current}");
+        let (out, store) = match op {
+            Op::Consume(frac) => {
+                let cost = l.max * frac;
+                let o = l.consume(current, cost);
+                check_outcome(l, current, cost, &o, o.allowed);
+                if o.allowed {
+                    admitted += cost;
+                }
+                (o, o.allowed && cost > 0.0)
+            }
+            Op::Peek(frac) => {
+                let cost = l.max * frac;
+                let o = l.peek(current, cost);
+                check_outcome(l, current, cost, &o, false);
+                (o, false)
+            }
+            Op::Adjust(frac) => {
+                let delta = l.max * frac;
+                refunds += delta.max(0.0);
+                let o = l.adjust(current, delta);
+                check_outcome(l, current, l.max.min(1.0), &o, false);
+                (o, true)
+            }
+        };
+        let elapsed_s = (now - start) as f64 / 1e6;
+        let budget = initial + l.rate * elapsed_s + refunds;
+        // Relative rounding of the sums, and an absolute floor for
+        // subnormal limits, where every operation rounds by up to 5e-324.
+        let slack = 1e-9 * (budget.abs() + l.max) + 1e-320;
+        assert!(
+            admitted + out.tokens <= budget + slack,
+            "{l:?}: admitted {admitted:e} + left {:e} > budget {budget:e} after {elapsed_s} s",
+            out.tokens
+        );
+        if !store {
+            continue;
+        }
+        if l.is_full(out.tokens) {
+            stored = None;
+            expire_at_ms = None;
+        } else {
+            // Through the hash encoding, as the module stores it.
+            let (mut tok, mut ts) = (String::new(), String::new());
+            encode_tokens(out.tokens, &mut tok);
+            encode_ts(now, &mut ts);
+            let back = decode(Some(tok.as_bytes()), Some(ts.as_bytes()));
+            if now.unsigned_abs() < 10_000_000_000_000_000 {
+                assert_eq!(back.map(|s| s.tokens), Ok(out.tokens));
+            }
+            stored = Some(Stored {
+                tokens: out.tokens,
+                ts_us: now,
+            });
+            expire_at_ms = Some(Limits::expire_at_ms(now, out.reset_after_ms));
+        }
+    }
+}
