@@ -1,0 +1,804 @@
+//! The Lua fallback on servers without the module: the Functions library
+//! on Redis 7 (Debian's redis-server, or `TB_REDIS_SERVER`) and the EVAL
+//! scripts on Redis 7 and Redis 6.2.
+//!
+//! Exact arithmetic on a fake clock is in `lua_vectors.rs` and
+//! `lua_differential.rs`; this file checks what needs a live server:
+//! replication, what is (not) written, errors, limits, script caching, and
+//! that the committed EVAL scripts are generated from `lua/tb.lua`.
+
+mod common;
+use common::*;
+use redis::Value;
+use std::path::Path;
+use std::process::Command;
+
+const LIBRARY: &str = include_str!("../lua/tb.lua");
+const CONSUME_LUA: &str = include_str!("../lua/eval/consume.lua");
+const PEEK_LUA: &str = include_str!("../lua/eval/peek.lua");
+const MCONSUME_LUA: &str = include_str!("../lua/eval/mconsume.lua");
+const ADJUST_LUA: &str = include_str!("../lua/eval/adjust.lua");
+
+const SHARED_BEGIN: &str = "-- >>> shared: begin\n";
+const SHARED_END: &str = "-- <<< shared: end\n";
+
+fn load_library(c: &mut redis::Connection) {
+    let name: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(LIBRARY)
+        .query(c)
+        .expect("FUNCTION LOAD");
+    assert_eq!(name, "tb");
+}
+
+/// A reply, or the error text as the server sent it.
+fn run(c: &mut redis::Connection, cmd: &redis::Cmd) -> Result<Value, String> {
+    cmd.query::<Value>(c).map_err(|e| {
+        format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or(""))
+            .trim()
+            .to_string()
+    })
+}
+
+/// `FCALL name numkeys keys... args...` (FCALL_RO for tb_peek).
+fn fcall_cmd(function: &str, keys: &[&[u8]], args: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd(if function == "tb_peek" {
+        "FCALL_RO"
+    } else {
+        "FCALL"
+    });
+    cmd.arg(function).arg(keys.len()).arg(keys).arg(args);
+    cmd
+}
+
+fn fcall(c: &mut redis::Connection, function: &str, keys: &[&str], args: &[&str]) -> Vec<i64> {
+    let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    fcall_cmd(function, &keys, args)
+        .query(c)
+        .unwrap_or_else(|e| panic!("{function} {keys:?} {args:?}: {e}"))
+}
+
+/// The EVAL script of a library function.
+fn script_of(function: &str) -> &'static str {
+    match function {
+        "tb_consume" => CONSUME_LUA,
+        "tb_peek" => PEEK_LUA,
+        "tb_mconsume" => MCONSUME_LUA,
+        "tb_adjust" => ADJUST_LUA,
+        other => panic!("no script for {other}"),
+    }
+}
+
+/// Caches the four EVAL scripts on the server (SCRIPT LOAD).
+fn load_scripts(c: &mut redis::Connection) {
+    for f in ["tb_consume", "tb_peek", "tb_mconsume", "tb_adjust"] {
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(script_of(f))
+            .query(c)
+            .expect("SCRIPT LOAD");
+        assert_eq!(sha, redis::Script::new(script_of(f)).get_hash());
+    }
+}
+
+/// `EVALSHA sha numkeys keys... args...` for a function's EVAL script.
+fn evalsha_cmd(function: &str, keys: &[&[u8]], args: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(redis::Script::new(script_of(function)).get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
+    cmd
+}
+
+fn dirty(c: &mut redis::Connection) -> String {
+    info_field(c, "persistence", "rdb_changes_since_last_save")
+}
+
+// ---- the generated EVAL scripts ---------------------------------------------
+
+fn shared_block(source: &str) -> &str {
+    let start = source.find(SHARED_BEGIN).expect("begin marker") + SHARED_BEGIN.len();
+    let end = source.find(SHARED_END).expect("end marker");
+    &source[start..end]
+}
+
+#[test]
+fn committed_eval_scripts_are_generated_from_the_library() {
+    // The generator itself says the committed files are what it would write.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(root.join("lua/gen_eval.py"))
+        .arg("--check")
+        .output()
+        .expect("run python3 lua/gen_eval.py --check");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And, independently of the generator: each script is the library's
+    // shared block, byte for byte, followed by one call of its function.
+    let block = shared_block(LIBRARY);
+    assert!(block.contains("local function tb_mconsume(keys, args)"));
+    for (function, script) in [
+        ("tb_consume", CONSUME_LUA),
+        ("tb_peek", PEEK_LUA),
+        ("tb_mconsume", MCONSUME_LUA),
+        ("tb_adjust", ADJUST_LUA),
+    ] {
+        assert!(script.contains(block), "{function}: shared block differs");
+        let tail = &script[script.find(block).unwrap() + block.len()..];
+        assert!(
+            tail.ends_with(&format!("\nreturn {function}(KEYS, ARGV)\n")),
+            "{function}: {tail}"
+        );
+        assert!(tail.contains("redis.replicate_commands()"), "{function}");
+        assert!(!script.contains("register_function") && !script.contains("#!lua"));
+    }
+    let listed: Vec<String> = std::fs::read_dir(root.join("lua/eval"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".lua"))
+        .collect();
+    assert_eq!(listed.len(), 4, "{listed:?}");
+}
+
+#[test]
+fn generator_check_fails_on_a_stale_script() {
+    // A scratch copy of lua/: edit the library, and --check must notice
+    // until the generator has run.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("tb-gen-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("eval")).unwrap();
+    std::fs::copy(root.join("lua/gen_eval.py"), dir.join("gen_eval.py")).unwrap();
+    for f in ["consume.lua", "peek.lua", "mconsume.lua", "adjust.lua"] {
+        std::fs::copy(root.join("lua/eval").join(f), dir.join("eval").join(f)).unwrap();
+    }
+    let edited = LIBRARY.replace(
+        "local MAX_GROUPS = 10000\n",
+        "local MAX_GROUPS = 10000\n-- an edit\n",
+    );
+    assert_ne!(edited, LIBRARY);
+    std::fs::write(dir.join("tb.lua"), &edited).unwrap();
+    let gen = |arg: Option<&str>| {
+        Command::new("python3")
+            .arg(dir.join("gen_eval.py"))
+            .args(arg)
+            .output()
+            .expect("python3")
+            .status
+            .success()
+    };
+    assert!(!gen(Some("--check")), "stale scripts pass --check");
+    assert!(gen(None));
+    assert!(gen(Some("--check")));
+    let peek = std::fs::read_to_string(dir.join("eval/peek.lua")).unwrap();
+    assert!(peek.contains("-- an edit\n"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---- the library -----------------------------------------------------------
+
+#[test]
+fn library_registers_four_functions_and_peek_is_read_only() {
+    let s = Server::with(Config::without_module());
+    let mut c = s.conn();
+    load_library(&mut c);
+    // Loading again replaces the library (REPLACE), as an upgrade does.
+    load_library(&mut c);
+    let list: Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg("tb")
+        .query(&mut c)
+        .unwrap();
+    let text = format!("{list:?}");
+    for f in ["tb_consume", "tb_peek", "tb_mconsume", "tb_adjust"] {
+        assert!(text.contains(f), "{f} in {text}");
+    }
+    assert_eq!(text.matches("no-writes").count(), 1, "{text}");
+
+    let mut ro = redis::cmd("FCALL_RO");
+    ro.arg("tb_consume").arg(1).arg("k").arg(10).arg(1);
+    assert!(
+        error_of(&mut c, &ro).contains("write flag"),
+        "FCALL_RO runs only no-writes functions"
+    );
+    assert_eq!(
+        fcall(&mut c, "tb_peek", &["k"], &["10", "1"]),
+        [1, 10, 0, 0]
+    );
+    assert_eq!(int(&mut c, "EXISTS", "k"), 0);
+}
+
+#[test]
+fn admitted_call_writes_the_bucket_and_replicates_it() {
+    let s = Server::with(Config::without_module());
+    let replica = start_replica(&s, Config::without_module());
+    let mut c = s.conn();
+    load_library(&mut c);
+    let t: Vec<i64> = redis::cmd("TIME").query(&mut c).unwrap();
+    let before_us = t[0] * 1_000_000 + t[1];
+
+    assert_eq!(
+        fcall(&mut c, "tb_consume", &["k"], &["10", "0.001", "1"]),
+        [1, 9, 0, 1_000_000]
+    );
+    let h = hgetall(&mut c, "k");
+    assert_eq!(h.keys().collect::<Vec<_>>(), ["tokens", "ts"], "{h:?}");
+    assert_eq!(h["tokens"], "9");
+    let ts: i64 = h["ts"].parse().expect("ts is an integer");
+    assert!(ts >= before_us, "ts {ts} is the server clock in µs");
+    // Expires when full again: ceil(ts / 1000) + reset_after_ms.
+    let at = int(&mut c, "PEXPIRETIME", "k");
+    assert_eq!(at, (ts + 999) / 1000 + 1_000_000);
+
+    // The replica got the library (FUNCTION LOAD replicates) and the
+    // bucket's effects: the same hash and expiry, not a recomputation.
+    wait_replicas(&mut c, 1);
+    let mut r = replica.conn();
+    assert_eq!(hgetall(&mut r, "k"), h);
+    assert_eq!(int(&mut r, "PEXPIRETIME", "k"), at);
+    // tb_peek runs on the replica; writes are refused there.
+    let p = fcall(&mut r, "tb_peek", &["k"], &["10", "0.001", "1"]);
+    assert_eq!(p[..3], [1, 9, 0]);
+    assert!(p[3] <= 1_000_000, "{p:?}");
+    let write = fcall_cmd("tb_consume", &[b"k"], &["10", "0.001", "1"]);
+    assert!(error_of(&mut r, &write).starts_with("READONLY"));
+    assert_eq!(hgetall(&mut r, "k"), h);
+}
+
+/// Calls that must fail, each with its error: (function, keys, args).
+fn bad_calls() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>, String)> {
+    let arity = |f: &str| format!("ERR wrong number of arguments for '{f}' command");
+    let nan = |a: &str| format!("ERR {a} must be a finite decimal number");
+    let not_bucket = "ERR key is not a token bucket: ";
+    let fields = format!("{not_bucket}the hash must hold exactly the fields tokens and ts");
+    let tokens = format!("{not_bucket}field tokens is not a finite decimal number");
+    let ts = format!("{not_bucket}field ts is not an integer of microseconds");
+    let wrongtype = "WRONGTYPE Operation against a key holding the wrong kind of value".to_string();
+    let mut calls = vec![
+        // Arity, including the number of keys.
+        ("tb_consume", vec![], vec!["10", "1"], arity("tb_consume")),
+        (
+            "tb_consume",
+            vec!["k", "k2"],
+            vec!["10", "1"],
+            arity("tb_consume"),
+        ),
+        ("tb_consume", vec!["k"], vec!["10"], arity("tb_consume")),
+        (
+            "tb_consume",
+            vec!["k"],
+            vec!["10", "1", "1", "1"],
+            arity("tb_consume"),
+        ),
+        ("tb_peek", vec!["k"], vec![], arity("tb_peek")),
+        ("tb_adjust", vec!["k"], vec!["10", "1"], arity("tb_adjust")),
+        (
+            "tb_adjust",
+            vec![],
+            vec!["10", "1", "1"],
+            arity("tb_adjust"),
+        ),
+        ("tb_mconsume", vec![], vec![], arity("tb_mconsume")),
+        (
+            "tb_mconsume",
+            vec!["a"],
+            vec!["1", "1"],
+            arity("tb_mconsume"),
+        ),
+        (
+            "tb_mconsume",
+            vec!["a", "b"],
+            vec!["1", "1", "1", "1"],
+            arity("tb_mconsume"),
+        ),
+        (
+            "tb_mconsume",
+            vec!["a"],
+            vec!["1", "1", "1", "1"],
+            arity("tb_mconsume"),
+        ),
+        // Numbers: the strict grammar, then the bounds, in argument order.
+        ("tb_consume", vec!["k"], vec!["ten", "1"], nan("max")),
+        ("tb_consume", vec!["k"], vec!["NaN", "1"], nan("max")),
+        ("tb_consume", vec!["k"], vec!["0x10", "1"], nan("max")),
+        ("tb_consume", vec!["k"], vec!["10 ", "1"], nan("max")),
+        ("tb_consume", vec!["k"], vec!["\t10", "1"], nan("max")),
+        ("tb_consume", vec!["k"], vec!["1e999", "1"], nan("max")),
+        ("tb_consume", vec!["k"], vec!["", "1"], nan("max")),
+        ("tb_consume", vec!["k"], vec!["10\u{0}", "1"], nan("max")),
+        (
+            "tb_consume",
+            vec!["k"],
+            vec!["-0", "1"],
+            "ERR max must be > 0 and <= 1e12".into(),
+        ),
+        ("tb_consume", vec!["k"], vec!["10", "infinity"], nan("rate")),
+        ("tb_consume", vec!["k"], vec!["10", "-inf"], nan("rate")),
+        ("tb_consume", vec!["k"], vec!["10", "1e12.5"], nan("rate")),
+        (
+            "tb_consume",
+            vec!["k"],
+            vec!["10", "1.5e13"],
+            "ERR rate must be > 0 and <= 1e12".into(),
+        ),
+        (
+            "tb_consume",
+            vec!["k"],
+            vec!["1e11", "9.99", "1"],
+            "ERR rate is too low for max: max/rate must be <= 1e10 seconds".into(),
+        ),
+        ("tb_consume", vec!["k"], vec!["10", "1", "0x1"], nan("cost")),
+        ("tb_consume", vec!["k"], vec!["10", "1", "1e"], nan("cost")),
+        (
+            "tb_consume",
+            vec!["k"],
+            vec!["10", "1", "-0.5"],
+            "ERR cost must be >= 0".into(),
+        ),
+        (
+            "tb_consume",
+            vec!["k"],
+            vec!["10", "1", "10.000001"],
+            "ERR cost must not exceed max, it could never pass".into(),
+        ),
+        (
+            "tb_peek",
+            vec!["k"],
+            vec!["0.99", "1"],
+            "ERR cost must not exceed max, it could never pass".into(),
+        ),
+        ("tb_adjust", vec!["k"], vec!["10", "1", "nan"], nan("delta")),
+        ("tb_adjust", vec!["k"], vec!["10", "1", "+"], nan("delta")),
+        (
+            "tb_mconsume",
+            vec!["a", "b"],
+            vec!["1", "1", "1", "1", "1", "2"],
+            "ERR cost must not exceed max, it could never pass (group 2)".into(),
+        ),
+        (
+            "tb_mconsume",
+            vec!["a", "b", "a"],
+            vec!["1", "1", "1", "1", "1", "1", "1", "1", "1"],
+            "ERR duplicate key: group 3 repeats the key of group 1".into(),
+        ),
+        // Keys that are not buckets (set up by `broken_keys`).
+        (
+            "tb_consume",
+            vec!["str"],
+            vec!["10", "1"],
+            wrongtype.clone(),
+        ),
+        ("tb_peek", vec!["list"], vec!["10", "1"], wrongtype.clone()),
+        (
+            "tb_adjust",
+            vec!["set"],
+            vec!["10", "1", "1"],
+            wrongtype.clone(),
+        ),
+        (
+            "tb_consume",
+            vec!["zset"],
+            vec!["10", "1"],
+            wrongtype.clone(),
+        ),
+        ("tb_consume", vec!["three"], vec!["10", "1"], fields.clone()),
+        ("tb_consume", vec!["one"], vec!["10", "1"], fields.clone()),
+        ("tb_consume", vec!["nots"], vec!["10", "1"], fields.clone()),
+        ("tb_peek", vec!["nantok"], vec!["10", "1"], tokens.clone()),
+        (
+            "tb_consume",
+            vec!["spacetok"],
+            vec!["10", "1"],
+            tokens.clone(),
+        ),
+        ("tb_adjust", vec!["hexts"], vec!["10", "1", "1"], ts.clone()),
+        ("tb_consume", vec!["plusts"], vec!["10", "1"], ts.clone()),
+        ("tb_consume", vec!["longts"], vec!["10", "1"], ts.clone()),
+        (
+            "tb_mconsume",
+            vec!["fine", "hexts"],
+            vec!["10", "1", "1", "10", "1", "1"],
+            format!("{ts} (group 2)"),
+        ),
+        (
+            "tb_mconsume",
+            vec!["fine", "list", "three"],
+            vec!["10", "1", "1", "10", "1", "1", "10", "1", "1"],
+            wrongtype.clone(),
+        ),
+    ];
+    // The arguments are checked before the key.
+    calls.push(("tb_consume", vec!["str"], vec!["10", "x"], nan("rate")));
+    calls
+}
+
+/// Keys the error cases use, none of them a valid bucket.
+fn broken_keys(c: &mut redis::Connection) {
+    let mut p = redis::pipe();
+    p.cmd("SET").arg("str").arg("1");
+    p.cmd("RPUSH").arg("list").arg("1");
+    p.cmd("SADD").arg("set").arg("1");
+    p.cmd("ZADD").arg("zset").arg(1).arg("1");
+    let hashes: [(&str, &[(&str, &str)]); 8] = [
+        ("three", &[("tokens", "1"), ("ts", "1"), ("x", "1")]),
+        ("one", &[("tokens", "1")]),
+        ("nots", &[("tokens", "1"), ("t", "1")]),
+        ("nantok", &[("tokens", "nan"), ("ts", "1")]),
+        ("spacetok", &[("tokens", " 1"), ("ts", "1")]),
+        ("hexts", &[("tokens", "1"), ("ts", "0x10")]),
+        ("plusts", &[("tokens", "1"), ("ts", "+10")]),
+        ("longts", &[("tokens", "1"), ("ts", "12345678901234567")]),
+    ];
+    for (k, fields) in hashes {
+        p.cmd("HSET").arg(k).arg(fields);
+    }
+    let _: () = p.query(c).unwrap();
+}
+
+#[test]
+fn denials_zero_costs_peeks_and_errors_write_nothing() {
+    let s = Server::with(Config::without_module());
+    let _replica = start_replica(&s, Config::without_module());
+    let mut c = s.conn();
+    load_library(&mut c);
+    load_scripts(&mut c);
+    broken_keys(&mut c);
+    // A drained bucket that refills 1 token per 1000 s.
+    fcall(&mut c, "tb_consume", &["k"], &["2", "0.001", "2"]);
+    let keys_before = snapshot_without_expiry(&mut c);
+    let k_state = hgetall(&mut c, "k");
+    let k_expiry = int(&mut c, "PEXPIRETIME", "k");
+    wait_replicas(&mut c, 1);
+    let offset = repl_offset(&mut c);
+    let changes = dirty(&mut c);
+
+    for _ in 0..10 {
+        assert_eq!(
+            fcall(&mut c, "tb_consume", &["k"], &["2", "0.001", "1"])[0],
+            0
+        );
+        assert_eq!(
+            fcall(&mut c, "tb_consume", &["k"], &["2", "0.001", "0"])[0],
+            1
+        );
+        assert_eq!(fcall(&mut c, "tb_peek", &["k"], &["2", "0.001", "1"])[0], 0);
+        // One bucket short: the other, though admitted, is not charged.
+        let m: Value = fcall_cmd(
+            "tb_mconsume",
+            &[b"fresh", b"k"],
+            &["5", "1", "1", "2", "0.001", "1"],
+        )
+        .query(&mut c)
+        .unwrap();
+        let Value::Array(m) = m else { panic!("{m:?}") };
+        assert_eq!(m[0], Value::Int(0));
+        assert_eq!(
+            m[2],
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Int(5),
+                Value::Int(0),
+                Value::Int(0)
+            ])
+        );
+        let r: Vec<i64> = evalsha_cmd("tb_consume", &[b"k"], &["2", "0.001", "1"])
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(r[0], 0);
+    }
+    // Cost 0 and peeks on a missing key do not create it.
+    assert_eq!(
+        fcall(&mut c, "tb_consume", &["new"], &["2", "1", "0"]),
+        [1, 2, 0, 0]
+    );
+    assert_eq!(
+        fcall(&mut c, "tb_peek", &["new"], &["2", "1", "2"]),
+        [1, 2, 0, 0]
+    );
+    // A call that is admitted but leaves the bucket full writes nothing.
+    assert_eq!(
+        fcall(&mut c, "tb_consume", &["new"], &["1e12", "1e12", "1e-5"]),
+        [1, 1_000_000_000_000, 0, 0]
+    );
+    // Nor does any error, from the library or from its EVAL scripts.
+    for (function, keys, args, expected) in bad_calls() {
+        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+        let cmd = fcall_cmd(function, &keys, &args);
+        assert_eq!(
+            run(&mut c, &cmd),
+            Err(expected.clone()),
+            "{function} {keys:?} {args:?}"
+        );
+        let cmd = evalsha_cmd(function, &keys, &args);
+        assert_eq!(
+            run(&mut c, &cmd),
+            Err(expected),
+            "EVALSHA {function} {keys:?} {args:?}"
+        );
+    }
+
+    assert_eq!(repl_offset(&mut c), offset, "nothing was replicated");
+    assert_eq!(dirty(&mut c), changes, "nothing was changed");
+    assert_eq!(snapshot_without_expiry(&mut c), keys_before);
+    assert_eq!(hgetall(&mut c, "k"), k_state);
+    assert_eq!(int(&mut c, "PEXPIRETIME", "k"), k_expiry);
+}
+
+/// Every key with its type and contents, whatever the type.
+fn snapshot_without_expiry(c: &mut redis::Connection) -> Vec<(Vec<u8>, String, Value)> {
+    let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(c).unwrap();
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let kind: String = redis::cmd("TYPE").arg(&k).query(c).unwrap();
+            let dump: Value = redis::cmd("DUMP").arg(&k).query(c).unwrap();
+            (k, kind, dump)
+        })
+        .collect()
+}
+
+#[test]
+fn mconsume_takes_up_to_ten_thousand_groups() {
+    let s = Server::with(Config::without_module());
+    let mut c = s.conn();
+    load_library(&mut c);
+    load_scripts(&mut c);
+    for form in ["FCALL", "EVALSHA"] {
+        for (n, ok) in [(10_000usize, true), (10_001, false)] {
+            let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("{form}:{i}").into_bytes()).collect();
+            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let args: Vec<&str> = ["3", "1", "1"].repeat(n);
+            let cmd = if form == "FCALL" {
+                fcall_cmd("tb_mconsume", &keys, &args)
+            } else {
+                evalsha_cmd("tb_mconsume", &keys, &args)
+            };
+            let r = run(&mut c, &cmd);
+            if ok {
+                let Ok(Value::Array(r)) = r else {
+                    panic!("{r:?}")
+                };
+                assert_eq!(r.len(), 2 + n);
+                assert_eq!(r[..2], [Value::Int(1), Value::Int(0)]);
+            } else {
+                assert_eq!(
+                    r,
+                    Err("ERR too many buckets: at most 10000 groups per call".into())
+                );
+            }
+        }
+        let written: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{form}:*"))
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(written.len(), 10_000, "{form}");
+    }
+}
+
+#[test]
+fn mconsume_is_all_or_nothing_and_reports_the_worst_retry() {
+    let s = Server::with(Config::without_module());
+    let mut c = s.conn();
+    load_library(&mut c);
+    // b: drained, 1 token per 1000 s; c: drained, 1 token per 2000 s.
+    fcall(&mut c, "tb_consume", &["b"], &["1", "0.001", "1"]);
+    fcall(&mut c, "tb_consume", &["c"], &["1", "0.0005", "1"]);
+    let b = hgetall(&mut c, "b");
+    let m: Value = fcall_cmd(
+        "tb_mconsume",
+        &[b"a", b"b", b"c"],
+        &["10", "1", "1", "1", "0.001", "1", "1", "0.0005", "1"],
+    )
+    .query(&mut c)
+    .unwrap();
+    let Value::Array(m) = m else { panic!("{m:?}") };
+    let ints = |v: &Value| -> Vec<i64> { redis::from_redis_value(v).unwrap() };
+    assert_eq!(m[0], Value::Int(0));
+    let (rb, rc) = (ints(&m[3]), ints(&m[4]));
+    assert_eq!(ints(&m[2]), [1, 10, 0, 0], "a passes alone");
+    assert_eq!((rb[0], rc[0]), (0, 0));
+    assert!(
+        rb[2] <= 1_000_000 && rc[2] <= 2_000_000 && rc[2] > rb[2],
+        "{m:?}"
+    );
+    assert_eq!(m[1], Value::Int(rc[2]), "the worst retry wins");
+    assert_eq!(int(&mut c, "EXISTS", "a"), 0, "a was not charged");
+    assert_eq!(hgetall(&mut c, "b"), b);
+}
+
+#[test]
+fn adjust_refund_is_capped_at_max_and_debt_floors_at_minus_max() {
+    let s = Server::with(Config::without_module());
+    let mut c = s.conn();
+    load_library(&mut c);
+    // From full (no key), a late charge of 100 stops at -max; a cost-1
+    // request then needs 11 tokens of refill, a full bucket 20.
+    assert_eq!(
+        fcall(&mut c, "tb_adjust", &["k"], &["10", "1", "-100"]),
+        [1, -10, 11_000, 20_000]
+    );
+    let h = hgetall(&mut c, "k");
+    assert_eq!(h["tokens"], "-10");
+    let ts: i64 = h["ts"].parse().unwrap();
+    assert_eq!(int(&mut c, "PEXPIRETIME", "k"), (ts + 999) / 1000 + 20_000);
+    // While in debt, consumers are denied.
+    assert_eq!(
+        fcall(&mut c, "tb_consume", &["k"], &["10", "1", "1"])[..2],
+        [0, -10]
+    );
+    // A refund beyond max fills the bucket, and a full bucket is no key.
+    assert_eq!(
+        fcall(&mut c, "tb_adjust", &["k"], &["10", "1", "1000"]),
+        [1, 10, 0, 0]
+    );
+    assert_eq!(int(&mut c, "EXISTS", "k"), 0);
+}
+
+#[test]
+fn binary_keys_are_kept_byte_for_byte() {
+    let s = Server::with(Config::without_module());
+    let mut c = s.conn();
+    load_library(&mut c);
+    let keys: [&[u8]; 3] = [b"rl:\x00nul", b"rl:\xff\xfe not utf8", b""];
+    for key in keys {
+        let r: Vec<i64> = fcall_cmd("tb_consume", &[key], &["5", "1"])
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(r, [1, 4, 0, 1000]);
+        assert_eq!(hgetall(&mut c, key)["tokens"], "4");
+        let r: Vec<i64> = fcall_cmd("tb_peek", &[key], &["5", "1"])
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(r[..2], [1, 4]);
+    }
+    let r: Value = fcall_cmd("tb_mconsume", &keys, &["5", "1", "1"].repeat(3))
+        .query(&mut c)
+        .unwrap();
+    let Value::Array(r) = r else { panic!("{r:?}") };
+    assert_eq!(r[0], Value::Int(1));
+    let all: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    assert_eq!(all.len(), 3);
+}
+
+// ---- the EVAL scripts ------------------------------------------------------
+
+/// EVALSHA works once the script is cached; after SCRIPT FLUSH it fails
+/// with NOSCRIPT, EVAL runs (and caches) the script, and EVALSHA works
+/// again. redis::Script does exactly this fallback.
+fn noscript_fallback(c: &mut redis::Connection) {
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(CONSUME_LUA)
+        .query(c)
+        .unwrap();
+    assert_eq!(
+        sha,
+        redis::Script::new(CONSUME_LUA).get_hash(),
+        "SHA1 of the file"
+    );
+    let evalsha = |c: &mut redis::Connection| {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&sha).arg(1).arg("k").arg(10).arg(0.001);
+        run(c, &cmd)
+    };
+    let ints = |v: Result<Value, String>| -> Vec<i64> {
+        redis::from_redis_value(&v.expect("a reply")).unwrap()
+    };
+    assert_eq!(ints(evalsha(c)), [1, 9, 0, 1_000_000]);
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(c).unwrap();
+    let err = evalsha(c).unwrap_err();
+    assert!(err.starts_with("NOSCRIPT"), "{err}");
+    let r: Vec<i64> = redis::cmd("EVAL")
+        .arg(CONSUME_LUA)
+        .arg(1)
+        .arg("k")
+        .arg(10)
+        .arg(0.001)
+        .query(c)
+        .unwrap();
+    assert_eq!(r[..3], [1, 8, 0]);
+    assert_eq!(ints(evalsha(c))[..3], [1, 7, 0]);
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(c).unwrap();
+    let r: Vec<i64> = redis::Script::new(CONSUME_LUA)
+        .key("k")
+        .arg(10)
+        .arg(0.001)
+        .invoke(c)
+        .unwrap();
+    assert_eq!(r[..3], [1, 6, 0]);
+    assert_eq!(int(c, "HLEN", "k"), 2);
+}
+
+#[test]
+fn eval_scripts_fall_back_from_noscript_on_redis_7() {
+    let s = Server::with(Config::without_module());
+    let mut c = s.conn();
+    noscript_fallback(&mut c);
+    // Peek writes nothing, so it also runs as a read-only script; consume
+    // is refused there.
+    let r: Vec<i64> = redis::cmd("EVAL_RO")
+        .arg(PEEK_LUA)
+        .arg(1)
+        .arg("fresh")
+        .arg(10)
+        .arg(1)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(r, [1, 10, 0, 0]);
+    let mut ro = redis::cmd("EVAL_RO");
+    ro.arg(CONSUME_LUA).arg(1).arg("fresh").arg(10).arg(1);
+    assert!(error_of(&mut c, &ro).contains("read-only"));
+    assert_eq!(int(&mut c, "EXISTS", "fresh"), 0);
+}
+
+fn redis62() -> Config {
+    Config {
+        bin: pypi_server(Pypi::Redis62),
+        ..Config::without_module()
+    }
+}
+
+#[test]
+fn eval_scripts_fall_back_from_noscript_on_redis_6_2() {
+    let s = Server::with(redis62());
+    let mut c = s.conn();
+    assert!(info_field(&mut c, "server", "redis_version").starts_with("6.2"));
+    noscript_fallback(&mut c);
+}
+
+#[test]
+fn eval_scripts_replicate_effects_on_redis_6_2() {
+    // With verbatim script replication, a script that read TIME may not
+    // write; the scripts switch to effects replication themselves.
+    let config = redis62().arg("lua-replicate-commands", "no");
+    let s = Server::with(config.clone());
+    let replica = start_replica(&s, config);
+    let mut c = s.conn();
+    let mut plain = redis::cmd("EVAL");
+    plain
+        .arg("redis.call('TIME') redis.call('SET', KEYS[1], 1)")
+        .arg(1)
+        .arg("x");
+    assert!(error_of(&mut c, &plain).contains("replicate_commands"));
+    load_scripts(&mut c);
+
+    let evalsha = |c: &mut redis::Connection, f: &str, keys: &[&[u8]], args: &[&str]| {
+        let cmd = evalsha_cmd(f, keys, args);
+        run(c, &cmd).map(|v| redis::from_redis_value::<Vec<i64>>(&v).unwrap())
+    };
+    assert_eq!(
+        evalsha(&mut c, "tb_consume", &[b"k"], &["10", "0.001", "3"]),
+        Ok(vec![1, 7, 0, 3_000_000])
+    );
+    assert_eq!(
+        evalsha(&mut c, "tb_adjust", &[b"j"], &["10", "1", "-4"]),
+        Ok(vec![1, 6, 0, 4_000])
+    );
+    wait_replicas(&mut c, 1);
+    let mut r = replica.conn();
+    for (key, reset) in [("k", 3_000_000), ("j", 4_000)] {
+        let h = hgetall(&mut c, key);
+        assert_eq!(h.len(), 2);
+        assert_eq!(hgetall(&mut r, key), h, "{key} on the replica");
+        let ttl = int(&mut r, "PTTL", key);
+        assert!(ttl > 0 && ttl <= reset + 1, "{key}: pttl {ttl}");
+    }
+    assert_eq!(hgetall(&mut r, "k")["tokens"], "7");
+
+    // Denials, zero costs and peeks replicate nothing.
+    let offset = repl_offset(&mut c);
+    for _ in 0..5 {
+        let deny = evalsha(&mut c, "tb_consume", &[b"k"], &["10", "0.001", "8"]);
+        assert_eq!(deny.unwrap()[0], 0);
+        let free = evalsha(&mut c, "tb_consume", &[b"k"], &["10", "0.001", "0"]);
+        assert_eq!(free.unwrap()[0], 1);
+        let peek = evalsha(&mut c, "tb_peek", &[b"k"], &["10", "0.001", "8"]);
+        assert_eq!(peek.unwrap()[0], 0);
+    }
+    assert_eq!(repl_offset(&mut c), offset);
+}
