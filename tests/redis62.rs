@@ -29,7 +29,7 @@ fn commands_keep_the_contract_on_redis_6_2() {
         .arg(&["k", "10", "1", "1", "j", "2", "1", "2"])
         .query(&mut c)
         .unwrap();
-    assert_eq!(r.len(), 3);
+    assert_eq!((r.len(), &r[0]), (4, &redis::Value::Int(1)));
     assert_eq!(
         error_of(
             &mut c,
