@@ -494,6 +494,31 @@ fn check_outcome(l: &Limits, current: f64, target: f64, o: &Outcome, charged: bo
     }
 }
 
+/// The expire time the module sets for a bucket written at `now` (µs):
+/// never before the bucket is full again, and at most a millisecond after
+/// the reply's reset time. Returns it.
+fn check_expire_at(l: &Limits, tokens: f64, now: i64, reset_ms: i64) -> i64 {
+    let at = Limits::expire_at_ms(now, reset_ms);
+    let full_at_us = i128::from(now) + i128::from(reset_ms) * 1000;
+    let at_us = i128::from(at) * 1000;
+    if at < i64::MAX {
+        assert!(
+            at_us >= full_at_us,
+            "expires at {at} ms, before {full_at_us} us"
+        );
+        assert!(
+            at_us < full_at_us + 1000,
+            "expires late: {at} ms, full at {full_at_us} us"
+        );
+        let elapsed = (at_us - i128::from(now)) as f64;
+        assert!(
+            l.refill(tokens, elapsed) >= l.max,
+            "expires before full: {l:?} {tokens:e}"
+        );
+    }
+    at
+}
+
 /// The never-panics half of (c): every entry point with raw values.
 fn exercise(l: &Limits, tokens: f64, cost: f64, delta: f64, now: i64, ts: i64) {
     let stored = Some(Stored { tokens, ts_us: ts });
@@ -542,6 +567,7 @@ pub fn check_bucket(case: &BucketCase) {
             assert_eq!(o.tokens.to_bits(), current.to_bits(), "denied but charged");
         }
         check_outcome(&l, current, cost, &o, o.allowed);
+        check_expire_at(&l, o.tokens, now, o.reset_after_ms);
         let p = l.peek(current, cost);
         assert_eq!(
             (p.allowed, p.tokens.to_bits()),
@@ -564,6 +590,7 @@ pub fn check_bucket(case: &BucketCase) {
         let o = l.adjust(current, case.delta);
         assert!(o.allowed);
         check_outcome(&l, current, l.max.min(1.0), &o, false);
+        check_expire_at(&l, o.tokens, now, o.reset_after_ms);
         assert_eq!(o.tokens, l.clamp(current + case.delta));
     }
     check_schedule(&l, stored, now, &case.steps);
@@ -645,7 +672,7 @@ fn check_schedule(l: &Limits, mut stored: Option<Stored>, start: i64, steps: &[(
                 tokens: out.tokens,
                 ts_us: now,
             });
-            expire_at_ms = Some(Limits::expire_at_ms(now, out.reset_after_ms));
+            expire_at_ms = Some(check_expire_at(l, out.tokens, now, out.reset_after_ms));
         }
     }
 }

@@ -1,0 +1,314 @@
+//! The three fuzz targets' properties as proptest suites, so they run on
+//! stable in every `cargo test`. The properties themselves live in
+//! `fuzz/src/lib.rs` (shared with the libFuzzer targets); this file only
+//! generates inputs, biased towards the hostile values that matter.
+
+#[allow(dead_code)] // The byte decoders are for the libFuzzer targets.
+#[path = "../../fuzz/src/lib.rs"]
+mod props;
+
+use props::{BucketCase, Op};
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+// ---- (a) argument parsing -----------------------------------------------------
+
+/// Number-like arguments: valid and boundary values, the documented
+/// rejects, and arbitrary bytes.
+fn number_arg() -> impl Strategy<Value = Vec<u8>> {
+    let special = prop::sample::select(vec![
+        "1",
+        "10",
+        "0.17",
+        "+2",
+        "-2.5",
+        "1.",
+        ".5",
+        "1e3",
+        "1E-2",
+        "2.5e+1",
+        "0",
+        "-0",
+        "1e12",
+        "1e10",
+        "100",
+        "1000000000000.0001",
+        "0.99999",
+        "5e-324",
+        "1e-310",
+        "1e-99999999",
+        "1e99999999999999999999",
+        "1e309",
+        "nan",
+        "NaN",
+        "inf",
+        "-inf",
+        "infinity",
+        "0x10",
+        "1 0",
+        " 10",
+        "10 ",
+        "",
+        "10\0",
+        "\u{0}1",
+        "1_000",
+        "１",
+        "1e",
+        ".",
+        "+",
+        "--1",
+        "1,5",
+    ])
+    .prop_map(|s| s.as_bytes().to_vec());
+    let formatted = prop_oneof![
+        any::<f64>().prop_map(|v| format!("{v}")),
+        any::<f64>().prop_map(|v| format!("{v:e}")),
+        (-20i32..20, 1u32..1_000_000).prop_map(|(e, m)| format!("{m}e{e}")),
+        (0.0f64..2e12).prop_map(|v| format!("{v}")),
+    ]
+    .prop_map(String::into_bytes);
+    prop_oneof![
+        4 => special,
+        4 => formatted,
+        2 => vec(prop::sample::select(b"0123456789+-.eE x\0".to_vec()), 0..12),
+        1 => vec(any::<u8>(), 0..12),
+    ]
+}
+
+fn key_arg() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::sample::select(vec!["a", "b", "c", "", "\0"]).prop_map(|s| s.as_bytes().to_vec()),
+        vec(any::<u8>(), 0..4),
+    ]
+}
+
+fn command_name() -> impl Strategy<Value = Vec<u8>> {
+    prop::sample::select(vec!["TB.CONSUME", "tb.peek", "TB.ADJUST", "tb.mconsume"])
+        .prop_map(|s| s.as_bytes().to_vec())
+}
+
+/// An argv of any length: a key, then number-like arguments, with MCONSUME
+/// groups lined up so their keys (and duplicates) are exercised too.
+fn argv() -> impl Strategy<Value = Vec<Vec<u8>>> {
+    (command_name(), vec((key_arg(), number_arg()), 0..24)).prop_map(|(name, rest)| {
+        let mut a = vec![name];
+        for (i, (key, num)) in rest.into_iter().enumerate() {
+            a.push(if i % 4 == 0 { key } else { num });
+        }
+        a
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+    #[test]
+    fn args_match_the_reference_and_stay_in_bounds(a in argv()) {
+        let refs: Vec<&[u8]> = a.iter().map(Vec::as_slice).collect();
+        props::check_args(&refs);
+    }
+
+    #[test]
+    fn args_at_the_bounds(
+        name in command_name(),
+        nums in vec(prop::sample::select(vec![
+            "1e12", "1000000000000.0001", "999999999999.9999", "1e10", "10000000000.000002",
+            "1", "0.99999999999999", "1.00000000000001", "100", "0.01", "0", "-0", "5e-324",
+            "1e-300", "0.5", "1e-2", "1e2",
+        ]), 3..4),
+    ) {
+        let mut a: Vec<&[u8]> = vec![&name, b"k"];
+        a.extend(nums.iter().map(|n| n.as_bytes()));
+        props::check_args(&a);
+        a.pop();
+        props::check_args(&a);
+    }
+
+    #[test]
+    fn args_from_raw_bytes(data in vec(any::<u8>(), 0..64)) {
+        props::check_args(&props::argv_from_bytes(&data));
+    }
+}
+
+fn refs(a: &[String]) -> Vec<&[u8]> {
+    a.iter().map(|s| s.as_bytes()).collect()
+}
+
+#[test]
+fn mconsume_group_limit_and_late_duplicates() {
+    let group = |k: String| [k, "10".into(), "1".into(), "1".into()];
+    let mut a: Vec<String> = vec!["TB.MCONSUME".into()];
+    for i in 0..10_000 {
+        a.extend(group(format!("k{i}")));
+    }
+    props::check_args(&refs(&a));
+    a.extend(group("k10000".into()));
+    props::check_args(&refs(&a));
+    // A duplicate in the last of 10,000 groups (the reference scan is
+    // quadratic: keep this one smaller).
+    let mut a: Vec<String> = vec!["TB.MCONSUME".into()];
+    for i in 0..2_000 {
+        a.extend(group(format!("k{i}")));
+    }
+    a.extend(group("k1234".into()));
+    props::check_args(&refs(&a));
+}
+
+// ---- (b) state decoding ---------------------------------------------------------
+
+fn field() -> impl Strategy<Value = Option<Vec<u8>>> {
+    let text = prop_oneof![
+        3 => number_arg(),
+        2 => any::<i64>().prop_map(|v| v.to_string().into_bytes()),
+        1 => (-99_999_999_999_999_999i64..99_999_999_999_999_999)
+            .prop_map(|v| v.to_string().into_bytes()),
+        1 => Just(b"+5".to_vec()),
+    ];
+    prop_oneof![9 => text.prop_map(Some), 1 => Just(None)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+    #[test]
+    fn state_decodes_like_the_reference(tokens in field(), ts in field()) {
+        props::check_state(tokens.as_deref(), ts.as_deref());
+    }
+
+    #[test]
+    fn state_from_raw_bytes(data in vec(any::<u8>(), 0..40)) {
+        let (tokens, ts) = props::fields_from_bytes(&data);
+        props::check_state(tokens, ts);
+    }
+
+    #[test]
+    fn every_finite_balance_round_trips(bits in any::<u64>(), v in any::<f64>()) {
+        props::check_tokens_round_trip(f64::from_bits(bits));
+        props::check_tokens_round_trip(v);
+    }
+
+    #[test]
+    fn every_timestamp_round_trips_or_is_refused(ts in any::<i64>(), small in -(1i64 << 53)..(1i64 << 53)) {
+        props::check_ts_round_trip(ts);
+        props::check_ts_round_trip(small);
+    }
+}
+
+// ---- (c) bucket arithmetic ----------------------------------------------------------
+
+/// Any f64 at all: NaN, infinities, zeros, subnormals, extremes.
+fn wild() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        any::<f64>(),
+        prop::num::f64::ANY,
+        prop::sample::select(vec![
+            0.0,
+            -0.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::MIN_POSITIVE,
+            5e-324,
+            1e12,
+            1e13,
+            -1e12,
+            1e300,
+            -1e300,
+        ]),
+    ]
+}
+
+fn op() -> impl Strategy<Value = (u32, Op)> {
+    let dt = prop_oneof![0u32..2_000, 0u32..2_000_000, any::<u32>()];
+    let op = prop_oneof![
+        (0.0f64..=1.0).prop_map(Op::Consume),
+        (0.0f64..=1.0).prop_map(Op::Peek),
+        (-2.0f64..=2.0).prop_map(Op::Adjust),
+    ];
+    (dt, op)
+}
+
+/// The stored balance: a fraction of max, any value at all (a hostile
+/// hash), or no key.
+#[derive(Clone, Copy, Debug)]
+enum Balance {
+    Frac(f64),
+    Raw(f64),
+    Missing,
+}
+
+fn bucket_case() -> impl Strategy<Value = BucketCase> {
+    // Valid limits most of the time (log-uniform), raw ones otherwise.
+    let limits = prop_oneof![
+        3 => (0.0f64..=1.0, 0.0f64..=1.0).prop_map(|(a, b)| props::valid_limits_from(a, b)),
+        1 => (wild(), wild()),
+    ];
+    let balance = prop_oneof![
+        3 => (-1.0f64..=1.0).prop_map(Balance::Frac),
+        1 => wild().prop_map(Balance::Raw),
+        1 => Just(Balance::Missing),
+    ];
+    let clock = (
+        any::<i64>(),
+        prop_oneof![-5_000_000i64..5_000_000, any::<i64>()],
+    );
+    // `raw` switches cost and delta from fractions of max to any value.
+    let amounts = (any::<bool>(), 0.0f64..=1.0, wild(), -2.0f64..=2.0, wild());
+    (limits, balance, clock, amounts, vec(op(), 0..40)).prop_map(
+        |((max, rate), balance, (ts, dt), (raw, c, raw_cost, d, raw_delta), steps)| BucketCase {
+            max,
+            rate,
+            stored: match balance {
+                Balance::Frac(f) => Some((max * f, ts)),
+                Balance::Raw(t) => Some((t, ts)),
+                Balance::Missing => None,
+            },
+            now_us: ts.saturating_add(dt),
+            cost: if raw { raw_cost } else { max * c },
+            delta: if raw { raw_delta } else { max * d },
+            steps,
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+    #[test]
+    fn bucket_arithmetic_keeps_the_contract(case in bucket_case()) {
+        props::check_bucket(&case);
+    }
+
+    #[test]
+    fn bucket_from_raw_bytes(data in vec(any::<u8>(), 0..200)) {
+        props::check_bucket(&props::bucket_case_from_bytes(&data));
+    }
+}
+
+/// The cases the fuzzer found while the harness was written, pinned.
+#[test]
+fn found_by_the_fuzzer() {
+    // Subnormal limits: reset is safe but not the earliest millisecond
+    // (see props::EXACT_RATE_MIN).
+    let mut case = BucketCase {
+        max: 5e-324,
+        rate: 5e-324,
+        stored: Some((-5e-324, 1_764_513_600_123_456)),
+        now_us: 1_764_513_600_123_459,
+        cost: 5e-324,
+        delta: 5e-324,
+        steps: vec![],
+    };
+    props::check_bucket(&case);
+    // A bucket in debt that admits nothing.
+    case = BucketCase {
+        max: 30.181696555805246,
+        rate: 1.4302538912705045,
+        stored: Some((-30.181696555805246, 0)),
+        now_us: 0,
+        cost: 1.0,
+        delta: 0.0,
+        steps: vec![(1_000_263, Op::Peek(0.5)), (0, Op::Consume(0.1))],
+    };
+    props::check_bucket(&case);
+}
