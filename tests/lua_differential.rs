@@ -186,12 +186,27 @@ fn limits(rng: &mut Rng, key: &str) -> (String, String) {
     let (_, max, rate) = POOL.iter().find(|(k, _, _)| *k == key).unwrap();
     match rng.below(100) {
         0..=79 => (max.to_string(), rate.to_string()),
-        80..=95 => (rng.pick(MAXES).to_string(), rng.pick(RATES).to_string()),
+        80..=89 => (rng.pick(MAXES).to_string(), rng.pick(RATES).to_string()),
+        90..=95 => {
+            // Anywhere in range, with 1 to 17 significant digits: extreme
+            // ratios are where the retry-time rounding correction works.
+            let max = wild(rng, -3.0, 12.0);
+            let rate = wild(rng, -3.0, 12.0);
+            (max, rate)
+        }
         96 => (rng.pick(GARBAGE).to_string(), rate.to_string()),
         97 => (max.to_string(), rng.pick(GARBAGE).to_string()),
         98 => ("0".into(), rate.to_string()),
         _ => (max.to_string(), "-1".into()),
     }
+}
+
+/// A random decimal of magnitude 10^lo..10^hi, printed with a random
+/// number of significant digits.
+fn wild(rng: &mut Rng, lo: f64, hi: f64) -> String {
+    let x = 10f64.powf(lo + rng.unit() * (hi - lo));
+    let digits = 1 + rng.below(17) as usize;
+    format!("{x:.*e}", digits - 1)
 }
 
 fn bucket_key(rng: &mut Rng) -> String {
