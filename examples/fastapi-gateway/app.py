@@ -1,0 +1,226 @@
+"""A GenAI API gateway limited per user, API key and client IP, with an LLM
+token budget per user. Run: uvicorn app:app --no-proxy-headers (see README).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import AsyncIterator, Callable, Literal, Sequence
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from redis.asyncio import Redis, RedisCluster
+
+from auth import authenticate, client_ip
+from config import Limits, Principal, Settings
+from headers import rate_limit_headers
+from limiter import BucketState, Decision, Dimension, Limiter, LimiterUnavailable
+from llm import LLMBackend, LLMError, StubLLM, count_tokens
+
+log = logging.getLogger("gateway")
+
+# What a route does when Redis can't answer: admit unlimited (and log), or
+# refuse with 503. Cheap reads fail open; what spends inference budget
+# fails closed.
+Policy = Literal["fail_open", "fail_closed"]
+
+
+class GatewayError(Exception):
+    """An error answer with a flat JSON body."""
+
+    def __init__(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
+        self.status, self.body, self.headers = status, body, headers
+
+
+class ChatRequest(BaseModel):
+    prompt: str = Field(min_length=1)
+    max_tokens: int = Field(gt=0)
+
+
+def request_dims(request: Request, limits: Limits) -> list[Dimension]:
+    """The request's buckets: user and key when authenticated, IP always (an
+    unauthenticated flood still costs its IP). Raw API keys never get here:
+    the key bucket is named after the key's SHA-256."""
+    state = request.state
+    tier = limits.for_tier(state.tier)
+    dims = []
+    if state.user_id is not None:
+        dims.append(Dimension("user", f"rl:user:{state.user_id}", tier.user))
+    if state.key_id is not None:
+        dims.append(Dimension("key", f"rl:key:{state.key_id}", tier.key))
+    dims.append(Dimension("ip", f"rl:ip:{state.client_ip}", limits.ip))
+    return dims
+
+
+async def enforce(
+    request: Request, response: Response, policy: Policy, extra: Sequence[Dimension] = ()
+) -> Decision | None:
+    """One all-or-nothing check of every bucket of the request. Returns the
+    decision, or None when the limiter is down and the route fails open."""
+    dims = [*request_dims(request, request.app.state.settings.limits), *extra]
+    try:
+        decision = await request.app.state.limiter.check(dims)
+    except LimiterUnavailable as exc:
+        where = f"{request.method} {request.url.path}"
+        if policy == "fail_closed":
+            log.error("rate limiter unavailable, refusing %s (fail-closed): %s", where, exc)
+            raise GatewayError(503, {"error": "rate_limiter_unavailable"}) from exc
+        log.error("rate limiter unavailable, admitting %s WITHOUT LIMITS (fail-open): %s", where, exc)
+        return None
+    if not decision.allowed:
+        raise GatewayError(
+            429,
+            {"error": "rate_limited", "dimension": decision.tightest.dim.name, "retry_after": decision.retry_after},
+            rate_limit_headers(decision),
+        )
+    response.headers.update(rate_limit_headers(decision))
+    return decision
+
+
+def require_principal(request: Request) -> Principal:
+    if request.state.principal is None:
+        raise GatewayError(401, {"error": "unauthorized", "detail": "missing or unknown X-API-Key"})
+    return request.state.principal
+
+
+def limited(policy: Policy) -> Callable:
+    """Dependency: limit first (so bad keys still pay their IP bucket), then
+    require a valid API key."""
+
+    async def dependency(request: Request, response: Response) -> Principal:
+        await enforce(request, response, policy)
+        return require_principal(request)
+
+    return dependency
+
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> dict:
+    """Liveness: the process answers; Redis is /readyz's business."""
+    return {"ok": True}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    """Ready when Redis answers and either TB.* or the Lua library works."""
+    try:
+        backend = await request.app.state.limiter.ready()
+    except LimiterUnavailable as exc:
+        return JSONResponse({"ready": False, "reason": str(exc)}, status_code=503)
+    return JSONResponse({"ready": True, "backend": backend})
+
+
+@router.get("/v1/models")
+async def models(principal: Principal = Depends(limited("fail_open"))) -> dict:
+    return {"data": [{"id": "stub-echo"}]}
+
+
+async def settle(request: Request, budget: Dimension, delta: float) -> BucketState | None:
+    """Returns unused tokens (delta > 0) or charges an overrun (delta < 0)."""
+    try:
+        return await request.app.state.limiter.adjust(budget, delta)
+    except LimiterUnavailable as exc:
+        # The answer is already paid for upstream; a lost settlement only
+        # skews this user's budget until it refills.
+        log.error("could not settle %s by %+g tokens: %s", budget.key, delta, exc)
+        return None
+
+
+@router.post("/v1/chat")
+async def chat(body: ChatRequest, request: Request, response: Response) -> dict:
+    """Reserves prompt + max_tokens LLM tokens in the same all-or-nothing
+    check as the request buckets, calls the model, then settles: the unused
+    part comes back, all of it if the model fails."""
+    limits: Limits = request.app.state.settings.limits
+    reserved = count_tokens(body.prompt) + body.max_tokens
+    extra = []
+    if (principal := request.state.principal) is not None:
+        budget = limits.for_tier(principal.tier).llm
+        if reserved > budget.max:  # could never pass; Redis would reject it as an error
+            detail = f"{reserved} tokens exceed the budget of {budget.max:g}"
+            raise GatewayError(413, {"error": "over_budget", "detail": detail})
+        extra.append(Dimension("llm", f"rl:llm:user:{principal.user_id}", budget, reserved))
+    decision = await enforce(request, response, "fail_closed", extra)
+    require_principal(request)
+
+    llm: LLMBackend = request.app.state.llm
+    try:
+        completion = await llm.complete(body.prompt, body.max_tokens)
+    except Exception as exc:
+        if decision is not None:
+            await settle(request, extra[0], reserved)
+        if isinstance(exc, LLMError):
+            log.warning("model backend failed, %d tokens refunded: %s", reserved, exc)
+            raise GatewayError(502, {"error": "upstream_failed"}) from exc
+        raise
+
+    used = completion.prompt_tokens + completion.completion_tokens
+    if decision is not None and used != reserved:
+        settled = await settle(request, extra[0], reserved - used)
+        if settled is not None:
+            # Report the budget as it is after the refund, not the reservation.
+            after = replace(settled, allowed=True, retry_ms=0)
+            states = tuple(after if s.dim == after.dim else s for s in decision.states)
+            response.headers.update(rate_limit_headers(replace(decision, states=states)))
+    return {
+        "text": completion.text,
+        "usage": {
+            "prompt_tokens": completion.prompt_tokens,
+            "completion_tokens": completion.completion_tokens,
+            "reserved_tokens": reserved,
+        },
+    }
+
+
+def connect(settings: Settings) -> Redis | RedisCluster:
+    timeouts = {"socket_timeout": settings.redis_timeout, "socket_connect_timeout": settings.redis_timeout}
+    if settings.cluster_mode:
+        return RedisCluster.from_url(settings.redis_url, **timeouts)
+    return Redis.from_url(settings.redis_url, **timeouts)
+
+
+def create_app(
+    settings: Settings | None = None,
+    llm: LLMBackend | None = None,
+    redis_factory: Callable[[], Redis | RedisCluster] | None = None,
+) -> FastAPI:
+    settings = settings or Settings.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Created here, on the server's event loop, which its connections
+        # belong to. Redis may be down now: detection happens on first use.
+        redis = redis_factory() if redis_factory else connect(settings)
+        app.state.limiter = Limiter(redis, settings.lua_path, settings.cluster_mode)
+        try:
+            yield
+        finally:
+            await redis.aclose()
+
+    app = FastAPI(title="redis-tokenbucket gateway example", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.llm = llm or StubLLM()
+
+    @app.middleware("http")
+    async def identify(request: Request, call_next: Callable) -> Response:
+        authenticate(request, settings.api_keys)
+        request.state.client_ip = client_ip(request, settings.trusted_proxies)
+        return await call_next(request)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
+
+    app.include_router(router)
+    return app
+
+
+# Logging is the server's to configure (uvicorn --log-config); without it
+# the warnings and errors this module logs still reach stderr.
+app = create_app()

@@ -1,0 +1,139 @@
+"""Gateway configuration: bucket sizes per tier and dimension, Redis, proxies.
+
+Everything is a pydantic model, so a bad limit fails at startup rather than
+as a Redis error on the first request, and tests can inject tiny limits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, model_validator
+
+# The library shipped in this repository; on managed Redis the gateway loads it.
+DEFAULT_LUA_PATH = Path(__file__).resolve().parent.parent.parent / "lua" / "tb.lua"
+
+
+class TokenBucket(BaseModel):
+    """`max` tokens of burst, refilled at `rate` tokens per second."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # The bounds are the module's own (docs/commands.md, Limits).
+    max: float = Field(gt=0, le=1e12)
+    rate: float = Field(gt=0, le=1e12)
+
+    @model_validator(mode="after")
+    def _fillable(self) -> TokenBucket:
+        if self.max / self.rate > 1e10:
+            raise ValueError("max/rate must be <= 1e10 seconds (the bucket would never refill)")
+        return self
+
+
+class TierLimits(BaseModel):
+    """The buckets of one tier: requests per user and per API key, and the
+    LLM token budget per user (in tokens, not requests)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    user: TokenBucket
+    key: TokenBucket
+    llm: TokenBucket
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    tiers: dict[str, TierLimits] = {
+        "free": TierLimits(
+            user=TokenBucket(max=10, rate=0.17),
+            key=TokenBucket(max=10, rate=0.17),
+            llm=TokenBucket(max=20_000, rate=10),
+        ),
+        "standard": TierLimits(
+            user=TokenBucket(max=60, rate=1),
+            key=TokenBucket(max=60, rate=1),
+            llm=TokenBucket(max=200_000, rate=100),
+        ),
+        "enterprise": TierLimits(
+            # An enterprise account spreads load over several keys.
+            user=TokenBucket(max=3000, rate=50),
+            key=TokenBucket(max=1500, rate=25),
+            llm=TokenBucket(max=2_000_000, rate=1000),
+        ),
+    }
+    # One IP bucket for everybody, not per tier: `rl:ip:<addr>` is shared by
+    # every caller behind that address (NAT, an office), whatever their
+    # tiers, and the bucket clamps its balance to the `max` of each call, so
+    # per-tier sizes on one key would let free callers shrink it for
+    # enterprise ones. It is a flood guard, so it must admit one enterprise
+    # key at full speed.
+    ip: TokenBucket = TokenBucket(max=600, rate=30)
+
+    @model_validator(mode="after")
+    def _has_free(self) -> Limits:
+        if "free" not in self.tiers:
+            raise ValueError("tiers must define 'free', the fallback tier")
+        return self
+
+    def for_tier(self, tier: str | None) -> TierLimits:
+        """A missing or unknown tier gets the free limits, never none."""
+        return self.tiers.get(tier or "free", self.tiers["free"])
+
+
+class Principal(BaseModel):
+    """Who an API key belongs to, as the auth system reports it. The tier is
+    a plain string: the auth system may know tiers this gateway does not."""
+
+    user_id: str = Field(min_length=1)
+    tier: str | None = None
+
+
+def key_id(api_key: str) -> str:
+    """SHA-256 of an API key: what the gateway stores and logs instead of the
+    key. A high-entropy key can't be recovered from it."""
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+# `uvicorn app:app` works out of the box with these; set GATEWAY_API_KEYS
+# for anything real.
+DEMO_API_KEYS = {
+    key_id("demo-free"): Principal(user_id="alice", tier="free"),
+    key_id("demo-standard"): Principal(user_id="bob", tier="standard"),
+    key_id("demo-enterprise"): Principal(user_id="carol", tier="enterprise"),
+}
+
+
+class Settings(BaseModel):
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Connect and command timeout (s): a hung Redis must not hang requests,
+    # the route's fail-open/fail-closed policy takes over instead.
+    redis_timeout: float = Field(default=0.5, gt=0)
+    # Check buckets one by one (TB.CONSUME, refund with TB.ADJUST) instead of
+    # one TB.MCONSUME, for a Redis Cluster where the keys live in different
+    # slots. Also selects a cluster client unless one is injected.
+    cluster_mode: bool = False
+    lua_path: Path = DEFAULT_LUA_PATH
+    # Peers whose X-Forwarded-For is believed. Empty: the header is ignored.
+    trusted_proxies: list[IPvAnyNetwork] = []
+    limits: Limits = Limits()
+    # SHA-256 of the API key (see key_id) -> principal; raw keys are never kept.
+    api_keys: dict[str, Principal] = DEMO_API_KEYS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
+        """GATEWAY_* variables; JSON for the structured ones."""
+        raw: dict[str, object] = {}
+        for name in ("redis_url", "redis_timeout", "cluster_mode", "lua_path"):
+            if (value := env.get(f"GATEWAY_{name.upper()}")) is not None:
+                raw[name] = value
+        if proxies := env.get("GATEWAY_TRUSTED_PROXIES"):
+            raw["trusted_proxies"] = [p.strip() for p in proxies.split(",") if p.strip()]
+        for name in ("limits", "api_keys"):
+            if (value := env.get(f"GATEWAY_{name.upper()}")) is not None:
+                raw[name] = json.loads(value)
+        return cls.model_validate(raw)
