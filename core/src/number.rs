@@ -20,8 +20,10 @@ pub fn parse_decimal(bytes: &[u8]) -> Option<f64> {
     value.is_finite().then_some(value)
 }
 
-/// Parses an optionally negative integer of at most 16 digits, so that it
-/// is exact in a double as well (the Lua library reads the same field).
+/// Parses an optionally negative integer of at most 16 digits. Real
+/// timestamps (below 2^53) are exact in a double too; beyond that the Lua
+/// library splits the value to subtract it exactly, as this side does in
+/// integers.
 pub fn parse_int16(bytes: &[u8]) -> Option<i64> {
     let digits = match bytes.first() {
         Some(b'-') => &bytes[1..],
