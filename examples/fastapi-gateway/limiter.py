@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from redis.asyncio import Redis, RedisCluster
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError
 
 from config import TokenBucket
 
@@ -84,11 +84,12 @@ def _state(dim: Dimension, reply: Sequence[int]) -> BucketState:
     return BucketState(dim, bool(allowed), remaining, retry_ms, reset_ms)
 
 
-def _missing(exc: ResponseError) -> bool:
+def _missing(exc: RedisError) -> bool:
     """The server lacks the command (no module) or the function (library not
-    loaded, or flushed since)."""
+    loaded, or flushed since). A cluster client says so itself, from the
+    server's COMMAND table, before sending anything."""
     text = str(exc).lower()
-    return "unknown command" in text or "function not found" in text
+    return any(m in text for m in ("unknown command", "function not found", "doesn't exist in redis commands"))
 
 
 class Backend:
@@ -137,13 +138,13 @@ class Limiter:
         try:
             await module.call("peek", [PROBE])
             return module
-        except ResponseError as exc:
+        except RedisError as exc:
             if not _missing(exc):
                 raise
         lua = LuaBackend(self.redis)
         try:
             await lua.call("peek", [PROBE])
-        except ResponseError as exc:
+        except RedisError as exc:
             if not _missing(exc):
                 raise
             # REPLACE makes the load idempotent: two gateways racing, or a
@@ -159,7 +160,7 @@ class Limiter:
                 self.backend = await self._detect()
             try:
                 return await self.backend.call(op, groups)
-            except ResponseError as exc:
+            except RedisError as exc:
                 if not _missing(exc):
                     raise
                 # A failover to a server without the module, or FUNCTION
