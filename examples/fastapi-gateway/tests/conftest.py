@@ -79,8 +79,9 @@ def free_port() -> int:
 class Server:
     """A redis-server process; `backend` is what the gateway should detect."""
 
-    def __init__(self, with_module: bool, workdir: Path) -> None:
+    def __init__(self, with_module: bool, workdir: Path, *extra_args: str) -> None:
         self.with_module = with_module
+        self.extra_args = extra_args
         self.backend = "module" if with_module else "lua"
         self.workdir = workdir
         self.port = free_port()
@@ -97,6 +98,7 @@ class Server:
                 "--dir", str(self.workdir), "--logfile", str(self.workdir / "redis.log")]
         if self.with_module:
             args += ["--loadmodule", str(MODULE)]
+        args += self.extra_args
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port)
         deadline = time.monotonic() + 10

@@ -1,0 +1,106 @@
+"""cluster_mode=True on a real 3-shard Redis Cluster, where the user, key
+and IP buckets live in different slots: TB.CONSUME per bucket with
+TB.ADJUST refunds, and the Lua library loaded on every primary."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import subprocess
+import time
+from typing import Iterator
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from redis.asyncio import RedisCluster as AsyncRedisCluster
+
+import app as gateway
+from config import Settings, key_id
+from conftest import API_KEYS, LIMITS, PeerFromHeader, Server, auth, bucket, free_port
+from limiter import Dimension, Limiter, LimiterUnavailable
+
+
+@pytest.fixture(scope="module", params=["module", "lua"])
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    nodes = []
+    try:
+        for i in range(3):
+            workdir = tmp_path_factory.mktemp(f"cluster-{request.param}-{i}")
+            # An explicit bus port: the default, port + 10000, may be taken or above 65535.
+            nodes.append(Server(request.param == "module", workdir, "--cluster-enabled", "yes",
+                                "--cluster-port", str(free_port()), "--cluster-config-file", str(workdir / "nodes.conf")))
+            nodes[-1].start()
+        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
+                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=30)
+        deadline = time.monotonic() + 30
+        while not all(redis.Redis(port=n.port).cluster("info")["cluster_state"] == "ok" for n in nodes):
+            assert time.monotonic() < deadline, "cluster did not converge"
+            time.sleep(0.05)
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+@pytest.fixture
+def rc(cluster: list[Server]) -> Iterator[redis.RedisCluster]:
+    client = redis.RedisCluster(host="127.0.0.1", port=cluster[0].port, decode_responses=True)
+    client.flushall()
+    client.function_flush()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def client(cluster: list[Server], rc: redis.RedisCluster) -> Iterator[TestClient]:
+    # No redis_factory: the app builds its own RedisCluster client.
+    limits = LIMITS.model_copy(update={"ip": bucket(2)})
+    settings = Settings(redis_url=cluster[0].url, cluster_mode=True, limits=limits, api_keys=API_KEYS)
+    with TestClient(PeerFromHeader(gateway.create_app(settings))) as c:
+        yield c
+
+
+def tokens(rc: redis.RedisCluster, key: str) -> float | None:
+    value = rc.hget(key, "tokens")
+    return None if value is None else float(value)
+
+
+def test_buckets_are_in_different_slots(rc):
+    keys = ["rl:user:u-free", f"rl:key:{key_id('k-free')}", "rl:ip:203.0.113.7", "rl:llm:user:u-free"]
+    assert len({rc.keyslot(k) for k in keys}) == 4
+
+
+def test_ip_denial_is_refunded_across_slots(client, cluster, rc):
+    assert client.get("/readyz").json() == {"ready": True, "backend": cluster[0].backend}
+    assert [client.get("/v1/models", headers=auth("k-free")).status_code for _ in range(2)] == [200, 200]
+    denied = client.get("/v1/models", headers=auth("k-free2"))
+    assert denied.status_code == 429 and denied.json()["dimension"] == "ip"
+    # Charged, then refunded to full: no key left.
+    assert rc.exists("rl:user:u-free2") == 0 and rc.exists(f"rl:key:{key_id('k-free2')}") == 0
+    assert client.get("/v1/models", headers=auth("k-free")).status_code == 429
+    assert math.floor(tokens(rc, "rl:user:u-free")) == 1 and math.floor(tokens(rc, f"rl:key:{key_id('k-free')}")) == 3
+    if cluster[0].backend == "lua":  # loaded on every primary, not just one
+        assert all(redis.Redis(port=n.port).function_list(library="tb") for n in cluster)
+
+
+def test_chat_reserve_and_settle_across_slots(client, rc):
+    res = client.post("/v1/chat", headers=auth("k-free"), json={"prompt": "a b c d", "max_tokens": 10})
+    assert res.status_code == 200
+    assert math.floor(tokens(rc, "rl:llm:user:u-free")) == 100 - 8
+
+
+def test_mconsume_needs_one_slot(cluster, rc):
+    """Why cluster_mode exists: TB.MCONSUME (or FCALL tb_mconsume) across
+    slots is refused, here by the cluster client before it is sent."""
+    dims = [Dimension("user", "rl:user:x", bucket(3)), Dimension("ip", "rl:ip:x", bucket(3))]
+
+    async def check() -> None:
+        client = AsyncRedisCluster(host="127.0.0.1", port=cluster[0].port)
+        try:
+            await Limiter(client, Settings().lua_path).check(dims)
+        finally:
+            await client.aclose()
+
+    with pytest.raises(LimiterUnavailable, match="slot"):
+        asyncio.run(check())
