@@ -76,12 +76,18 @@ fn cluster_spreads_buckets_routes_mconsume_and_survives_failover() {
         .iter()
         .flat_map(|p| snapshot(&mut p.conn()))
         .collect();
+    let promoted: Vec<u16> = cluster.replicas().iter().map(|r| r.port).collect();
     for replica in cluster.replicas() {
         let mut primary = cluster.primary_of(replica).conn();
         wait_replicas(&mut primary, 1);
         cluster.failover(replica);
     }
     cluster.wait_healthy(3);
+    let mut now_primary: Vec<u16> = cluster.primaries().iter().map(|p| p.port).collect();
+    now_primary.sort();
+    let mut expected = promoted.clone();
+    expected.sort();
+    assert_eq!(now_primary, expected, "every replica was promoted");
     let after: BTreeMap<_, _> = cluster
         .primaries()
         .iter()

@@ -61,6 +61,12 @@ impl Cluster {
             });
             assert!(ok, "node {} not healthy:\n{}", n.port, n.log());
         }
+        // Roles settle after a failover: the old primary turns replica.
+        assert!(
+            eventually(Duration::from_secs(30), || self.primaries().len()
+                == primaries),
+            "primaries did not settle"
+        );
     }
 
     pub fn client(&self) -> redis::cluster::ClusterConnection {
