@@ -1,0 +1,896 @@
+//! A hostile client: tens of thousands of TB commands with random argument
+//! counts and random bytes (huge and tiny numbers, `nan`, `inf`, `0x10`,
+//! spaces, empty strings, NUL bytes...), while a second client keeps
+//! writing garbage and other types into the same keys.
+//!
+//! Every call is checked against an oracle built from tb-core and the key
+//! pool's state just before the call: the exact error for a failing call
+//! (which must change nothing), the documented reply shape for a
+//! successful one (which may change only its own keys, into valid
+//! buckets). At the end: the server is up, nothing panicked, and the INFO
+//! counters add up to what the client saw.
+//!
+//! The two clients take turns from one seeded PRNG (set `TB_HOSTILE_SEED`
+//! to replay a run), so each call's before/after snapshot is exact; Redis
+//! runs commands one at a time anyway, so taking turns loses no
+//! interleaving a concurrent writer could produce.
+
+mod common;
+use common::*;
+use redis::Value;
+use std::collections::BTreeMap;
+use std::time::Instant;
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, ArgError};
+use tb_core::state::{decode, StateError};
+
+const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+const CALLS: usize = 60_000;
+
+/// SplitMix64: small, seedable, good enough to pick test inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn bytes(&mut self, max_len: usize) -> Vec<u8> {
+        let n = self.below(max_len + 1);
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// The keys both clients fight over: plain, empty, binary, spaced.
+fn key_pool() -> Vec<Vec<u8>> {
+    let mut keys: Vec<Vec<u8>> = (0..10).map(|i| format!("k{i}").into_bytes()).collect();
+    keys.extend([
+        b"".to_vec(),
+        b"\0".to_vec(),
+        b"\xff\xfe\x00k".to_vec(),
+        b"a key with spaces\r\n".to_vec(),
+        b"{tag}k".to_vec(),
+        vec![b'x'; 300],
+    ]);
+    keys
+}
+
+/// Strings that are not (or barely) numbers.
+const HOSTILE: &[&str] = &[
+    "nan",
+    "NaN",
+    "-nan",
+    "inf",
+    "-inf",
+    "+inf",
+    "infinity",
+    "Infinity",
+    "0x10",
+    "0X1p3",
+    "1 0",
+    " 10",
+    "10 ",
+    "\t1",
+    "1\n",
+    "",
+    " ",
+    "\0",
+    "1\0",
+    "\x001",
+    "1e",
+    "1e+",
+    ".",
+    "+",
+    "-",
+    "--1",
+    "1..2",
+    "1.2.3",
+    "e5",
+    "1_000",
+    "1,5",
+    "１",
+    "0b101",
+    "1e309",
+    "-1e309",
+    "1e99999999999999999999",
+    "1e-99999999999999999999",
+    "4.9e-324",
+    "5e-324",
+    "2.2250738585072014e-308",
+    "1.7976931348623157e308",
+    "-1.7976931348623157e308",
+    "9223372036854775808",
+    "-9223372036854775809",
+    "18446744073709551616",
+    "0",
+    "-0",
+    "+0.0",
+    "-1",
+    "1e12",
+    "1000000000000.0001",
+    "1e13",
+    "1e10",
+    "1e-10",
+    "0.0000000001",
+    "1e-300",
+];
+
+/// A number that is valid somewhere: small, huge, tiny, fractional.
+fn plausible(r: &mut Rng) -> String {
+    match r.below(7) {
+        0 => r
+            .pick(&["1", "10", "100", "0.5", "2.5", "1000", "3"])
+            .to_string(),
+        1 => format!("{}", r.below(1_000_000)),
+        2 => format!("{:.3}", r.unit() * 1000.0),
+        3 => format!("{}e{}", 1 + r.below(9), r.below(25) as i64 - 12),
+        4 => format!("{}", r.unit() * 1e12),
+        5 => format!("{:e}", r.unit()),
+        _ => format!("-{}", r.below(100)),
+    }
+}
+
+fn number_arg(r: &mut Rng) -> Vec<u8> {
+    match r.below(20) {
+        0..=11 => plausible(r).into_bytes(),
+        12..=17 => r.pick(HOSTILE).as_bytes().to_vec(),
+        18 => {
+            // A long digit string, sometimes valid.
+            let mut s = "9".repeat(1 + r.below(400));
+            if r.chance(50) {
+                s.insert(0, '.');
+            }
+            s.into_bytes()
+        }
+        _ => r.bytes(8),
+    }
+}
+
+/// One group's `max rate cost`, valid most of the time.
+fn limits_args(r: &mut Rng) -> [Vec<u8>; 3] {
+    let max = match r.below(6) {
+        0 => 1e12,
+        1 => 0.5,
+        2 => r.unit() * 1e6,
+        _ => 1.0 + r.below(100) as f64,
+    };
+    let rate = match r.below(6) {
+        0 => 1e12,
+        1 => max / 1e10,
+        2 => r.unit() * 1e3,
+        3 => 1.0 + r.below(1000) as f64,
+        _ => (max / 1e4).max(r.unit()),
+    };
+    let cost = match r.below(5) {
+        0 => 0.0,
+        1 => max,
+        _ => (max * r.unit()).floor(),
+    };
+    let mut out = [max, rate, cost].map(|v| format!("{v}").into_bytes());
+    for a in out.iter_mut() {
+        if r.chance(12) {
+            *a = number_arg(r);
+        }
+    }
+    out
+}
+
+fn key_arg(r: &mut Rng, pool: &[Vec<u8>]) -> Vec<u8> {
+    r.pick(pool).clone()
+}
+
+const NAMES: [[&str; 3]; 4] = [
+    ["TB.CONSUME", "tb.consume", "Tb.Consume"],
+    ["TB.PEEK", "tb.peek", "tB.pEEK"],
+    ["TB.ADJUST", "tb.adjust", "Tb.Adjust"],
+    ["TB.MCONSUME", "tb.mconsume", "TB.mconsume"],
+];
+
+/// A random call: a TB command with a random number of arguments.
+fn random_call(r: &mut Rng, pool: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let which = r.below(4);
+    let mut argv = vec![r.pick(&NAMES[which]).as_bytes().to_vec()];
+    if which == 3 {
+        let groups = if r.chance(5) { 0 } else { 1 + r.below(6) };
+        for _ in 0..groups {
+            argv.push(key_arg(r, pool));
+            argv.extend(limits_args(r));
+        }
+    } else {
+        argv.push(key_arg(r, pool));
+        let [max, rate, cost] = limits_args(r);
+        argv.extend([max, rate]);
+        if which == 2 {
+            let delta = match r.below(4) {
+                0 => number_arg(r),
+                1 => format!("-{}", plausible(r)).into_bytes(),
+                _ => plausible(r).into_bytes(),
+            };
+            argv.push(delta);
+        } else if r.chance(70) {
+            argv.push(cost);
+        }
+    }
+    // Wrong argument counts: drop or add some.
+    if r.chance(8) {
+        let n = r.below((argv.len() - 1).min(3) + 1);
+        argv.truncate(argv.len() - n);
+    } else if r.chance(6) {
+        for _ in 0..1 + r.below(3) {
+            argv.push(number_arg(r));
+        }
+    }
+    if r.chance(3) {
+        // Any argument (even the key) replaced by random bytes.
+        let i = r.below(argv.len());
+        if i > 0 {
+            argv[i] = r.bytes(16);
+        }
+    }
+    argv
+}
+
+// ---- what the key pool holds --------------------------------------------------
+
+#[derive(Clone, Debug, PartialEq)]
+struct KeyState {
+    ty: String,
+    dump: Option<Vec<u8>>,
+    expire_at: i64,
+    hash: Option<BTreeMap<Vec<u8>, Vec<u8>>>,
+}
+
+type Snap = BTreeMap<Vec<u8>, KeyState>;
+
+fn snap(c: &mut redis::Connection, pool: &[Vec<u8>]) -> (Snap, i64) {
+    let mut p = redis::pipe();
+    for k in pool {
+        p.cmd("TYPE")
+            .arg(k)
+            .cmd("DUMP")
+            .arg(k)
+            .cmd("PEXPIRETIME")
+            .arg(k);
+    }
+    let v: Vec<Value> = p.query(c).expect("snapshot pipeline");
+    let mut out = Snap::new();
+    for (k, chunk) in pool.iter().zip(v.chunks(3)) {
+        let ty: String = redis::from_redis_value(&chunk[0]).unwrap();
+        let dump: Option<Vec<u8>> = redis::from_redis_value(&chunk[1]).unwrap();
+        let expire_at: i64 = redis::from_redis_value(&chunk[2]).unwrap();
+        out.insert(
+            k.clone(),
+            KeyState {
+                ty,
+                dump,
+                expire_at,
+                hash: None,
+            },
+        );
+    }
+    let hashes: Vec<Vec<u8>> = out
+        .iter()
+        .filter(|(_, s)| s.ty == "hash")
+        .map(|(k, _)| k.clone())
+        .collect();
+    if !hashes.is_empty() {
+        let mut p = redis::pipe();
+        for k in &hashes {
+            p.cmd("HGETALL").arg(k);
+        }
+        let maps: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = p.query(c).expect("HGETALL pipeline");
+        for (k, m) in hashes.iter().zip(maps) {
+            let s = out.get_mut(k).unwrap();
+            if m.is_empty() {
+                // Expired between the two pipelines (hashes are never empty).
+                *s = KeyState {
+                    ty: "none".into(),
+                    dump: None,
+                    expire_at: -2,
+                    hash: None,
+                };
+            } else {
+                s.hash = Some(m);
+            }
+        }
+    }
+    let time: Vec<i64> = redis::cmd("TIME").query(c).expect("TIME");
+    (out, time[0] * 1000 + time[1] / 1000)
+}
+
+/// Keys whose state differs between two snapshots, except keys that may
+/// have expired on their own in between (`now_ms`: after the second).
+fn changed(before: &Snap, after: &Snap, now_ms: i64) -> Vec<Vec<u8>> {
+    before
+        .iter()
+        .filter(|(k, b)| {
+            let may_have_expired = b.expire_at > 0 && b.expire_at <= now_ms;
+            after[*k] != **b && !may_have_expired
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+// ---- the oracle ---------------------------------------------------------------------
+
+/// Why a key is not usable as a bucket, as the module words it.
+fn key_error(s: &KeyState) -> Option<String> {
+    match s.ty.as_str() {
+        "none" => None,
+        "hash" => {
+            let h = s.hash.as_ref().expect("hash fields");
+            let field = |name: &str| h.get(name.as_bytes()).map(Vec::as_slice);
+            let r = if h.len() != 2 {
+                Err(StateError::Fields)
+            } else {
+                decode(field("tokens"), field("ts")).map(|_| ())
+            };
+            r.err().map(|e| e.message().to_string())
+        }
+        _ => Some(WRONGTYPE.to_string()),
+    }
+}
+
+/// A parsed call: its keys and each key's `max`.
+struct Parsed {
+    command: usize,
+    keys: Vec<(Vec<u8>, f64)>,
+}
+
+/// The reply a call must get: `Err(message)` or `Ok(parsed call)`.
+fn predict(argv: &[Vec<u8>], state: &Snap) -> Result<Parsed, String> {
+    let name = String::from_utf8_lossy(&argv[0]).to_lowercase();
+    let msg = |e: ArgError| e.message(&name);
+    let (command, keys) = match name.as_str() {
+        "tb.consume" | "tb.peek" => {
+            let s = parse_consume(argv).map_err(msg)?;
+            let cmd = if name == "tb.consume" { 0 } else { 1 };
+            (cmd, vec![(argv[1].clone(), s.limits.max)])
+        }
+        "tb.adjust" => {
+            let s = parse_adjust(argv).map_err(msg)?;
+            (2, vec![(argv[1].clone(), s.limits.max)])
+        }
+        "tb.mconsume" => {
+            let g = parse_mconsume(argv).map_err(msg)?;
+            let keys = g
+                .iter()
+                .map(|g| (argv[g.key_index].clone(), g.limits.max))
+                .collect();
+            (3, keys)
+        }
+        other => panic!("not a TB command: {other}"),
+    };
+    for (i, (k, _)) in keys.iter().enumerate() {
+        // A key outside the pool (random bytes) is missing or a bucket this
+        // test made: the garbage writer only writes pool keys.
+        let Some(e) = state.get(k).and_then(key_error) else {
+            continue;
+        };
+        return Err(if command == 3 && e != WRONGTYPE {
+            format!("{e} (group {})", i + 1)
+        } else {
+            e
+        });
+    }
+    Ok(Parsed { command, keys })
+}
+
+fn ints(v: &Value) -> Option<Vec<i64>> {
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|i| match i {
+                Value::Int(n) => Some(*n),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}
+
+/// `[allowed, remaining, retry_after_ms, reset_after_ms]` for a bucket of
+/// capacity `max`.
+fn check_four(v: &Value, max: f64, ctx: &str) -> [i64; 4] {
+    let r = ints(v).unwrap_or_else(|| panic!("{ctx}: not an array of integers: {v:?}"));
+    let r: [i64; 4] = r
+        .try_into()
+        .unwrap_or_else(|r| panic!("{ctx}: {r:?} is not 4 integers"));
+    let [allowed, remaining, retry, reset] = r;
+    assert!(allowed == 0 || allowed == 1, "{ctx}: allowed {r:?}");
+    assert!(retry >= 0 && reset >= 0, "{ctx}: negative time {r:?}");
+    assert!(retry <= reset, "{ctx}: retry after reset {r:?}");
+    // Reply times are bounded by the fill-time limit: at most 2e13 ms.
+    assert!(reset <= 20_000_000_000_002, "{ctx}: reset {r:?}");
+    assert!(
+        remaining as f64 <= max && remaining as f64 >= -max - 1.0,
+        "{ctx}: remaining outside [-max, max] {r:?}"
+    );
+    r
+}
+
+fn show(argv: &[Vec<u8>]) -> String {
+    let parts: Vec<String> = argv
+        .iter()
+        .map(|a| {
+            if a.len() > 40 {
+                format!(
+                    "{:?}...({} bytes)",
+                    String::from_utf8_lossy(&a[..40]),
+                    a.len()
+                )
+            } else {
+                format!("{:?}", String::from_utf8_lossy(a))
+            }
+        })
+        .collect();
+    parts.join(" ")
+}
+
+fn error_text(e: &redis::RedisError) -> String {
+    assert!(
+        e.code().is_some() && !e.is_io_error() && !e.is_connection_dropped(),
+        "not an error reply (did the server die?): {e:?}"
+    );
+    format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or(""))
+        .trim()
+        .to_string()
+}
+
+// ---- the garbage writer ---------------------------------------------------------------
+
+fn garbage(r: &mut Rng, g: &mut redis::Connection, pool: &[Vec<u8>]) {
+    let k = key_arg(r, pool);
+    let junk = |r: &mut Rng| -> Vec<u8> {
+        if r.chance(50) {
+            number_arg(r)
+        } else {
+            r.bytes(12)
+        }
+    };
+    let mut p = redis::pipe();
+    p.cmd("DEL").arg(&k).ignore();
+    match r.below(20) {
+        0..=8 => {} // just deleted
+        9 => {
+            p.cmd("SET").arg(&k).arg(junk(r)).ignore();
+        }
+        10 => {
+            p.cmd("RPUSH").arg(&k).arg(junk(r)).arg("x").ignore();
+        }
+        11 => {
+            p.cmd("SADD").arg(&k).arg(junk(r)).ignore();
+        }
+        12 => {
+            p.cmd("ZADD").arg(&k).arg(1).arg(junk(r)).ignore();
+        }
+        13 => {
+            p.cmd("XADD")
+                .arg(&k)
+                .arg("*")
+                .arg("tokens")
+                .arg("1")
+                .ignore();
+        }
+        14 => {
+            // A bucket with an extra field.
+            p.cmd("HSET")
+                .arg(&k)
+                .arg("tokens")
+                .arg("1")
+                .arg("ts")
+                .arg("1")
+                .arg(junk(r))
+                .arg("x")
+                .ignore();
+        }
+        15 => {
+            // Only one of the two fields.
+            let f = *r.pick(&["tokens", "ts", "TOKENS", "extra"]);
+            p.cmd("HSET").arg(&k).arg(f).arg(junk(r)).ignore();
+        }
+        16 | 17 => {
+            // Exactly tokens and ts, holding anything.
+            p.cmd("HSET")
+                .arg(&k)
+                .arg("tokens")
+                .arg(junk(r))
+                .arg("ts")
+                .arg(junk(r))
+                .ignore();
+        }
+        _ => {
+            // A plausible bucket with hostile values: debt, above any max,
+            // far past or future timestamps.
+            let tokens = r
+                .pick(&["5", "-5", "1e300", "-1e300", "0", "1e-300", "999999999999"])
+                .to_string();
+            let ts = r
+                .pick(&[
+                    "0",
+                    "-9999999999999999",
+                    "9999999999999999",
+                    "1764513600123456",
+                    "1",
+                ])
+                .to_string();
+            p.cmd("HSET")
+                .arg(&k)
+                .arg("tokens")
+                .arg(tokens)
+                .arg("ts")
+                .arg(ts)
+                .ignore();
+        }
+    }
+    if r.chance(30) {
+        p.cmd("PEXPIRE").arg(&k).arg(3_600_000).ignore();
+    }
+    let _: () = p.query(g).expect("garbage writer");
+}
+
+// ---- the tests ---------------------------------------------------------------------------
+
+#[derive(Default, Debug)]
+struct Tally {
+    errors: u64,
+    admitted: u64,
+    denied: u64,
+    peeks: u64,
+    adjusts: u64,
+}
+
+fn counter(c: &mut redis::Connection, name: &str) -> u64 {
+    info_field(c, "tb", name).parse().expect(name)
+}
+
+#[test]
+fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
+    let seed = std::env::var("TB_HOSTILE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x7B_2026);
+    eprintln!("TB_HOSTILE_SEED={seed}");
+    let mut r = Rng(seed);
+    let mut s = Server::start();
+    let mut c = s.conn();
+    let mut g = s.conn();
+    let pool = key_pool();
+    let started = Instant::now();
+    let mut tally = Tally::default();
+    let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+
+    let (mut before, _) = snap(&mut c, &pool);
+    for n in 0..CALLS {
+        if r.chance(12) {
+            garbage(&mut r, &mut g, &pool);
+            before = snap(&mut c, &pool).0;
+        }
+        let argv = random_call(&mut r, &pool);
+        let ctx = format!("call {n} (seed {seed}): {}", show(&argv));
+        let want = predict(&argv, &before);
+        let mut cmd = redis::cmd(std::str::from_utf8(&argv[0]).unwrap());
+        for a in &argv[1..] {
+            cmd.arg(a.as_slice());
+        }
+        let got = cmd.query::<Value>(&mut c);
+        let (after, now_ms) = snap(&mut c, &pool);
+        let moved = changed(&before, &after, now_ms);
+        match (want, got) {
+            (Err(want), Err(e)) => {
+                let text = error_text(&e);
+                assert_eq!(text, want, "{ctx}");
+                assert!(
+                    moved.is_empty(),
+                    "{ctx}: a failed call changed {:?}",
+                    moved
+                        .iter()
+                        .map(|k| (k, &before[k], &after[k], now_ms))
+                        .collect::<Vec<_>>()
+                );
+                tally.errors += 1;
+                let kind = want.split([':', '(']).next().unwrap().trim().to_string();
+                *kinds.entry(kind).or_default() += 1;
+            }
+            (Err(want), Ok(v)) => panic!("{ctx}: want error {want:?}, got {v:?}"),
+            (Ok(_), Err(e)) => panic!("{ctx}: want success, got {e:?}"),
+            (Ok(call), Ok(v)) => {
+                *kinds.entry("ok".into()).or_default() += 1;
+                let allowed = check_reply(&call, &v, &ctx);
+                let own: Vec<&Vec<u8>> = call.keys.iter().map(|(k, _)| k).collect();
+                for k in &moved {
+                    assert!(own.contains(&k), "{ctx}: changed another key {k:?}");
+                }
+                let writes = match call.command {
+                    0 | 3 => allowed,
+                    1 => false,
+                    _ => true,
+                };
+                if !writes {
+                    assert!(
+                        moved.is_empty(),
+                        "{ctx}: a call that writes nothing changed {moved:?}"
+                    );
+                }
+                for (k, max) in &call.keys {
+                    if moved.contains(k) {
+                        check_bucket_key(&after[k], *max, &ctx);
+                    }
+                }
+                match (call.command, allowed) {
+                    (1, _) => tally.peeks += 1,
+                    (2, _) => tally.adjusts += 1,
+                    (_, true) => tally.admitted += 1,
+                    (_, false) => tally.denied += 1,
+                }
+            }
+        }
+        before = after;
+        if n % 5000 == 0 {
+            assert_eq!(counter(&mut c, "tb_panics"), 0, "{ctx}");
+        }
+    }
+    let elapsed = started.elapsed();
+    eprintln!(
+        "{CALLS} hostile calls in {:.1} s: {tally:?}",
+        elapsed.as_secs_f64()
+    );
+    eprintln!("outcomes: {kinds:#?}");
+
+    assert!(s.is_alive(), "server died:\n{}", s.log());
+    assert_eq!(counter(&mut c, "tb_panics"), 0);
+    assert_eq!(counter(&mut c, "tb_errors"), tally.errors);
+    assert_eq!(counter(&mut c, "tb_admitted"), tally.admitted);
+    assert_eq!(counter(&mut c, "tb_denied"), tally.denied);
+    assert_eq!(counter(&mut c, "tb_peeks"), tally.peeks);
+    assert_eq!(counter(&mut c, "tb_adjusts"), tally.adjusts);
+    let log = s.log();
+    assert!(
+        !log.to_lowercase().contains("panic"),
+        "panic in the log:\n{log}"
+    );
+    // Each kind of outcome was reached often enough to mean something.
+    assert!(tally.admitted > 1000 && tally.denied > 100, "{tally:?}");
+    assert!(tally.peeks > 1000 && tally.adjusts > 1000, "{tally:?}");
+    for kind in [
+        "ok",
+        WRONGTYPE,
+        "ERR key is not a token bucket",
+        "ERR wrong number of arguments for 'tb.mconsume' command",
+        "ERR max must be a finite decimal number",
+        "ERR rate is too low for max",
+        "ERR cost must not exceed max, it could never pass",
+        "ERR duplicate key",
+    ] {
+        let seen: u64 = kinds
+            .iter()
+            .filter(|(k, _)| k.starts_with(kind))
+            .map(|(_, n)| n)
+            .sum();
+        assert!(seen >= 20, "{kind:?} seen {seen} times: {kinds:#?}");
+    }
+}
+
+/// Checks a successful reply's shape; returns whether it was admitted.
+fn check_reply(call: &Parsed, v: &Value, ctx: &str) -> bool {
+    if call.command != 3 {
+        let [allowed, remaining, retry, _] = check_four(v, call.keys[0].1, ctx);
+        match call.command {
+            0 if allowed == 1 => {
+                assert_eq!(retry, 0, "{ctx}: admitted with a retry time");
+                assert!(remaining >= 0, "{ctx}: admitted into debt");
+            }
+            0 | 1 if allowed == 0 => assert!(retry > 0, "{ctx}: denied with no wait"),
+            0 | 1 => assert_eq!(retry, 0, "{ctx}: allowed with a wait"),
+            _ => assert_eq!(allowed, 1, "{ctx}: TB.ADJUST always applies"),
+        }
+        return allowed == 1;
+    }
+    let Value::Array(items) = v else {
+        panic!("{ctx}: not an array: {v:?}")
+    };
+    assert_eq!(items.len(), 2 + call.keys.len(), "{ctx}: {v:?}");
+    let (Value::Int(all), Value::Int(retry)) = (&items[0], &items[1]) else {
+        panic!("{ctx}: head is not two integers: {v:?}")
+    };
+    assert!(*all == 0 || *all == 1, "{ctx}: {v:?}");
+    let mut worst = 0;
+    for (item, (_, max)) in items[2..].iter().zip(&call.keys) {
+        let [allowed, remaining, r, _] = check_four(item, *max, ctx);
+        worst = worst.max(r);
+        if *all == 1 {
+            assert_eq!((allowed, r), (1, 0), "{ctx}: {v:?}");
+            assert!(remaining >= 0, "{ctx}: {v:?}");
+        }
+    }
+    assert_eq!(*retry, worst, "{ctx}: retry is the longest wait: {v:?}");
+    if *all == 0 {
+        assert!(worst > 0, "{ctx}: denied with no wait: {v:?}");
+    }
+    *all == 1
+}
+
+/// A key a successful call wrote: deleted (a full bucket) or a hash of
+/// exactly `tokens` and `ts`, in [-max, max], with an expire time.
+fn check_bucket_key(s: &KeyState, max: f64, ctx: &str) {
+    if s.ty == "none" {
+        return;
+    }
+    assert_eq!(s.ty, "hash", "{ctx}");
+    let h = s.hash.as_ref().unwrap();
+    let field = |n: &str| h.get(n.as_bytes()).map(Vec::as_slice);
+    assert_eq!(h.len(), 2, "{ctx}: {h:?}");
+    let b = decode(field("tokens"), field("ts")).unwrap_or_else(|e| panic!("{ctx}: {e:?}"));
+    assert!(b.tokens >= -max && b.tokens < max, "{ctx}: stored {b:?}");
+    assert!(s.expire_at > 0, "{ctx}: a bucket without an expire time");
+}
+
+fn mconsume(groups: &[(Vec<u8>, &str, &str, &str)]) -> redis::Cmd {
+    let mut cmd = redis::cmd("TB.MCONSUME");
+    for (k, max, rate, cost) in groups {
+        cmd.arg(k.as_slice()).arg(*max).arg(*rate).arg(*cost);
+    }
+    cmd
+}
+
+fn dbsize(c: &mut redis::Connection) -> i64 {
+    redis::cmd("DBSIZE").query(c).expect("DBSIZE")
+}
+
+/// TB.MCONSUME at its limit: 10,000 groups work, 10,001 are refused, and a
+/// bad last group (number, duplicate, wrong type) writes none of the others.
+#[test]
+fn mconsume_at_the_group_limit() {
+    let started = Instant::now();
+    let mut s = Server::start();
+    let mut c = s.conn();
+    // 0.001 tokens/s: no refill worth counting while the test runs.
+    let group = |i: usize| (format!("g{i}").into_bytes(), "10", "0.001", "1");
+    let mut groups: Vec<_> = (0..10_000).map(group).collect();
+
+    // 10,001 groups: refused before anything is read.
+    groups.push(group(10_000));
+    let err = error_of(&mut c, &mconsume(&groups));
+    assert_eq!(err, "ERR too many buckets: at most 10000 groups per call");
+    groups.pop();
+    assert_eq!(dbsize(&mut c), 0);
+
+    // A bad number, a duplicate key, a wrong type in the 10,000th group.
+    let last = groups.len() - 1;
+    let mut bad = groups.clone();
+    bad[last].3 = "nan";
+    let err = error_of(&mut c, &mconsume(&bad));
+    assert_eq!(
+        err,
+        "ERR cost must be a finite decimal number (group 10000)"
+    );
+    let mut dup = groups.clone();
+    dup[last].0 = b"g1234".to_vec();
+    let err = error_of(&mut c, &mconsume(&dup));
+    assert_eq!(
+        err,
+        "ERR duplicate key: group 10000 repeats the key of group 1235"
+    );
+    assert_eq!(dbsize(&mut c), 0, "a refused call wrote buckets");
+    let _: () = redis::cmd("RPUSH")
+        .arg("g9999")
+        .arg("x")
+        .query(&mut c)
+        .unwrap();
+    let err = error_of(&mut c, &mconsume(&groups));
+    assert_eq!(err, WRONGTYPE);
+    assert_eq!(dbsize(&mut c), 1, "a refused call wrote buckets");
+    let _: () = redis::cmd("DEL").arg("g9999").query(&mut c).unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("g9999")
+        .arg("tokens")
+        .arg("nan")
+        .arg("ts")
+        .arg("1")
+        .query(&mut c)
+        .unwrap();
+    let err = error_of(&mut c, &mconsume(&groups));
+    assert_eq!(
+        err,
+        "ERR key is not a token bucket: field tokens is not a finite decimal number (group 10000)"
+    );
+    let _: () = redis::cmd("DEL").arg("g9999").query(&mut c).unwrap();
+
+    // 10,000 groups: admitted, each charged, one reply of 10,002 entries.
+    for round in 0..3 {
+        let v: Value = mconsume(&groups).query(&mut c).expect("10,000 groups");
+        let Value::Array(items) = &v else {
+            panic!("{v:?}")
+        };
+        assert_eq!(items.len(), 10_002);
+        assert_eq!(items[0], Value::Int(1));
+        assert_eq!(items[1], Value::Int(0));
+        for item in &items[2..] {
+            assert_eq!(ints(item).unwrap()[..2], [1, 9 - round]);
+        }
+        assert_eq!(dbsize(&mut c), 10_000);
+    }
+    // All-or-nothing at scale: one drained bucket denies all 10,000.
+    consume(&mut c, "g5000", "10", "0.001", "7");
+    let v: Value = mconsume(&groups).query(&mut c).expect("denied");
+    let Value::Array(items) = &v else {
+        panic!("{v:?}")
+    };
+    assert_eq!(items[0], Value::Int(0));
+    assert_eq!(
+        hgetall(&mut c, "g0")["tokens"]
+            .parse::<f64>()
+            .unwrap()
+            .floor(),
+        7.0
+    );
+
+    assert!(s.is_alive());
+    assert_eq!(counter(&mut c, "tb_panics"), 0);
+    eprintln!(
+        "group-limit checks in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The size limits Redis itself puts on keys and arguments: a 1 MiB key
+/// is an ordinary bucket; an argument beyond proto-max-bulk-len (512 MB by
+/// default, lowered here) is refused by the server before any command runs,
+/// and the server carries on.
+#[test]
+fn huge_keys_and_arguments() {
+    let mut s = Server::with(Config::default().arg("proto-max-bulk-len", "2mb"));
+    let mut c = s.conn();
+    let big = vec![b'k'; 1 << 20];
+    let r: Vec<i64> = redis::cmd("TB.CONSUME")
+        .arg(&big)
+        .arg("10")
+        .arg("1")
+        .arg("3")
+        .query(&mut c)
+        .expect("1 MiB key");
+    assert_eq!(r[..2], [1, 7]);
+    assert_eq!(hgetall(&mut c, &big)["tokens"], "7");
+    // A 1 MiB number is just not a number.
+    let err = error_of(
+        &mut c,
+        redis::cmd("TB.CONSUME")
+            .arg("k")
+            .arg(vec![b'1'; 1 << 20])
+            .arg("1"),
+    );
+    assert_eq!(err, "ERR max must be a finite decimal number");
+
+    let mut other = s.conn();
+    let too_big = vec![b'k'; 3 << 20];
+    let res = redis::cmd("TB.CONSUME")
+        .arg(&too_big)
+        .arg("10")
+        .arg("1")
+        .query::<Value>(&mut other);
+    let e = res.expect_err("a key over proto-max-bulk-len");
+    assert!(
+        e.to_string().contains("invalid bulk length")
+            || e.is_io_error()
+            || e.is_connection_dropped(),
+        "{e:?}"
+    );
+    assert!(s.is_alive());
+    let pong: String = redis::cmd("PING").query(&mut c).expect("PING");
+    assert_eq!(pong, "PONG");
+    assert_eq!(dbsize(&mut c), 1);
+}

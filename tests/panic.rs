@@ -1,0 +1,124 @@
+//! Panic containment: a handler that panics (TB.PANIC, only in builds with
+//! the `panic-test` feature) answers an error, logs the panic through the
+//! Redis log, counts it in INFO, and leaves the server serving.
+
+mod common;
+use common::*;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+/// Builds the module with `--features panic-test`, in its own target
+/// directory: the `cargo test` that runs this file holds the lock of
+/// `target/` until it ends, so building there would wait forever. The dev
+/// profile (unwinding too) halves the time of a build from scratch.
+fn panic_test_module() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let target_dir = root.join("target/panic-test");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let started = Instant::now();
+    let out = Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "--features", "panic-test", "--lib"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .output()
+        .expect("run cargo build");
+    assert!(
+        out.status.success(),
+        "cargo build --features panic-test failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "panic-test module built in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let so = target_dir.join("debug/libredis_tokenbucket.so");
+    assert!(so.exists(), "no module at {}", so.display());
+    so
+}
+
+fn panics(c: &mut redis::Connection) -> u64 {
+    info_field(c, "tb", "tb_panics").parse().expect("tb_panics")
+}
+
+#[test]
+fn a_panicking_command_is_contained_logged_and_counted() {
+    let module = panic_test_module();
+    let s = Server::with(
+        Config {
+            module: false,
+            ..Config::default()
+        }
+        .arg("loadmodule", &module.to_string_lossy()),
+    );
+    let mut c = s.conn();
+    consume(&mut c, "k", "10", "1", "3");
+    let before = snapshot(&mut c);
+    assert_eq!(panics(&mut c), 0);
+
+    let err = error_of(&mut c, &redis::cmd("TB.PANIC"));
+    assert_eq!(
+        err,
+        "ERR tb internal error: the command failed and was contained, see the server log"
+    );
+
+    // The same connection and the server go on.
+    let mut s = s;
+    assert!(s.is_alive(), "server died:\n{}", s.log());
+    let pong: String = redis::cmd("PING").query(&mut c).expect("PING");
+    assert_eq!(pong, "PONG");
+    assert_eq!(snapshot(&mut c), before, "the panic changed the dataset");
+    let r = consume(&mut c, "k", "10", "1", "1");
+    assert_eq!((r[0], r[1]), (1, 6), "bucket k after the panic: {r:?}");
+    assert_eq!(consume(&mut c, "fresh", "5", "1", "1")[..2], [1, 4]);
+
+    let log = s.log();
+    assert!(
+        log.contains("tb: panic contained in a command handler")
+            && log.contains("TB.PANIC was called (panic-test build)"),
+        "panic message not in the server log:\n{log}"
+    );
+    assert_eq!(panics(&mut c), 1);
+
+    // Again, from a second client: still contained, still counted.
+    let mut c2 = s.conn();
+    error_of(&mut c2, &redis::cmd("TB.PANIC"));
+    assert_eq!(panics(&mut c), 2);
+    assert!(
+        info_field(&mut c, "tb", "tb_errors")
+            .parse::<u64>()
+            .unwrap()
+            >= 2,
+        "panics count as errors"
+    );
+    assert_eq!(
+        log_count(&s.log(), "TB.PANIC was called"),
+        2,
+        "one log entry per panic"
+    );
+    assert!(s.is_alive());
+}
+
+fn log_count(log: &str, needle: &str) -> usize {
+    log.matches(needle).count()
+}
+
+#[test]
+fn release_build_has_no_panic_command() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let err = error_of(&mut c, &redis::cmd("TB.PANIC"));
+    assert!(err.contains("unknown command"), "{err}");
+    let listed: redis::Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("tb.panic")
+        .query(&mut c)
+        .expect("COMMAND INFO");
+    assert_eq!(
+        listed,
+        redis::Value::Array(vec![redis::Value::Nil]),
+        "tb.panic is registered"
+    );
+    assert_eq!(panics(&mut c), 0);
+}
