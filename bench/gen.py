@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""RESP command streams for `redis-cli --pipe`, to create many buckets fast.
+
+    gen.py KIND COUNT KEYFMT [FIRST]
+
+KIND is one of:
+  tb     TB.CONSUME key 100 0.01 1          (module)
+  fcall  FCALL tb_consume 1 key 100 0.01 1  (Lua library)
+  plain  HSET key tokens 99 ts <now_us> + PEXPIREAT key <now_ms + 100000>
+         (the same hash and expiry TB.CONSUME writes, without the module)
+  tbbig  TB.CONSUME key 1000000 0.001 1     (the throughput cases' bucket)
+
+Keys are KEYFMT % i for i in FIRST .. FIRST+COUNT-1 (FIRST defaults to 0).
+"""
+
+import sys
+import time
+
+
+def bulk(s: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(s), s)
+
+
+def command(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(bulk(a) for a in args)
+
+
+def main() -> None:
+    kind, count, keyfmt = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
+    first = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    now_us = time.time_ns() // 1000
+    # Each template has one %s hole for the key's bulk string ($len + key).
+    if kind == "tb":
+        parts = [command(b"TB.CONSUME", b"\0", b"100", b"0.01", b"1")]
+    elif kind == "tbbig":
+        parts = [command(b"TB.CONSUME", b"\0", b"1000000", b"0.001", b"1")]
+    elif kind == "fcall":
+        parts = [command(b"FCALL", b"tb_consume", b"1", b"\0", b"100", b"0.01", b"1")]
+    elif kind == "plain":
+        ts = str(now_us).encode()
+        at = str(now_us // 1000 + 100_000).encode()
+        parts = [
+            command(b"HSET", b"\0", b"tokens", b"99", b"ts", ts),
+            command(b"PEXPIREAT", b"\0", at),
+        ]
+    else:
+        sys.exit(f"gen.py: unknown kind {kind!r}")
+    # Replace the placeholder bulk "$1\r\n\0\r\n" by a %s hole.
+    template = b"".join(parts).replace(b"%", b"%%").replace(b"$1\r\n\0\r\n", b"%s")
+    holes = template.count(b"%s")
+    out = sys.stdout.buffer
+    chunk = []
+    for i in range(first, first + count):
+        key = keyfmt % i
+        k = b"$%d\r\n%s\r\n" % (len(key), key)
+        chunk.append(template % ((k,) * holes))
+        if len(chunk) == 10_000:
+            out.write(b"".join(chunk))
+            chunk.clear()
+    out.write(b"".join(chunk))
+    out.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+#!/usr/bin/env bash
+# `make bench`: throughput, memory per bucket, keyspace scale and
+# instructions per command of the tb module, against plain HSET and the Lua
+# library. Prints a table and writes docs/benchmarks.md (see bench/report.py).
+#
+# Only loopback; every server started here is killed on exit. About 6-10
+# minutes on 2 cores. Knobs (environment):
+#   BENCH_ROUNDS=3       interleaved rounds of the throughput cases (median)
+#   BENCH_SCALE=1        multiplies every request count (0.2 for a smoke run)
+#   BENCH_BIG=5000000    keys of the large keyspace of the scale case
+#   BENCH_NO_DOC=1       print the table, leave docs/benchmarks.md alone
+#   BENCH_SKIP=...       space-separated sections to skip: tput mem scale instr
+#   BENCH_MODULE=path    another build of the module (before/after comparisons)
+#   BENCH_OUT=dir        raw results (default target/bench)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+MODULE=${BENCH_MODULE:-$ROOT/target/release/libredis_tokenbucket.so}
+LUA=$ROOT/lua/tb.lua
+ROUNDS=${BENCH_ROUNDS:-3}
+SCALE=${BENCH_SCALE:-1}
+BIG=${BENCH_BIG:-5000000}
+SKIP=" ${BENCH_SKIP:-} "
+OUT=${BENCH_OUT:-$ROOT/target/bench}
+RESULTS=$OUT/results.tsv
+
+[ -f "$MODULE" ] || { echo "bench: $MODULE missing: run make build" >&2; exit 1; }
+for tool in redis-server redis-cli redis-benchmark python3; do
+  command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 1; }
+done
+
+# Server on the first core, redis-benchmark on the second, so they do not
+# share a core (with one core, nothing is pinned).
+if [ "$(nproc)" -ge 2 ]; then
+  SRV=(taskset -c 0)
+  CLI=(taskset -c 1)
+else
+  SRV=()
+  CLI=()
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tb-bench.XXXXXX")
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${PIDS[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+# A private copy, so a rebuild during the run cannot change what is measured.
+cp "$MODULE" "$WORK/tb.so"
+MODULE=$WORK/tb.so
+
+mkdir -p "$OUT"
+: >"$RESULTS"
+record() { printf '%s\n' "$(IFS=$'\t'; echo "$*")" >>"$RESULTS"; }
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start_server NAME [server args...]: sets PORT; the server's pid goes to PIDS.
+# Waits for PING (valgrind'ed servers take a few seconds).
+start_server() {
+  local name=$1
+  shift
+  PORT=$(free_port)
+  mkdir -p "$WORK/$name"
+  "${SRV[@]}" ${WRAP:-} redis-server --bind 127.0.0.1 --port "$PORT" --save '' \
+    --appendonly no --dir "$WORK/$name" --logfile "$WORK/$name/server.log" \
+    --loadmodule "$MODULE" "$@" >"$WORK/$name/stdout.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 600); do
+    redis-cli -p "$PORT" PING 2>/dev/null | grep -q PONG && return 0
+    kill -0 "${PIDS[-1]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "bench: server $name did not start; log:" >&2
+  cat "$WORK/$name/server.log" >&2 || true
+  exit 1
+}
+
+# stop_server PORT PID: SHUTDOWN and wait for the process to end.
+stop_server() {
+  redis-cli -p "$1" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+  wait "$2" 2>/dev/null || true
+}
+
+rc() { redis-cli -p "$PORT" "$@"; }
+
+load_lua() {
+  [ -f "$LUA" ] && rc -x FUNCTION LOAD REPLACE <"$LUA" >/dev/null
+}
+
+# pipe_in KIND COUNT KEYFMT: creates COUNT buckets through redis-cli --pipe.
+pipe_in() {
+  local out
+  out=$(python3 bench/gen.py "$@" | redis-cli -p "$PORT" --pipe 2>&1)
+  if ! grep -q "errors: 0," <<<"$out"; then
+    echo "bench: redis-cli --pipe failed: $out" >&2
+    exit 1
+  fi
+}
+
+n() { python3 -c "print(max(1000, int($1 * $SCALE)))"; }
+
+# rps P N CMD...: ops/s of one redis-benchmark run (50 clients, random keys).
+rps() {
+  local p=$1 count=$2
+  shift 2
+  "${CLI[@]}" redis-benchmark -h 127.0.0.1 -p "$PORT" -c 50 -P "$p" -r "${RANGE:-1000000}" \
+    -n "$count" --csv "$@" | awk -F'"' 'NR == 2 { print $4 }'
+}
+
+# Throughput cases: name, requests at -P 16, requests at -P 1, setup, command.
+# Counts are sized for about 3 s per run on the reference machine.
+HOT="rl:hot"
+CASES=(hset consume denied peek mconsume fcall)
+declare -A N16=([hset]=600000 [consume]=600000 [denied]=600000 [peek]=600000 [mconsume]=150000 [fcall]=150000)
+declare -A N1=([hset]=150000 [consume]=150000 [denied]=150000 [peek]=150000 [mconsume]=100000 [fcall]=100000)
+declare -A CMD=(
+  [hset]="HSET rl:__rand_int__ tokens 1.5 ts 1764513600123456"
+  [consume]="TB.CONSUME rl:__rand_int__ 1000000 0.001 1"
+  [denied]="TB.CONSUME $HOT 1 0.0001 1"
+  [peek]="TB.PEEK $HOT 1 0.0001 1"
+  [mconsume]="TB.MCONSUME rl:__rand_int__:a 1000000 0.001 1 rl:__rand_int__:b 1000000 0.001 1 rl:__rand_int__:c 1000000 0.001 1"
+  [fcall]="FCALL tb_consume 1 rl:__rand_int__ 1000000 0.001 1"
+)
+
+{
+  echo "started	$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "loadavg_start	$(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "nproc	$(nproc)"
+  echo "cpu	$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
+  echo "kernel	$(uname -sr)"
+  echo "redis	$(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
+  echo "rounds	$ROUNDS"
+  echo "scale	$SCALE"
+  echo "big	$BIG"
+  echo "commit	$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src core 2>/dev/null || echo '+dirty')"
+} >"$OUT/machine.tsv"
+
+# ---- throughput -----------------------------------------------------------
+if [[ $SKIP != *" tput "* ]]; then
+  start_server main
+  MAIN_PORT=$PORT
+  if load_lua; then HAVE_LUA=1; else HAVE_LUA=0; fi
+  for round in $(seq "$ROUNDS"); do
+    for case in "${CASES[@]}"; do
+      if [ "$case" = fcall ] && [ "$HAVE_LUA" = 0 ]; then
+        continue
+      fi
+      for p in 16 1; do
+        rc FLUSHALL >/dev/null
+        if [ "$case" = denied ] || [ "$case" = peek ]; then
+          # Drain the hot bucket: max 1 at 0.0001/s stays empty for hours.
+          rc TB.CONSUME "$HOT" 1 0.0001 1 >/dev/null
+        fi
+        if [ "$p" = 16 ]; then count=$(n "${N16[$case]}"); else count=$(n "${N1[$case]}"); fi
+        # shellcheck disable=SC2086 # CMD is split into words on purpose
+        v=$(rps "$p" "$count" ${CMD[$case]})
+        record tput "$case" "$p" "$round" "$v"
+        printf 'round %s  %-9s -P %-2s %12s ops/s\n' "$round" "$case" "$p" "$v"
+      done
+    done
+  done
+  rc FLUSHALL >/dev/null
+fi
+
+# ---- memory per bucket ----------------------------------------------------
+if [[ $SKIP != *" mem "* ]]; then
+  [ -n "${MAIN_PORT:-}" ] || { start_server main; MAIN_PORT=$PORT; load_lua || true; }
+  PORT=$MAIN_PORT
+  MEMN=1000000
+  kinds=(tb plain)
+  [ -f "$LUA" ] && kinds+=(fcall)
+  for kind in "${kinds[@]}"; do
+    rc FLUSHALL >/dev/null
+    before=$(rc INFO memory | tr -d '\r' | sed -n 's/^used_memory://p')
+    pipe_in "$kind" "$MEMN" 'rl:user:%07d' 1
+    after=$(rc INFO memory | tr -d '\r' | sed -n 's/^used_memory://p')
+    keys=$(rc DBSIZE)
+    record mem "$kind" "$keys" "$before" "$after"
+    printf 'memory  %-6s %8s keys  %6.1f bytes/bucket\n' "$kind" "$keys" \
+      "$(python3 -c "print(($after - $before) / $keys)")"
+  done
+  rc FLUSHALL >/dev/null
+fi
+
+# ---- keyspace scale -------------------------------------------------------
+# Two servers, one with 10,000 buckets and one with $BIG, so the runs can be
+# interleaved. Keys match redis-benchmark's (rl: + 12 digits), so every call
+# updates an existing bucket.
+if [[ $SKIP != *" scale "* ]]; then
+  declare -A SCALE_PORT
+  for size in 10000 "$BIG"; do
+    start_server "scale$size" --enable-debug-command local
+    SCALE_PORT[$size]=$PORT
+    pipe_in tbbig "$size" 'rl:%012d'
+    # Let the incremental rehash of the keyspace and expires dicts finish,
+    # so the big server's runs don't pay for it: the cron rehashes for 1 ms
+    # a tick, so raise hz meanwhile (HTSTATS walks the tables: poll slowly).
+    rc CONFIG SET hz 500 >/dev/null
+    for _ in $(seq 120); do
+      [[ $(rc DEBUG HTSTATS 0) == *"rehashing target"* ]] || break
+      sleep 2
+    done
+    rc CONFIG SET hz 10 >/dev/null
+  done
+  for round in $(seq "$ROUNDS"); do
+    for size in 10000 "$BIG"; do
+      PORT=${SCALE_PORT[$size]}
+      v=$(RANGE=$size rps 16 "$(n 600000)" TB.CONSUME rl:__rand_int__ 1000000 0.001 1)
+      record scale "$size" 16 "$round" "$v"
+      printf 'round %s  scale %-8s -P 16 %12s ops/s\n' "$round" "$size" "$v"
+    done
+  done
+fi
+
+# ---- instructions per command (callgrind) ---------------------------------
+# Each case runs on a fresh server under callgrind twice, with N and 2N
+# requests; (cost(2N) - cost(N)) / N cancels start-up and shutdown. Two
+# figures: inside call() (the command proper) and the whole process
+# (also reading, parsing and writing replies).
+if [[ $SKIP != *" instr "* ]] && command -v valgrind >/dev/null; then
+  IN=$(n 20000)
+  # `update`: TB.CONSUME on 10,000 existing buckets (as in the scale case).
+  declare -A ICMD=(
+    [hset]="${CMD[hset]}"
+    [consume]="${CMD[consume]}"
+    [update]="${CMD[consume]}"
+    [denied]="${CMD[denied]}"
+  )
+  for case in hset consume update denied; do
+    for mult in 1 2; do
+      cg=$OUT/callgrind.$case.$mult.out
+      WRAP="valgrind --tool=callgrind --callgrind-out-file=$cg" start_server "cg$case$mult"
+      range=1000000
+      case $case in
+        update) pipe_in tbbig 10000 'rl:%012d'; range=10000 ;;
+        denied) rc TB.CONSUME "$HOT" 1 0.0001 1 >/dev/null ;;
+      esac
+      # shellcheck disable=SC2086
+      "${CLI[@]}" redis-benchmark -h 127.0.0.1 -p "$PORT" -c 50 -P 16 -r $range \
+        -n $((IN * mult)) -q ${ICMD[$case]} >/dev/null
+      stop_server "$PORT" "${PIDS[-1]}"
+      read -r total incall < <(callgrind_annotate --inclusive=yes "$cg" 2>/dev/null | awk '
+        / PROGRAM TOTALS/ { gsub(",", "", $1); t = $1 }
+        /\?\?\?:call \[/ { gsub(",", "", $1); c = $1 }
+        END { print t, c }')
+      record instr "$case" $((IN * mult)) "$total" "$incall"
+      printf 'callgrind %-8s n=%-6s total %14s  in call() %14s\n' "$case" $((IN * mult)) "$total" "$incall"
+    done
+  done
+fi
+
+echo "loadavg_end	$(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/machine.tsv"
+
+if [ -n "${BENCH_NO_DOC:-}" ]; then
+  python3 bench/report.py "$OUT"
+else
+  python3 bench/report.py "$OUT" "$ROOT/docs/benchmarks.md"
+fi
