@@ -13,6 +13,7 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString}
 use std::cell::RefCell;
 use std::os::raw::{c_char, c_int, c_longlong};
 use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use tb_core::args::Argv;
 use tb_core::bucket::{Limits, Outcome, Stored};
 use tb_core::state::{self, StateError};
@@ -115,6 +116,37 @@ pub struct BucketKey {
     name: *mut RedisModuleString,
 }
 
+/// The field names as Redis strings, made once and kept for the life of the
+/// process (two small strings; not freed on MODULE UNLOAD). Passing them
+/// instead of C strings (`REDISMODULE_HASH_CFIELDS`, format `c`) spares
+/// HashGet, HashSet and Replicate an allocation and a free per field.
+/// Only the main thread runs commands, so `Relaxed` is enough.
+static TOKENS: AtomicPtr<RedisModuleString> = AtomicPtr::new(ptr::null_mut());
+static TS: AtomicPtr<RedisModuleString> = AtomicPtr::new(ptr::null_mut());
+
+fn field_names() -> (*mut RedisModuleString, *mut RedisModuleString) {
+    let cached = |slot: &AtomicPtr<RedisModuleString>, name: &str| {
+        let mut s = slot.load(Relaxed);
+        if s.is_null() {
+            // A NULL context: not freed when the command returns.
+            s = create(ptr::null_mut(), name.as_bytes());
+            slot.store(s, Relaxed);
+        }
+        s
+    };
+    (
+        cached(&TOKENS, state::TOKENS_FIELD),
+        cached(&TS, state::TS_FIELD),
+    )
+}
+
+fn create(ctx: *mut RedisModuleCtx, text: &[u8]) -> *mut RedisModuleString {
+    match unsafe { raw::RedisModule_CreateString } {
+        Some(f) => unsafe { f(ctx, text.as_ptr().cast::<c_char>(), text.len()) },
+        None => ptr::null_mut(),
+    }
+}
+
 thread_local! {
     // Scratch buffers for formatting, reused across calls (Redis runs
     // commands on one thread).
@@ -162,14 +194,19 @@ impl BucketKey {
         }
         let mut tokens: *mut RedisModuleString = ptr::null_mut();
         let mut ts: *mut RedisModuleString = ptr::null_mut();
-        if let Some(f) = unsafe { raw::RedisModule_HashGet } {
+        let (tokens_field, ts_field) = field_names();
+        if let (Some(f), false, false) = (
+            unsafe { raw::RedisModule_HashGet },
+            tokens_field.is_null(),
+            ts_field.is_null(),
+        ) {
             unsafe {
                 f(
                     self.key,
-                    raw::REDISMODULE_HASH_CFIELDS as c_int,
-                    c"tokens".as_ptr(),
+                    raw::REDISMODULE_HASH_NONE as c_int,
+                    tokens_field,
                     &mut tokens as *mut *mut RedisModuleString,
-                    c"ts".as_ptr(),
+                    ts_field,
                     &mut ts as *mut *mut RedisModuleString,
                     ptr::null::<c_char>(),
                 );
@@ -188,13 +225,6 @@ impl BucketKey {
         }
     }
 
-    fn create(&self, text: &str) -> *mut RedisModuleString {
-        match unsafe { raw::RedisModule_CreateString } {
-            Some(f) => unsafe { f(self.ctx, text.as_ptr().cast::<c_char>(), text.len()) },
-            None => ptr::null_mut(),
-        }
-    }
-
     /// Stores a bucket's new balance, or deletes the key if the bucket is
     /// full (a missing key *is* a full bucket, and takes no memory).
     pub fn save(&self, limits: &Limits, outcome: &Outcome, now_us: i64) {
@@ -207,6 +237,10 @@ impl BucketKey {
     }
 
     fn write(&self, tokens: f64, ts_us: i64, expire_at_ms: i64) {
+        let (tokens_field, ts_field) = field_names();
+        if tokens_field.is_null() || ts_field.is_null() {
+            return;
+        }
         SCRATCH.with(|cell| {
             let Ok(mut bufs) = cell.try_borrow_mut() else {
                 return;
@@ -214,16 +248,16 @@ impl BucketKey {
             let (tok_buf, ts_buf) = &mut *bufs;
             state::encode_tokens(tokens, tok_buf);
             state::encode_ts(ts_us, ts_buf);
-            let tok = self.create(tok_buf);
-            let ts = self.create(ts_buf);
+            let tok = create(self.ctx, tok_buf.as_bytes());
+            let ts = create(self.ctx, ts_buf.as_bytes());
             unsafe {
                 if let Some(f) = raw::RedisModule_HashSet {
                     f(
                         self.key,
-                        raw::REDISMODULE_HASH_CFIELDS as c_int,
-                        c"tokens".as_ptr(),
+                        raw::REDISMODULE_HASH_NONE as c_int,
+                        tokens_field,
                         tok,
-                        c"ts".as_ptr(),
+                        ts_field,
                         ts,
                         ptr::null::<c_char>(),
                     );
@@ -232,14 +266,15 @@ impl BucketKey {
                     f(self.key, expire_at_ms);
                 }
                 if let Some(f) = raw::RedisModule_Replicate {
+                    // `s` only takes a reference; `c` would copy each name.
                     f(
                         self.ctx,
                         c"HSET".as_ptr(),
-                        c"scscs".as_ptr(),
+                        c"sssss".as_ptr(),
                         self.name,
-                        c"tokens".as_ptr(),
+                        tokens_field,
                         tok,
-                        c"ts".as_ptr(),
+                        ts_field,
                         ts,
                     );
                     f(
