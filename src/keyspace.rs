@@ -10,13 +10,12 @@
 //! module; they degrade to harmless values rather than panicking.
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
-use std::cell::RefCell;
-use std::os::raw::{c_char, c_int, c_longlong};
+use std::os::raw::{c_char, c_int};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use tb_core::args::Argv;
 use tb_core::bucket::{Limits, Outcome, Stored};
-use tb_core::state::{self, StateError};
+use tb_core::state::{self, StateError, Text};
 
 /// The first module API function the handlers need that this server lacks.
 /// Checked once at load, so a missing one stops the load instead of
@@ -147,12 +146,6 @@ fn create(ctx: *mut RedisModuleCtx, text: &[u8]) -> *mut RedisModuleString {
     }
 }
 
-thread_local! {
-    // Scratch buffers for formatting, reused across calls (Redis runs
-    // commands on one thread).
-    static SCRATCH: RefCell<(String, String)> = RefCell::new((String::with_capacity(32), String::with_capacity(24)));
-}
-
 impl BucketKey {
     pub fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, writable: bool) -> Self {
         let mode = if writable {
@@ -241,54 +234,49 @@ impl BucketKey {
         if tokens_field.is_null() || ts_field.is_null() {
             return;
         }
-        SCRATCH.with(|cell| {
-            let Ok(mut bufs) = cell.try_borrow_mut() else {
-                return;
-            };
-            let (tok_buf, ts_buf) = &mut *bufs;
-            state::encode_tokens(tokens, tok_buf);
-            state::encode_ts(ts_us, ts_buf);
-            let tok = create(self.ctx, tok_buf.as_bytes());
-            let ts = create(self.ctx, ts_buf.as_bytes());
-            unsafe {
-                if let Some(f) = raw::RedisModule_HashSet {
-                    f(
-                        self.key,
-                        raw::REDISMODULE_HASH_NONE as c_int,
-                        tokens_field,
-                        tok,
-                        ts_field,
-                        ts,
-                        ptr::null::<c_char>(),
-                    );
-                }
-                if let Some(f) = raw::RedisModule_SetAbsExpire {
-                    f(self.key, expire_at_ms);
-                }
-                if let Some(f) = raw::RedisModule_Replicate {
-                    // `s` only takes a reference; `c` would copy each name.
-                    f(
-                        self.ctx,
-                        c"HSET".as_ptr(),
-                        c"sssss".as_ptr(),
-                        self.name,
-                        tokens_field,
-                        tok,
-                        ts_field,
-                        ts,
-                    );
-                    f(
-                        self.ctx,
-                        c"PEXPIREAT".as_ptr(),
-                        c"sl".as_ptr(),
-                        self.name,
-                        expire_at_ms as c_longlong,
-                    );
-                }
+        let tok = create(self.ctx, Text::tokens(tokens).as_bytes());
+        let ts = create(self.ctx, Text::int(ts_us).as_bytes());
+        // Format `l` would build this with two allocations, not one.
+        let at = create(self.ctx, Text::int(expire_at_ms).as_bytes());
+        unsafe {
+            if let Some(f) = raw::RedisModule_HashSet {
+                f(
+                    self.key,
+                    raw::REDISMODULE_HASH_NONE as c_int,
+                    tokens_field,
+                    tok,
+                    ts_field,
+                    ts,
+                    ptr::null::<c_char>(),
+                );
             }
-            self.free(tok);
-            self.free(ts);
-        });
+            if let Some(f) = raw::RedisModule_SetAbsExpire {
+                f(self.key, expire_at_ms);
+            }
+            if let Some(f) = raw::RedisModule_Replicate {
+                // `s` only takes a reference; `c` would copy each name.
+                f(
+                    self.ctx,
+                    c"HSET".as_ptr(),
+                    c"sssss".as_ptr(),
+                    self.name,
+                    tokens_field,
+                    tok,
+                    ts_field,
+                    ts,
+                );
+                f(
+                    self.ctx,
+                    c"PEXPIREAT".as_ptr(),
+                    c"ss".as_ptr(),
+                    self.name,
+                    at,
+                );
+            }
+        }
+        self.free(tok);
+        self.free(ts);
+        self.free(at);
     }
 
     fn delete(&self) {

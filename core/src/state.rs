@@ -54,21 +54,128 @@ pub fn decode(tokens: Option<&[u8]>, ts: Option<&[u8]>) -> Result<Stored, StateE
 /// negative zero so equal balances always look the same.
 pub fn encode_tokens(tokens: f64, out: &mut String) {
     out.clear();
-    let t = if tokens == 0.0 { 0.0 } else { tokens };
-    // Rust's Display is shortest-round-trip but never uses an exponent;
-    // tiny magnitudes would print hundreds of zeros, so use `e` for those.
-    // Writing to a String cannot fail.
-    let _ = if t != 0.0 && t.abs() < 1e-5 {
-        write!(out, "{t:e}")
-    } else {
-        write!(out, "{t}")
-    };
+    out.push_str(Text::tokens(tokens).as_str());
 }
 
 /// `ts` as a plain integer.
 pub fn encode_ts(ts_us: i64, out: &mut String) {
     out.clear();
-    let _ = write!(out, "{ts_us}");
+    out.push_str(Text::int(ts_us).as_str());
+}
+
+/// The text of one field value, on the stack: encoding a bucket on the
+/// command path allocates nothing. Only texts longer than any balance the
+/// module can store (|tokens| <= 1e12) spill to the heap.
+pub struct Text {
+    len: usize,
+    buf: [u8; TEXT_CAP],
+    spill: String,
+}
+
+/// Holds any i64, and any f64 below 2^53 in magnitude (at most 17
+/// significant digits after at most 4 zeros, or 24 characters in exponent
+/// form). Larger values, all integral, spill.
+const TEXT_CAP: usize = 32;
+
+impl Text {
+    fn new() -> Self {
+        Text {
+            len: 0,
+            buf: [0; TEXT_CAP],
+            spill: String::new(),
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        if self.spill.is_empty() {
+            &self.buf[..self.len]
+        } else {
+            self.spill.as_bytes()
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only whole UTF-8 strs are ever appended, so this cannot fail.
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+
+    /// What `encode_tokens` writes.
+    pub fn tokens(tokens: f64) -> Self {
+        let t = if tokens == 0.0 { 0.0 } else { tokens };
+        // Integral balances (every fresh bucket's first charge) print as
+        // their integer: same text as Display, without the float
+        // formatting machinery. Below 2^53 the i64 cast is exact.
+        if t == t.trunc() && t.abs() < 9_007_199_254_740_992.0 {
+            return Text::int(t as i64);
+        }
+        let mut out = Text::new();
+        // Rust's Display is shortest-round-trip but never uses an exponent;
+        // tiny magnitudes would print hundreds of zeros, so use `e` for those.
+        let tiny = t != 0.0 && t.abs() < 1e-5;
+        let fits = if tiny {
+            write!(out, "{t:e}")
+        } else {
+            write!(out, "{t}")
+        };
+        if fits.is_err() {
+            // Writing to a String cannot fail.
+            let _ = if tiny {
+                write!(out.spill, "{t:e}")
+            } else {
+                write!(out.spill, "{t}")
+            };
+        }
+        out
+    }
+
+    /// An integer in decimal, as Display writes it.
+    pub fn int(v: i64) -> Self {
+        // "00" to "99": two digits per division halves the divisions.
+        const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+            2021222324252627282930313233343536373839\
+            4041424344454647484950515253545556575859\
+            6061626364656667686970717273747576777879\
+            8081828384858687888990919293949596979899";
+        let mut out = Text::new();
+        // Digits from the right end, then moved to the front.
+        let mut i = TEXT_CAP;
+        let mut n = v.unsigned_abs();
+        while n >= 100 {
+            let pair = (n % 100) as usize * 2;
+            n /= 100;
+            i -= 2;
+            out.buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        }
+        if n >= 10 {
+            let pair = n as usize * 2;
+            i -= 2;
+            out.buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        } else {
+            i -= 1;
+            out.buf[i] = b'0' + n as u8;
+        }
+        if v < 0 {
+            i -= 1;
+            out.buf[i] = b'-';
+        }
+        out.buf.copy_within(i.., 0);
+        out.len = TEXT_CAP - i;
+        out
+    }
+}
+
+impl std::fmt::Write for Text {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        match self.buf.get_mut(self.len..end) {
+            Some(dst) => {
+                dst.copy_from_slice(s.as_bytes());
+                self.len = end;
+                Ok(())
+            }
+            None => Err(std::fmt::Error),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -104,6 +211,87 @@ mod tests {
         assert_eq!(s, "0");
         encode_tokens(9.0, &mut s);
         assert_eq!(s, "9");
+    }
+
+    /// The encoders before the stack-buffer fast paths, kept as the oracle.
+    fn display(t: f64) -> String {
+        let t = if t == 0.0 { 0.0 } else { t };
+        if t != 0.0 && t.abs() < 1e-5 {
+            format!("{t:e}")
+        } else {
+            format!("{t}")
+        }
+    }
+
+    #[test]
+    fn fast_paths_write_what_display_writes() {
+        let mut s = String::new();
+        let mut values = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            999_999.0,
+            999_998.5,
+            1e-5,
+            -1e-5,
+            9.999999999999999e-6,
+            0.1 + 0.2,
+            1e12,
+            -1e12,
+            4503599627370496.5,
+            9007199254740991.0,
+            9007199254740992.0,
+            9007199254740994.0,
+            1e15,
+            1e22,
+            1e300,
+            f64::MAX,
+            -f64::MAX,
+            f64::MIN_POSITIVE,
+            -f64::MIN_POSITIVE,
+            5e-324,
+            123456.789012345,
+            -0.000012345678901234567,
+        ];
+        // A deterministic spread over magnitudes and fractions.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let f = f64::from_bits(x);
+            if f.is_finite() {
+                values.push(f);
+            }
+            values.push((x % 2_000_000_000) as f64 / 1000.0 - 1_000_000.0);
+            values.push((x % 10_000_000) as f64);
+        }
+        for t in values {
+            encode_tokens(t, &mut s);
+            assert_eq!(s, display(t), "{t:?}");
+        }
+        for v in [
+            0,
+            7,
+            -7,
+            10,
+            1_764_513_600_123_456,
+            -1_764_513_600_123_456,
+            i64::MAX,
+            i64::MIN,
+            9,
+            99,
+            100,
+            -100,
+            1_000_000_000,
+        ] {
+            encode_ts(v, &mut s);
+            assert_eq!(s, v.to_string());
+        }
+        for v in (-100_000..100_000).chain((0..64).map(|b| 1i64 << b)) {
+            assert_eq!(Text::int(v).as_str(), v.to_string());
+        }
     }
 
     #[test]
