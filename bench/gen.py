@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """RESP command streams for `redis-cli --pipe`, to create many buckets fast.
 
-    gen.py KIND COUNT KEYFMT [FIRST]
+    gen.py KIND COUNT KEYFMT [FIRST | rand:RANGE]
 
 KIND is one of:
   tb     TB.CONSUME key 100 0.01 1          (module)
@@ -9,10 +9,16 @@ KIND is one of:
   plain  HSET key tokens 99 ts <now_us> + PEXPIREAT key <now_ms + 100000>
          (the same hash and expiry TB.CONSUME writes, without the module)
   tbbig  TB.CONSUME key 1000000 0.001 1     (the throughput cases' bucket)
+  tbhot  TB.CONSUME key 1 0.0001 1          (the denied case's bucket)
+  hset   HSET key tokens 1.5 ts 1764513600123456 (the throughput ceiling)
 
-Keys are KEYFMT % i for i in FIRST .. FIRST+COUNT-1 (FIRST defaults to 0).
+Keys are KEYFMT % i for i in FIRST .. FIRST+COUNT-1 (FIRST defaults to 0),
+or, with rand:RANGE, for COUNT numbers drawn from [0, RANGE) by a fixed
+seed: the same stream every time, so two callgrind runs differ only in
+length (redis-benchmark 7.0 cannot be seeded).
 """
 
+import random
 import sys
 import time
 
@@ -27,13 +33,22 @@ def command(*args: bytes) -> bytes:
 
 def main() -> None:
     kind, count, keyfmt = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
-    first = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    spec = sys.argv[4] if len(sys.argv) > 4 else "0"
+    if spec.startswith("rand:"):
+        rng, bound = random.Random(20251130), int(spec[5:])
+        numbers = (rng.randrange(bound) for _ in range(count))
+    else:
+        numbers = iter(range(int(spec), int(spec) + count))
     now_us = time.time_ns() // 1000
     # Each template has one %s hole for the key's bulk string ($len + key).
     if kind == "tb":
         parts = [command(b"TB.CONSUME", b"\0", b"100", b"0.01", b"1")]
     elif kind == "tbbig":
         parts = [command(b"TB.CONSUME", b"\0", b"1000000", b"0.001", b"1")]
+    elif kind == "tbhot":
+        parts = [command(b"TB.CONSUME", b"\0", b"1", b"0.0001", b"1")]
+    elif kind == "hset":
+        parts = [command(b"HSET", b"\0", b"tokens", b"1.5", b"ts", b"1764513600123456")]
     elif kind == "fcall":
         parts = [command(b"FCALL", b"tb_consume", b"1", b"\0", b"100", b"0.01", b"1")]
     elif kind == "plain":
@@ -50,8 +65,8 @@ def main() -> None:
     holes = template.count(b"%s")
     out = sys.stdout.buffer
     chunk = []
-    for i in range(first, first + count):
-        key = keyfmt % i
+    for i in numbers:
+        key = keyfmt % i if b"%" in keyfmt else keyfmt
         k = b"$%d\r\n%s\r\n" % (len(key), key)
         chunk.append(template % ((k,) * holes))
         if len(chunk) == 10_000:

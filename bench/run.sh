@@ -225,37 +225,39 @@ fi
 
 # ---- instructions per command (callgrind) ---------------------------------
 # Each case runs on a fresh server under callgrind twice, with N and 2N
-# requests; (cost(2N) - cost(N)) / N cancels start-up and shutdown. Two
-# figures: inside call() (the command proper) and the whole process
-# (also reading, parsing and writing replies).
+# commands; (cost(2N) - cost(N)) / N cancels start-up and shutdown. The
+# commands come from bench/gen.py through redis-cli --pipe, with keys drawn
+# by a fixed seed, so both runs see the same stream (redis-benchmark's
+# unseeded keys made the figures vary by ~3% between runs). Two figures:
+# inside call() (the command proper) and the whole process (also reading,
+# parsing and writing).
 if [[ $SKIP != *" instr "* ]] && command -v valgrind >/dev/null; then
   IN=$(n 20000)
-  # `update`: TB.CONSUME on 10,000 existing buckets (as in the scale case).
-  declare -A ICMD=(
-    [hset]="${CMD[hset]}"
-    [consume]="${CMD[consume]}"
-    [update]="${CMD[consume]}"
-    [denied]="${CMD[denied]}"
-  )
   for case in hset consume update denied; do
     for mult in 1 2; do
       cg=$OUT/callgrind.$case.$mult.out
       WRAP="valgrind --tool=callgrind --callgrind-out-file=$cg" start_server "cg$case$mult"
-      range=1000000
+      count=$((IN * mult))
       case $case in
-        update) pipe_in tbbig 10000 'rl:%012d'; range=10000 ;;
-        denied) rc TB.CONSUME "$HOT" 1 0.0001 1 >/dev/null ;;
+        hset) pipe_in hset "$count" 'rl:%012d' rand:1000000 ;;
+        consume) pipe_in tbbig "$count" 'rl:%012d' rand:1000000 ;;
+        update)
+          # TB.CONSUME on 10,000 existing buckets, as in the scale case.
+          pipe_in tbbig 10000 'rl:%012d'
+          pipe_in tbbig "$count" 'rl:%012d' rand:10000
+          ;;
+        denied)
+          rc TB.CONSUME "$HOT" 1 0.0001 1 >/dev/null
+          pipe_in tbhot "$count" "$HOT"
+          ;;
       esac
-      # shellcheck disable=SC2086
-      "${CLI[@]}" redis-benchmark -h 127.0.0.1 -p "$PORT" -c 50 -P 16 -r $range \
-        -n $((IN * mult)) -q ${ICMD[$case]} >/dev/null
       stop_server "$PORT" "${PIDS[-1]}"
       read -r total incall < <(callgrind_annotate --inclusive=yes "$cg" 2>/dev/null | awk '
         / PROGRAM TOTALS/ { gsub(",", "", $1); t = $1 }
         /\?\?\?:call \[/ { gsub(",", "", $1); c = $1 }
         END { print t, c }')
-      record instr "$case" $((IN * mult)) "$total" "$incall"
-      printf 'callgrind %-8s n=%-6s total %14s  in call() %14s\n' "$case" $((IN * mult)) "$total" "$incall"
+      record instr "$case" "$count" "$total" "$incall"
+      printf 'callgrind %-8s n=%-6s total %14s  in call() %14s\n' "$case" "$count" "$total" "$incall"
     done
   done
 fi

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Before/after throughput of two builds of the module, for the
+# "Optimisations" section of docs/benchmarks.md:
+#
+#   bash bench/compare.sh OLD.so NEW.so [ROUNDS]
+#
+# One server per build (both pinned to core 0, only one busy at a time),
+# redis-benchmark on core 1, runs alternating OLD/NEW so both see the same
+# machine load; prints the median ops/s of each and the median of the
+# per-round NEW/OLD ratios. Cases: TB.CONSUME on new random keys, on 10,000
+# existing buckets, and denied on a hot key, all at -c 50 -P 16.
+set -euo pipefail
+
+[ $# -ge 2 ] || { echo "usage: $0 OLD.so NEW.so [ROUNDS]" >&2; exit 2; }
+OLD=$(realpath "$1")
+NEW=$(realpath "$2")
+ROUNDS=${3:-5}
+N=${COMPARE_N:-400000}
+
+if [ "$(nproc)" -ge 2 ]; then SRV=(taskset -c 0); CLI=(taskset -c 1); else SRV=(); CLI=(); fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tb-compare.XXXXXX")
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+declare -A PORTS
+for build in old new; do
+  src=$OLD
+  [ "$build" = new ] && src=$NEW
+  cp "$src" "$WORK/$build.so"
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  mkdir -p "$WORK/$build"
+  "${SRV[@]}" redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+    --dir "$WORK/$build" --logfile "$WORK/$build/server.log" \
+    --loadmodule "$WORK/$build.so" >/dev/null 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 100); do
+    redis-cli -p "$port" PING 2>/dev/null | grep -q PONG && break
+    sleep 0.1
+  done
+  PORTS[$build]=$port
+done
+
+rps() { # port range cmd...
+  local port=$1 range=$2
+  shift 2
+  "${CLI[@]}" redis-benchmark -h 127.0.0.1 -p "$port" -c 50 -P 16 -r "$range" -n "$N" \
+    --csv "$@" | awk -F'"' 'NR == 2 { print $4 }'
+}
+
+RES=$WORK/results
+: >"$RES"
+for round in $(seq "$ROUNDS"); do
+  for case in new-keys existing denied; do
+    for build in old new; do
+      p=${PORTS[$build]}
+      case $case in
+        new-keys)
+          redis-cli -p "$p" FLUSHALL >/dev/null
+          v=$(rps "$p" 1000000 TB.CONSUME rl:__rand_int__ 1000000 0.001 1)
+          ;;
+        existing)
+          redis-cli -p "$p" FLUSHALL >/dev/null
+          python3 "$(dirname "$0")/gen.py" tbbig 10000 'rl:%012d' |
+            redis-cli -p "$p" --pipe >/dev/null
+          v=$(rps "$p" 10000 TB.CONSUME rl:__rand_int__ 1000000 0.001 1)
+          ;;
+        denied)
+          redis-cli -p "$p" TB.CONSUME rl:hot 1 0.0001 1 >/dev/null
+          v=$(rps "$p" 1 TB.CONSUME rl:hot 1 0.0001 1)
+          ;;
+      esac
+      echo "$case $build $round $v" >>"$RES"
+      printf 'round %s  %-9s %-4s %12s ops/s\n' "$round" "$case" "$build" "$v"
+    done
+  done
+done
+
+python3 - "$RES" <<'EOF'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+data = {}
+for case, build, rnd, v in rows:
+    data.setdefault(case, {}).setdefault(build, {})[int(rnd)] = float(v)
+print(f"\n{'case':10} {'old ops/s':>12} {'new ops/s':>12} {'new/old':>8}")
+for case, d in data.items():
+    old, new = d["old"], d["new"]
+    ratio = statistics.median(new[r] / old[r] for r in old if r in new)
+    print(f"{case:10} {statistics.median(old.values()):12,.0f} "
+          f"{statistics.median(new.values()):12,.0f} {ratio:8.3f}")
+EOF
