@@ -46,7 +46,7 @@ for t in "${TARGETS[@]}"; do
     ls -1 "artifacts/$t" | sed "s|^|  artifact: $HERE/artifacts/$t/|"
   fi
   EXECS[$t]=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
-  grep -E '^Done [0-9]+ runs|^#[0-9]+ *DONE' "$log" | tail -n 1 | sed "s/^/  $t: /" || true
+  grep -aE '^Done [0-9]+ runs|^#[0-9]+ *DONE' "$log" | tail -n 1 | sed "s/^/  $t: /" || true
 done
 
 echo "fuzz: executions per target (${SECONDS_PER_TARGET} s each):"
