@@ -7,7 +7,8 @@
 # One server per build (both pinned to core 0, only one busy at a time),
 # redis-benchmark on core 1, runs alternating OLD/NEW so both see the same
 # machine load; prints the median ops/s of each and the median of the
-# per-round NEW/OLD ratios. Cases: TB.CONSUME on new random keys, on 10,000
+# per-round NEW/OLD ratios, in ops/s and in ops per second of server CPU
+# time (steadier when other processes share the server's core). Cases: TB.CONSUME on new random keys, on 10,000
 # existing buckets, and denied on a hot key, all at -c 50 -P 16.
 set -euo pipefail
 
@@ -29,7 +30,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-declare -A PORTS
+declare -A PORTS SPIDS
 for build in old new; do
   src=$OLD
   [ "$build" = new ] && src=$NEW
@@ -40,6 +41,7 @@ for build in old new; do
     --dir "$WORK/$build" --logfile "$WORK/$build/server.log" \
     --loadmodule "$WORK/$build.so" >/dev/null 2>&1 &
   PIDS+=($!)
+  SPIDS[$build]=$!
   for _ in $(seq 100); do
     redis-cli -p "$port" PING 2>/dev/null | grep -q PONG && break
     sleep 0.1
@@ -47,11 +49,17 @@ for build in old new; do
   PORTS[$build]=$port
 done
 
-rps() { # port range cmd...
-  local port=$1 range=$2
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+TICK=$(getconf CLK_TCK)
+
+rps() { # build range cmd...: "ops/s server-cpu-seconds"
+  local build=$1 range=$2 t0 t1 ops
   shift 2
-  "${CLI[@]}" redis-benchmark -h 127.0.0.1 -p "$port" -c 50 -P 16 -r "$range" -n "$N" \
-    --csv "$@" | awk -F'"' 'NR == 2 { print $4 }'
+  t0=$(ticks "${SPIDS[$build]}")
+  ops=$("${CLI[@]}" redis-benchmark -h 127.0.0.1 -p "${PORTS[$build]}" -c 50 -P 16 \
+    -r "$range" -n "$N" --csv "$@" | awk -F'"' 'NR == 2 { print $4 }')
+  t1=$(ticks "${SPIDS[$build]}")
+  echo "$ops $(python3 -c "print(($t1 - $t0) / $TICK)")"
 }
 
 RES=$WORK/results
@@ -63,35 +71,40 @@ for round in $(seq "$ROUNDS"); do
       case $case in
         new-keys)
           redis-cli -p "$p" FLUSHALL >/dev/null
-          v=$(rps "$p" 1000000 TB.CONSUME rl:__rand_int__ 1000000 0.001 1)
+          v=$(rps "$build" 1000000 TB.CONSUME rl:__rand_int__ 1000000 0.001 1)
           ;;
         existing)
           redis-cli -p "$p" FLUSHALL >/dev/null
           python3 "$(dirname "$0")/gen.py" tbbig 10000 'rl:%012d' |
             redis-cli -p "$p" --pipe >/dev/null
-          v=$(rps "$p" 10000 TB.CONSUME rl:__rand_int__ 1000000 0.001 1)
+          v=$(rps "$build" 10000 TB.CONSUME rl:__rand_int__ 1000000 0.001 1)
           ;;
         denied)
           redis-cli -p "$p" TB.CONSUME rl:hot 1 0.0001 1 >/dev/null
-          v=$(rps "$p" 1 TB.CONSUME rl:hot 1 0.0001 1)
+          v=$(rps "$build" 1 TB.CONSUME rl:hot 1 0.0001 1)
           ;;
       esac
-      echo "$case $build $round $v" >>"$RES"
-      printf 'round %s  %-9s %-4s %12s ops/s\n' "$round" "$case" "$build" "$v"
+      read -r ops cpu <<<"$v"
+      echo "$case $build $round $ops $cpu" >>"$RES"
+      printf 'round %s  %-9s %-4s %12s ops/s  server cpu %ss\n' "$round" "$case" "$build" "$ops" "$cpu"
     done
   done
 done
 
-python3 - "$RES" <<'EOF'
+python3 - "$RES" "$N" <<'EOF'
 import statistics, sys
-rows = [l.split() for l in open(sys.argv[1])]
+n = int(sys.argv[2])
 data = {}
-for case, build, rnd, v in rows:
-    data.setdefault(case, {}).setdefault(build, {})[int(rnd)] = float(v)
-print(f"\n{'case':10} {'old ops/s':>12} {'new ops/s':>12} {'new/old':>8}")
+for line in open(sys.argv[1]):
+    case, build, rnd, ops, cpu = line.split()
+    data.setdefault(case, {}).setdefault(build, {})[int(rnd)] = (float(ops), float(cpu))
+print(f"\n{'case':10} {'old ops/s':>12} {'new ops/s':>12} {'new/old':>8} {'per CPU-s':>10}")
 for case, d in data.items():
     old, new = d["old"], d["new"]
-    ratio = statistics.median(new[r] / old[r] for r in old if r in new)
-    print(f"{case:10} {statistics.median(old.values()):12,.0f} "
-          f"{statistics.median(new.values()):12,.0f} {ratio:8.3f}")
+    both = [r for r in old if r in new]
+    ratio = statistics.median(new[r][0] / old[r][0] for r in both)
+    cpu = [(n / new[r][1]) / (n / old[r][1]) for r in both if new[r][1] and old[r][1]]
+    print(f"{case:10} {statistics.median(v[0] for v in old.values()):12,.0f} "
+          f"{statistics.median(v[0] for v in new.values()):12,.0f} {ratio:8.3f} "
+          f"{statistics.median(cpu) if cpu else float('nan'):10.3f}")
 EOF

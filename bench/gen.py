@@ -9,6 +9,7 @@ KIND is one of:
   plain  HSET key tokens 99 ts <now_us> + PEXPIREAT key <now_ms + 100000>
          (the same hash and expiry TB.CONSUME writes, without the module)
   tbbig  TB.CONSUME key 1000000 0.001 1     (the throughput cases' bucket)
+  fcallbig  FCALL tb_consume 1 key 1000000 0.001 1 (the same, in Lua)
   tbhot  TB.CONSUME key 1 0.0001 1          (the denied case's bucket)
   hset   HSET key tokens 1.5 ts 1764513600123456 (the throughput ceiling)
 
@@ -51,6 +52,8 @@ def main() -> None:
         parts = [command(b"HSET", b"\0", b"tokens", b"1.5", b"ts", b"1764513600123456")]
     elif kind == "fcall":
         parts = [command(b"FCALL", b"tb_consume", b"1", b"\0", b"100", b"0.01", b"1")]
+    elif kind == "fcallbig":
+        parts = [command(b"FCALL", b"tb_consume", b"1", b"\0", b"1000000", b"0.001", b"1")]
     elif kind == "plain":
         ts = str(now_us).encode()
         at = str(now_us // 1000 + 100_000).encode()
