@@ -552,7 +552,8 @@ fn mconsume_takes_up_to_ten_thousand_groups() {
         for (n, ok) in [(10_000usize, true), (10_001, false)] {
             let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("{form}:{i}").into_bytes()).collect();
             let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            let args: Vec<&str> = ["3", "1", "1"].repeat(n);
+            // Slow refill: the buckets must not expire before KEYS below.
+            let args: Vec<&str> = ["3", "0.01", "1"].repeat(n);
             let cmd = if form == "FCALL" {
                 fcall_cmd("tb_mconsume", &keys, &args)
             } else {
