@@ -11,6 +11,12 @@
 /// Parses a decimal in the grammar above. `None` for anything else,
 /// including values that overflow to infinity.
 pub fn parse_decimal(bytes: &[u8]) -> Option<f64> {
+    fast_decimal(bytes).or_else(|| parse_decimal_general(bytes))
+}
+
+/// The general path: grammar check, then the standard library's correctly
+/// rounded parser.
+fn parse_decimal_general(bytes: &[u8]) -> Option<f64> {
     if !is_decimal(bytes) {
         return None;
     }
@@ -25,14 +31,58 @@ pub fn parse_decimal(bytes: &[u8]) -> Option<f64> {
 /// library splits the value to subtract it exactly, as this side does in
 /// integers.
 pub fn parse_int16(bytes: &[u8]) -> Option<i64> {
-    let digits = match bytes.first() {
-        Some(b'-') => &bytes[1..],
-        _ => bytes,
+    // One pass, no float or string parser: this reads every stored `ts`.
+    let (negative, digits) = match bytes.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, bytes),
     };
-    if digits.is_empty() || digits.len() > 16 || !digits.iter().all(u8::is_ascii_digit) {
+    if digits.is_empty() || digits.len() > 16 {
         return None;
     }
-    std::str::from_utf8(bytes).ok()?.parse().ok()
+    let mut v: i64 = 0;
+    for &c in digits {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        // 16 digits stay far below i64::MAX.
+        v = v * 10 + i64::from(c - b'0');
+    }
+    Some(if negative { -v } else { v })
+}
+
+/// The common case of `parse_decimal` (what the encoder writes, and most
+/// arguments) without the general float parser:
+/// `[-]digits[.digits]` whose digits, read as one integer m, stay below
+/// 2^53. m and 10^k are then exact doubles, so one correctly rounded
+/// division gives the correctly rounded value (Clinger's fast path).
+/// `None` means "use the general path", never "invalid".
+fn fast_decimal(b: &[u8]) -> Option<f64> {
+    const POW10: [f64; 17] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    ];
+    let (negative, body) = match b.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, b),
+    };
+    if body.is_empty() || body.len() > 17 {
+        return None;
+    }
+    let mut m: u64 = 0;
+    let mut point = None;
+    for (i, &c) in body.iter().enumerate() {
+        match c {
+            b'0'..=b'9' => m = m * 10 + u64::from(c - b'0'),
+            // Digits must come first: ".5" takes the general path.
+            b'.' if point.is_none() && i > 0 => point = Some(i),
+            _ => return None,
+        }
+    }
+    if m >= 1 << 53 {
+        return None;
+    }
+    let scale = point.map_or(0, |p| body.len() - 1 - p);
+    let v = m as f64 / POW10[scale];
+    Some(if negative { -v } else { v })
 }
 
 fn is_decimal(b: &[u8]) -> bool {
@@ -72,6 +122,71 @@ fn count_digits(b: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_paths_agree_with_the_general_parsers() {
+        // '|'-separated, so the empty string and spaces can be cases.
+        let mut cases: Vec<Vec<u8>> = concat!(
+            "|-|.|-.|1.|-1.|.5|-.5|0|-0|-0.0|00012.500|1.2.3|1e5|+1|--1| 1|1 |",
+            "9007199254740991|9007199254740992|9007199254740993|900719925474099.3|",
+            "9007199254740.993|90071992547409.93|0.0000000000000001|0.00000000000000001|",
+            "12345678901234567|1234567890123456.7|-1764513600123456|17645136001234567|",
+            "999901.0004470622|0.047110999999997905|0.1|0.3|2.675|1.0000000000000002",
+        )
+        .split('|')
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+        // Random strings over the grammar's alphabet.
+        let alphabet = b"0123456789.-+e";
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 19) as usize;
+            let mut y = x;
+            cases.push(
+                (0..len)
+                    .map(|i| {
+                        y = y.rotate_left(7) ^ (i as u64);
+                        // Mostly digits, as real fields are.
+                        if y.is_multiple_of(5) {
+                            alphabet[(y / 5 % 14) as usize]
+                        } else {
+                            b'0' + (y / 5 % 10) as u8
+                        }
+                    })
+                    .collect(),
+            );
+        }
+        // Balances as the encoder writes them, for a spread of values.
+        for i in 0..100_000u64 {
+            let v = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 2_000_000_000_000) as f64 / 1e6
+                - 1_000_000.0;
+            cases.push(crate::state::Text::tokens(v).as_str().as_bytes().to_vec());
+        }
+        for c in &cases {
+            assert_eq!(
+                parse_decimal(c).map(f64::to_bits),
+                parse_decimal_general(c).map(f64::to_bits),
+                "{:?}",
+                String::from_utf8_lossy(c)
+            );
+            let reference = std::str::from_utf8(c)
+                .ok()
+                .filter(|t| {
+                    let d = t.strip_prefix('-').unwrap_or(t);
+                    !d.is_empty() && d.len() <= 16 && d.bytes().all(|b| b.is_ascii_digit())
+                })
+                .and_then(|t| t.parse::<i64>().ok());
+            assert_eq!(
+                parse_int16(c),
+                reference,
+                "{:?}",
+                String::from_utf8_lossy(c)
+            );
+        }
+    }
 
     #[test]
     fn accepts_the_decimal_grammar() {

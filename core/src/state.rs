@@ -7,7 +7,7 @@
 //! the Lua library, and by RDB/AOF tooling.
 
 use crate::bucket::Stored;
-use crate::number::parse_decimal;
+use crate::number::{parse_decimal, parse_int16};
 use std::fmt::Write;
 
 pub const TOKENS_FIELD: &str = "tokens";
@@ -45,66 +45,9 @@ pub fn decode(tokens: Option<&[u8]>, ts: Option<&[u8]>) -> Result<Stored, StateE
         _ => return Err(StateError::Fields),
     };
     Ok(Stored {
-        tokens: fast_decimal(tokens)
-            .or_else(|| parse_decimal(tokens))
-            .ok_or(StateError::Tokens)?,
-        ts_us: fast_int16(ts).ok_or(StateError::Ts)?,
+        tokens: parse_decimal(tokens).ok_or(StateError::Tokens)?,
+        ts_us: parse_int16(ts).ok_or(StateError::Ts)?,
     })
-}
-
-/// `parse_decimal` for most texts `encode_tokens` writes, without the
-/// general float parser (a third of a stored bucket's read cost).
-/// `[-]digits[.digits]` whose digits, read as one integer m, stay below
-/// 2^53: m and 10^k are exact doubles, so the one correctly rounded
-/// division is the correctly rounded value, as parse_decimal's (Clinger's
-/// fast path). `None` means "ask parse_decimal", never "invalid".
-fn fast_decimal(b: &[u8]) -> Option<f64> {
-    const POW10: [f64; 17] = [
-        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
-    ];
-    let (negative, body) = match b.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, b),
-    };
-    if body.is_empty() || body.len() > 17 {
-        return None;
-    }
-    let mut m: u64 = 0;
-    let mut point = None;
-    for (i, &c) in body.iter().enumerate() {
-        match c {
-            b'0'..=b'9' => m = m * 10 + u64::from(c - b'0'),
-            // Digits must come first: ".5" is left to parse_decimal.
-            b'.' if point.is_none() && i > 0 => point = Some(i),
-            _ => return None,
-        }
-    }
-    if m >= 1 << 53 {
-        return None;
-    }
-    let scale = point.map_or(0, |p| body.len() - 1 - p);
-    let v = m as f64 / POW10[scale];
-    Some(if negative { -v } else { v })
-}
-
-/// `parse_int16`, inlined for the `ts` of every stored bucket: the same
-/// grammar (optional `-`, 1 to 16 ASCII digits), so no fallback is needed.
-fn fast_int16(b: &[u8]) -> Option<i64> {
-    let (negative, digits) = match b.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, b),
-    };
-    if digits.is_empty() || digits.len() > 16 {
-        return None;
-    }
-    let mut v: i64 = 0;
-    for &c in digits {
-        if !c.is_ascii_digit() {
-            return None;
-        }
-        v = v * 10 + i64::from(c - b'0');
-    }
-    Some(if negative { -v } else { v })
 }
 
 /// Shortest decimal that parses back to exactly `tokens`. Writes `0` for
@@ -238,7 +181,6 @@ impl std::fmt::Write for Text {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::number::parse_int16;
 
     #[test]
     fn tokens_round_trip_exactly() {
@@ -349,67 +291,6 @@ mod tests {
         }
         for v in (-100_000..100_000).chain((0..64).map(|b| 1i64 << b)) {
             assert_eq!(Text::int(v).as_str(), v.to_string());
-        }
-    }
-
-    #[test]
-    fn fast_parsers_agree_with_the_number_grammar() {
-        // '|'-separated, so the empty string and spaces can be cases.
-        let mut cases: Vec<Vec<u8>> = concat!(
-            "|-|.|-.|1.|-1.|.5|-.5|0|-0|-0.0|00012.500|1.2.3|1e5|+1|--1| 1|1 |",
-            "9007199254740991|9007199254740992|9007199254740993|900719925474099.3|",
-            "9007199254740.993|90071992547409.93|0.0000000000000001|0.00000000000000001|",
-            "12345678901234567|1234567890123456.7|-1764513600123456|17645136001234567|",
-            "999901.0004470622|0.047110999999997905|0.1|0.3|2.675|1.0000000000000002",
-        )
-        .split('|')
-        .map(|s| s.as_bytes().to_vec())
-        .collect();
-        // Random strings over the grammar's alphabet.
-        let alphabet = b"0123456789.-+e";
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        for _ in 0..200_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let len = (x % 19) as usize;
-            let mut y = x;
-            cases.push(
-                (0..len)
-                    .map(|i| {
-                        y = y.rotate_left(7) ^ (i as u64);
-                        // Mostly digits, as real fields are.
-                        if y.is_multiple_of(5) {
-                            alphabet[(y / 5 % 14) as usize]
-                        } else {
-                            b'0' + (y / 5 % 10) as u8
-                        }
-                    })
-                    .collect(),
-            );
-        }
-        // Every balance the encoder writes for a spread of values.
-        let mut t = String::new();
-        for i in 0..100_000u64 {
-            let v = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 2_000_000_000_000) as f64 / 1e6
-                - 1_000_000.0;
-            encode_tokens(v, &mut t);
-            cases.push(t.as_bytes().to_vec());
-        }
-        for c in &cases {
-            let fast = fast_decimal(c).or_else(|| parse_decimal(c));
-            assert_eq!(
-                fast.map(f64::to_bits),
-                parse_decimal(c).map(f64::to_bits),
-                "{:?}",
-                String::from_utf8_lossy(c)
-            );
-            assert_eq!(
-                fast_int16(c),
-                parse_int16(c),
-                "{:?}",
-                String::from_utf8_lossy(c)
-            );
         }
     }
 
