@@ -6,7 +6,7 @@
 //! instead of recomputing with its own clock.
 //!
 //! Every function pointer used here is checked at load time
-//! (`REQUIRED_APIS`), so the `None` branches are unreachable in a loaded
+//! (`missing_api`), so the `None` branches are unreachable in a loaded
 //! module; they degrade to harmless values rather than panicking.
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
