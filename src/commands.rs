@@ -10,7 +10,7 @@ use crate::reply::{reply_array, reply_int, reply_outcome};
 use crate::stats;
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 use std::os::raw::c_int;
-use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, ArgError, Single};
 use tb_core::bucket::consume_all;
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -23,6 +23,37 @@ fn key_error(e: KeyError, group: Option<usize>) -> String {
     }
 }
 
+/// A single-key call after its shared first steps: arguments parsed, key
+/// open, clock read once, and the bucket's balance at that instant.
+struct SingleCall {
+    call: Single,
+    key: BucketKey,
+    now: i64,
+    current: f64,
+}
+
+/// Parses with `parse` (errors name `command`), opens `argv[1]` and loads
+/// the balance. Nothing is written on any error.
+fn open_single(
+    ctx: *mut RedisModuleCtx,
+    args: &Args,
+    command: &str,
+    parse: fn(&Args) -> Result<Single, ArgError>,
+    writable: bool,
+) -> Result<SingleCall, String> {
+    let call = parse(args).map_err(|e| e.message(command))?;
+    let key = BucketKey::open(ctx, args.raw(1), writable);
+    let now = clock::now_us();
+    let stored = key.load().map_err(|e| key_error(e, None))?;
+    let current = call.limits.current(stored, now);
+    Ok(SingleCall {
+        call,
+        key,
+        now,
+        current,
+    })
+}
+
 /// `TB.CONSUME key max rate [cost]`. A denied call, or one with cost 0,
 /// writes and replicates nothing.
 pub extern "C" fn consume(
@@ -32,16 +63,11 @@ pub extern "C" fn consume(
 ) -> c_int {
     guard::run(ctx, || {
         let args = Args::new(argv, argc);
-        let call = parse_consume(&args).map_err(|e| e.message("tb.consume"))?;
-        let key = BucketKey::open(ctx, args.raw(1), true);
-        let now = clock::now_us();
-        let stored = key.load().map_err(|e| key_error(e, None))?;
-        let outcome = call
-            .limits
-            .consume(call.limits.current(stored, now), call.amount);
+        let s = open_single(ctx, &args, "tb.consume", parse_consume, true)?;
+        let outcome = s.call.limits.consume(s.current, s.call.amount);
         if outcome.allowed {
-            if call.amount > 0.0 {
-                key.save(&call.limits, &outcome, now);
+            if s.call.amount > 0.0 {
+                s.key.save(&s.call.limits, &outcome, s.now);
             }
             stats::ADMITTED.incr();
         } else {
@@ -60,12 +86,8 @@ pub extern "C" fn peek(
 ) -> c_int {
     guard::run(ctx, || {
         let args = Args::new(argv, argc);
-        let call = parse_consume(&args).map_err(|e| e.message("tb.peek"))?;
-        let key = BucketKey::open(ctx, args.raw(1), false);
-        let stored = key.load().map_err(|e| key_error(e, None))?;
-        let outcome = call
-            .limits
-            .peek(call.limits.current(stored, clock::now_us()), call.amount);
+        let s = open_single(ctx, &args, "tb.peek", parse_consume, false)?;
+        let outcome = s.call.limits.peek(s.current, s.call.amount);
         stats::PEEKS.incr();
         reply_outcome(ctx, &outcome);
         Ok(())
@@ -81,14 +103,9 @@ pub extern "C" fn adjust(
 ) -> c_int {
     guard::run(ctx, || {
         let args = Args::new(argv, argc);
-        let call = parse_adjust(&args).map_err(|e| e.message("tb.adjust"))?;
-        let key = BucketKey::open(ctx, args.raw(1), true);
-        let now = clock::now_us();
-        let stored = key.load().map_err(|e| key_error(e, None))?;
-        let outcome = call
-            .limits
-            .adjust(call.limits.current(stored, now), call.amount);
-        key.save(&call.limits, &outcome, now);
+        let s = open_single(ctx, &args, "tb.adjust", parse_adjust, true)?;
+        let outcome = s.call.limits.adjust(s.current, s.call.amount);
+        s.key.save(&s.call.limits, &outcome, s.now);
         stats::ADJUSTS.incr();
         reply_outcome(ctx, &outcome);
         Ok(())
