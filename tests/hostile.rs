@@ -26,35 +26,6 @@ use tb_core::state::{decode, StateError};
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 const CALLS: usize = 60_000;
 
-/// SplitMix64: small, seedable, good enough to pick test inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn bytes(&mut self, max_len: usize) -> Vec<u8> {
-        let n = self.below(max_len + 1);
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
 /// The keys both clients fight over: plain, empty, binary, spaced.
 fn key_pool() -> Vec<Vec<u8>> {
     let mut keys: Vec<Vec<u8>> = (0..10).map(|i| format!("k{i}").into_bytes()).collect();
@@ -131,27 +102,27 @@ const HOSTILE: &[&str] = &[
 
 /// A number that is valid somewhere: small, huge, tiny, fractional.
 fn plausible(r: &mut Rng) -> String {
-    match r.below(7) {
+    match r.index(7) {
         0 => r
             .pick(&["1", "10", "100", "0.5", "2.5", "1000", "3"])
             .to_string(),
-        1 => format!("{}", r.below(1_000_000)),
+        1 => format!("{}", r.index(1_000_000)),
         2 => format!("{:.3}", r.unit() * 1000.0),
-        3 => format!("{}e{}", 1 + r.below(9), r.below(25) as i64 - 12),
+        3 => format!("{}e{}", 1 + r.index(9), r.index(25) as i64 - 12),
         4 => format!("{}", r.unit() * 1e12),
         5 => format!("{:e}", r.unit()),
-        _ => format!("-{}", r.below(100)),
+        _ => format!("-{}", r.index(100)),
     }
 }
 
 fn number_arg(r: &mut Rng) -> Vec<u8> {
-    match r.below(20) {
+    match r.index(20) {
         0..=11 => plausible(r).into_bytes(),
         12..=17 => r.pick(HOSTILE).as_bytes().to_vec(),
         18 => {
             // A long digit string, sometimes valid.
-            let mut s = "9".repeat(1 + r.below(400));
-            if r.chance(50) {
+            let mut s = "9".repeat(1 + r.index(400));
+            if r.percent(50) {
                 s.insert(0, '.');
             }
             s.into_bytes()
@@ -162,27 +133,27 @@ fn number_arg(r: &mut Rng) -> Vec<u8> {
 
 /// One group's `max rate cost`, valid most of the time.
 fn limits_args(r: &mut Rng) -> [Vec<u8>; 3] {
-    let max = match r.below(6) {
+    let max = match r.index(6) {
         0 => 1e12,
         1 => 0.5,
         2 => r.unit() * 1e6,
-        _ => 1.0 + r.below(100) as f64,
+        _ => 1.0 + r.index(100) as f64,
     };
-    let rate = match r.below(6) {
+    let rate = match r.index(6) {
         0 => 1e12,
         1 => max / 1e10,
         2 => r.unit() * 1e3,
-        3 => 1.0 + r.below(1000) as f64,
+        3 => 1.0 + r.index(1000) as f64,
         _ => (max / 1e4).max(r.unit()),
     };
-    let cost = match r.below(5) {
+    let cost = match r.index(5) {
         0 => 0.0,
         1 => max,
         _ => (max * r.unit()).floor(),
     };
     let mut out = [max, rate, cost].map(|v| format!("{v}").into_bytes());
     for a in out.iter_mut() {
-        if r.chance(12) {
+        if r.percent(12) {
             *a = number_arg(r);
         }
     }
@@ -202,10 +173,10 @@ const NAMES: [[&str; 3]; 4] = [
 
 /// A random call: a TB command with a random number of arguments.
 fn random_call(r: &mut Rng, pool: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    let which = r.below(4);
+    let which = r.index(4);
     let mut argv = vec![r.pick(&NAMES[which]).as_bytes().to_vec()];
     if which == 3 {
-        let groups = if r.chance(5) { 0 } else { 1 + r.below(6) };
+        let groups = if r.percent(5) { 0 } else { 1 + r.index(6) };
         for _ in 0..groups {
             argv.push(key_arg(r, pool));
             argv.extend(limits_args(r));
@@ -215,28 +186,28 @@ fn random_call(r: &mut Rng, pool: &[Vec<u8>]) -> Vec<Vec<u8>> {
         let [max, rate, cost] = limits_args(r);
         argv.extend([max, rate]);
         if which == 2 {
-            let delta = match r.below(4) {
+            let delta = match r.index(4) {
                 0 => number_arg(r),
                 1 => format!("-{}", plausible(r)).into_bytes(),
                 _ => plausible(r).into_bytes(),
             };
             argv.push(delta);
-        } else if r.chance(70) {
+        } else if r.percent(70) {
             argv.push(cost);
         }
     }
     // Wrong argument counts: drop or add some.
-    if r.chance(8) {
-        let n = r.below((argv.len() - 1).min(3) + 1);
+    if r.percent(8) {
+        let n = r.index((argv.len() - 1).min(3) + 1);
         argv.truncate(argv.len() - n);
-    } else if r.chance(6) {
-        for _ in 0..1 + r.below(3) {
+    } else if r.percent(6) {
+        for _ in 0..1 + r.index(3) {
             argv.push(number_arg(r));
         }
     }
-    if r.chance(3) {
+    if r.percent(3) {
         // Any argument (even the key) replaced by random bytes.
-        let i = r.below(argv.len());
+        let i = r.index(argv.len());
         if i > 0 {
             argv[i] = r.bytes(16);
         }
@@ -456,7 +427,7 @@ fn error_text(e: &redis::RedisError) -> String {
 fn garbage(r: &mut Rng, g: &mut redis::Connection, pool: &[Vec<u8>]) {
     let k = key_arg(r, pool);
     let junk = |r: &mut Rng| -> Vec<u8> {
-        if r.chance(50) {
+        if r.percent(50) {
             number_arg(r)
         } else {
             r.bytes(12)
@@ -464,7 +435,7 @@ fn garbage(r: &mut Rng, g: &mut redis::Connection, pool: &[Vec<u8>]) {
     };
     let mut p = redis::pipe();
     p.cmd("DEL").arg(&k).ignore();
-    match r.below(20) {
+    match r.index(20) {
         0..=8 => {} // just deleted
         9 => {
             p.cmd("SET").arg(&k).arg(junk(r)).ignore();
@@ -537,7 +508,7 @@ fn garbage(r: &mut Rng, g: &mut redis::Connection, pool: &[Vec<u8>]) {
                 .ignore();
         }
     }
-    if r.chance(30) {
+    if r.percent(30) {
         p.cmd("PEXPIRE").arg(&k).arg(3_600_000).ignore();
     }
     let _: () = p.query(g).expect("garbage writer");
@@ -576,7 +547,7 @@ fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
 
     let (mut before, _) = snap(&mut c, &pool);
     for n in 0..CALLS {
-        if r.chance(12) {
+        if r.percent(12) {
             garbage(&mut r, &mut g, &pool);
             before = snap(&mut c, &pool).0;
         }

@@ -21,32 +21,6 @@ const T0: i64 = 1_893_456_000_000_000; // 2030-01-01T00:00:00Z in µs
 const LIBRARY: &str = include_str!("../lua/tb.lua");
 const OPS: usize = 4000;
 
-/// splitmix64: small, seedable, good enough to pick test inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        self.unit() < p
-    }
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len() as u64) as usize]
-    }
-}
-
 /// Keys that hold buckets; each has usual limits, sometimes overridden.
 const POOL: &[(&str, &str, &str)] = &[
     ("a", "10", "1"),

@@ -4,29 +4,15 @@
 mod common;
 use common::*;
 
-/// A small deterministic PRNG, so failures can be replayed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[(self.next() % items.len() as u64) as usize]
-    }
-}
-
 fn mixed_traffic(c: &mut redis::Connection, seed: u64, calls: usize) {
     let mut rng = Rng(seed);
     let keys: Vec<String> = (0..50).map(|i| format!("rl:{i}")).collect();
     for _ in 0..calls {
         let k = &keys[(rng.next() % 50) as usize];
-        let max = rng.pick(&["5", "10", "2.5"]);
+        let max = *rng.pick(&["5", "10", "2.5"]);
         // Slow refill: no bucket can come within seconds of full (and expire)
         // while the two datasets are being compared.
-        let rate = rng.pick(&["0.001", "0.002", "0.005"]);
+        let rate = *rng.pick(&["0.001", "0.002", "0.005"]);
         let r: redis::RedisResult<redis::Value> = match rng.next() % 6 {
             0 => redis::cmd("TB.PEEK").arg(&[k.as_str(), max, rate]).query(c),
             1 => redis::cmd("TB.ADJUST")
@@ -34,7 +20,7 @@ fn mixed_traffic(c: &mut redis::Connection, seed: u64, calls: usize) {
                     k.as_str(),
                     max,
                     rate,
-                    rng.pick(&["-3", "1.5", "-0.25", "7"]),
+                    *rng.pick(&["-3", "1.5", "-0.25", "7"]),
                 ])
                 .query(c),
             2 => {
@@ -45,7 +31,7 @@ fn mixed_traffic(c: &mut redis::Connection, seed: u64, calls: usize) {
                     .query(c)
             }
             _ => redis::cmd("TB.CONSUME")
-                .arg(&[k.as_str(), max, rate, rng.pick(&["1", "0", "2.5", "0.3"])])
+                .arg(&[k.as_str(), max, rate, *rng.pick(&["1", "0", "2.5", "0.3"])])
                 .query(c),
         };
         r.expect("valid traffic never errors");
