@@ -139,6 +139,17 @@ fn field_names() -> (*mut RedisModuleString, *mut RedisModuleString) {
     )
 }
 
+fn open_key(
+    ctx: *mut RedisModuleCtx,
+    name: *mut RedisModuleString,
+    mode: u32,
+) -> *mut RedisModuleKey {
+    match unsafe { raw::RedisModule_OpenKey } {
+        Some(f) if !name.is_null() => unsafe { f(ctx, name, mode as c_int) },
+        _ => ptr::null_mut(),
+    }
+}
+
 fn create(ctx: *mut RedisModuleCtx, text: &[u8]) -> *mut RedisModuleString {
     match unsafe { raw::RedisModule_CreateString } {
         Some(f) => unsafe { f(ctx, text.as_ptr().cast::<c_char>(), text.len()) },
@@ -147,17 +158,33 @@ fn create(ctx: *mut RedisModuleCtx, text: &[u8]) -> *mut RedisModuleString {
 }
 
 impl BucketKey {
-    pub fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, writable: bool) -> Self {
-        let mode = if writable {
-            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
-        } else {
-            raw::REDISMODULE_READ
-        };
-        let key = match unsafe { raw::RedisModule_OpenKey } {
-            Some(f) if !name.is_null() => unsafe { f(ctx, name, mode as c_int) },
-            _ => ptr::null_mut(),
-        };
-        BucketKey { ctx, key, name }
+    /// Opens `name` for reading. Writers reopen it with `writable` only once
+    /// they know they will write: closing a key opened for writing signals
+    /// it as modified (aborting WATCHes, invalidating client-side caches)
+    /// even when nothing changed, and a denial must change nothing.
+    pub fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) -> Self {
+        BucketKey {
+            ctx,
+            key: open_key(ctx, name, raw::REDISMODULE_READ),
+            name,
+        }
+    }
+
+    /// Reopens the key for writing (same command, so same state).
+    fn writable(&mut self) {
+        self.close();
+        self.key = open_key(
+            self.ctx,
+            self.name,
+            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE,
+        );
+    }
+
+    fn close(&mut self) {
+        if let (Some(f), false) = (unsafe { raw::RedisModule_CloseKey }, self.key.is_null()) {
+            unsafe { f(self.key) }
+        }
+        self.key = ptr::null_mut();
     }
 
     fn key_type(&self) -> c_int {
@@ -220,7 +247,8 @@ impl BucketKey {
 
     /// Stores a bucket's new balance, or deletes the key if the bucket is
     /// full (a missing key *is* a full bucket, and takes no memory).
-    pub fn save(&self, limits: &Limits, outcome: &Outcome, now_us: i64) {
+    pub fn save(&mut self, limits: &Limits, outcome: &Outcome, now_us: i64) {
+        self.writable();
         if limits.is_full(outcome.tokens) {
             self.delete();
         } else {
@@ -296,8 +324,6 @@ impl BucketKey {
 
 impl Drop for BucketKey {
     fn drop(&mut self) {
-        if let (Some(f), false) = (unsafe { raw::RedisModule_CloseKey }, self.key.is_null()) {
-            unsafe { f(self.key) }
-        }
+        self.close();
     }
 }

@@ -161,3 +161,28 @@ fn fractional_max_needs_an_explicit_cost() {
     assert_eq!(consume(&mut c, "k", "0.5", "0.17", "0.25")[0..3], [1, 0, 0]);
     assert_eq!(hgetall(&mut c, "k")["tokens"], "0.25");
 }
+
+#[test]
+fn denied_calls_do_not_touch_watched_keys() {
+    let s = Server::start();
+    let mut watcher = s.conn();
+    let mut other = s.conn();
+    consume(&mut other, "k", "1", "0.001", "1");
+    let transaction = |w: &mut redis::Connection, other: &mut redis::Connection, cost: &str| {
+        let _: () = redis::cmd("WATCH").arg("k").query(w).unwrap();
+        let r = consume(other, "k", "1", "0.001", cost);
+        let _: () = redis::cmd("MULTI").query(w).unwrap();
+        let _: () = redis::cmd("SET").arg("side").arg("x").query(w).unwrap();
+        let exec: redis::Value = redis::cmd("EXEC").query(w).unwrap();
+        (r[0], exec != redis::Value::Nil)
+    };
+    // A denial (and a cost-0 check) changes nothing, so a WATCH survives it.
+    assert_eq!(transaction(&mut watcher, &mut other, "1"), (0, true));
+    assert_eq!(transaction(&mut watcher, &mut other, "0"), (1, true));
+    // An admitted call modifies the key, which aborts the transaction.
+    let _: Vec<i64> = redis::cmd("TB.ADJUST")
+        .arg(&["k", "1", "0.001", "1"])
+        .query(&mut other)
+        .unwrap();
+    assert_eq!(transaction(&mut watcher, &mut other, "0.5"), (1, false));
+}

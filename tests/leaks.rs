@@ -114,8 +114,15 @@ fn a_million_expired_buckets_leave_no_memory_behind() {
     assert_eq!(info_field(&mut c, "tb", "tb_admitted"), "1100000");
     // RSS is the allocator's business (its metadata stays), but the pages
     // of 145 MB of buckets must have gone back to the system.
+    // The allocator returns pages on its own schedule (slower on a loaded
+    // machine), so purge and look again for a while before failing.
+    let mut rss_after = rss_after;
+    let returned = eventually(Duration::from_secs(30), || {
+        rss_after = purged_rss(&mut c);
+        rss_after < rss_before + 32 * 1024 * 1024
+    });
     assert!(
-        rss_after < rss_before + 32 * 1024 * 1024,
+        returned,
         "rss {rss_before} -> {rss_after} after MEMORY PURGE"
     );
 }
