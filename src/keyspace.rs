@@ -47,7 +47,8 @@ pub fn missing_api() -> Option<&'static str> {
         RedisModule_StringPtrLen,
         RedisModule_ReplyWithArray,
         RedisModule_ReplyWithLongLong,
-        RedisModule_ReplyWithError
+        RedisModule_ReplyWithError,
+        RedisModule_NotifyKeyspaceEvent
     );
     None
 }
@@ -248,6 +249,11 @@ impl BucketKey {
     /// Stores a bucket's new balance, or deletes the key if the bucket is
     /// full (a missing key *is* a full bucket, and takes no memory).
     pub fn save(&mut self, limits: &Limits, outcome: &Outcome, now_us: i64) {
+        if limits.is_full(outcome.tokens) && !self.exists() {
+            // Full and already absent: nothing changes, so don't open the
+            // key for writing (that alone would signal it as modified).
+            return;
+        }
         self.writable();
         if limits.is_full(outcome.tokens) {
             self.delete();
@@ -281,6 +287,10 @@ impl BucketKey {
             if let Some(f) = raw::RedisModule_SetAbsExpire {
                 f(self.key, expire_at_ms);
             }
+            // The events a plain HSET + PEXPIREAT would raise, as replicas
+            // and the Lua fallback raise them.
+            self.notify(raw::REDISMODULE_NOTIFY_HASH, c"hset");
+            self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"expire");
             if let Some(f) = raw::RedisModule_Replicate {
                 // `s` only takes a reference; `c` would copy each name.
                 f(
@@ -307,6 +317,14 @@ impl BucketKey {
         self.free(at);
     }
 
+    /// A keyspace notification for this key (a no-op unless the server's
+    /// `notify-keyspace-events` asks for it).
+    fn notify(&self, class: c_int, event: &std::ffi::CStr) {
+        if let Some(f) = unsafe { raw::RedisModule_NotifyKeyspaceEvent } {
+            unsafe { f(self.ctx, class, event.as_ptr(), self.name) };
+        }
+    }
+
     fn delete(&self) {
         if !self.exists() {
             return;
@@ -315,6 +333,7 @@ impl BucketKey {
             if let Some(f) = raw::RedisModule_DeleteKey {
                 f(self.key);
             }
+            self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"del");
             if let Some(f) = raw::RedisModule_Replicate {
                 f(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), self.name);
             }

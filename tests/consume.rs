@@ -179,10 +179,72 @@ fn denied_calls_do_not_touch_watched_keys() {
     // A denial (and a cost-0 check) changes nothing, so a WATCH survives it.
     assert_eq!(transaction(&mut watcher, &mut other, "1"), (0, true));
     assert_eq!(transaction(&mut watcher, &mut other, "0"), (1, true));
+    // Refunding a missing (full) bucket changes nothing either.
+    let _: () = redis::cmd("WATCH")
+        .arg("absent")
+        .query(&mut watcher)
+        .unwrap();
+    let _: Vec<i64> = redis::cmd("TB.ADJUST")
+        .arg(&["absent", "10", "1", "5"])
+        .query(&mut other)
+        .unwrap();
+    let _: () = redis::cmd("MULTI").query(&mut watcher).unwrap();
+    let exec: redis::Value = redis::cmd("EXEC").query(&mut watcher).unwrap();
+    assert_ne!(exec, redis::Value::Nil);
     // An admitted call modifies the key, which aborts the transaction.
     let _: Vec<i64> = redis::cmd("TB.ADJUST")
         .arg(&["k", "1", "0.001", "1"])
         .query(&mut other)
         .unwrap();
     assert_eq!(transaction(&mut watcher, &mut other, "0.5"), (1, false));
+}
+
+#[test]
+fn writes_raise_the_keyspace_events_of_hset_and_pexpireat() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "notify-keyspace-events", "KEA"])
+        .query(&mut c)
+        .unwrap();
+    let mut sub = s.conn();
+    let _: () = redis::cmd("PSUBSCRIBE")
+        .arg("__keyevent@0__:*")
+        .query(&mut sub)
+        .unwrap();
+    sub.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    consume(&mut c, "k", "2", "0.001", "1"); // writes
+    consume(&mut c, "k", "2", "0.001", "5e-1"); // writes
+    consume(&mut c, "k", "2", "0.001", "1"); // denied: no event
+    let _: Vec<i64> = redis::cmd("TB.ADJUST")
+        .arg(&["k", "2", "0.001", "9"])
+        .query(&mut c)
+        .unwrap(); // full: deleted
+    let _: Vec<i64> = redis::cmd("TB.ADJUST")
+        .arg(&["gone", "2", "0.001", "1"])
+        .query(&mut c)
+        .unwrap(); // full, absent: nothing
+    let _: () = redis::cmd("SET")
+        .arg(&["marker", "x"])
+        .query(&mut c)
+        .unwrap();
+    let mut events = Vec::new();
+    loop {
+        let msg = sub.recv_response().unwrap();
+        let redis::Value::Array(parts) = msg else {
+            continue;
+        };
+        let channel: String = redis::from_redis_value(&parts[2]).unwrap();
+        let key: String = redis::from_redis_value(&parts[3]).unwrap();
+        let event = channel.rsplit(':').next().unwrap().to_string();
+        if key == "marker" {
+            break;
+        }
+        events.push(format!("{event} {key}"));
+    }
+    assert_eq!(
+        events,
+        ["hset k", "expire k", "hset k", "expire k", "del k"]
+    );
 }
