@@ -11,7 +11,8 @@ COPY core ./core
 COPY src ./src
 RUN cargo build --release --locked
 
-FROM redis:7.2-bookworm
+# The baseline the test suite runs on (Redis 7.0.15).
+FROM redis:7.0.15-bookworm
 COPY --from=build /src/target/release/libredis_tokenbucket.so /usr/local/lib/redis/modules/libredis_tokenbucket.so
 COPY lua/tb.lua /usr/local/share/redis-tokenbucket/tb.lua
 EXPOSE 6379
