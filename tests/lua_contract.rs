@@ -13,7 +13,6 @@ use redis::Value;
 use std::path::Path;
 use std::process::Command;
 
-const LIBRARY: &str = include_str!("../lua/tb.lua");
 const CONSUME_LUA: &str = include_str!("../lua/eval/consume.lua");
 const PEEK_LUA: &str = include_str!("../lua/eval/peek.lua");
 const MCONSUME_LUA: &str = include_str!("../lua/eval/mconsume.lua");
@@ -21,16 +20,6 @@ const ADJUST_LUA: &str = include_str!("../lua/eval/adjust.lua");
 
 const SHARED_BEGIN: &str = "-- >>> shared: begin\n";
 const SHARED_END: &str = "-- <<< shared: end\n";
-
-fn load_library(c: &mut redis::Connection) {
-    let name: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(LIBRARY)
-        .query(c)
-        .expect("FUNCTION LOAD");
-    assert_eq!(name, "tb");
-}
 
 /// A reply, or the error text as the server sent it.
 fn run(c: &mut redis::Connection, cmd: &redis::Cmd) -> Result<Value, String> {

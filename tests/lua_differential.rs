@@ -18,7 +18,6 @@ use redis::Value;
 use std::collections::BTreeMap;
 
 const T0: i64 = 1_893_456_000_000_000; // 2030-01-01T00:00:00Z in µs
-const LIBRARY: &str = include_str!("../lua/tb.lua");
 const OPS: usize = 4000;
 
 /// Keys that hold buckets; each has usual limits, sometimes overridden.
@@ -335,16 +334,6 @@ fn setup_keys(c: &mut redis::Connection) {
                 .unwrap();
         }
     }
-}
-
-fn load_library(c: &mut redis::Connection) {
-    let name: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(LIBRARY)
-        .query(c)
-        .expect("FUNCTION LOAD");
-    assert_eq!(name, "tb");
 }
 
 #[derive(Default, Debug)]

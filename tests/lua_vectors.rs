@@ -16,7 +16,6 @@ use redis::Value;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
-const LIBRARY: &str = include_str!("../lua/tb.lua");
 const SCRIPTS: [(&str, &str); 4] = [
     ("consume", include_str!("../lua/eval/consume.lua")),
     ("peek", include_str!("../lua/eval/peek.lua")),
@@ -95,13 +94,7 @@ impl Target {
         let server = Server::with(config(&clock));
         let mut conn = server.conn();
         if forms.contains(&Form::Library) {
-            let lib: String = redis::cmd("FUNCTION")
-                .arg("LOAD")
-                .arg("REPLACE")
-                .arg(LIBRARY)
-                .query(&mut conn)
-                .expect("FUNCTION LOAD");
-            assert_eq!(lib, "tb");
+            load_library(&mut conn);
         }
         let shas = SCRIPTS
             .iter()

@@ -559,3 +559,17 @@ impl Rng {
         (0..n).map(|_| self.next() as u8).collect()
     }
 }
+
+/// The Lua fallback library, as shipped.
+pub const LIBRARY: &str = include_str!("../../lua/tb.lua");
+
+/// `FUNCTION LOAD REPLACE` of the Lua library.
+pub fn load_library(c: &mut redis::Connection) {
+    let name: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(LIBRARY)
+        .query(c)
+        .expect("FUNCTION LOAD");
+    assert_eq!(name, "tb");
+}
