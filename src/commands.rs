@@ -24,8 +24,8 @@ fn key_error(e: KeyError, group: Option<usize>) -> String {
 }
 
 /// A single-key call after its shared first steps: arguments parsed, key
-/// open (for reading; `save` reopens it to write), clock read once, and the
-/// bucket's balance at that instant.
+/// open (for writing too if `write`), clock read once, and the bucket's
+/// balance at that instant.
 struct SingleCall {
     call: Single,
     key: BucketKey,
@@ -40,9 +40,10 @@ fn open_single(
     args: &Args,
     command: &str,
     parse: fn(&Args) -> Result<Single, ArgError>,
+    write: bool,
 ) -> Result<SingleCall, String> {
     let call = parse(args).map_err(|e| e.message(command))?;
-    let key = BucketKey::open(ctx, args.raw(1));
+    let key = BucketKey::open(ctx, args.raw(1), write);
     let now = clock::now_us();
     let stored = key.load().map_err(|e| key_error(e, None))?;
     let current = call.limits.current(stored, now);
@@ -63,7 +64,7 @@ pub extern "C" fn consume(
 ) -> c_int {
     guard::run(ctx, || {
         let args = Args::new(argv, argc);
-        let mut s = open_single(ctx, &args, "tb.consume", parse_consume)?;
+        let s = open_single(ctx, &args, "tb.consume", parse_consume, true)?;
         let outcome = s.call.limits.consume(s.current, s.call.amount);
         if outcome.allowed {
             if s.call.amount > 0.0 {
@@ -86,7 +87,7 @@ pub extern "C" fn peek(
 ) -> c_int {
     guard::run(ctx, || {
         let args = Args::new(argv, argc);
-        let s = open_single(ctx, &args, "tb.peek", parse_consume)?;
+        let s = open_single(ctx, &args, "tb.peek", parse_consume, false)?;
         let outcome = s.call.limits.peek(s.current, s.call.amount);
         stats::PEEKS.incr();
         reply_outcome(ctx, &outcome);
@@ -103,7 +104,7 @@ pub extern "C" fn adjust(
 ) -> c_int {
     guard::run(ctx, || {
         let args = Args::new(argv, argc);
-        let mut s = open_single(ctx, &args, "tb.adjust", parse_adjust)?;
+        let s = open_single(ctx, &args, "tb.adjust", parse_adjust, true)?;
         let outcome = s.call.limits.adjust(s.current, s.call.amount);
         s.key.save(&s.call.limits, &outcome, s.now);
         stats::ADJUSTS.incr();
@@ -122,9 +123,9 @@ pub extern "C" fn mconsume(
     guard::run(ctx, || {
         let args = Args::new(argv, argc);
         let groups = parse_mconsume(&args).map_err(|e| e.message("tb.mconsume"))?;
-        let mut keys: Vec<BucketKey> = groups
+        let keys: Vec<BucketKey> = groups
             .iter()
-            .map(|g| BucketKey::open(ctx, args.raw(g.key_index)))
+            .map(|g| BucketKey::open(ctx, args.raw(g.key_index), true))
             .collect();
         let now = clock::now_us();
         let mut buckets = Vec::with_capacity(groups.len());
@@ -134,7 +135,7 @@ pub extern "C" fn mconsume(
         }
         let (all, retry, outcomes) = consume_all(&buckets);
         if all {
-            for ((group, key), outcome) in groups.iter().zip(&mut keys).zip(&outcomes) {
+            for ((group, key), outcome) in groups.iter().zip(&keys).zip(&outcomes) {
                 if group.cost > 0.0 {
                     key.save(&group.limits, outcome, now);
                 }

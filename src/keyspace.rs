@@ -48,7 +48,9 @@ pub fn missing_api() -> Option<&'static str> {
         RedisModule_ReplyWithArray,
         RedisModule_ReplyWithLongLong,
         RedisModule_ReplyWithError,
-        RedisModule_NotifyKeyspaceEvent
+        RedisModule_NotifyKeyspaceEvent,
+        RedisModule_SignalModifiedKey,
+        RedisModule_SetModuleOptions
     );
     None
 }
@@ -159,26 +161,24 @@ fn create(ctx: *mut RedisModuleCtx, text: &[u8]) -> *mut RedisModuleString {
 }
 
 impl BucketKey {
-    /// Opens `name` for reading. Writers reopen it with `writable` only once
-    /// they know they will write: closing a key opened for writing signals
-    /// it as modified (aborting WATCHes, invalidating client-side caches)
-    /// even when nothing changed, and a denial must change nothing.
-    pub fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) -> Self {
+    /// Opens `name` for reading (`write` false) or for reading and writing.
+    ///
+    /// A writer opens the key once, before it knows whether it will write:
+    /// the module runs with `REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED`
+    /// (set in `lib.rs`), so closing the key signals nothing by itself, and
+    /// `save` signals it only after a real change. A denial therefore
+    /// aborts no WATCH and sends no client-side cache invalidation.
+    pub fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, write: bool) -> Self {
+        let mode = if write {
+            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
+        } else {
+            raw::REDISMODULE_READ
+        };
         BucketKey {
             ctx,
-            key: open_key(ctx, name, raw::REDISMODULE_READ),
+            key: open_key(ctx, name, mode),
             name,
         }
-    }
-
-    /// Reopens the key for writing (same command, so same state).
-    fn writable(&mut self) {
-        self.close();
-        self.key = open_key(
-            self.ctx,
-            self.name,
-            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE,
-        );
     }
 
     fn close(&mut self) {
@@ -248,18 +248,21 @@ impl BucketKey {
 
     /// Stores a bucket's new balance, or deletes the key if the bucket is
     /// full (a missing key *is* a full bucket, and takes no memory).
-    pub fn save(&mut self, limits: &Limits, outcome: &Outcome, now_us: i64) {
-        if limits.is_full(outcome.tokens) && !self.exists() {
-            // Full and already absent: nothing changes, so don't open the
-            // key for writing (that alone would signal it as modified).
-            return;
-        }
-        self.writable();
+    pub fn save(&self, limits: &Limits, outcome: &Outcome, now_us: i64) {
         if limits.is_full(outcome.tokens) {
+            if !self.exists() {
+                // Full and already absent: nothing changes.
+                return;
+            }
             self.delete();
         } else {
             let at = Limits::expire_at_ms(now_us, outcome.reset_after_ms);
             self.write(outcome.tokens, now_us, at);
+        }
+        // What closing a written key would do without the module option:
+        // abort WATCHes, invalidate client-side caches.
+        if let Some(f) = unsafe { raw::RedisModule_SignalModifiedKey } {
+            unsafe { f(self.ctx, self.name) };
         }
     }
 
@@ -326,9 +329,6 @@ impl BucketKey {
     }
 
     fn delete(&self) {
-        if !self.exists() {
-            return;
-        }
         unsafe {
             if let Some(f) = raw::RedisModule_DeleteKey {
                 f(self.key);

@@ -114,6 +114,16 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         return Status::Err;
     }
     guard::install_panic_hook();
+    // Writers open keys once, for writing, and signal a key as modified
+    // only when they change it (see `keyspace::BucketKey::open`).
+    if let Some(set) = unsafe { raw::RedisModule_SetModuleOptions } {
+        unsafe {
+            set(
+                ctx.ctx,
+                raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int,
+            )
+        };
+    }
     // Replaces the info callback the macro registered before `init` ran.
     raw::register_info_function(ctx.ctx, Some(stats::info));
     for cmd in COMMANDS {

@@ -197,6 +197,16 @@ fn denied_calls_do_not_touch_watched_keys() {
         .query(&mut other)
         .unwrap();
     assert_eq!(transaction(&mut watcher, &mut other, "0.5"), (1, false));
+    // So does a refund that fills the bucket, which deletes the key.
+    let _: () = redis::cmd("WATCH").arg("k").query(&mut watcher).unwrap();
+    let _: Vec<i64> = redis::cmd("TB.ADJUST")
+        .arg(&["k", "1", "0.001", "1"])
+        .query(&mut other)
+        .unwrap();
+    assert_eq!(int(&mut other, "EXISTS", "k"), 0);
+    let _: () = redis::cmd("MULTI").query(&mut watcher).unwrap();
+    let exec: redis::Value = redis::cmd("EXEC").query(&mut watcher).unwrap();
+    assert_eq!(exec, redis::Value::Nil);
 }
 
 #[test]

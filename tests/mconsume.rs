@@ -136,3 +136,37 @@ fn replicated_as_effects() {
     assert_eq!(primary.len(), 12);
     assert_eq!(snapshot(&mut replica.conn()), primary);
 }
+
+/// Runs `call` on `other` between `WATCH keys` and `EXEC` on `watcher`;
+/// true if the transaction still ran (no watched key was modified).
+fn exec_survives(watcher: &mut redis::Connection, keys: &[&str], call: impl FnOnce()) -> bool {
+    let _: () = redis::cmd("WATCH").arg(keys).query(watcher).unwrap();
+    call();
+    let _: () = redis::cmd("MULTI").query(watcher).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&["side", "x"])
+        .query(watcher)
+        .unwrap();
+    let exec: Value = redis::cmd("EXEC").query(watcher).unwrap();
+    exec != Value::Nil
+}
+
+#[test]
+fn only_buckets_it_changes_are_signalled_as_modified() {
+    let s = Server::start();
+    let mut watcher = s.conn();
+    let mut c = s.conn();
+    consume(&mut c, "k", "1", "0.001", "1"); // k is empty now
+    let denied = ["u", "10", "1", "1", "k", "1", "0.001", "1"];
+    assert!(exec_survives(&mut watcher, &["u", "k"], || {
+        assert_eq!(mconsume(&mut c, &denied).0, 0);
+    }));
+    // Admitted: u is charged, k's cost is 0 so k is not touched.
+    let admitted = ["u", "10", "1", "1", "k", "1", "0.001", "0"];
+    assert!(exec_survives(&mut watcher, &["k"], || {
+        assert_eq!(mconsume(&mut c, &admitted).0, 1);
+    }));
+    assert!(!exec_survives(&mut watcher, &["u"], || {
+        assert_eq!(mconsume(&mut c, &admitted).0, 1);
+    }));
+}
