@@ -290,6 +290,22 @@ if [[ $SKIP != *" instr "* ]] && command -v valgrind >/dev/null; then
         /\?\?\?:call \[/ { gsub(",", "", $1); c = $1 }
         END { print t, c }')
       record instr "$case" "$count" "$total" "$incall"
+      # Where TB.CONSUME's cost goes: the module API functions it calls
+      # (Redis's own code) and its handler, inclusive. Valkey spells the
+      # API `VM_`; --threshold=100 lists every function.
+      if [ "$case" = consume ] || [ "$case" = update ]; then
+        callgrind_annotate --inclusive=yes --threshold=100 "$cg" 2>/dev/null | awk -v c="$case" -v n="$count" '
+          match($0, /\?\?\?:[^ ]+ \[/) {
+            f = substr($0, RSTART + 4, RLENGTH - 6)
+            sub(/^(RM|VM)_/, "", f)
+            sub(/^(Redis|Valkey)ModuleCommandDispatcher$/, "Dispatcher", f)
+            sub(/^redis_tokenbucket::commands::consume$/, "handler", f)
+            if (f ~ /^(HashSet|HashGet|Replicate|SetAbsExpire|ReplyWithArray|ReplyWithLongLong|OpenKey|CloseKey|CreateString|FreeString|SignalModifiedKey|NotifyKeyspaceEvent|Dispatcher|handler)$/) {
+              gsub(",", "", $1)
+              printf "fn\t%s\t%s\t%s\t%s\n", c, n, f, $1
+            }
+          }' >>"$RESULTS"
+      fi
       printf 'callgrind %-8s n=%-6s total %14s  in call() %14s\n' "$case" "$count" "$total" "$incall"
     done
   done
