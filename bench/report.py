@@ -252,12 +252,11 @@ def build(outdir: Path):
 
 
 BREAKDOWN_NOTE = """Each `RM_` row is the function's inclusive cost under callgrind: Redis's
-own code, which a module reaches only through these calls. Every one of
-them is required by the contract (write the two fields, replicate the
-effects, set the TTL, reply with four integers) and called once per
-command (`RM_Replicate` twice). "Redis's side alone / HSET" is therefore
-the ratio a module with no code of its own would reach; the 1.5x target
-lies below it. The two `RM_Replicate` calls are the largest gap to HSET:
+own code, which a module reaches only through these calls. Each does
+work the contract requires (open the key, read and write the two fields,
+replicate the effects, set the TTL, signal the change, reply with four
+integers). "Redis's side alone / HSET" is therefore the ratio a module
+with no code of its own would reach; the 1.5x target lies below it. The two `RM_Replicate` calls are the largest gap to HSET:
 each looks its command name up again (`lookupCommandByCString`: an `sds`
 copy, a split on `|`, a hash lookup) and builds an argv, while a plain
 HSET propagates the argv it already has.
