@@ -109,6 +109,17 @@ impl Text {
             return Text::int(t as i64);
         }
         let mut out = Text::new();
+        if t.is_finite() && t.abs() < 9_007_199_254_740_992.0 {
+            // Fractional: ryu writes the shortest round-trip decimal in the
+            // same notation as the Display / `e` split below, and the same
+            // digits unless two shortest decimals are equally close, where
+            // ryu and Display break the tie differently.
+            let mut buf = ryu::Buffer::new();
+            let text = buf.format_finite(t);
+            if !may_tie(t, text) && out.write_str(text).is_ok() {
+                return out;
+            }
+        }
         // Rust's Display is shortest-round-trip but never uses an exponent;
         // tiny magnitudes would print hundreds of zeros, so use `e` for those.
         let tiny = t != 0.0 && t.abs() < 1e-5;
@@ -162,6 +173,43 @@ impl Text {
         out.len = TEXT_CAP - i;
         out
     }
+}
+
+/// Whether `text`, the shortest decimal for the finite, non-integral `t`,
+/// could have an equally close rival of the same length. That takes `t`'s
+/// exact decimal expansion (as many fraction digits as `t` has binary
+/// fraction bits) to end one digit after `text`'s last, in a 5 halfway
+/// between the two.
+fn may_tie(t: f64, text: &str) -> bool {
+    let bits = t.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i64;
+    let frac = bits & ((1u64 << 52) - 1);
+    let (mantissa, exp2) = if exp == 0 {
+        (frac, -1074)
+    } else {
+        (frac | (1u64 << 52), exp - 1075)
+    };
+    let exact_digits = -exp2 - i64::from(mantissa.trailing_zeros());
+    // Fraction digits of `text`: those after the point, plus the negated
+    // exponent of the `e` form. One pass over at most 24 bytes.
+    let mut after_point = 0i64;
+    let mut in_fraction = false;
+    let mut bytes = text.bytes();
+    for c in bytes.by_ref() {
+        match c {
+            b'.' => in_fraction = true,
+            b'e' => break,
+            _ if in_fraction => after_point += 1,
+            _ => {}
+        }
+    }
+    // Only balances below 1e-5 take the `e` form here, so what follows
+    // the `e` is `-` and the digits of the power.
+    let power = bytes.fold(0i64, |p, c| match c {
+        b'0'..=b'9' => p * 10 + i64::from(c - b'0'),
+        _ => p,
+    });
+    exact_digits == after_point + power + 1
 }
 
 impl std::fmt::Write for Text {
@@ -292,6 +340,52 @@ mod tests {
         for v in (-100_000..100_000).chain((0..64).map(|b| 1i64 << b)) {
             assert_eq!(Text::int(v).as_str(), v.to_string());
         }
+    }
+
+    #[test]
+    fn ties_between_two_shortest_decimals_are_written_as_display_writes_them() {
+        // 1658206780088562.25 is exactly halfway between the two shortest
+        // decimals ...62.2 and ...62.3; 549755813888.03125 (within the
+        // module's 1e12 bound) between ...888.0312 and ...888.0313.
+        // (Written as sums: each is exact, but longer than its shortest form.)
+        let near_2_pow_50 = 1_658_206_780_088_562.0 + 0.25;
+        let near_2_pow_39 = 549_755_813_888.0 + 0.031_25;
+        for t in [near_2_pow_50, near_2_pow_39, -near_2_pow_39] {
+            let raw = ryu::Buffer::new().format_finite(t).to_string();
+            assert!(may_tie(t, &raw), "{t:?}");
+            assert_eq!(Text::tokens(t).as_str(), display(t), "{t:?}");
+        }
+        // The first one is where ryu and Display disagree: the fallback is
+        // what keeps the stored text.
+        assert_ne!(
+            ryu::Buffer::new().format_finite(near_2_pow_50),
+            display(near_2_pow_50)
+        );
+        assert!(!may_tie(0.1, "0.1"));
+        assert!(!may_tie(999_998.012_345_6, "999998.0123456"));
+    }
+
+    #[test]
+    fn dyadic_fractions_write_what_display_writes() {
+        // n / 2^j has j binary fraction bits: the values where a shortest
+        // decimal can tie, in every magnitude up to 2^53.
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut ties = 0;
+        for _ in 0..400_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let j = (x >> 58) as i32 + 1; // 1..=64
+            let n = (x & ((1u64 << 53) - 1)) >> (x % 53);
+            let t = n as f64 / 2f64.powi(j);
+            let t = if x & 1 == 1 { -t } else { t };
+            let text = Text::tokens(t);
+            assert_eq!(text.as_str(), display(t), "{t:?}");
+            if t != t.trunc() && may_tie(t, ryu::Buffer::new().format_finite(t)) {
+                ties += 1;
+            }
+        }
+        assert!(ties > 100, "the fallback was exercised only {ties} times");
     }
 
     #[test]
