@@ -316,9 +316,11 @@ figures of one run with each other (the ratios), not across runs.
 * **Throughput**: one `redis-server` with the module and the Lua library
   (`FUNCTION LOAD REPLACE lua/tb.lua`), `redis-benchmark -c 50` with
   `-P 16` and with `-P 1`, keys `rl:__rand_int__` over `-r 1000000`,
-  `FLUSHALL` before each run. The cases run interleaved, {rounds} rounds;
-  ops/s are medians, and each ratio is the median of the per-round ratios
-  (runs of one round are close in time, so they see the same load).
+  `FLUSHALL` before each run. The cases run interleaved, {rounds} rounds,
+  each round every case at `-P 16` and then every case at `-P 1`; ops/s
+  are medians, and each ratio is the median of the per-round ratios (the
+  runs a ratio compares are close in time, so they see much the same
+  load).
   The "per CPU-s" columns divide requests by the server process's CPU
   time during the run (`/proc/PID/stat`): on a shared machine other
   processes take turns on the server's core, which lowers ops/s but not
