@@ -73,15 +73,14 @@ def fmt_x(v):
     return "n/a" if v is None else f"{v:.2f}x"
 
 
-def per_command(instr, case):
-    """(in call(), whole process) instructions per command, from N and 2N."""
-    runs = sorted(n for (c, n) in instr if c == case)
+def per_command(table, case, value):
+    """value(entry) per command, from the N and 2N runs of `case` in
+    `table`: (cost(2N) - cost(N)) / N cancels start-up and shutdown."""
+    runs = sorted(n for (c, n) in table if c == case)
     if len(runs) < 2:
-        return None, None
+        return None
     n1, n2 = runs[0], runs[-1]
-    (t1, c1), (t2, c2) = instr[(case, n1)], instr[(case, n2)]
-    d = n2 - n1
-    return (c2 - c1) / d, (t2 - t1) / d
+    return (value(table[(case, n2)]) - value(table[(case, n1)])) / (n2 - n1)
 
 
 def paired(a, b):
@@ -142,7 +141,9 @@ def build(outdir: Path):
                        + ([f"{sizes[-1]:,} / {sizes[0]:,}", "per CPU-s"]
                           if len(sizes) > 1 else []), rows)
 
-    ic = {case: per_command(instr, case)
+    # (in call(), whole process) instructions per command.
+    ic = {case: (per_command(instr, case, lambda e: e[1]),
+                 per_command(instr, case, lambda e: e[0]))
           for case in ("hset", "consume", "update", "denied", "fcall")}
     rows = []
     for case, label in [
@@ -192,11 +193,7 @@ def build(outdir: Path):
     ]
 
     def per_fn(case, name):
-        runs = sorted(n for (c, n) in fns if c == case)
-        if len(runs) < 2:
-            return None
-        n1, n2 = runs[0], runs[-1]
-        return (fns[(case, n2)].get(name, 0) - fns[(case, n1)].get(name, 0)) / (n2 - n1)
+        return per_command(fns, case, lambda e: e.get(name, 0))
 
     floor = {}
     columns = {}
