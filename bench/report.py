@@ -301,7 +301,7 @@ are described at the top of `bench/run.sh`. Raw results land in
 | CPU | {machine.get('cpu', '?')} |
 | cores (`nproc`) | {machine.get('nproc', '?')} |
 | kernel | {machine.get('kernel', '?')} |
-| server | redis-server {machine.get('redis', '?')} (Debian) |
+| server | {machine.get('redis', '?')} (`{machine.get('server_bin', '?')}`) |
 | load average at start / end | {machine.get('loadavg_start', '?')} / {machine.get('loadavg_end', '?')} |
 
 The server is pinned to core 0 and `redis-benchmark` to core 1 (`taskset`).

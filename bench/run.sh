@@ -11,12 +11,14 @@
 #   BENCH_NO_DOC=1       print the table, leave docs/benchmarks.md alone
 #   BENCH_SKIP=...       space-separated sections to skip: tput mem scale instr
 #   BENCH_MODULE=path    another build of the module (before/after comparisons)
+#   BENCH_SERVER=path    another server binary (e.g. the venv's valkey-server)
 #   BENCH_OUT=dir        raw results (default target/bench)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 MODULE=${BENCH_MODULE:-$ROOT/target/release/libredis_tokenbucket.so}
+SERVER=${BENCH_SERVER:-redis-server}
 LUA=$ROOT/lua/tb.lua
 ROUNDS=${BENCH_ROUNDS:-5}
 SCALE=${BENCH_SCALE:-1}
@@ -26,7 +28,7 @@ OUT=${BENCH_OUT:-$ROOT/target/bench}
 RESULTS=$OUT/results.tsv
 
 [ -f "$MODULE" ] || { echo "bench: $MODULE missing: run make build" >&2; exit 1; }
-for tool in redis-server redis-cli redis-benchmark python3; do
+for tool in "$SERVER" redis-cli redis-benchmark python3; do
   command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 1; }
 done
 
@@ -72,7 +74,7 @@ start_server() {
   shift
   PORT=$(free_port)
   mkdir -p "$WORK/$name"
-  "${SRV[@]}" ${WRAP:-} redis-server --bind 127.0.0.1 --port "$PORT" --save '' \
+  "${SRV[@]}" ${WRAP:-} "$SERVER" --bind 127.0.0.1 --port "$PORT" --save '' \
     --appendonly no --dir "$WORK/$name" --logfile "$WORK/$name/server.log" \
     --loadmodule "$MODULE" "$@" >"$WORK/$name/stdout.log" 2>&1 &
   PIDS+=($!)
@@ -156,7 +158,8 @@ declare -A CMD=(
   echo "nproc	$(nproc)"
   echo "cpu	$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
   echo "kernel	$(uname -sr)"
-  echo "redis	$(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
+  echo "redis	$("$SERVER" --version | sed 's/ server v=\([^ ]*\).*/ \1/')"
+  echo "server_bin	$(command -v "$SERVER")"
   echo "rounds	$ROUNDS"
   echo "scale	$SCALE"
   echo "big	$BIG"
