@@ -290,7 +290,8 @@ Figures of the last `make bench` run (commit `{machine.get('commit', '?')}`,
 make bench          # deps, venv, release build, then bash bench/run.sh
 ```
 
-`BENCH_ROUNDS`, `BENCH_SCALE` (request counts), `BENCH_BIG` and `BENCH_SKIP`
+`BENCH_ROUNDS`, `BENCH_SCALE` (request counts), `BENCH_BIG`, `BENCH_SKIP` and
+`BENCH_SERVER` (another server binary)
 are described at the top of `bench/run.sh`. Raw results land in
 `target/bench/` (`results.tsv`, callgrind profiles).
 
