@@ -168,45 +168,30 @@ fn denied_calls_do_not_touch_watched_keys() {
     let mut watcher = s.conn();
     let mut other = s.conn();
     consume(&mut other, "k", "1", "0.001", "1");
-    let transaction = |w: &mut redis::Connection, other: &mut redis::Connection, cost: &str| {
-        let _: () = redis::cmd("WATCH").arg("k").query(w).unwrap();
-        let r = consume(other, "k", "1", "0.001", cost);
-        let _: () = redis::cmd("MULTI").query(w).unwrap();
-        let _: () = redis::cmd("SET").arg("side").arg("x").query(w).unwrap();
-        let exec: redis::Value = redis::cmd("EXEC").query(w).unwrap();
-        (r[0], exec != redis::Value::Nil)
+    let adjust = |c: &mut redis::Connection, args: &[&str]| {
+        let _: Vec<i64> = redis::cmd("TB.ADJUST").arg(args).query(c).unwrap();
     };
     // A denial (and a cost-0 check) changes nothing, so a WATCH survives it.
-    assert_eq!(transaction(&mut watcher, &mut other, "1"), (0, true));
-    assert_eq!(transaction(&mut watcher, &mut other, "0"), (1, true));
+    assert!(exec_survives(&mut watcher, &["k"], || {
+        assert_eq!(consume(&mut other, "k", "1", "0.001", "1")[0], 0);
+    }));
+    assert!(exec_survives(&mut watcher, &["k"], || {
+        assert_eq!(consume(&mut other, "k", "1", "0.001", "0")[0], 1);
+    }));
     // Refunding a missing (full) bucket changes nothing either.
-    let _: () = redis::cmd("WATCH")
-        .arg("absent")
-        .query(&mut watcher)
-        .unwrap();
-    let _: Vec<i64> = redis::cmd("TB.ADJUST")
-        .arg(&["absent", "10", "1", "5"])
-        .query(&mut other)
-        .unwrap();
-    let _: () = redis::cmd("MULTI").query(&mut watcher).unwrap();
-    let exec: redis::Value = redis::cmd("EXEC").query(&mut watcher).unwrap();
-    assert_ne!(exec, redis::Value::Nil);
+    assert!(exec_survives(&mut watcher, &["absent"], || {
+        adjust(&mut other, &["absent", "10", "1", "5"]);
+    }));
     // An admitted call modifies the key, which aborts the transaction.
-    let _: Vec<i64> = redis::cmd("TB.ADJUST")
-        .arg(&["k", "1", "0.001", "1"])
-        .query(&mut other)
-        .unwrap();
-    assert_eq!(transaction(&mut watcher, &mut other, "0.5"), (1, false));
+    adjust(&mut other, &["k", "1", "0.001", "1"]);
+    assert!(!exec_survives(&mut watcher, &["k"], || {
+        assert_eq!(consume(&mut other, "k", "1", "0.001", "0.5")[0], 1);
+    }));
     // So does a refund that fills the bucket, which deletes the key.
-    let _: () = redis::cmd("WATCH").arg("k").query(&mut watcher).unwrap();
-    let _: Vec<i64> = redis::cmd("TB.ADJUST")
-        .arg(&["k", "1", "0.001", "1"])
-        .query(&mut other)
-        .unwrap();
-    assert_eq!(int(&mut other, "EXISTS", "k"), 0);
-    let _: () = redis::cmd("MULTI").query(&mut watcher).unwrap();
-    let exec: redis::Value = redis::cmd("EXEC").query(&mut watcher).unwrap();
-    assert_eq!(exec, redis::Value::Nil);
+    assert!(!exec_survives(&mut watcher, &["k"], || {
+        adjust(&mut other, &["k", "1", "0.001", "1"]);
+        assert_eq!(int(&mut other, "EXISTS", "k"), 0);
+    }));
 }
 
 #[test]

@@ -137,20 +137,6 @@ fn replicated_as_effects() {
     assert_eq!(snapshot(&mut replica.conn()), primary);
 }
 
-/// Runs `call` on `other` between `WATCH keys` and `EXEC` on `watcher`;
-/// true if the transaction still ran (no watched key was modified).
-fn exec_survives(watcher: &mut redis::Connection, keys: &[&str], call: impl FnOnce()) -> bool {
-    let _: () = redis::cmd("WATCH").arg(keys).query(watcher).unwrap();
-    call();
-    let _: () = redis::cmd("MULTI").query(watcher).unwrap();
-    let _: () = redis::cmd("SET")
-        .arg(&["side", "x"])
-        .query(watcher)
-        .unwrap();
-    let exec: Value = redis::cmd("EXEC").query(watcher).unwrap();
-    exec != Value::Nil
-}
-
 #[test]
 fn only_buckets_it_changes_are_signalled_as_modified() {
     let s = Server::start();

@@ -357,6 +357,20 @@ pub fn snapshot(c: &mut redis::Connection) -> BTreeMap<Vec<u8>, (BTreeMap<String
         .collect()
 }
 
+/// Runs `call` between `WATCH keys` and `EXEC` on `watcher`; true if the
+/// transaction still ran (no watched key was signalled as modified).
+pub fn exec_survives(watcher: &mut redis::Connection, keys: &[&str], call: impl FnOnce()) -> bool {
+    let _: () = redis::cmd("WATCH").arg(keys).query(watcher).unwrap();
+    call();
+    let _: () = redis::cmd("MULTI").query(watcher).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&["side", "x"])
+        .query(watcher)
+        .unwrap();
+    let exec: redis::Value = redis::cmd("EXEC").query(watcher).unwrap();
+    exec != redis::Value::Nil
+}
+
 /// Polls `f` until it returns true or the timeout passes.
 pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
