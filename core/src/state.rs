@@ -77,6 +77,10 @@ pub struct Text {
 /// form). Larger values, all integral, spill.
 const TEXT_CAP: usize = 32;
 
+/// 2^53: below it every integer is an exact f64 and every other finite
+/// value has a fraction.
+const TWO_POW_53: f64 = 9_007_199_254_740_992.0;
+
 impl Text {
     fn new() -> Self {
         Text {
@@ -105,11 +109,11 @@ impl Text {
         // Integral balances (every fresh bucket's first charge) print as
         // their integer: same text as Display, without the float
         // formatting machinery. Below 2^53 the i64 cast is exact.
-        if t == t.trunc() && t.abs() < 9_007_199_254_740_992.0 {
+        if t == t.trunc() && t.abs() < TWO_POW_53 {
             return Text::int(t as i64);
         }
         let mut out = Text::new();
-        if t.is_finite() && t.abs() < 9_007_199_254_740_992.0 {
+        if t.is_finite() && t.abs() < TWO_POW_53 {
             // Fractional: ryu writes the shortest round-trip decimal in the
             // same notation as the Display / `e` split below, and the same
             // digits unless two shortest decimals are equally close, where
