@@ -1,0 +1,39 @@
+"""Atomic token-bucket rate limiting on Redis.
+
+    from redis_tokenbucket import Bucket, Limiter
+    lim = Limiter(redis.Redis())
+    d = lim.consume("rl:user:42", Bucket(max=10, rate=0.17))
+
+Uses the TB.* module where the server has it, else the Lua library that
+ships inside this package (Functions, or EVAL scripts), with the same
+replies on the same keys. ``redis_tokenbucket.asyncio.Limiter`` is the
+awaitable twin; ``redis_tokenbucket.fastapi`` plugs it into FastAPI.
+"""
+
+from __future__ import annotations
+
+from ._bucket import Bucket, InvalidArgument, KeyT
+from ._cache import DenialCache
+from ._core import BackendName, OnError
+from ._decision import Decision, MultiDecision
+from ._errors import CrossSlotError, LimiterError, NoBackendError
+from ._keys import hash_tagged
+from ._sync import Limiter
+from .headers import rate_limit_headers
+
+__all__ = [
+    "BackendName",
+    "Bucket",
+    "CrossSlotError",
+    "Decision",
+    "DenialCache",
+    "InvalidArgument",
+    "KeyT",
+    "Limiter",
+    "LimiterError",
+    "MultiDecision",
+    "NoBackendError",
+    "OnError",
+    "hash_tagged",
+    "rate_limit_headers",
+]

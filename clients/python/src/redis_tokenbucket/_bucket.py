@@ -1,0 +1,123 @@
+"""Buckets and argument checks, with the module's rules and error texts
+(core/src/args.rs, core/src/number.rs), so a bad limit fails where it is
+written instead of as an error reply on a request path."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Optional, Union
+
+# The module's bounds (docs/commands.md, Limits).
+MAX_CAPACITY = 1e12
+MAX_RATE = 1e12
+MAX_FILL_SECONDS = 1e10
+MAX_GROUPS = 10_000
+
+# [+-] (digits [. digits] | . digits) [(e|E) [+-] digits], ASCII digits only:
+# the grammar the module and the Lua library accept.
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+KeyT = Union[str, bytes]
+"""A Redis key: any string or binary string."""
+
+
+class InvalidArgument(ValueError):
+    """A limit, cost or delta the module would refuse. The message is the
+    module's error text without its `ERR ` prefix, and starts with the
+    field's name; `field` holds that name."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _group(group: Optional[int]) -> str:
+    return "" if group is None else f" (group {group})"
+
+
+def number(value: Any, name: str, group: Optional[int] = None) -> float:
+    """A finite decimal as a float; `InvalidArgument` for anything the
+    module's grammar refuses (NaN, infinities, bools, hex or padded text)."""
+    if isinstance(value, str):
+        if _DECIMAL.fullmatch(value):
+            result = float(value)
+            if math.isfinite(result):
+                return result
+    elif isinstance(value, (numbers.Real, Decimal)) and not isinstance(value, bool):
+        try:
+            result = float(value)
+        except OverflowError:  # an int or Fraction beyond the double range
+            result = math.inf
+        if math.isfinite(result):
+            return result
+    raise InvalidArgument(name, f"{name} must be a finite decimal number{_group(group)}")
+
+
+def encode(value: float) -> str:
+    """How a checked number is sent: repr() of a finite float always fits
+    the grammar (`10.0`, `0.17`, `1e-05`) and parses back to the same double."""
+    return repr(value)
+
+
+def check_cost(cost: Any, bucket: Bucket, group: Optional[int] = None) -> float:
+    value = number(cost, "cost", group)
+    if value < 0:
+        raise InvalidArgument("cost", f"cost must be >= 0{_group(group)}")
+    if value > bucket.max:
+        raise InvalidArgument("cost", f"cost must not exceed max, it could never pass{_group(group)}")
+    return value
+
+
+def check_delta(delta: Any) -> float:
+    return number(delta, "delta")
+
+
+def check_name(name: str) -> str:
+    # Policy names are sf-strings in the RateLimit fields: printable ASCII.
+    if not isinstance(name, str) or not name or any(not " " <= c <= "~" for c in name):
+        raise InvalidArgument("name", "name must be a non-empty string of printable ASCII")
+    return name
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """`max` tokens of burst, refilled at `rate` tokens per second.
+
+    Checked when built, with the module's rules: `0 < max <= 1e12`,
+    `0 < rate <= 1e12`, `max / rate <= 1e10` seconds. `name` names the
+    policy in the RateLimit headers (`"user";q=10;w=59`).
+    """
+
+    max: float
+    rate: float
+    name: Optional[str] = None
+    # The arguments as sent, encoded once.
+    _args: tuple[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        max_ = number(self.max, "max")
+        if not 0 < max_ <= MAX_CAPACITY:
+            raise InvalidArgument("max", "max must be > 0 and <= 1e12")
+        rate = number(self.rate, "rate")
+        if not 0 < rate <= MAX_RATE:
+            raise InvalidArgument("rate", "rate must be > 0 and <= 1e12")
+        if max_ / rate > MAX_FILL_SECONDS:
+            raise InvalidArgument("rate", "rate is too low for max: max/rate must be <= 1e10 seconds")
+        if self.name is not None:
+            check_name(self.name)
+        object.__setattr__(self, "max", max_)
+        object.__setattr__(self, "rate", rate)
+        object.__setattr__(self, "_args", (encode(max_), encode(rate)))
+
+    @property
+    def fill_seconds(self) -> float:
+        """Seconds an empty bucket takes to fill."""
+        return self.max / self.rate
+
+    def named(self, name: str) -> Bucket:
+        """The same limits under another policy name."""
+        return Bucket(self.max, self.rate, name)

@@ -1,0 +1,412 @@
+"""Everything the sync and asyncio limiters share.
+
+Each operation is written once, as a plan: a generator that yields the
+Redis commands to send and receives their replies (or has their errors
+thrown in). The sync Limiter runs a plan with blocking calls, the asyncio
+one with awaits; neither knows what the commands are. Backend detection,
+the Cluster fallback, the denial cache and the failure policy all live
+here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Literal, Optional, TypeVar, Union
+
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+
+from ._bucket import MAX_GROUPS, Bucket, InvalidArgument, KeyT, check_cost, check_delta, encode
+from ._cache import DenialCache
+from ._decision import Decision, MultiDecision
+from ._errors import CrossSlotError, NoBackendError
+from ._scripts import COMMANDS, EVAL_CALLS, FUNCTIONS, Op, library_source
+
+log = logging.getLogger("redis_tokenbucket")
+
+T = TypeVar("T")
+Args = tuple[Any, ...]
+Plan = Generator[Args, Any, T]
+"""Yields commands, receives replies, returns the result."""
+
+BackendName = Literal["module", "functions", "eval"]
+BACKENDS: tuple[BackendName, ...] = ("module", "functions", "eval")
+OnError = Literal["raise", "open", "closed"]
+ON_ERROR: tuple[OnError, ...] = ("raise", "open", "closed")
+
+# (key, bucket, cost or delta), checked.
+Group = tuple[KeyT, Bucket, float]
+GroupIn = Union[tuple[KeyT, Bucket], tuple[KeyT, Bucket, float]]
+
+# The probe `detect()` peeks at; under `rl:` like the usual buckets, so an
+# ACL key pattern such as `~rl:*` covers it.
+PROBE_KEY = "rl:probe"
+_PROBE = Bucket(1, 1)
+
+# What the failure policy applies to: Redis or the network failing, not a
+# bad argument or a usage error.
+FAILURES: tuple[type[BaseException], ...] = (
+    RedisError,
+    RedisClusterException,
+    NoBackendError,
+    OSError,
+    TimeoutError,
+    asyncio.TimeoutError,
+)
+
+
+def refused(exc: BaseException) -> bool:
+    """The server (or a cluster client, from the server's command table)
+    says this command doesn't exist here, or that this user may not run it."""
+    text = str(exc).lower()
+    return "unknown command" in text or "doesn't exist in redis commands" in text or "no permissions to run" in text
+
+
+def function_missing(exc: BaseException) -> bool:
+    """The Functions library is not loaded (never, or flushed since)."""
+    return isinstance(exc, ResponseError) and "function not found" in str(exc).lower()
+
+
+class _Unavailable(Exception):
+    """A backend can't serve this server: try the next one."""
+
+    def __init__(self, backend: BackendName, cause: BaseException) -> None:
+        super().__init__(backend, cause)
+        self.backend = backend
+        self.cause = cause
+
+
+class Engine:
+    """Sends one operation on the backend in use, and finds that backend:
+    on first use, and again when a reply says it is gone (a failover to a
+    node without the module, FUNCTION FLUSH, a restart)."""
+
+    def __init__(self, forced: Optional[BackendName]) -> None:
+        if forced is not None and forced not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (or None to detect it)")
+        self.forced = forced
+        self.backend: Optional[BackendName] = forced
+
+    def call(self, op: Op, groups: Sequence[Group]) -> Plan[Any]:
+        backend = self.backend
+        if backend is not None:
+            try:
+                return (yield from self._send(backend, op, groups))
+            except _Unavailable as gone:
+                if self.forced:
+                    raise NoBackendError([(backend, gone.cause)]) from gone.cause
+                log.warning("rate limiter: the %s backend is gone (%s), detecting again", backend, gone.cause)
+                self.backend = None
+        return (yield from self._detect(op, groups))
+
+    def _detect(self, op: Op, groups: Sequence[Group]) -> Plan[Any]:
+        # The call itself is the probe: a refusal means nothing ran.
+        failures: list[tuple[str, BaseException]] = []
+        for name in BACKENDS:
+            try:
+                reply = yield from self._send(name, op, groups)
+            except _Unavailable as exc:
+                failures.append((name, exc.cause))
+                continue
+            self.backend = name
+            log.info("rate limiter: using the %s backend", name)
+            return reply
+        raise NoBackendError(failures)
+
+    def _send(self, backend: BackendName, op: Op, groups: Sequence[Group]) -> Plan[Any]:
+        if backend == "module":
+            args: Args = (COMMANDS[op], *(a for k, b, n in groups for a in (k, *b._args, encode(n))))
+            try:
+                return (yield args)
+            except Exception as exc:
+                if refused(exc):
+                    raise _Unavailable(backend, exc) from exc
+                raise
+        # FCALL and EVAL take the keys apart: keys first, then a
+        # `max rate cost` group per key.
+        keys = [k for k, _, _ in groups]
+        rest = [a for _, b, n in groups for a in (*b._args, encode(n))]
+        if backend == "functions":
+            return (yield from self._fcall(op, keys, rest))
+        return (yield from self._eval(op, keys, rest))
+
+    def _fcall(self, op: Op, keys: list[KeyT], rest: list[str]) -> Plan[Any]:
+        command, function = FUNCTIONS[op]
+        args: Args = (command, function, len(keys), *keys, *rest)
+        try:
+            return (yield args)
+        except Exception as exc:
+            if refused(exc):
+                raise _Unavailable("functions", exc) from exc
+            if not function_missing(exc):
+                raise
+        try:
+            # REPLACE: idempotent when gateways race, or some Cluster
+            # primaries have it already. A cluster client sends it to all.
+            yield ("FUNCTION LOAD", "REPLACE", library_source())
+        except ResponseError as exc:
+            # Refused (Redis 6.2, an ACL without FUNCTION, a managed service
+            # that disables it): the EVAL scripts need no loading.
+            raise _Unavailable("functions", exc) from exc
+        return (yield args)
+
+    def _eval(self, op: Op, keys: list[KeyT], rest: list[str]) -> Plan[Any]:
+        call = EVAL_CALLS[op].load()
+        tail = (len(keys), *keys, *call.leading_args, *rest)
+        try:
+            return (yield ("EVALSHA", call.sha, *tail))
+        except NoScriptError:
+            pass  # not cached on this node (restart, failover, SCRIPT FLUSH)
+        except Exception as exc:
+            if refused(exc):
+                raise _Unavailable("eval", exc) from exc
+            raise
+        try:
+            # EVAL runs the script and caches it for the next EVALSHA.
+            return (yield ("EVAL", call.source, *tail))
+        except Exception as exc:
+            if refused(exc):
+                raise _Unavailable("eval", exc) from exc
+            raise
+
+
+@dataclass(frozen=True)
+class OneRequest:
+    op: Op
+    key: KeyT
+    bucket: Bucket
+    amount: float
+
+
+@dataclass(frozen=True)
+class ManyRequest:
+    groups: tuple[Group, ...]
+    each: bool  # bucket by bucket instead of one MCONSUME
+
+
+class _ErrorLog:
+    """Logs degraded answers: the first at once, then at most one line per
+    `every` seconds counting the others, so an outage can't flood the log."""
+
+    every = 1.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+        self._unreported = 0
+
+    def report(self, exc: BaseException, on_error: OnError, what: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < self.every:
+                self._unreported += 1
+                return
+            more, self._unreported, self._last = self._unreported, 0, now
+        log.error(
+            "rate limiter unavailable, failing %s (%s) for %s: %s: %s%s",
+            on_error,
+            "admitted" if on_error == "open" else "denied",
+            what,
+            type(exc).__name__,
+            exc,
+            f" ({more} more degraded answers since the last report)" if more else "",
+        )
+
+
+class LimiterBase:
+    """State and plans shared by `Limiter` and `asyncio.Limiter`."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        backend: Optional[BackendName] = None,
+        timeout: Optional[float] = None,
+        on_error: OnError = "raise",
+        denial_cache: Union[int, DenialCache, None] = None,
+    ) -> None:
+        self.client = client
+        # Bound once: the hot path calls it directly.
+        self._execute: Callable[..., Any] = client.execute_command
+        self._cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
+        self._engine = Engine(backend)
+        self.timeout = _check_timeout(timeout)
+        self.on_error = _check_on_error(on_error)
+        if isinstance(denial_cache, DenialCache):
+            self.denial_cache: Optional[DenialCache] = denial_cache
+        else:
+            self.denial_cache = DenialCache(denial_cache) if denial_cache else None
+        self._errors = _ErrorLog()
+
+    @property
+    def backend(self) -> Optional[BackendName]:
+        """The backend in use ("module", "functions" or "eval"); None until a call finds it."""
+        return self._engine.backend
+
+    # ---- requests: checked before anything is sent -----------------------
+
+    def _check_one(self, op: Op, key: KeyT, bucket: Bucket, amount: Any) -> OneRequest:
+        _check_bucket(bucket)
+        value = check_delta(amount) if op == "adjust" else check_cost(amount, bucket)
+        return OneRequest(op, key, bucket, value)
+
+    def _check_many(self, groups: Iterable[GroupIn], atomic: Optional[bool]) -> ManyRequest:
+        checked: list[Group] = []
+        seen: dict[bytes, int] = {}
+        for i, group in enumerate(groups, 1):
+            key, bucket, *cost = group
+            _check_bucket(bucket, i)
+            if len(cost) > 1:
+                raise ValueError(f"group {i}: expected (key, bucket) or (key, bucket, cost)")
+            checked.append((key, bucket, check_cost(cost[0] if cost else 1, bucket, i)))
+            if len(checked) > MAX_GROUPS:
+                raise InvalidArgument("groups", f"too many buckets: at most {MAX_GROUPS} groups per call")
+            raw = key.encode() if isinstance(key, str) else bytes(key)
+            if raw in seen:
+                raise InvalidArgument("key", f"duplicate key: group {i} repeats the key of group {seen[raw]}")
+            seen[raw] = i
+        if not checked:
+            raise InvalidArgument("groups", "consume_many needs at least one (key, bucket, cost)")
+        split = self._cluster and len(checked) > 1 and len({self._slot(k) for k, _, _ in checked}) > 1
+        if split and atomic:
+            slots = ", ".join(f"{k!r}: {self._slot(k)}" for k, _, _ in checked)
+            raise CrossSlotError(
+                f"atomic consume_many needs every key in one Cluster hash slot, got {slots}; "
+                "put the shared part in a hash tag (redis_tokenbucket.hash_tagged) or pass atomic=None"
+            )
+        return ManyRequest(tuple(checked), each=split or atomic is False)
+
+    def _slot(self, key: KeyT) -> int:
+        slot: int = self.client.keyslot(key)
+        return slot
+
+    def _options(self, timeout: Optional[float], on_error: Optional[OnError]) -> tuple[Optional[float], OnError]:
+        return (
+            self.timeout if timeout is None else _check_timeout(timeout),
+            self.on_error if on_error is None else _check_on_error(on_error),
+        )
+
+    # ---- plans -----------------------------------------------------------
+
+    def _cached_one(self, req: OneRequest) -> Optional[Decision]:
+        if self.denial_cache is None or req.op == "adjust":
+            return None
+        hit = self.denial_cache.lookup((req.key,), (req.bucket,), (req.amount,))
+        return hit.decisions[0] if hit else None
+
+    def _cached_many(self, req: ManyRequest) -> Optional[MultiDecision]:
+        if self.denial_cache is None:
+            return None
+        keys = tuple(k for k, _, _ in req.groups)
+        hit = self.denial_cache.lookup(keys, [b for _, b, _ in req.groups], [c for _, _, c in req.groups])
+        if hit is None:
+            return None
+        return MultiDecision(False, hit.retry_after_ms, hit.decisions, atomic=not req.each, cached=True)
+
+    def _plan_one(self, req: OneRequest) -> Plan[Decision]:
+        cache = self.denial_cache
+        sent = cache.clock() if cache else 0.0
+        reply = yield from self._engine.call(req.op, ((req.key, req.bucket, req.amount),))
+        decision = Decision.from_reply(reply, req.key, req.bucket, req.amount)
+        if cache is not None:
+            if req.op == "adjust":
+                cache.forget(req.key)
+            elif not decision.allowed:
+                cache.remember(sent, decision.retry_after_ms, (decision,))
+        return decision
+
+    def _plan_many(self, req: ManyRequest) -> Plan[MultiDecision]:
+        cache = self.denial_cache
+        sent = cache.clock() if cache else 0.0
+        if req.each:
+            result = yield from self._plan_each(req.groups)
+        else:
+            allowed, retry_ms, *replies = yield from self._engine.call("mconsume", req.groups)
+            decisions = tuple(Decision.from_reply(r, *g) for r, g in zip(replies, req.groups))
+            result = MultiDecision(bool(allowed), int(retry_ms), decisions)
+        if cache is not None and not result.allowed:
+            cache.remember(sent, result.retry_after_ms, result.decisions)
+        return result
+
+    def _plan_each(self, groups: Sequence[Group]) -> Plan[MultiDecision]:
+        """All-or-nothing without TB.MCONSUME, for keys in several Cluster
+        slots: charge bucket by bucket in order; when one denies, refund
+        those already charged and peek at the rest, so the answer is the
+        one TB.MCONSUME would give. Not atomic: until the refunds land,
+        the refunded tokens are missing and a concurrent request can be
+        denied for it; and if Redis fails between the charge and the
+        refund, the charge stays."""
+        charged: list[Decision] = []
+        for i, (key, bucket, cost) in enumerate(groups):
+            reply = yield from self._engine.call("consume", ((key, bucket, cost),))
+            decision = Decision.from_reply(reply, key, bucket, cost)
+            if decision.allowed:
+                charged.append(decision)
+                continue
+            refunded = []
+            for c in charged:
+                if c.cost > 0:
+                    reply = yield from self._engine.call("adjust", ((c.key, c.bucket, c.cost),))
+                    # It could pay on its own, as TB.MCONSUME would report it;
+                    # ADJUST's retry time (for cost 1) means nothing here.
+                    c = replace(Decision.from_reply(reply, c.key, c.bucket, c.cost), retry_after_ms=0)
+                refunded.append(c)
+            rest = []
+            for key, bucket, cost in groups[i + 1 :]:
+                reply = yield from self._engine.call("peek", ((key, bucket, cost),))
+                rest.append(Decision.from_reply(reply, key, bucket, cost))
+            decisions = (*refunded, decision, *rest)
+            return MultiDecision(False, max(d.retry_after_ms for d in decisions), decisions, atomic=False)
+        return MultiDecision(True, 0, tuple(charged), atomic=False)
+
+    def _plan_detect(self, probe_key: KeyT) -> Plan[str]:
+        yield from self._engine.call("peek", ((probe_key, _PROBE, 1.0),))
+        return self._engine.backend or ""
+
+    # ---- the failure policy ----------------------------------------------
+
+    def _degraded_one(self, req: OneRequest, allowed: bool) -> Decision:
+        return Decision(allowed, 0, 0, 0, req.key, req.bucket, req.amount, degraded=True)
+
+    def _degraded_many(self, req: ManyRequest, allowed: bool) -> MultiDecision:
+        decisions = tuple(Decision(allowed, 0, 0, 0, k, b, c, degraded=True) for k, b, c in req.groups)
+        return MultiDecision(allowed, 0, decisions, atomic=not req.each, degraded=True)
+
+    def _failed(self, exc: Exception, on_error: OnError, what: str, degraded: Callable[[bool], T]) -> T:
+        """Re-raises, or answers for Redis as the policy says, logged."""
+        if on_error == "raise" or not isinstance(exc, FAILURES):
+            raise exc
+        self._errors.report(exc, on_error, what)
+        return degraded(on_error == "open")
+
+
+def _check_bucket(bucket: Any, group: Optional[int] = None) -> None:
+    if not isinstance(bucket, Bucket):
+        where = "" if group is None else f" (group {group})"
+        raise TypeError(f"expected a Bucket{where}, got {type(bucket).__name__}")
+
+
+def _check_timeout(timeout: Optional[float]) -> Optional[float]:
+    if timeout is not None and not timeout > 0:
+        raise ValueError("timeout must be > 0 seconds, or None for the client's own timeouts")
+    return timeout
+
+
+def _check_on_error(on_error: str) -> OnError:
+    for policy in ON_ERROR:
+        if on_error == policy:
+            return policy
+    raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+
+
+def describe(req: Union[OneRequest, ManyRequest]) -> str:
+    """What a log line says the degraded call was about."""
+    if isinstance(req, OneRequest):
+        return f"{req.op} {req.key!r}"
+    return "consume_many " + ", ".join(repr(k) for k, _, _ in req.groups)

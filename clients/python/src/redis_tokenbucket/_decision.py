@@ -1,0 +1,88 @@
+"""What a call answers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ._bucket import Bucket, KeyT
+
+
+def whole_seconds(ms: int) -> int:
+    """Milliseconds as whole seconds, rounded up: waiting that long is
+    always enough."""
+    return -(-ms // 1000)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One bucket's answer: TB.CONSUME's `[allowed, remaining,
+    retry_after_ms, reset_after_ms]` with the call that produced it.
+
+    `degraded` marks an answer made up by the failure policy because Redis
+    could not answer (`allowed` is then the policy: open or closed, and the
+    numbers are 0). `cached` marks a denial answered from the local denial
+    cache without a round trip. For `adjust`, `cost` holds the delta.
+    """
+
+    allowed: bool
+    remaining: int
+    retry_after_ms: int
+    reset_after_ms: int
+    key: KeyT
+    bucket: Bucket
+    cost: float
+    degraded: bool = False
+    cached: bool = False
+
+    @property
+    def retry_after(self) -> int:
+        """`retry_after_ms` in whole seconds, rounded up (HTTP Retry-After)."""
+        return whole_seconds(self.retry_after_ms)
+
+    @property
+    def wait_ms(self) -> int:
+        """Until this bucket matters again: the retry time when it denies,
+        else the time until it is full."""
+        return self.reset_after_ms if self.allowed else self.retry_after_ms
+
+    @classmethod
+    def from_reply(cls, reply: Sequence[int], key: KeyT, bucket: Bucket, cost: float) -> Decision:
+        allowed, remaining, retry_ms, reset_ms = reply
+        return cls(bool(allowed), int(remaining), int(retry_ms), int(reset_ms), key, bucket, cost)
+
+
+@dataclass(frozen=True)
+class MultiDecision:
+    """The answer of `consume_many`: all buckets charged, or none.
+
+    `decisions` has one Decision per bucket, in call order; each says
+    whether that bucket alone could pay. `retry_after_ms` is the largest of
+    theirs. `atomic` is False when the buckets were charged one by one
+    (keys in several Cluster slots): see `Limiter.consume_many`.
+    """
+
+    allowed: bool
+    retry_after_ms: int
+    decisions: tuple[Decision, ...]
+    atomic: bool = True
+    degraded: bool = False
+    cached: bool = False
+
+    @property
+    def retry_after(self) -> int:
+        return whole_seconds(self.retry_after_ms)
+
+    @property
+    def denied_by(self) -> tuple[Decision, ...]:
+        """The buckets that could not pay."""
+        return tuple(d for d in self.decisions if not d.allowed)
+
+    @property
+    def tightest(self) -> Decision:
+        """The most restrictive bucket: a denying one with the longest wait,
+        else the one with the smallest share of its capacity left."""
+        return max(
+            self.decisions,
+            key=lambda d: (not d.allowed, d.retry_after_ms, -d.remaining / d.bucket.max),
+        )

@@ -1,0 +1,26 @@
+"""Exceptions of the package (invalid arguments are `InvalidArgument`, a
+ValueError, in _bucket)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class LimiterError(Exception):
+    """Base class of the limiter's own errors."""
+
+
+class NoBackendError(LimiterError):
+    """No backend could serve the call: the server has no TB.* commands,
+    refuses the Functions library, and refuses EVAL too (or the forced
+    backend is refused). `causes` holds each backend's error."""
+
+    def __init__(self, causes: Sequence[tuple[str, BaseException]]) -> None:
+        self.causes = tuple(causes)
+        detail = "; ".join(f"{name}: {type(exc).__name__}: {exc}" for name, exc in self.causes)
+        super().__init__(f"no rate-limit backend answered ({detail})")
+
+
+class CrossSlotError(LimiterError):
+    """`consume_many(..., atomic=True)` on a Redis Cluster with keys in
+    more than one hash slot: one atomic call can't reach them all."""

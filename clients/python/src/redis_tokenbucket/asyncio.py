@@ -1,0 +1,147 @@
+"""The asyncio Limiter, over redis.asyncio.Redis or redis.asyncio.RedisCluster.
+
+The same API as ``redis_tokenbucket.Limiter``, awaitable; both run the
+same plans (``_core``), only the I/O differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any, Callable, Optional, TypeVar, Union
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+
+from ._bucket import Bucket, KeyT
+from ._cache import DenialCache
+from ._core import PROBE_KEY, BackendName, GroupIn, LimiterBase, OnError, Plan, describe
+from ._decision import Decision, MultiDecision
+
+__all__ = ["Limiter"]
+
+T = TypeVar("T")
+
+
+async def drive(plan: Plan[T], execute: Callable[..., Any]) -> T:
+    """Runs a plan with awaited calls."""
+    try:
+        args = next(plan)
+        while True:
+            try:
+                reply = await execute(*args)
+            except Exception as exc:  # the plan decides what an error means
+                args = plan.throw(exc)
+            else:
+                args = plan.send(reply)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+class Limiter(LimiterBase):
+    """Token buckets in Redis, awaitable. See ``redis_tokenbucket.Limiter``
+    for the options; here ``timeout`` cancels the pending command
+    (``asyncio.wait_for``) and needs no helper thread."""
+
+    def __init__(
+        self,
+        client: Union[Redis, RedisCluster],
+        *,
+        backend: Optional[BackendName] = None,
+        timeout: Optional[float] = None,
+        on_error: OnError = "raise",
+        denial_cache: Union[int, DenialCache, None] = None,
+    ) -> None:
+        super().__init__(client, backend=backend, timeout=timeout, on_error=on_error, denial_cache=denial_cache)
+
+    async def consume(
+        self,
+        key: KeyT,
+        bucket: Bucket,
+        cost: float = 1,
+        *,
+        timeout: Optional[float] = None,
+        on_error: Optional[OnError] = None,
+    ) -> Decision:
+        """Charges `cost` tokens if the bucket holds them (TB.CONSUME)."""
+        return await self._single("consume", key, bucket, cost, timeout, on_error)
+
+    async def peek(
+        self,
+        key: KeyT,
+        bucket: Bucket,
+        cost: float = 1,
+        *,
+        timeout: Optional[float] = None,
+        on_error: Optional[OnError] = None,
+    ) -> Decision:
+        """What `consume` would answer, without charging (TB.PEEK)."""
+        return await self._single("peek", key, bucket, cost, timeout, on_error)
+
+    async def adjust(
+        self,
+        key: KeyT,
+        bucket: Bucket,
+        delta: float,
+        *,
+        timeout: Optional[float] = None,
+        on_error: Optional[OnError] = None,
+    ) -> Decision:
+        """Refunds (delta > 0) or charges without asking (delta < 0, down
+        to a debt of -max) (TB.ADJUST)."""
+        return await self._single("adjust", key, bucket, delta, timeout, on_error)
+
+    async def consume_many(
+        self,
+        groups: Iterable[GroupIn],
+        *,
+        atomic: Optional[bool] = None,
+        timeout: Optional[float] = None,
+        on_error: Optional[OnError] = None,
+    ) -> MultiDecision:
+        """Charges every `(key, bucket, cost)` or none (TB.MCONSUME); see
+        ``redis_tokenbucket.Limiter.consume_many`` for Cluster slots."""
+        req = self._check_many(groups, atomic)
+        cached = self._cached_many(req)
+        if cached is not None:
+            return cached
+        return await self._run(
+            self._plan_many(req), timeout, on_error, describe(req), lambda a: self._degraded_many(req, a)
+        )
+
+    async def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
+        """Finds the backend now with a read-only TB.PEEK of `probe_key`
+        (readiness checks); raises if Redis can't serve any."""
+        return await self._run(self._plan_detect(probe_key), timeout, "raise", "detect", _never)
+
+    async def _single(
+        self, op: Any, key: KeyT, bucket: Bucket, amount: Any, timeout: Optional[float], on_error: Optional[OnError]
+    ) -> Decision:
+        req = self._check_one(op, key, bucket, amount)
+        cached = self._cached_one(req)
+        if cached is not None:
+            return cached
+        return await self._run(
+            self._plan_one(req), timeout, on_error, describe(req), lambda a: self._degraded_one(req, a)
+        )
+
+    async def _run(
+        self,
+        plan: Plan[T],
+        timeout: Optional[float],
+        on_error: Optional[OnError],
+        what: str,
+        degraded: Callable[[bool], T],
+    ) -> T:
+        timeout, policy = self._options(timeout, on_error)
+        try:
+            if timeout is None:
+                return await drive(plan, self._execute)
+            return await asyncio.wait_for(drive(plan, self._execute), timeout)
+        except Exception as exc:
+            return self._failed(exc, policy, what, degraded)
+
+
+def _never(allowed: bool) -> str:
+    raise AssertionError("detect() always raises")

@@ -1,0 +1,324 @@
+"""FastAPI and Starlette: a dependency, an ASGI middleware, key functions,
+and the 429 answer. Needs the extra: ``pip install redis-tokenbucket[fastapi]``.
+
+    limiter = Limiter(redis.asyncio.Redis())
+    per_ip = Rule(Bucket(600, 30, name="ip"), client_ip(trusted_proxies=["10.0.0.0/8"]))
+    per_key = Rule(Bucket(10, 0.17, name="key"), api_key())
+
+    app = FastAPI()
+    install(app)  # the 429/503 problem+json answers
+
+    @app.get("/v1/models", dependencies=[Depends(RateLimit(limiter, per_key, per_ip))])
+    async def models() -> dict: ...
+
+    # or every route: app.add_middleware(RateLimitMiddleware, limiter=limiter, rules=[per_key, per_ip])
+
+Every request is charged against all its rules at once (`consume_many`:
+all or nothing). Admitted responses carry the RateLimit fields; a denial
+is a 429 with them, Retry-After and an RFC 9457 problem body of type
+quota-exceeded naming the violated policies. When Redis fails and the
+policy is "closed" the answer is 503; "open" admits without fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import ipaddress
+import json
+from collections.abc import Awaitable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ._bucket import Bucket, check_cost
+from ._core import OnError
+from ._decision import MultiDecision
+from .asyncio import Limiter
+from .headers import rate_limit_headers
+
+__all__ = [
+    "QUOTA_EXCEEDED",
+    "RateLimit",
+    "RateLimitMiddleware",
+    "RateLimitRefused",
+    "Rule",
+    "api_key",
+    "client_ip",
+    "install",
+    "problem_response",
+    "user_id",
+]
+
+QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+PROBLEM_JSON = "application/problem+json"
+
+KeyFunc = Callable[[Request], Union[Optional[str], Awaitable[Optional[str]]]]
+"""The request's identity for one rule, or None to skip the rule."""
+
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+
+
+# ---- key functions ------------------------------------------------------------
+
+
+def user_id(attribute: str = "user_id") -> KeyFunc:
+    """`request.state.<attribute>`, as your authentication set it; None
+    (rule skipped) for anonymous requests."""
+
+    def key(request: Request) -> Optional[str]:
+        value = getattr(request.state, attribute, None)
+        return None if value is None else str(value)
+
+    return key
+
+
+def api_key(header: str = "X-API-Key") -> KeyFunc:
+    """The SHA-256 of the API key header: a high-entropy key can't be
+    recovered from it, so raw keys never reach Redis. None without the
+    header. (Limit unauthenticated keys too: guessing keys then costs.)"""
+
+    def key(request: Request) -> Optional[str]:
+        raw = request.headers.get(header)
+        return hashlib.sha256(raw.encode()).hexdigest() if raw else None
+
+    return key
+
+
+def client_ip(trusted_proxies: Iterable[Union[str, IPNetwork]] = ()) -> KeyFunc:
+    """The client's address: the socket peer, unless the peer is a trusted
+    proxy, in which case X-Forwarded-For is walked from the right (each
+    proxy appends the address it received from) to the first untrusted hop.
+
+    Anyone can send X-Forwarded-For, so believing it from any peer would let
+    a client pick its own bucket, a fresh one per request. Hops left of the
+    first untrusted one were written by the client and are ignored; a
+    malformed hop ends the walk at the proxy that passed it on. IPv6
+    clients count per /64 (a subscriber usually holds one and can rotate
+    through it); IPv4-mapped addresses count as IPv4.
+    """
+    trusted = tuple(ipaddress.ip_network(n, strict=False) if isinstance(n, str) else n for n in trusted_proxies)
+
+    def key(request: Request) -> str:
+        peer = request.client.host if request.client else ""
+        addr = _parse_ip(peer)
+        if addr is None:
+            return peer or "unknown"
+        hops = ",".join(request.headers.getlist("x-forwarded-for")).split(",")
+        for hop in reversed(hops):
+            if not any(addr in net for net in trusted):
+                break
+            previous = _parse_ip(hop)
+            if previous is None:
+                break
+            addr = previous
+        if isinstance(addr, ipaddress.IPv6Address):
+            return str(ipaddress.IPv6Network((addr, 64), strict=False))
+        return str(addr)
+
+    return key
+
+
+def _parse_ip(text: str) -> Optional[IPAddress]:
+    try:
+        addr = ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
+        return addr.ipv4_mapped
+    return addr
+
+
+# ---- rules and answers ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One bucket per identity: requests are charged `cost` against the
+    bucket at `prefix:name:identity`, the identity being what `key`
+    returns. The bucket's name names the policy in the headers and in
+    `violated-policies`. `cost` may be a function of the request."""
+
+    bucket: Bucket
+    key: KeyFunc
+    cost: Union[float, Callable[[Request], float]] = 1
+    prefix: str = "rl"
+
+    def __post_init__(self) -> None:
+        if self.bucket.name is None:
+            raise ValueError("a Rule's bucket needs a name: Bucket(max, rate, name='user')")
+        if not callable(self.cost):
+            check_cost(self.cost, self.bucket)
+
+    async def group(self, request: Request) -> Optional[tuple[str, Bucket, float]]:
+        identity = self.key(request)
+        if inspect.isawaitable(identity):
+            identity = await identity
+        if identity is None:
+            return None
+        cost = self.cost(request) if callable(self.cost) else self.cost
+        return (f"{self.prefix}:{self.bucket.name}:{identity}", self.bucket, cost)
+
+
+def problem_response(decision: MultiDecision, *, legacy_headers: bool = False) -> JSONResponse:
+    """The 429 for a denial: the RateLimit fields, Retry-After, and a
+    problem+json body naming the buckets that could not pay."""
+    violated = [d.bucket.name or "default" for d in decision.denied_by]
+    body = {
+        "type": QUOTA_EXCEEDED,
+        "title": "Request cannot be satisfied as assigned quota has been exceeded",
+        "status": 429,
+        "detail": f"Rate limited by {', '.join(violated)}: retry in {decision.retry_after} s.",
+        "violated-policies": violated,
+    }
+    headers = rate_limit_headers(decision, legacy=legacy_headers)
+    return JSONResponse(body, status_code=429, headers=headers, media_type=PROBLEM_JSON)
+
+
+def unavailable_response() -> JSONResponse:
+    """The 503 of a fail-closed limiter whose Redis could not answer."""
+    body = {
+        "type": "about:blank",
+        "title": "Service Unavailable",
+        "status": 503,
+        "detail": "The rate limiter is unavailable.",
+    }
+    return JSONResponse(body, status_code=503, media_type=PROBLEM_JSON)
+
+
+class RateLimitRefused(HTTPException):
+    """Raised by the dependency to turn a request away; `response` is the
+    answer (429, or 503 when failing closed). `install(app)` sends it as
+    is; without that, FastAPI's default handler still sends the status and
+    headers, with the problem under "detail"."""
+
+    def __init__(self, response: JSONResponse, body: Any) -> None:
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+        super().__init__(response.status_code, detail=body, headers=headers)
+        self.response = response
+
+
+async def _refused_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RateLimitRefused)
+    return exc.response
+
+
+def install(app: Any) -> None:
+    """Registers the handler that sends `RateLimitRefused` answers as they
+    are (a FastAPI or Starlette app)."""
+    app.add_exception_handler(RateLimitRefused, _refused_handler)
+
+
+# ---- the dependency and the middleware ------------------------------------------------
+
+
+class RateLimit:
+    """A dependency charging each request against `rules`:
+    ``Depends(RateLimit(limiter, rule, ...))``. Returns the MultiDecision
+    (None when no rule applied, or a degraded one when failing open)."""
+
+    def __init__(
+        self,
+        limiter: Limiter,
+        *rules: Rule,
+        on_error: Optional[OnError] = None,
+        timeout: Optional[float] = None,
+        atomic: Optional[bool] = None,
+        legacy_headers: bool = False,
+    ) -> None:
+        if not rules:
+            raise ValueError("RateLimit needs at least one Rule")
+        self.limiter = limiter
+        self.rules: Sequence[Rule] = rules
+        self.on_error = on_error
+        self.timeout = timeout
+        self.atomic = atomic
+        self.legacy_headers = legacy_headers
+
+    async def check(self, request: Request) -> Optional[MultiDecision]:
+        """Charges the request; None when no rule applies to it."""
+        groups = [g for g in [await rule.group(request) for rule in self.rules] if g is not None]
+        if not groups:
+            return None
+        return await self.limiter.consume_many(groups, atomic=self.atomic, timeout=self.timeout, on_error=self.on_error)
+
+    def answer(self, decision: MultiDecision) -> Optional[JSONResponse]:
+        """The refusal to send, or None to let the request through."""
+        if decision.allowed:
+            return None
+        if decision.degraded:
+            return unavailable_response()
+        return problem_response(decision, legacy_headers=self.legacy_headers)
+
+    def headers(self, decision: MultiDecision) -> dict[str, str]:
+        return rate_limit_headers(decision, legacy=self.legacy_headers)
+
+    async def __call__(self, request: Request, response: Response) -> Optional[MultiDecision]:
+        decision = await self.check(request)
+        if decision is None:
+            return None
+        refusal = self.answer(decision)
+        if refusal is not None:
+            raise RateLimitRefused(refusal, _body(refusal))
+        response.headers.update(self.headers(decision))
+        return decision
+
+
+def _body(response: JSONResponse) -> Any:
+    return json.loads(bytes(response.body))
+
+
+class RateLimitMiddleware:
+    """ASGI middleware charging every HTTP request against `rules`, for
+    all routes at once: ``app.add_middleware(RateLimitMiddleware,
+    limiter=limiter, rules=[...])``. `exempt(request)` True skips a request
+    (health checks, say)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limiter: Limiter,
+        rules: Sequence[Rule],
+        *,
+        on_error: Optional[OnError] = None,
+        timeout: Optional[float] = None,
+        atomic: Optional[bool] = None,
+        legacy_headers: bool = False,
+        exempt: Optional[Callable[[Request], bool]] = None,
+    ) -> None:
+        self.app = app
+        self.limit = RateLimit(
+            limiter, *rules, on_error=on_error, timeout=timeout, atomic=atomic, legacy_headers=legacy_headers
+        )
+        self.exempt = exempt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        if self.exempt is not None and self.exempt(request):
+            await self.app(scope, receive, send)
+            return
+        decision = await self.limit.check(request)
+        if decision is None:
+            await self.app(scope, receive, send)
+            return
+        refusal = self.limit.answer(decision)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        headers = self.limit.headers(decision)
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).update(headers)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -1,0 +1,112 @@
+"""Bucket and argument checks: the module's rules and texts, before any
+round trip."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+import redis
+from conftest import Target
+
+from redis_tokenbucket import Bucket, InvalidArgument, Limiter
+
+# (max, rate, cost, field, message): the module's own cases, docs/commands.md.
+BAD = [
+    ("x", 1, 1, "max", "max must be a finite decimal number"),
+    ("nan", 1, 1, "max", "max must be a finite decimal number"),
+    (float("inf"), 1, 1, "max", "max must be a finite decimal number"),
+    ("0x10", 1, 1, "max", "max must be a finite decimal number"),
+    (" 10", 1, 1, "max", "max must be a finite decimal number"),
+    ("", 1, 1, "max", "max must be a finite decimal number"),
+    ("1e309", 1, 1, "max", "max must be a finite decimal number"),
+    ("\u0661\u0660", 1, 1, "max", "max must be a finite decimal number"),  # Arabic-Indic digits
+    (True, 1, 1, "max", "max must be a finite decimal number"),
+    (0, 1, 1, "max", "max must be > 0 and <= 1e12"),
+    (-1, 1, 1, "max", "max must be > 0 and <= 1e12"),
+    ("1e-400", 1, 1, "max", "max must be > 0 and <= 1e12"),  # underflows to 0
+    (2e12, 1, 1, "max", "max must be > 0 and <= 1e12"),
+    (10, "inf", 1, "rate", "rate must be a finite decimal number"),
+    (10, 0, 1, "rate", "rate must be > 0 and <= 1e12"),
+    (10, -0.5, 1, "rate", "rate must be > 0 and <= 1e12"),
+    (10, 1e13, 1, "rate", "rate must be > 0 and <= 1e12"),
+    (1e12, 1, 1, "rate", "rate is too low for max: max/rate must be <= 1e10 seconds"),
+    (1e11, 1, 1, "rate", "rate is too low for max: max/rate must be <= 1e10 seconds"),
+    (10, 1, "0x1", "cost", "cost must be a finite decimal number"),
+    (10, 1, float("nan"), "cost", "cost must be a finite decimal number"),
+    (10, 1, -1, "cost", "cost must be >= 0"),
+    (10, 1, 11, "cost", "cost must not exceed max, it could never pass"),
+    # The default cost of 1 can't pass a bucket smaller than 1.
+    (0.5, 1, 1, "cost", "cost must not exceed max, it could never pass"),
+]
+
+
+@pytest.mark.parametrize("max_, rate, cost, field, message", BAD)
+def test_bad_arguments_raise_the_modules_error(max_, rate, cost, field, message, module_target: Target):
+    lim = Limiter(module_target.client())
+    with pytest.raises(InvalidArgument) as raised:
+        lim.consume("rl:bad", Bucket(max_, rate), cost)
+    assert (raised.value.field, str(raised.value)) == (field, message)
+    assert isinstance(raised.value, ValueError)
+    # The module says the same about the same arguments.
+    with module_target.client() as r, pytest.raises(redis.ResponseError) as replied:
+        r.execute_command("TB.CONSUME", "rl:bad", str(max_).strip() if max_ != " 10" else max_, rate, cost)
+    assert str(replied.value) == message
+    assert calls(module_target) == 1  # only the raw call above reached Redis
+
+
+def calls(target: Target) -> int:
+    with target.admin() as admin:
+        stats = admin.info("commandstats")
+    return sum(int(s["calls"]) for name, s in stats.items() if name.startswith("cmdstat_tb."))
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("10", 10.0),
+        ("+.5", 0.5),
+        ("5.", 5.0),
+        ("1E3", 1000.0),
+        ("-0", 0.0),
+        (Decimal("2.5"), 2.5),
+        (Fraction(1, 4), 0.25),
+    ],
+)
+def test_the_grammar_accepts_decimals(value, expected):
+    assert Bucket(max=1e6, rate=1, name="x").named("y").name == "y"
+    cost_bucket = Bucket(max=value if expected > 0 else 1, rate=1)
+    assert cost_bucket.max == (expected if expected > 0 else 1.0)
+
+
+def test_bucket_is_a_value():
+    assert Bucket(10, 0.17) == Bucket(10.0, "0.17")
+    assert Bucket(10, 1, name="user") != Bucket(10, 1, name="ip")
+    assert hash(Bucket(10, 1)) == hash(Bucket(10.0, 1.0))
+    assert Bucket(10, 0.5).fill_seconds == 20
+
+
+def test_bad_names_and_groups():
+    with pytest.raises(InvalidArgument, match="name must be"):
+        Bucket(1, 1, name="caf\u00e9")
+    with pytest.raises(InvalidArgument, match="name must be"):
+        Bucket(1, 1, name="")
+    lim = Limiter(redis.Redis(port=1))  # never reached: every call below fails its checks
+    b = Bucket(10, 1)
+    cases = [
+        ([], "consume_many needs at least one"),
+        ([("a", b, 1), ("b", b, 11)], "cost must not exceed max, it could never pass (group 2)"),
+        ([("a", b, 1), ("b", b, "nan")], "cost must be a finite decimal number (group 2)"),
+        ([("b", b), ("a", b), ("c", b), ("a", b)], "duplicate key: group 4 repeats the key of group 2"),
+        ([("a", b), (b"a", b)], "duplicate key: group 2 repeats the key of group 1"),
+        ([(f"k{i}", b) for i in range(10_001)], "too many buckets: at most 10000 groups per call"),
+    ]
+    for groups, message in cases:
+        with pytest.raises(InvalidArgument) as raised:
+            lim.consume_many(groups, on_error="open")
+        assert str(raised.value).startswith(message)
+    with pytest.raises(InvalidArgument, match="delta must be a finite decimal number"):
+        lim.adjust("a", b, "inf", on_error="open")
+    with pytest.raises(TypeError, match="expected a Bucket"):
+        lim.consume("a", (10, 1))  # type: ignore[arg-type]
