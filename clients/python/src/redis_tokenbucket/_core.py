@@ -311,7 +311,7 @@ class LimiterBase:
 
     def _plan_one(self, req: OneRequest) -> Plan[Decision]:
         cache = self.denial_cache
-        sent = cache.clock() if cache else 0.0
+        sent = cache.clock() if cache is not None else 0.0
         reply = yield from self._engine.call(req.op, ((req.key, req.bucket, req.amount),))
         decision = Decision.from_reply(reply, req.key, req.bucket, req.amount)
         if cache is not None:
@@ -323,7 +323,7 @@ class LimiterBase:
 
     def _plan_many(self, req: ManyRequest) -> Plan[MultiDecision]:
         cache = self.denial_cache
-        sent = cache.clock() if cache else 0.0
+        sent = cache.clock() if cache is not None else 0.0
         if req.each:
             result = yield from self._plan_each(req.groups)
         else:

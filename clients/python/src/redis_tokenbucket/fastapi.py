@@ -20,8 +20,9 @@ quota-exceeded naming the violated policies. When Redis fails and the
 policy is "closed" the answer is 503; "open" admits without fields.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: FastAPI reads the
+# dependency's signature at run time, and can't resolve string annotations
+# on a callable instance.
 import hashlib
 import inspect
 import ipaddress

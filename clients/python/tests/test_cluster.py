@@ -1,0 +1,141 @@
+"""A Redis Cluster of 3 primaries, with and without the module: routing,
+the library on every primary, and consume_many across slots (bucket by
+bucket, refunded on denial) or in one slot (one atomic call)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from conftest import SLOW, Pool, Target, calls, clean, run
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from tbservers import Cluster
+
+import redis_tokenbucket.asyncio as tb_asyncio
+from redis_tokenbucket import Bucket, CrossSlotError, Limiter, hash_tagged
+
+USER = Bucket(3, SLOW, name="user")
+IP = Bucket(1, SLOW, name="ip")
+
+
+@pytest.fixture(params=[True, False], ids=["module", "functions"])
+def cluster(request: pytest.FixtureRequest, pool: Pool) -> Cluster:
+    c = pool.cluster(request.param)
+    for node in c.nodes:
+        clean(node)
+    return c
+
+
+@pytest.fixture
+def rc(cluster: Cluster) -> Iterator[RedisCluster]:
+    client = RedisCluster(host="127.0.0.1", port=cluster.port)
+    yield client
+    client.close()
+
+
+def backend(cluster: Cluster) -> str:
+    return "module" if cluster.nodes[0].module else "functions"
+
+
+def everywhere(cluster: Cluster, *commands: str) -> list[int]:
+    out = []
+    for node in cluster.nodes:
+        with node.client(decode_responses=True) as r:
+            out.append(calls(r, *commands))
+    return out
+
+
+def test_keys_on_every_shard(cluster: Cluster, rc: RedisCluster):
+    keys = [f"rl:user:{i}" for i in range(12)]
+    assert len({rc.get_node_from_key(k).name for k in keys}) == 3
+    lim = Limiter(rc)
+    assert [lim.consume(k, USER).remaining for k in keys] == [2] * 12
+    assert lim.backend == backend(cluster)
+    if lim.backend == "functions":  # loaded on every primary at once
+        for node in cluster.nodes:
+            with node.client() as r:
+                assert r.function_list(library="tb")
+
+
+def test_across_slots_charges_bucket_by_bucket_and_refunds(cluster: Cluster, rc: RedisCluster, module_target: Target):
+    lim = Limiter(rc)
+    user, ip = "rl:user:u1", "rl:ip:198.51.100.7"
+    assert rc.keyslot(user) != rc.keyslot(ip)
+    ok = lim.consume_many([(user, USER), (ip, IP)])
+    assert ok.allowed and not ok.atomic
+    assert [d.remaining for d in ok.decisions] == [2, 0]
+    # The IP bucket is empty now: another user behind it is turned away...
+    denied = lim.consume_many([("rl:user:u2", USER), (ip, IP), ("rl:key:k2", USER)])
+    assert not denied.allowed and not denied.atomic
+    assert [d.allowed for d in denied.decisions] == [True, False, True]
+    assert [d.remaining for d in denied.decisions] == [3, 0, 3]
+    assert denied.retry_after_ms == denied.decisions[1].retry_after_ms > 0
+    # ...its user bucket charged and refunded (back to full: no key), the
+    # one after the IP only peeked at.
+    assert rc.exists("rl:user:u2", "rl:key:k2") == 0
+    assert lim.peek(user, USER).remaining == 2
+    # The answer is the one TB.MCONSUME gives on one node.
+    with module_target.client() as single:
+        lim1 = Limiter(single)
+        lim1.consume_many([("a", USER), ("b", IP)])
+        one = lim1.consume_many([("c", USER), ("b", IP), ("d", USER)])
+    assert (one.allowed, [(d.allowed, d.remaining) for d in one.decisions]) == (
+        denied.allowed,
+        [(d.allowed, d.remaining) for d in denied.decisions],
+    )
+
+
+def test_atomic_across_slots_is_refused(cluster: Cluster, rc: RedisCluster):
+    lim = Limiter(rc)
+    with pytest.raises(CrossSlotError, match="one Cluster hash slot") as raised:
+        lim.consume_many([("rl:user:u1", USER), ("rl:ip:x", IP)], atomic=True, on_error="open")
+    assert "hash_tagged" in str(raised.value)
+    assert sum(everywhere(cluster, "tb.consume", "fcall", "tb.mconsume")) == 0
+    assert lim.backend is None
+
+
+def test_hash_tagged_keys_are_one_atomic_call(cluster: Cluster, rc: RedisCluster):
+    keys = hash_tagged("user42", "user", "llm")
+    assert keys == ["rl:{user42}:user", "rl:{user42}:llm"]
+    assert rc.keyslot(keys[0]) == rc.keyslot(keys[1])
+    lim = Limiter(rc)
+    m = lim.consume_many([(keys[0], USER, 1), (keys[1], Bucket(100_000, 50, name="llm"), 350)], atomic=True)
+    assert m.allowed and m.atomic and [d.remaining for d in m.decisions] == [2, 99_650]
+    if lim.backend == "module":
+        assert sum(everywhere(cluster, "tb.mconsume")) == 1
+    assert sum(everywhere(cluster, "tb.consume", "tb.adjust")) == 0
+
+
+def test_asyncio_cluster(cluster: Cluster):
+    async def main() -> tuple[list[bool], list[int], bool, str | None]:
+        client = AsyncRedisCluster(host="127.0.0.1", port=cluster.port)
+        try:
+            lim = tb_asyncio.Limiter(client)
+            await lim.consume("rl:ip:y", IP)
+            denied = await lim.consume_many([("rl:user:a", USER), ("rl:ip:y", IP)])
+            user = await lim.peek("rl:user:a", USER)
+            return [d.allowed for d in denied.decisions], [user.remaining], denied.atomic, lim.backend
+        finally:
+            await client.aclose()
+
+    assert run(main()) == ([True, False], [3], False, backend(cluster))
+
+
+def test_a_single_node_always_takes_one_call(module_target: Target):
+    """Slots only matter to a cluster client; atomic=False forces the
+    bucket-by-bucket path anywhere (it gives the same answer)."""
+    with redis.Redis(port=module_target.server.port) as r:
+        lim = Limiter(r)
+        assert lim.consume_many([("rl:user:u1", USER), ("rl:ip:x", IP)], atomic=True).atomic
+        each = lim.consume_many([("rl:user:u2", USER), ("rl:ip:x", IP)], atomic=False)
+    assert not each.atomic and [d.allowed for d in each.decisions] == [True, False]
+
+
+def test_hash_tagged_checks_its_parts():
+    for bad in [("", "a"), ("a}b", "a"), ("t",)]:
+        with pytest.raises(ValueError):
+            hash_tagged(*bad)
+    with pytest.raises(ValueError):
+        hash_tagged("t", "a", prefix="rl{")
