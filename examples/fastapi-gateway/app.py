@@ -13,19 +13,24 @@ from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis, RedisCluster
+from redis_tokenbucket import Bucket, Decision, MultiDecision, rate_limit_headers
+from redis_tokenbucket.asyncio import Limiter
+from redis_tokenbucket.fastapi import client_ip
 
-from auth import authenticate, client_ip
+from auth import authenticate
 from config import Limits, Principal, Settings
-from headers import rate_limit_headers
-from limiter import BucketState, Decision, Dimension, Limiter, LimiterUnavailable
 from llm import LLMBackend, LLMError, StubLLM, count_tokens
 
 log = logging.getLogger("gateway")
 
-# What a route does when Redis can't answer: admit unlimited (and log), or
-# refuse with 503. Cheap reads fail open; what spends inference budget
-# fails closed.
+# What a route does when Redis can't answer: admit unlimited, or refuse
+# with 503; either way the limiter logs it. Cheap reads fail open; what
+# spends inference budget fails closed.
 Policy = Literal["fail_open", "fail_closed"]
+ON_ERROR = {"fail_open": "open", "fail_closed": "closed"}
+
+# (key, bucket, cost): one bucket a request is charged against.
+Group = tuple[str, Bucket, float]
 
 
 class GatewayError(Exception):
@@ -40,43 +45,44 @@ class ChatRequest(BaseModel):
     max_tokens: int = Field(gt=0)
 
 
-def request_dims(request: Request, limits: Limits) -> list[Dimension]:
+def request_groups(request: Request, limits: Limits) -> list[Group]:
     """The request's buckets: user and key when authenticated, IP always (an
     unauthenticated flood still costs its IP). Raw API keys never get here:
     the key bucket is named after the key's SHA-256."""
     state = request.state
     tier = limits.for_tier(state.tier)
-    dims = []
+    groups = []
     if state.user_id is not None:
-        dims.append(Dimension("user", f"rl:user:{state.user_id}", tier.user))
+        groups.append((f"rl:user:{state.user_id}", tier.user.named("user"), 1.0))
     if state.key_id is not None:
-        dims.append(Dimension("key", f"rl:key:{state.key_id}", tier.key))
-    dims.append(Dimension("ip", f"rl:ip:{state.client_ip}", limits.ip))
-    return dims
+        groups.append((f"rl:key:{state.key_id}", tier.key.named("key"), 1.0))
+    groups.append((f"rl:ip:{state.client_ip}", limits.ip.named("ip"), 1.0))
+    return groups
 
 
 async def enforce(
-    request: Request, response: Response, policy: Policy, extra: Sequence[Dimension] = ()
-) -> Decision | None:
+    request: Request, response: Response, policy: Policy, extra: Sequence[Group] = ()
+) -> MultiDecision | None:
     """One all-or-nothing check of every bucket of the request. Returns the
     decision, or None when the limiter is down and the route fails open."""
-    dims = [*request_dims(request, request.app.state.settings.limits), *extra]
-    try:
-        decision = await request.app.state.limiter.check(dims)
-    except LimiterUnavailable as exc:
-        where = f"{request.method} {request.url.path}"
-        if policy == "fail_closed":
-            log.error("rate limiter unavailable, refusing %s (fail-closed): %s", where, exc)
-            raise GatewayError(503, {"error": "rate_limiter_unavailable"}) from exc
-        log.error("rate limiter unavailable, admitting %s WITHOUT LIMITS (fail-open): %s", where, exc)
+    settings: Settings = request.app.state.settings
+    groups = [*request_groups(request, settings.limits), *extra]
+    limiter: Limiter = request.app.state.limiter
+    # In cluster mode the buckets are in different slots: one by one.
+    decision = await limiter.consume_many(
+        groups, atomic=False if settings.cluster_mode else None, on_error=ON_ERROR[policy]
+    )
+    if decision.degraded:
+        if not decision.allowed:
+            raise GatewayError(503, {"error": "rate_limiter_unavailable"})
         return None
     if not decision.allowed:
         raise GatewayError(
             429,
-            {"error": "rate_limited", "dimension": decision.tightest.dim.name, "retry_after": decision.retry_after},
-            rate_limit_headers(decision),
+            {"error": "rate_limited", "dimension": decision.tightest.bucket.name, "retry_after": decision.retry_after},
+            rate_limit_headers(decision, legacy=True),
         )
-    response.headers.update(rate_limit_headers(decision))
+    response.headers.update(rate_limit_headers(decision, legacy=True))
     return decision
 
 
@@ -108,11 +114,12 @@ async def healthz() -> dict:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """Ready when Redis answers and either TB.* or the Lua library works."""
+    """Ready when Redis answers and TB.*, the Lua library or the EVAL
+    scripts work."""
     try:
-        backend = await request.app.state.limiter.ready()
-    except LimiterUnavailable as exc:
-        return JSONResponse({"ready": False, "reason": str(exc)}, status_code=503)
+        backend = await request.app.state.limiter.detect()
+    except Exception as exc:  # whatever it is, this gateway can't limit
+        return JSONResponse({"ready": False, "reason": f"{type(exc).__name__}: {exc}"}, status_code=503)
     return JSONResponse({"ready": True, "backend": backend})
 
 
@@ -121,15 +128,13 @@ async def models(principal: Principal = Depends(limited("fail_open"))) -> dict:
     return {"data": [{"id": "stub-echo"}]}
 
 
-async def settle(request: Request, budget: Dimension, delta: float) -> BucketState | None:
+async def settle(request: Request, budget: Group, delta: float) -> Decision | None:
     """Returns unused tokens (delta > 0) or charges an overrun (delta < 0)."""
-    try:
-        return await request.app.state.limiter.adjust(budget, delta)
-    except LimiterUnavailable as exc:
-        # The answer is already paid for upstream; a lost settlement only
-        # skews this user's budget until it refills.
-        log.error("could not settle %s by %+g tokens: %s", budget.key, delta, exc)
-        return None
+    key, bucket, _ = budget
+    # The answer is already paid for upstream; a lost settlement (logged by
+    # the limiter) only skews this user's budget until it refills.
+    settled = await request.app.state.limiter.adjust(key, bucket, delta, on_error="open")
+    return None if settled.degraded else settled
 
 
 @router.post("/v1/chat")
@@ -145,7 +150,7 @@ async def chat(body: ChatRequest, request: Request, response: Response) -> dict:
         if reserved > budget.max:  # could never pass; Redis would reject it as an error
             detail = f"{reserved} tokens exceed the budget of {budget.max:g}"
             raise GatewayError(413, {"error": "over_budget", "detail": detail})
-        extra.append(Dimension("llm", f"rl:llm:user:{principal.user_id}", budget, reserved))
+        extra.append((f"rl:llm:user:{principal.user_id}", budget.named("llm"), float(reserved)))
     decision = await enforce(request, response, "fail_closed", extra)
     require_principal(request)
 
@@ -165,9 +170,9 @@ async def chat(body: ChatRequest, request: Request, response: Response) -> dict:
         settled = await settle(request, extra[0], reserved - used)
         if settled is not None:
             # Report the budget as it is after the refund, not the reservation.
-            after = replace(settled, allowed=True, retry_ms=0)
-            states = tuple(after if s.dim == after.dim else s for s in decision.states)
-            response.headers.update(rate_limit_headers(replace(decision, states=states)))
+            after = replace(settled, retry_after_ms=0)
+            decisions = tuple(after if d.key == after.key else d for d in decision.decisions)
+            response.headers.update(rate_limit_headers(replace(decision, decisions=decisions), legacy=True))
     return {
         "text": completion.text,
         "usage": {
@@ -197,7 +202,7 @@ def create_app(
         # Created here, on the server's event loop, which its connections
         # belong to. Redis may be down now: detection happens on first use.
         redis = redis_factory() if redis_factory else connect(settings)
-        app.state.limiter = Limiter(redis, settings.lua_path, settings.cluster_mode)
+        app.state.limiter = Limiter(redis)
         try:
             yield
         finally:
@@ -206,11 +211,12 @@ def create_app(
     app = FastAPI(title="redis-tokenbucket gateway example", lifespan=lifespan)
     app.state.settings = settings
     app.state.llm = llm or StubLLM()
+    address = client_ip(settings.trusted_proxies)
 
     @app.middleware("http")
     async def identify(request: Request, call_next: Callable) -> Response:
         authenticate(request, settings.api_keys)
-        request.state.client_ip = client_ip(request, settings.trusted_proxies)
+        request.state.client_ip = address(request)
         return await call_next(request)
 
     @app.exception_handler(GatewayError)

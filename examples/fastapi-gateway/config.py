@@ -9,29 +9,30 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
 from typing import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, model_validator
-
-# The library shipped in this repository; on managed Redis the gateway loads it.
-DEFAULT_LUA_PATH = Path(__file__).resolve().parent.parent.parent / "lua" / "tb.lua"
+from redis_tokenbucket import Bucket
 
 
 class TokenBucket(BaseModel):
-    """`max` tokens of burst, refilled at `rate` tokens per second."""
+    """`max` tokens of burst, refilled at `rate` tokens per second, as the
+    configuration spells it. Checked by `redis_tokenbucket.Bucket`, with the
+    module's own rules (docs/commands.md, Limits)."""
 
     model_config = ConfigDict(frozen=True)
 
-    # The bounds are the module's own (docs/commands.md, Limits).
-    max: float = Field(gt=0, le=1e12)
-    rate: float = Field(gt=0, le=1e12)
+    max: float
+    rate: float
 
     @model_validator(mode="after")
-    def _fillable(self) -> TokenBucket:
-        if self.max / self.rate > 1e10:
-            raise ValueError("max/rate must be <= 1e10 seconds (the bucket would never refill)")
+    def _valid(self) -> TokenBucket:
+        Bucket(self.max, self.rate)  # raises a ValueError naming the field
         return self
+
+    def named(self, name: str) -> Bucket:
+        """The package's Bucket, under the policy name the headers show."""
+        return Bucket(self.max, self.rate, name)
 
 
 class TierLimits(BaseModel):
@@ -113,11 +114,10 @@ class Settings(BaseModel):
     # Connect and command timeout (s): a hung Redis must not hang requests,
     # the route's fail-open/fail-closed policy takes over instead.
     redis_timeout: float = Field(default=0.5, gt=0)
-    # Check buckets one by one (TB.CONSUME, refund with TB.ADJUST) instead of
-    # one TB.MCONSUME, for a Redis Cluster where the keys live in different
-    # slots. Also selects a cluster client unless one is injected.
+    # A Redis Cluster: a cluster client (unless one is injected), and the
+    # buckets checked one by one (TB.CONSUME, refunds with TB.ADJUST)
+    # instead of one TB.MCONSUME, since they live in different slots.
     cluster_mode: bool = False
-    lua_path: Path = DEFAULT_LUA_PATH
     # Peers whose X-Forwarded-For is believed. Empty: the header is ignored.
     trusted_proxies: list[IPvAnyNetwork] = []
     limits: Limits = Limits()
@@ -128,7 +128,7 @@ class Settings(BaseModel):
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         """GATEWAY_* variables; JSON for the structured ones."""
         raw: dict[str, object] = {}
-        for name in ("redis_url", "redis_timeout", "cluster_mode", "lua_path"):
+        for name in ("redis_url", "redis_timeout", "cluster_mode"):
             if (value := env.get(f"GATEWAY_{name.upper()}")) is not None:
                 raw[name] = value
         if proxies := env.get("GATEWAY_TRUSTED_PROXIES"):

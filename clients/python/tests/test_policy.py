@@ -31,7 +31,7 @@ def test_redis_down_answers_by_policy(policy: Any, allowed: bool, caplog: pytest
     assert (d.allowed, d.degraded, d.remaining, d.retry_after_ms) == (allowed, True, 0, 0)
     assert (d.key, d.bucket, d.cost) == ("rl:u", B, 1)
     [record] = caplog.records
-    assert f"failing {policy}" in record.getMessage() and "ConnectionError" in record.getMessage()
+    assert f"fail-{policy}" in record.getMessage() and "ConnectionError" in record.getMessage()
     m = lim.consume_many(GROUPS)
     assert isinstance(m, MultiDecision) and (m.allowed, m.degraded) == (allowed, True)
     assert [(x.allowed, x.degraded) for x in m.decisions] == [(allowed, True)] * 2
@@ -119,6 +119,9 @@ def test_repeated_failures_are_counted_not_flooded(caplog: pytest.LogCaptureFixt
         assert lim.consume("k", B).degraded
     # One line now; the next line, a second or more later, counts the rest.
     assert len(caplog.records) == 1
-    lim._errors._last -= 2  # as if a second had passed
+    lim._errors._last["open"] -= 2  # as if a second had passed
     lim.consume("k", B)
     assert len(caplog.records) == 2 and "4 more degraded answers" in caplog.records[1].getMessage()
+    # Each policy has its own budget: a fail-closed answer is reported at once.
+    lim.consume("k", B, on_error="closed")
+    assert len(caplog.records) == 3 and "fail-closed" in caplog.records[2].getMessage()

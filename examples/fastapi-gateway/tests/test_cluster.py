@@ -4,48 +4,36 @@ TB.ADJUST refunds, and the Lua library loaded on every primary."""
 
 from __future__ import annotations
 
-import asyncio
 import math
-import subprocess
-import time
 from typing import Iterator
 
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from redis.asyncio import RedisCluster as AsyncRedisCluster
+from redis_tokenbucket import CrossSlotError, Limiter
+from tbasgi import PeerFromHeader
+from tbservers import Cluster
 
 import app as gateway
 from config import Settings, key_id
-from conftest import API_KEYS, LIMITS, PeerFromHeader, Server, auth, bucket, free_port
-from limiter import Dimension, Limiter, LimiterUnavailable
+from conftest import API_KEYS, LIMITS, auth, bucket
 
 
 @pytest.fixture(scope="module", params=["module", "lua"])
-def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
-    nodes = []
-    try:
-        for i in range(3):
-            workdir = tmp_path_factory.mktemp(f"cluster-{request.param}-{i}")
-            # An explicit bus port: the default, port + 10000, may be taken or above 65535.
-            nodes.append(Server(request.param == "module", workdir, "--cluster-enabled", "yes",
-                                "--cluster-port", str(free_port()), "--cluster-config-file", str(workdir / "nodes.conf")))
-            nodes[-1].start()
-        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=30)
-        deadline = time.monotonic() + 30
-        while not all(redis.Redis(port=n.port).cluster("info")["cluster_state"] == "ok" for n in nodes):
-            assert time.monotonic() < deadline, "cluster did not converge"
-            time.sleep(0.05)
-        yield nodes
-    finally:
-        for n in nodes:
-            n.stop()
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    workdir = tmp_path_factory.mktemp(f"cluster-{request.param}")
+    c = Cluster("redis-7.0", workdir, module=request.param == "module").start()
+    yield c
+    c.stop()
+
+
+def backend(cluster: Cluster) -> str:
+    return "module" if cluster.nodes[0].module else "functions"
 
 
 @pytest.fixture
-def rc(cluster: list[Server]) -> Iterator[redis.RedisCluster]:
-    client = redis.RedisCluster(host="127.0.0.1", port=cluster[0].port, decode_responses=True)
+def rc(cluster: Cluster) -> Iterator[redis.RedisCluster]:
+    client = redis.RedisCluster(host="127.0.0.1", port=cluster.port, decode_responses=True)
     client.flushall()
     client.function_flush()
     yield client
@@ -53,10 +41,10 @@ def rc(cluster: list[Server]) -> Iterator[redis.RedisCluster]:
 
 
 @pytest.fixture
-def client(cluster: list[Server], rc: redis.RedisCluster) -> Iterator[TestClient]:
+def client(cluster: Cluster, rc: redis.RedisCluster) -> Iterator[TestClient]:
     # No redis_factory: the app builds its own RedisCluster client.
     limits = LIMITS.model_copy(update={"ip": bucket(2)})
-    settings = Settings(redis_url=cluster[0].url, cluster_mode=True, limits=limits, api_keys=API_KEYS)
+    settings = Settings(redis_url=cluster.nodes[0].url, cluster_mode=True, limits=limits, api_keys=API_KEYS)
     with TestClient(PeerFromHeader(gateway.create_app(settings))) as c:
         yield c
 
@@ -72,7 +60,7 @@ def test_buckets_are_in_different_slots(rc):
 
 
 def test_ip_denial_is_refunded_across_slots(client, cluster, rc):
-    assert client.get("/readyz").json() == {"ready": True, "backend": cluster[0].backend}
+    assert client.get("/readyz").json() == {"ready": True, "backend": backend(cluster)}
     assert [client.get("/v1/models", headers=auth("k-free")).status_code for _ in range(2)] == [200, 200]
     denied = client.get("/v1/models", headers=auth("k-free2"))
     assert denied.status_code == 429 and denied.json()["dimension"] == "ip"
@@ -80,8 +68,8 @@ def test_ip_denial_is_refunded_across_slots(client, cluster, rc):
     assert rc.exists("rl:user:u-free2") == 0 and rc.exists(f"rl:key:{key_id('k-free2')}") == 0
     assert client.get("/v1/models", headers=auth("k-free")).status_code == 429
     assert math.floor(tokens(rc, "rl:user:u-free")) == 1 and math.floor(tokens(rc, f"rl:key:{key_id('k-free')}")) == 3
-    if cluster[0].backend == "lua":  # loaded on every primary, not just one
-        assert all(redis.Redis(port=n.port).function_list(library="tb") for n in cluster)
+    if backend(cluster) == "functions":  # loaded on every primary, not just one
+        assert all(redis.Redis(port=n.port).function_list(library="tb") for n in cluster.nodes)
 
 
 def test_chat_reserve_and_settle_across_slots(client, rc):
@@ -91,16 +79,8 @@ def test_chat_reserve_and_settle_across_slots(client, rc):
 
 
 def test_mconsume_needs_one_slot(cluster, rc):
-    """Why cluster_mode exists: TB.MCONSUME (or FCALL tb_mconsume) across
-    slots is refused, here by the cluster client before it is sent."""
-    dims = [Dimension("user", "rl:user:x", bucket(3)), Dimension("ip", "rl:ip:x", bucket(3))]
-
-    async def check() -> None:
-        client = AsyncRedisCluster(host="127.0.0.1", port=cluster[0].port)
-        try:
-            await Limiter(client, Settings().lua_path).check(dims)
-        finally:
-            await client.aclose()
-
-    with pytest.raises(LimiterUnavailable, match="slot"):
-        asyncio.run(check())
+    """Why cluster_mode exists: one TB.MCONSUME (or FCALL tb_mconsume)
+    can't span slots; asked for one atomic call, the limiter refuses."""
+    groups = [("rl:user:x", bucket(3).named("user"), 1), ("rl:ip:x", bucket(3).named("ip"), 1)]
+    with pytest.raises(CrossSlotError, match="slot"):
+        Limiter(rc).consume_many(groups, atomic=True)

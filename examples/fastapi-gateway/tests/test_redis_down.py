@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from conftest import auth, free_port
+from conftest import auth
+from tbservers import free_port
 
 CHAT = {"prompt": "hi", "max_tokens": 1}
 
@@ -43,14 +44,17 @@ def test_readyz_names_the_backend(make_client, server):
     assert res.json() == {"ready": True, "backend": server.backend}
 
 
-def test_readyz_unready_without_module_or_library(make_client, server, tmp_path):
-    client = make_client(lua_path=tmp_path / "missing.lua")
+def test_readyz_unready_without_module_or_scripting(make_client, server, r):
+    """A Redis user that may run neither TB.* (where the module is loaded
+    it may) nor FUNCTION, FCALL or EVAL: nothing can limit."""
+    r.acl_setuser("noscripts", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-@scripting"])
+    client = make_client(url=f"redis://noscripts:pw@127.0.0.1:{server.port}/0")
     res = client.get("/readyz")
-    if server.with_module:  # the module answers; the Lua file is never read
+    if server.with_module:  # TB.* is not scripting
         assert res.json() == {"ready": True, "backend": "module"}
     else:
         assert res.status_code == 503
-        assert "missing.lua" in res.json()["reason"]
+        assert "no permissions to run" in res.json()["reason"]
         assert client.get("/v1/models", headers=auth("k-free")).status_code == 200  # fail-open
 
 

@@ -16,7 +16,8 @@ import threading
 import time
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal, Optional, TypeVar, Union
+from functools import partial
+from typing import Any, Callable, Generic, Literal, Optional, TypeVar, Union
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
@@ -31,6 +32,7 @@ from ._scripts import COMMANDS, EVAL_CALLS, FUNCTIONS, Op, library_source
 log = logging.getLogger("redis_tokenbucket")
 
 T = TypeVar("T")
+C = TypeVar("C")
 Args = tuple[Any, ...]
 Plan = Generator[Args, Any, T]
 """Yields commands, receives replies, returns the result."""
@@ -177,6 +179,18 @@ class Engine:
 
 
 @dataclass(frozen=True)
+class Job(Generic[T]):
+    """One call, ready to run: its plan, what the failure policy answers
+    instead (given allowed), and what a log line calls it. `done` is set
+    when it needs no round trip (a cached denial)."""
+
+    plan: Optional[Plan[T]]
+    degraded: Callable[[bool], T]
+    what: str
+    done: Optional[T] = None
+
+
+@dataclass(frozen=True)
 class OneRequest:
     op: Op
     key: KeyT
@@ -192,24 +206,26 @@ class ManyRequest:
 
 class _ErrorLog:
     """Logs degraded answers: the first at once, then at most one line per
-    `every` seconds counting the others, so an outage can't flood the log."""
+    `every` seconds and policy counting the others, so an outage can't
+    flood the log."""
 
     every = 1.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last = -float("inf")
-        self._unreported = 0
+        self._last: dict[OnError, float] = {}
+        self._unreported: dict[OnError, int] = {}
 
     def report(self, exc: BaseException, on_error: OnError, what: str) -> None:
         with self._lock:
             now = time.monotonic()
-            if now - self._last < self.every:
-                self._unreported += 1
+            if now - self._last.get(on_error, -float("inf")) < self.every:
+                self._unreported[on_error] = self._unreported.get(on_error, 0) + 1
                 return
-            more, self._unreported, self._last = self._unreported, 0, now
+            more = self._unreported.pop(on_error, 0)
+            self._last[on_error] = now
         log.error(
-            "rate limiter unavailable, failing %s (%s) for %s: %s: %s%s",
+            "rate limiter unavailable (fail-%s: %s) for %s: %s: %s%s",
             on_error,
             "admitted" if on_error == "open" else "denied",
             what,
@@ -219,12 +235,13 @@ class _ErrorLog:
         )
 
 
-class LimiterBase:
-    """State and plans shared by `Limiter` and `asyncio.Limiter`."""
+class LimiterBase(Generic[C]):
+    """State and plans shared by `Limiter` and `asyncio.Limiter`; they add
+    only the I/O (`_run`) and the public methods' signatures."""
 
     def __init__(
         self,
-        client: Any,
+        client: C,
         *,
         backend: Optional[BackendName] = None,
         timeout: Optional[float] = None,
@@ -233,7 +250,7 @@ class LimiterBase:
     ) -> None:
         self.client = client
         # Bound once: the hot path calls it directly.
-        self._execute: Callable[..., Any] = client.execute_command
+        self._execute: Callable[..., Any] = client.execute_command  # type: ignore[attr-defined]
         self._cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
         self._engine = Engine(backend)
         self.timeout = _check_timeout(timeout)
@@ -243,6 +260,7 @@ class LimiterBase:
         else:
             self.denial_cache = DenialCache(denial_cache) if denial_cache else None
         self._errors = _ErrorLog()
+        self._pool: Any = None  # the sync Limiter's helper threads, made on first need
 
     @property
     def backend(self) -> Optional[BackendName]:
@@ -283,7 +301,7 @@ class LimiterBase:
         return ManyRequest(tuple(checked), each=split or atomic is False)
 
     def _slot(self, key: KeyT) -> int:
-        slot: int = self.client.keyslot(key)
+        slot: int = self.client.keyslot(key)  # type: ignore[attr-defined]
         return slot
 
     def _options(self, timeout: Optional[float], on_error: Optional[OnError]) -> tuple[Optional[float], OnError]:
@@ -291,6 +309,27 @@ class LimiterBase:
             self.timeout if timeout is None else _check_timeout(timeout),
             self.on_error if on_error is None else _check_on_error(on_error),
         )
+
+    # ---- jobs: what the public methods run --------------------------------
+
+    def _job_one(self, op: Op, key: KeyT, bucket: Bucket, amount: Any) -> Job[Decision]:
+        req = self._check_one(op, key, bucket, amount)
+        degraded = partial(self._degraded_one, req)
+        cached = self._cached_one(req)
+        if cached is not None:
+            return Job(None, degraded, "", cached)
+        return Job(self._plan_one(req), degraded, describe(req))
+
+    def _job_many(self, groups: Iterable[GroupIn], atomic: Optional[bool]) -> Job[MultiDecision]:
+        req = self._check_many(groups, atomic)
+        degraded = partial(self._degraded_many, req)
+        cached = self._cached_many(req)
+        if cached is not None:
+            return Job(None, degraded, "", cached)
+        return Job(self._plan_many(req), degraded, describe(req))
+
+    def _job_detect(self, probe_key: KeyT) -> Job[str]:
+        return Job(self._plan_detect(probe_key), _no_degraded_answer, "detect")
 
     # ---- plans -----------------------------------------------------------
 
@@ -384,6 +423,10 @@ class LimiterBase:
             raise exc
         self._errors.report(exc, on_error, what)
         return degraded(on_error == "open")
+
+
+def _no_degraded_answer(allowed: bool) -> str:
+    raise AssertionError("detect() runs with on_error='raise'")
 
 
 def _check_bucket(bucket: Any, group: Optional[int] = None) -> None:

@@ -14,8 +14,17 @@ def whole_seconds(ms: int) -> int:
     return -(-ms // 1000)
 
 
+class _RetryAfter:
+    retry_after_ms: int
+
+    @property
+    def retry_after(self) -> int:
+        """`retry_after_ms` in whole seconds, rounded up (HTTP Retry-After)."""
+        return whole_seconds(self.retry_after_ms)
+
+
 @dataclass(frozen=True)
-class Decision:
+class Decision(_RetryAfter):
     """One bucket's answer: TB.CONSUME's `[allowed, remaining,
     retry_after_ms, reset_after_ms]` with the call that produced it.
 
@@ -36,11 +45,6 @@ class Decision:
     cached: bool = False
 
     @property
-    def retry_after(self) -> int:
-        """`retry_after_ms` in whole seconds, rounded up (HTTP Retry-After)."""
-        return whole_seconds(self.retry_after_ms)
-
-    @property
     def wait_ms(self) -> int:
         """Until this bucket matters again: the retry time when it denies,
         else the time until it is full."""
@@ -53,7 +57,7 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class MultiDecision:
+class MultiDecision(_RetryAfter):
     """The answer of `consume_many`: all buckets charged, or none.
 
     `decisions` has one Decision per bucket, in call order; each says
@@ -68,10 +72,6 @@ class MultiDecision:
     atomic: bool = True
     degraded: bool = False
     cached: bool = False
-
-    @property
-    def retry_after(self) -> int:
-        return whole_seconds(self.retry_after_ms)
 
     @property
     def denied_by(self) -> tuple[Decision, ...]:

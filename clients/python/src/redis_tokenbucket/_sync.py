@@ -5,17 +5,17 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 from collections.abc import Iterable
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from redis import Redis
 from redis.cluster import RedisCluster
 
 from ._bucket import Bucket, KeyT
-from ._cache import DenialCache
-from ._core import PROBE_KEY, BackendName, GroupIn, LimiterBase, OnError, Plan, describe
+from ._core import PROBE_KEY, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
 
 T = TypeVar("T")
+_POOL_LOCK = threading.Lock()
 
 
 def drive(plan: Plan[T], execute: Callable[..., Any]) -> T:
@@ -34,7 +34,7 @@ def drive(plan: Plan[T], execute: Callable[..., Any]) -> T:
         return result
 
 
-class Limiter(LimiterBase):
+class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     """Token buckets in Redis, with blocking calls.
 
     ``Limiter(redis.Redis())`` or ``Limiter(redis.cluster.RedisCluster(...))``.
@@ -57,19 +57,6 @@ class Limiter(LimiterBase):
     ``timeout`` and ``on_error`` can also be given per call.
     """
 
-    def __init__(
-        self,
-        client: Union[Redis, RedisCluster],
-        *,
-        backend: Optional[BackendName] = None,
-        timeout: Optional[float] = None,
-        on_error: OnError = "raise",
-        denial_cache: Union[int, DenialCache, None] = None,
-    ) -> None:
-        super().__init__(client, backend=backend, timeout=timeout, on_error=on_error, denial_cache=denial_cache)
-        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._pool_lock = threading.Lock()
-
     def consume(
         self,
         key: KeyT,
@@ -80,7 +67,7 @@ class Limiter(LimiterBase):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """Charges `cost` tokens if the bucket holds them (TB.CONSUME)."""
-        return self._single("consume", key, bucket, cost, timeout, on_error)
+        return self._run(self._job_one("consume", key, bucket, cost), timeout, on_error)
 
     def peek(
         self,
@@ -92,7 +79,7 @@ class Limiter(LimiterBase):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """What `consume` would answer, without charging (TB.PEEK)."""
-        return self._single("peek", key, bucket, cost, timeout, on_error)
+        return self._run(self._job_one("peek", key, bucket, cost), timeout, on_error)
 
     def adjust(
         self,
@@ -105,7 +92,7 @@ class Limiter(LimiterBase):
     ) -> Decision:
         """Refunds (delta > 0) or charges without asking (delta < 0, down
         to a debt of -max) (TB.ADJUST)."""
-        return self._single("adjust", key, bucket, delta, timeout, on_error)
+        return self._run(self._job_one("adjust", key, bucket, delta), timeout, on_error)
 
     def consume_many(
         self,
@@ -123,53 +110,32 @@ class Limiter(LimiterBase):
         not atomic. ``atomic=True`` raises CrossSlotError instead;
         ``atomic=False`` always goes bucket by bucket.
         """
-        req = self._check_many(groups, atomic)
-        cached = self._cached_many(req)
-        if cached is not None:
-            return cached
-        return self._run(self._plan_many(req), timeout, on_error, describe(req), lambda a: self._degraded_many(req, a))
+        return self._run(self._job_many(groups, atomic), timeout, on_error)
 
     def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
         """Finds the backend now with a read-only TB.PEEK of `probe_key`
         (readiness checks); raises if Redis can't serve any."""
-        return self._run(self._plan_detect(probe_key), timeout, "raise", "detect", _never)
+        return self._run(self._job_detect(probe_key), timeout, "raise")
 
-    def _single(
-        self, op: Any, key: KeyT, bucket: Bucket, amount: Any, timeout: Optional[float], on_error: Optional[OnError]
-    ) -> Decision:
-        req = self._check_one(op, key, bucket, amount)
-        cached = self._cached_one(req)
-        if cached is not None:
-            return cached
-        return self._run(self._plan_one(req), timeout, on_error, describe(req), lambda a: self._degraded_one(req, a))
-
-    def _run(
-        self,
-        plan: Plan[T],
-        timeout: Optional[float],
-        on_error: Optional[OnError],
-        what: str,
-        degraded: Callable[[bool], T],
-    ) -> T:
+    def _run(self, job: Job[T], timeout: Optional[float], on_error: Optional[OnError]) -> T:
+        if job.done is not None or job.plan is None:
+            return cast(T, job.done)  # answered without a round trip
         timeout, policy = self._options(timeout, on_error)
         try:
             if timeout is None:
-                return drive(plan, self._execute)
-            future = self._helper().submit(drive, plan, self._execute)
+                return drive(job.plan, self._execute)
+            future = self._helper().submit(drive, job.plan, self._execute)
             try:
                 return future.result(timeout)
             except concurrent.futures.TimeoutError:
                 future.cancel()
                 raise TimeoutError(f"no answer from Redis within {timeout} s") from None
         except Exception as exc:
-            return self._failed(exc, policy, what, degraded)
+            return self._failed(exc, policy, job.what, job.degraded)
 
     def _helper(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._pool_lock:
+        with _POOL_LOCK:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="redis-tokenbucket")
-            return self._pool
-
-
-def _never(allowed: bool) -> str:
-    raise AssertionError("detect() always raises")
+            pool: concurrent.futures.ThreadPoolExecutor = self._pool
+            return pool

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from ._bucket import Bucket, KeyT
-from ._cache import DenialCache
-from ._core import PROBE_KEY, BackendName, GroupIn, LimiterBase, OnError, Plan, describe
+from ._core import PROBE_KEY, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
 
 __all__ = ["Limiter"]
@@ -39,21 +38,10 @@ async def drive(plan: Plan[T], execute: Callable[..., Any]) -> T:
         return result
 
 
-class Limiter(LimiterBase):
+class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     """Token buckets in Redis, awaitable. See ``redis_tokenbucket.Limiter``
     for the options; here ``timeout`` cancels the pending command
     (``asyncio.wait_for``) and needs no helper thread."""
-
-    def __init__(
-        self,
-        client: Union[Redis, RedisCluster],
-        *,
-        backend: Optional[BackendName] = None,
-        timeout: Optional[float] = None,
-        on_error: OnError = "raise",
-        denial_cache: Union[int, DenialCache, None] = None,
-    ) -> None:
-        super().__init__(client, backend=backend, timeout=timeout, on_error=on_error, denial_cache=denial_cache)
 
     async def consume(
         self,
@@ -65,7 +53,7 @@ class Limiter(LimiterBase):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """Charges `cost` tokens if the bucket holds them (TB.CONSUME)."""
-        return await self._single("consume", key, bucket, cost, timeout, on_error)
+        return await self._run(self._job_one("consume", key, bucket, cost), timeout, on_error)
 
     async def peek(
         self,
@@ -77,7 +65,7 @@ class Limiter(LimiterBase):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """What `consume` would answer, without charging (TB.PEEK)."""
-        return await self._single("peek", key, bucket, cost, timeout, on_error)
+        return await self._run(self._job_one("peek", key, bucket, cost), timeout, on_error)
 
     async def adjust(
         self,
@@ -90,7 +78,7 @@ class Limiter(LimiterBase):
     ) -> Decision:
         """Refunds (delta > 0) or charges without asking (delta < 0, down
         to a debt of -max) (TB.ADJUST)."""
-        return await self._single("adjust", key, bucket, delta, timeout, on_error)
+        return await self._run(self._job_one("adjust", key, bucket, delta), timeout, on_error)
 
     async def consume_many(
         self,
@@ -102,46 +90,20 @@ class Limiter(LimiterBase):
     ) -> MultiDecision:
         """Charges every `(key, bucket, cost)` or none (TB.MCONSUME); see
         ``redis_tokenbucket.Limiter.consume_many`` for Cluster slots."""
-        req = self._check_many(groups, atomic)
-        cached = self._cached_many(req)
-        if cached is not None:
-            return cached
-        return await self._run(
-            self._plan_many(req), timeout, on_error, describe(req), lambda a: self._degraded_many(req, a)
-        )
+        return await self._run(self._job_many(groups, atomic), timeout, on_error)
 
     async def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
         """Finds the backend now with a read-only TB.PEEK of `probe_key`
         (readiness checks); raises if Redis can't serve any."""
-        return await self._run(self._plan_detect(probe_key), timeout, "raise", "detect", _never)
+        return await self._run(self._job_detect(probe_key), timeout, "raise")
 
-    async def _single(
-        self, op: Any, key: KeyT, bucket: Bucket, amount: Any, timeout: Optional[float], on_error: Optional[OnError]
-    ) -> Decision:
-        req = self._check_one(op, key, bucket, amount)
-        cached = self._cached_one(req)
-        if cached is not None:
-            return cached
-        return await self._run(
-            self._plan_one(req), timeout, on_error, describe(req), lambda a: self._degraded_one(req, a)
-        )
-
-    async def _run(
-        self,
-        plan: Plan[T],
-        timeout: Optional[float],
-        on_error: Optional[OnError],
-        what: str,
-        degraded: Callable[[bool], T],
-    ) -> T:
+    async def _run(self, job: Job[T], timeout: Optional[float], on_error: Optional[OnError]) -> T:
+        if job.done is not None or job.plan is None:
+            return cast(T, job.done)  # answered without a round trip
         timeout, policy = self._options(timeout, on_error)
         try:
             if timeout is None:
-                return await drive(plan, self._execute)
-            return await asyncio.wait_for(drive(plan, self._execute), timeout)
+                return await drive(job.plan, self._execute)
+            return await asyncio.wait_for(drive(job.plan, self._execute), timeout)
         except Exception as exc:
-            return self._failed(exc, policy, what, degraded)
-
-
-def _never(allowed: bool) -> str:
-    raise AssertionError("detect() always raises")
+            return self._failed(exc, policy, job.what, job.degraded)
