@@ -1,17 +1,17 @@
 //! The command handlers. Each one follows the same steps: parse the
 //! arguments (nothing is touched if they are wrong), open the key(s), read
-//! the clock once, compute with `tb_core::bucket`, write and replicate the
-//! effects only if something changed, then reply.
+//! the clock once, compute with `tb_core::bucket`, carry out the effects
+//! (only if something changed), then reply.
 
 use crate::clock;
 use crate::guard;
 use crate::keyspace::{Args, BucketKey, KeyError};
-use crate::reply::{reply_array, reply_int, reply_outcome};
+use crate::reply::{log_warning, reply_array, reply_int, reply_outcome};
 use crate::stats;
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 use std::os::raw::c_int;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, ArgError, Single};
-use tb_core::bucket::consume_all;
+use tb_core::bucket::{consume_all, Outcome, Stored};
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
@@ -23,18 +23,28 @@ fn key_error(e: KeyError, group: Option<usize>) -> String {
     }
 }
 
+/// Carries out `outcome`'s effect on `key`. A step that fails is logged
+/// and becomes the call's error reply (counted in `tb_errors`).
+fn apply(key: &BucketKey, outcome: &Outcome) -> Result<(), String> {
+    key.apply(&outcome.effect).map_err(|step| {
+        log_warning(&format!(
+            "tb: a write failed at {step}; the call replied an error instead of its outcome"
+        ));
+        format!("ERR tb could not write the bucket: {step} failed, see the server log")
+    })
+}
+
 /// A single-key call after its shared first steps: arguments parsed, key
-/// open (for writing too if `write`), clock read once, and the bucket's
-/// balance at that instant.
+/// open (for writing too if `write`), clock read once, bucket loaded.
 struct SingleCall {
     call: Single,
     key: BucketKey,
     now: i64,
-    current: f64,
+    stored: Option<Stored>,
 }
 
 /// Parses with `parse` (errors name `command`), opens `argv[1]` and loads
-/// the balance. Nothing is written on any error.
+/// the bucket. Nothing is written on any error.
 fn open_single(
     ctx: *mut RedisModuleCtx,
     args: &Args,
@@ -46,12 +56,11 @@ fn open_single(
     let key = BucketKey::open(ctx, args.raw(1), write);
     let now = clock::now_us();
     let stored = key.load().map_err(|e| key_error(e, None))?;
-    let current = call.limits.current(stored, now);
     Ok(SingleCall {
         call,
         key,
         now,
-        current,
+        stored,
     })
 }
 
@@ -65,11 +74,9 @@ pub extern "C" fn consume(
     guard::run(ctx, || {
         let args = Args::new(argv, argc);
         let s = open_single(ctx, &args, "tb.consume", parse_consume, true)?;
-        let outcome = s.call.limits.consume(s.current, s.call.amount);
+        let outcome = s.call.limits.consume(s.stored, s.now, s.call.amount);
+        apply(&s.key, &outcome)?;
         if outcome.allowed {
-            if s.call.amount > 0.0 {
-                s.key.save(&s.call.limits, &outcome, s.now);
-            }
             stats::ADMITTED.incr();
         } else {
             stats::DENIED.incr();
@@ -88,7 +95,7 @@ pub extern "C" fn peek(
     guard::run(ctx, || {
         let args = Args::new(argv, argc);
         let s = open_single(ctx, &args, "tb.peek", parse_consume, false)?;
-        let outcome = s.call.limits.peek(s.current, s.call.amount);
+        let outcome = s.call.limits.peek(s.stored, s.now, s.call.amount);
         stats::PEEKS.incr();
         reply_outcome(ctx, &outcome);
         Ok(())
@@ -105,8 +112,8 @@ pub extern "C" fn adjust(
     guard::run(ctx, || {
         let args = Args::new(argv, argc);
         let s = open_single(ctx, &args, "tb.adjust", parse_adjust, true)?;
-        let outcome = s.call.limits.adjust(s.current, s.call.amount);
-        s.key.save(&s.call.limits, &outcome, s.now);
+        let outcome = s.call.limits.adjust(s.stored, s.now, s.call.amount);
+        apply(&s.key, &outcome)?;
         stats::ADJUSTS.incr();
         reply_outcome(ctx, &outcome);
         Ok(())
@@ -123,23 +130,23 @@ pub extern "C" fn mconsume(
     guard::run(ctx, || {
         let args = Args::new(argv, argc);
         let groups = parse_mconsume(&args).map_err(|e| e.message("tb.mconsume"))?;
-        let keys: Vec<BucketKey> = groups
-            .iter()
-            .map(|g| BucketKey::open(ctx, args.raw(g.key_index), true))
-            .collect();
         let now = clock::now_us();
+        // Group by group: open, read, check. Opening a key whose TTL has
+        // passed deletes it (lazy expiry), so a bad group stops the call
+        // before any later group's key is opened.
+        let mut keys = Vec::with_capacity(groups.len());
         let mut buckets = Vec::with_capacity(groups.len());
-        for (i, (group, key)) in groups.iter().zip(&keys).enumerate() {
+        for (i, group) in groups.iter().enumerate() {
+            let key = BucketKey::open(ctx, args.raw(group.key_index), true);
             let stored = key.load().map_err(|e| key_error(e, Some(i + 1)))?;
-            buckets.push((group.limits, group.limits.current(stored, now), group.cost));
+            keys.push(key);
+            buckets.push((group.limits, stored, group.cost));
         }
-        let (all, retry, outcomes) = consume_all(&buckets);
+        let (all, retry, outcomes) = consume_all(&buckets, now);
+        for (key, outcome) in keys.iter().zip(&outcomes) {
+            apply(key, outcome)?;
+        }
         if all {
-            for ((group, key), outcome) in groups.iter().zip(&keys).zip(&outcomes) {
-                if group.cost > 0.0 {
-                    key.save(&group.limits, outcome, now);
-                }
-            }
             stats::ADMITTED.incr();
         } else {
             stats::DENIED.incr();
@@ -152,15 +159,4 @@ pub extern "C" fn mconsume(
         }
         Ok(())
     })
-}
-
-/// `TB.PANIC`: panics on purpose so a test can prove containment. Only in
-/// builds with the `panic-test` feature.
-#[cfg(feature = "panic-test")]
-pub extern "C" fn panic(
-    ctx: *mut RedisModuleCtx,
-    _argv: *mut *mut RedisModuleString,
-    _argc: c_int,
-) -> c_int {
-    guard::run(ctx, || panic!("TB.PANIC was called (panic-test build)"))
 }

@@ -10,12 +10,78 @@
 //! module; they degrade to harmless values rather than panicking.
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
+use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use tb_core::args::Argv;
-use tb_core::bucket::{Limits, Outcome, Stored};
+use tb_core::bucket::{Effect, Stored};
 use tb_core::state::{self, StateError, Text};
+
+/// The steps of a write that can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    HashSet,
+    Expire,
+    Delete,
+    Replicate,
+}
+
+#[cfg(feature = "test-hooks")]
+use crate::hooks::injected;
+
+/// Release builds never fail a step on purpose (`test-hooks` builds can).
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+fn injected(_: Step) -> bool {
+    false
+}
+
+/// The commands writes replicate as effects, in the order checked.
+const EFFECTS: [&CStr; 3] = [c"HSET", c"PEXPIREAT", c"DEL"];
+
+/// The first effect command this server can't run, because redis.conf
+/// renamed or disabled it (`rename-command PEXPIREAT ""`). Replicating a
+/// write needs all three by name, so a server without one would change
+/// buckets its replicas and AOF never hear of: the module refuses to load.
+pub fn missing_effect(ctx: *mut RedisModuleCtx) -> Option<&'static str> {
+    // Each function pointer was checked by `missing_api` just before.
+    let (Some(call), Some(kind), Some(len), Some(at), Some(free)) = (unsafe {
+        (
+            raw::RedisModule_Call,
+            raw::RedisModule_CallReplyType,
+            raw::RedisModule_CallReplyLength,
+            raw::RedisModule_CallReplyArrayElement,
+            raw::RedisModule_FreeCallReply,
+        )
+    }) else {
+        return Some("the module API to look commands up");
+    };
+    for name in EFFECTS {
+        // COMMAND INFO answers [nil] for a command the table lacks.
+        let known = unsafe {
+            let reply = call(
+                ctx,
+                c"COMMAND".as_ptr(),
+                c"cc".as_ptr(),
+                c"INFO".as_ptr(),
+                name.as_ptr(),
+            );
+            let known = !reply.is_null()
+                && kind(reply) == raw::REDISMODULE_REPLY_ARRAY as c_int
+                && len(reply) == 1
+                && kind(at(reply, 0)) == raw::REDISMODULE_REPLY_ARRAY as c_int;
+            if !reply.is_null() {
+                free(reply);
+            }
+            known
+        };
+        if !known {
+            return name.to_str().ok();
+        }
+    }
+    None
+}
 
 /// The first module API function the handlers need that this server lacks.
 /// Checked once at load, so a missing one stops the load instead of
@@ -50,7 +116,12 @@ pub fn missing_api() -> Option<&'static str> {
         RedisModule_ReplyWithError,
         RedisModule_NotifyKeyspaceEvent,
         RedisModule_SignalModifiedKey,
-        RedisModule_SetModuleOptions
+        RedisModule_SetModuleOptions,
+        RedisModule_Call,
+        RedisModule_CallReplyType,
+        RedisModule_CallReplyLength,
+        RedisModule_CallReplyArrayElement,
+        RedisModule_FreeCallReply
     );
     None
 }
@@ -195,10 +266,6 @@ impl BucketKey {
         }
     }
 
-    pub fn exists(&self) -> bool {
-        self.key_type() != raw::REDISMODULE_KEYTYPE_EMPTY as c_int
-    }
-
     /// The stored bucket, `None` for a missing key (a full bucket).
     pub fn load(&self) -> Result<Option<Stored>, KeyError> {
         match self.key_type() as isize {
@@ -246,97 +313,154 @@ impl BucketKey {
         }
     }
 
-    /// Stores a bucket's new balance, or deletes the key if the bucket is
-    /// full (a missing key *is* a full bucket, and takes no memory).
-    pub fn save(&self, limits: &Limits, outcome: &Outcome, now_us: i64) {
-        if limits.is_full(outcome.tokens) {
-            if !self.exists() {
-                // Full and already absent: nothing changes.
-                return;
-            }
-            self.delete();
-        } else {
-            let at = Limits::expire_at_ms(now_us, outcome.reset_after_ms);
-            self.write(outcome.tokens, now_us, at);
+    /// Carries out a call's effect on this key, and replicates it. `Err`
+    /// names the step that failed; nothing else is attempted after it.
+    ///
+    /// Each local change is checked before it is replicated, so a failed
+    /// HashSet or DeleteKey leaves both sides untouched, and a failed
+    /// SetAbsExpire replicates the HSET alone. `RedisModule_Replicate`
+    /// fails only for an unknown command, which `missing_effects` rules
+    /// out at load; its result is checked all the same.
+    pub fn apply(&self, effect: &Effect) -> Result<(), &'static str> {
+        match *effect {
+            Effect::Nothing => return Ok(()),
+            Effect::Save {
+                tokens,
+                ts_us,
+                expire_at_ms,
+            } => self.write(tokens, ts_us, expire_at_ms)?,
+            Effect::Delete => self.delete()?,
         }
         // What closing a written key would do without the module option:
         // abort WATCHes, invalidate client-side caches.
         if let Some(f) = unsafe { raw::RedisModule_SignalModifiedKey } {
             unsafe { f(self.ctx, self.name) };
         }
+        Ok(())
     }
 
-    fn write(&self, tokens: f64, ts_us: i64, expire_at_ms: i64) {
+    fn write(&self, tokens: f64, ts_us: i64, expire_at_ms: i64) -> Result<(), &'static str> {
         let (tokens_field, ts_field) = field_names();
         if tokens_field.is_null() || ts_field.is_null() {
-            return;
+            return Err("HSET");
         }
         let tok = create(self.ctx, Text::tokens(tokens).as_bytes());
         let ts = create(self.ctx, Text::int(ts_us).as_bytes());
         // Format `l` would build this with two allocations, not one.
         let at = create(self.ctx, Text::int(expire_at_ms).as_bytes());
-        unsafe {
-            if let Some(f) = raw::RedisModule_HashSet {
+        let result = self.write_fields(tokens_field, tok, ts_field, ts, at, expire_at_ms);
+        self.free(tok);
+        self.free(ts);
+        self.free(at);
+        result
+    }
+
+    fn write_fields(
+        &self,
+        tokens_field: *mut RedisModuleString,
+        tok: *mut RedisModuleString,
+        ts_field: *mut RedisModuleString,
+        ts: *mut RedisModuleString,
+        at: *mut RedisModuleString,
+        expire_at_ms: i64,
+    ) -> Result<(), &'static str> {
+        // COUNT_ALL: the result counts inserted fields too, so anything
+        // but 2 means the hash was not written.
+        let set = match unsafe { raw::RedisModule_HashSet } {
+            Some(f) if !injected(Step::HashSet) => unsafe {
                 f(
                     self.key,
-                    raw::REDISMODULE_HASH_NONE as c_int,
+                    raw::REDISMODULE_HASH_COUNT_ALL as c_int,
                     tokens_field,
                     tok,
                     ts_field,
                     ts,
                     ptr::null::<c_char>(),
-                );
-            }
-            if let Some(f) = raw::RedisModule_SetAbsExpire {
-                f(self.key, expire_at_ms);
-            }
-            // The events a plain HSET + PEXPIREAT would raise, as replicas
-            // and the Lua fallback raise them.
-            self.notify(raw::REDISMODULE_NOTIFY_HASH, c"hset");
-            self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"expire");
-            if let Some(f) = raw::RedisModule_Replicate {
-                // `s` only takes a reference; `c` would copy each name.
-                f(
-                    self.ctx,
-                    c"HSET".as_ptr(),
-                    c"sssss".as_ptr(),
-                    self.name,
-                    tokens_field,
-                    tok,
-                    ts_field,
-                    ts,
-                );
-                f(
-                    self.ctx,
-                    c"PEXPIREAT".as_ptr(),
-                    c"ss".as_ptr(),
-                    self.name,
-                    at,
-                );
-            }
+                )
+            },
+            _ => 0,
+        };
+        if set != 2 {
+            return Err("HSET");
         }
-        self.free(tok);
-        self.free(ts);
-        self.free(at);
+        // The events a plain HSET + PEXPIREAT would raise, as replicas
+        // and the Lua fallback raise them.
+        self.notify(raw::REDISMODULE_NOTIFY_HASH, c"hset");
+        let expired = match unsafe { raw::RedisModule_SetAbsExpire } {
+            Some(f) if !injected(Step::Expire) => unsafe { f(self.key, expire_at_ms) },
+            _ => raw::REDISMODULE_ERR as c_int,
+        };
+        // `s` only takes a reference; `c` would copy each name.
+        let hset = self.replicate(
+            c"HSET",
+            c"sssss",
+            &[self.name, tokens_field, tok, ts_field, ts],
+        );
+        if hset.is_err() {
+            return Err("replicate HSET");
+        }
+        if expired != raw::REDISMODULE_OK as c_int {
+            // The hash changed here and, through the HSET above, on the
+            // replicas: both keep the old expire time.
+            return Err("PEXPIREAT");
+        }
+        self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"expire");
+        self.replicate(c"PEXPIREAT", c"ss", &[self.name, at])
+            .map_err(|()| "replicate PEXPIREAT")
+    }
+
+    fn delete(&self) -> Result<(), &'static str> {
+        let deleted = match unsafe { raw::RedisModule_DeleteKey } {
+            Some(f) if !injected(Step::Delete) => unsafe { f(self.key) },
+            _ => raw::REDISMODULE_ERR as c_int,
+        };
+        if deleted != raw::REDISMODULE_OK as c_int {
+            return Err("DEL");
+        }
+        self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"del");
+        self.replicate(c"DEL", c"s", &[self.name])
+            .map_err(|()| "replicate DEL")
+    }
+
+    /// `RedisModule_Replicate` of `command` with one to five string
+    /// arguments (`format` is that many `s`).
+    fn replicate(
+        &self,
+        command: &CStr,
+        format: &CStr,
+        args: &[*mut RedisModuleString],
+    ) -> Result<(), ()> {
+        let Some(f) = (unsafe { raw::RedisModule_Replicate }) else {
+            return Err(());
+        };
+        // A test build can name a command that does not exist, which is
+        // how Replicate really fails.
+        let command = if injected(Step::Replicate) {
+            c"TB-NO-SUCH-COMMAND"
+        } else {
+            command
+        };
+        let (ctx, c, fmt) = (self.ctx, command.as_ptr(), format.as_ptr());
+        let rc = unsafe {
+            match *args {
+                [a] => f(ctx, c, fmt, a),
+                [a, b] => f(ctx, c, fmt, a, b),
+                [a, b, c3, d, e] => f(ctx, c, fmt, a, b, c3, d, e),
+                _ => raw::REDISMODULE_ERR as c_int,
+            }
+        };
+        if rc == raw::REDISMODULE_OK as c_int {
+            Ok(())
+        } else {
+            Err(())
+        }
     }
 
     /// A keyspace notification for this key (a no-op unless the server's
     /// `notify-keyspace-events` asks for it).
-    fn notify(&self, class: c_int, event: &std::ffi::CStr) {
+    fn notify(&self, class: c_int, event: &CStr) {
         if let Some(f) = unsafe { raw::RedisModule_NotifyKeyspaceEvent } {
             unsafe { f(self.ctx, class, event.as_ptr(), self.name) };
-        }
-    }
-
-    fn delete(&self) {
-        unsafe {
-            if let Some(f) = raw::RedisModule_DeleteKey {
-                f(self.key);
-            }
-            self.notify(raw::REDISMODULE_NOTIFY_GENERIC, c"del");
-            if let Some(f) = raw::RedisModule_Replicate {
-                f(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), self.name);
-            }
         }
     }
 }

@@ -20,6 +20,18 @@ pub const MAX_FILL_SECONDS: f64 = 1e10;
 /// Most buckets in one TB.MCONSUME: bounds the time one call holds Redis.
 pub const MAX_GROUPS: usize = 10_000;
 
+/// Whether a positive `cost` is too small to charge a bucket of this `max`:
+/// subtracting it from some balance an admitted call can see (one in
+/// `[cost, max]`) rounds back to that balance, so the call would be
+/// admitted without charging anything, forever. That happens below about
+/// `max * 1.1e-16`. The balances where rounding keeps the most are the top
+/// two doubles up to `max` (the largest gaps, and one of them has an even
+/// mantissa, which wins a tie), so checking those two is exact.
+pub fn charges_nothing(cost: f64, max: f64) -> bool {
+    let below = max.next_down();
+    cost > 0.0 && (max - cost == max || below - cost == below)
+}
+
 /// Command arguments, `argv[0]` being the command name.
 pub trait Argv {
     fn count(&self) -> usize;
@@ -79,6 +91,8 @@ pub enum ArgError {
     NotANumber(Arg, Option<usize>),
     OutOfRange(Arg, Option<usize>),
     CostAboveMax(Option<usize>),
+    /// Positive, but too small to change a balance near `max`.
+    CostTooSmall(Option<usize>),
     FillTooSlow(Option<usize>),
     DuplicateKey {
         group: usize,
@@ -117,6 +131,10 @@ impl ArgError {
                     group(g)
                 )
             }
+            ArgError::CostTooSmall(g) => format!(
+                "ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53{}",
+                group(g)
+            ),
             ArgError::FillTooSlow(g) => format!(
                 "ERR rate is too low for max: max/rate must be <= 1e10 seconds{}",
                 group(g)
@@ -155,6 +173,9 @@ fn cost(bytes: &[u8], limits: &Limits, g: Option<usize>) -> Result<f64, ArgError
     }
     if cost > limits.max {
         return Err(ArgError::CostAboveMax(g));
+    }
+    if charges_nothing(cost, limits.max) {
+        return Err(ArgError::CostTooSmall(g));
     }
     Ok(cost)
 }
@@ -300,6 +321,10 @@ mod tests {
                 vec!["c", "k", "10", "1", "11"],
                 ArgError::CostAboveMax(None),
             ),
+            (
+                vec!["c", "k", "1e12", "1000", "0.00001"],
+                ArgError::CostTooSmall(None),
+            ),
         ];
         for (a, e) in cases {
             assert_eq!(parse_consume(argv(&a).as_slice()), Err(e), "{a:?}");
@@ -307,6 +332,64 @@ mod tests {
         assert_eq!(
             ArgError::NotANumber(Arg::Rate, Some(2)).message("tb.mconsume"),
             "ERR rate must be a finite decimal number (group 2)"
+        );
+    }
+
+    #[test]
+    fn a_positive_cost_always_charges() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut maxes = vec![1e12, 10.0, 1.0, 0.5, 3.0, f64::MIN_POSITIVE, 5e-324];
+        // Just above a power of two: there the gap below max is twice the
+        // gap below the next balance.
+        maxes.extend([1.0f64.next_up(), 1024.0f64.next_up(), 0.5f64.next_up()]);
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            maxes.push(f64::from_bits(x >> 2).min(MAX_CAPACITY));
+        }
+        for max in maxes {
+            let l = Limits { max, rate: 1.0 };
+            // Balances an admitted call can see, the largest first.
+            let mut balances = vec![max];
+            for _ in 0..4 {
+                let b = balances[balances.len() - 1].next_down();
+                balances.push(b);
+            }
+            balances.extend([max / 2.0, max / 3.0]);
+            let half_gap = (max - max.next_down()) / 2.0;
+            for c in [
+                half_gap.next_down(),
+                half_gap,
+                half_gap.next_up(),
+                half_gap * 2.0,
+            ] {
+                if c <= 0.0 || c > max {
+                    continue;
+                }
+                let unchanged = balances.iter().any(|&b| b >= c && b - c == b);
+                let parsed = cost(format!("{c:e}").as_bytes(), &l, None);
+                if unchanged {
+                    assert_eq!(
+                        parsed,
+                        Err(ArgError::CostTooSmall(None)),
+                        "max {max:e} cost {c:e}"
+                    );
+                } else {
+                    assert_eq!(parsed, Ok(c), "max {max:e} cost {c:e}");
+                }
+            }
+            // The advice in the message: max/2^53 is accepted wherever it
+            // is exact (it is not for max below 2^-969).
+            let advice = max / 9_007_199_254_740_992.0;
+            if advice >= f64::MIN_POSITIVE {
+                assert_eq!(cost(format!("{advice:e}").as_bytes(), &l, None), Ok(advice));
+            }
+        }
+        assert_eq!(1e12 - 0.00001, 1e12, "the issue's example charges nothing");
+        assert_eq!(
+            ArgError::CostTooSmall(Some(3)).message("tb.mconsume"),
+            "ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53 (group 3)"
         );
     }
 

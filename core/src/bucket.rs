@@ -22,8 +22,8 @@ pub struct Stored {
     pub ts_us: i64,
 }
 
-/// One bucket's view after a command: the four integers of the reply plus
-/// the exact token balance that would be stored.
+/// One bucket's view after a command: the four integers of the reply, the
+/// exact balance, and what the call changes in the keyspace.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Outcome {
     pub allowed: bool,
@@ -31,6 +31,23 @@ pub struct Outcome {
     pub tokens: f64,
     pub retry_after_ms: i64,
     pub reset_after_ms: i64,
+    pub effect: Effect,
+}
+
+/// What a call does to its key.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Effect {
+    /// Nothing is written: a denial, cost 0, a peek, or a full bucket whose
+    /// key is already absent.
+    Nothing,
+    /// `HSET key tokens <tokens> ts <ts_us>` and `PEXPIREAT key <expire_at_ms>`.
+    Save {
+        tokens: f64,
+        ts_us: i64,
+        expire_at_ms: i64,
+    },
+    /// The bucket is full again: the key goes (no key is a full bucket).
+    Delete,
 }
 
 impl Outcome {
@@ -50,6 +67,11 @@ impl Outcome {
     }
 }
 
+/// The longest wait `ms_until` reports, in ms (about 3,170 years). Valid
+/// limits never need it: the fill time is at most 2e13 ms from `-max`, and
+/// a 16-digit `ts` lies at most 1e13 ms ahead. It only bounds the search.
+pub const MAX_WAIT_MS: i64 = 100_000_000_000_000;
+
 impl Limits {
     /// Adds `elapsed_us` of refill to `tokens`, capped at `max`.
     pub fn refill(&self, tokens: f64, elapsed_us: f64) -> f64 {
@@ -62,8 +84,11 @@ impl Limits {
         tokens.max(-self.max).min(self.max)
     }
 
-    /// The balance now. A missing bucket is full. A clock that stepped back
-    /// counts as no time elapsed, so it never mints tokens.
+    /// The balance at `now_us` of a bucket stored as `stored`: the one
+    /// function every call evaluates. A missing bucket is full. A `ts`
+    /// ahead of `now_us` (the clock stepped back, or a failover to a node
+    /// whose clock is behind) counts as no time elapsed, so it never mints
+    /// tokens: the bucket refills nothing until the clock reaches `ts`.
     pub fn current(&self, stored: Option<Stored>, now_us: i64) -> f64 {
         match stored {
             None => self.max,
@@ -75,62 +100,115 @@ impl Limits {
         }
     }
 
-    /// Whole milliseconds until `tokens` has refilled to `target` (0 if it
-    /// already has). This is the earliest millisecond at which `refill`
-    /// reaches the target: the closed form `ceil(1000 * (target - tokens) /
-    /// rate)` can be off by one either way through rounding, so it is checked
-    /// against `refill` itself and nudged.
-    pub fn ms_until(&self, tokens: f64, target: f64) -> i64 {
-        if tokens >= target {
+    /// Whole milliseconds from `now_us` until a call on `stored`, with no
+    /// other traffic in between, sees at least `target`: the smallest `m`
+    /// with `current(stored, now_us + 1000 m) >= target`, 0 if it already
+    /// does. It includes the wait until a future `ts`.
+    ///
+    /// The search runs on `current` itself, the function the next call
+    /// evaluates in one step, so no rounding can make the answer early or
+    /// late: a closed form gives the first guess, and `current` being
+    /// monotone in time lets a galloping search correct it (two
+    /// evaluations when the guess is right or one off).
+    pub fn ms_until(&self, stored: Option<Stored>, now_us: i64, target: f64) -> i64 {
+        let passes = |ms: i64| {
+            self.current(stored, now_us.saturating_add(ms.saturating_mul(1000))) >= target
+        };
+        if passes(0) {
             return 0;
         }
-        let mut ms = (1000.0 * (target - tokens) / self.rate).ceil();
-        if self.refill(tokens, ms * 1000.0) < target {
-            ms += 1.0;
-        } else if ms > 1.0 && self.refill(tokens, (ms - 1.0) * 1000.0) >= target {
-            ms -= 1.0;
-        }
-        ms as i64
+        // A missing bucket is full, and every target is at most `max`.
+        let Some(s) = stored else { return 0 };
+        let wait_us = (i128::from(s.ts_us) - i128::from(now_us)).max(0) as f64;
+        let refill_us = (target - self.clamp(s.tokens)) / self.rate * 1_000_000.0;
+        let guess = ((wait_us + refill_us) / 1000.0).ceil();
+        let guess = if guess >= 1.0 {
+            guess.min(MAX_WAIT_MS as f64) as i64
+        } else {
+            1
+        };
+        first_passing(guess, passes)
     }
 
-    /// Outcome of charging `cost` against a balance of `current`.
-    pub fn consume(&self, current: f64, cost: f64) -> Outcome {
-        let allowed = current >= cost;
-        let tokens = if allowed { current - cost } else { current };
-        Outcome {
-            allowed,
-            tokens,
-            retry_after_ms: if allowed {
-                0
-            } else {
-                self.ms_until(current, cost)
-            },
-            reset_after_ms: self.ms_until(tokens, self.max),
-        }
+    /// Outcome of charging `cost` at `now_us` against the bucket `stored`.
+    pub fn consume(&self, stored: Option<Stored>, now_us: i64, cost: f64) -> Outcome {
+        self.charge(stored, now_us, self.current(stored, now_us), cost, true)
     }
 
     /// What `consume` would answer, without charging.
-    pub fn peek(&self, current: f64, cost: f64) -> Outcome {
-        let allowed = current >= cost;
-        Outcome {
-            allowed,
-            tokens: current,
-            retry_after_ms: self.ms_until(current, cost),
-            reset_after_ms: self.ms_until(current, self.max),
-        }
+    pub fn peek(&self, stored: Option<Stored>, now_us: i64, cost: f64) -> Outcome {
+        self.charge(stored, now_us, self.current(stored, now_us), cost, false)
     }
 
     /// Applies a refund (`delta > 0`) or an after-the-fact charge
     /// (`delta < 0`). Always applies; the balance stays in [-max, max].
     /// `retry_after_ms` is for a request of cost 1 (or `max`, if smaller,
     /// since a cost above `max` never passes).
-    pub fn adjust(&self, current: f64, delta: f64) -> Outcome {
-        let tokens = self.clamp(current + delta);
+    pub fn adjust(&self, stored: Option<Stored>, now_us: i64, delta: f64) -> Outcome {
+        let tokens = self.clamp(self.current(stored, now_us) + delta);
+        self.settle(stored, now_us, true, tokens, true, Some(self.max.min(1.0)))
+    }
+
+    /// A consume (`charge` true) or a peek of `cost` against `current`,
+    /// the balance of `stored` at `now_us`.
+    fn charge(
+        &self,
+        stored: Option<Stored>,
+        now_us: i64,
+        current: f64,
+        cost: f64,
+        charge: bool,
+    ) -> Outcome {
+        let allowed = current >= cost;
+        // A charge of 0 writes nothing: the bucket stays as stored.
+        let writes = charge && allowed && cost > 0.0;
+        let tokens = if writes { current - cost } else { current };
+        // Admitted: retry 0. Denied: the wait until `cost` passes.
+        let retry_for = (!allowed).then_some(cost);
+        self.settle(stored, now_us, allowed, tokens, writes, retry_for)
+    }
+
+    /// The outcome of a call that leaves `tokens` (written at `now_us` if
+    /// `writes`, else the bucket stays as `stored`); `retry_for` is the
+    /// amount the retry time waits for (none: 0). Both times are
+    /// measured on the state the call leaves, which is what the next call
+    /// reads: an admitted write restarts the refill from `now_us`, a call
+    /// that writes nothing leaves any wait until a future `ts` in place.
+    fn settle(
+        &self,
+        stored: Option<Stored>,
+        now_us: i64,
+        allowed: bool,
+        tokens: f64,
+        writes: bool,
+        retry_for: Option<f64>,
+    ) -> Outcome {
+        let after = match (writes, self.is_full(tokens)) {
+            (false, _) => stored,
+            (true, true) => None,
+            (true, false) => Some(Stored {
+                tokens,
+                ts_us: now_us,
+            }),
+        };
+        let retry_after_ms = retry_for.map_or(0, |target| self.ms_until(after, now_us, target));
+        let reset_after_ms = self.ms_until(after, now_us, self.max);
+        let effect = match (writes, after) {
+            (false, _) => Effect::Nothing,
+            (true, Some(s)) => Effect::Save {
+                tokens: s.tokens,
+                ts_us: now_us,
+                expire_at_ms: Self::expire_at_ms(now_us, reset_after_ms),
+            },
+            (true, None) if stored.is_some() => Effect::Delete,
+            (true, None) => Effect::Nothing,
+        };
         Outcome {
-            allowed: true,
+            allowed,
             tokens,
-            retry_after_ms: self.ms_until(tokens, self.max.min(1.0)),
-            reset_after_ms: self.ms_until(tokens, self.max),
+            retry_after_ms,
+            reset_after_ms,
+            effect,
         }
     }
 
@@ -150,19 +228,65 @@ impl Limits {
     }
 }
 
-/// All-or-nothing charge of several buckets: `(limits, current, cost)` per
-/// bucket. Returns whether all were admitted, the largest retry time, and
-/// each bucket's outcome (charged only if all were admitted).
-pub fn consume_all(buckets: &[(Limits, f64, f64)]) -> (bool, i64, Vec<Outcome>) {
-    let all = buckets.iter().all(|(_, current, cost)| current >= cost);
+/// The smallest `m >= 1` with `passes(m)`, for a `passes` that is monotone
+/// (false, then true forever) and false at 0, starting from `guess`:
+/// gallop away from the guess until the answer is bracketed, then bisect.
+/// Gives up at `MAX_WAIT_MS`.
+fn first_passing(guess: i64, passes: impl Fn(i64) -> bool) -> i64 {
+    // Invariant once bracketed: !passes(lo) and passes(hi).
+    let (mut lo, mut hi);
+    let mut step = 1i64;
+    if passes(guess) {
+        hi = guess;
+        lo = guess - 1;
+        while lo > 0 && passes(lo) {
+            hi = lo;
+            step = step.saturating_mul(2);
+            lo = hi.saturating_sub(step).max(0);
+        }
+    } else {
+        lo = guess;
+        hi = guess.saturating_add(1);
+        while !passes(hi) {
+            if hi >= MAX_WAIT_MS {
+                return MAX_WAIT_MS;
+            }
+            lo = hi;
+            step = step.saturating_mul(2);
+            hi = lo.saturating_add(step).min(MAX_WAIT_MS);
+        }
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if passes(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
+}
+
+/// All-or-nothing charge of several buckets at `now_us`: `(limits, stored,
+/// cost)` per bucket. Returns whether all were admitted, the largest retry
+/// time, and each bucket's outcome (charged only if all were admitted).
+pub fn consume_all(
+    buckets: &[(Limits, Option<Stored>, f64)],
+    now_us: i64,
+) -> (bool, i64, Vec<Outcome>) {
+    let currents: Vec<f64> = buckets
+        .iter()
+        .map(|(limits, stored, _)| limits.current(*stored, now_us))
+        .collect();
+    let all = buckets
+        .iter()
+        .zip(&currents)
+        .all(|((_, _, cost), current)| current >= cost);
     let outcomes: Vec<Outcome> = buckets
         .iter()
-        .map(|(limits, current, cost)| {
-            if all {
-                limits.consume(*current, *cost)
-            } else {
-                limits.peek(*current, *cost)
-            }
+        .zip(&currents)
+        .map(|((limits, stored, cost), current)| {
+            limits.charge(*stored, now_us, *current, *cost, all)
         })
         .collect();
     let retry = outcomes.iter().map(|o| o.retry_after_ms).max().unwrap_or(0);
@@ -177,42 +301,118 @@ mod tests {
         max: 10.0,
         rate: 1.0,
     };
+    const NOW: i64 = 1_893_456_000_000_000;
+
+    fn at(tokens: f64, ts_us: i64) -> Option<Stored> {
+        Some(Stored { tokens, ts_us })
+    }
 
     #[test]
     fn fresh_bucket_reply_matches_contract_example() {
-        let o = L10.consume(L10.current(None, 5), 1.0);
+        let o = L10.consume(None, NOW, 1.0);
         assert_eq!(o.reply(), [1, 9, 0, 1000]);
+        assert_eq!(
+            o.effect,
+            Effect::Save {
+                tokens: 9.0,
+                ts_us: NOW,
+                expire_at_ms: NOW / 1000 + 1000
+            }
+        );
     }
 
     #[test]
     fn denied_call_reports_time_until_cost_passes() {
-        let o = L10.consume(0.5, 2.0);
+        let o = L10.consume(at(0.5, NOW), NOW, 2.0);
         assert_eq!(o.reply(), [0, 0, 1500, 9500]);
+        assert_eq!(o.effect, Effect::Nothing);
     }
 
     #[test]
-    fn retry_is_corrected_where_the_closed_form_rounds_wrong() {
+    fn times_are_found_on_the_refill_the_next_call_evaluates() {
         let l = Limits {
             max: 10.0,
             rate: 0.3,
         };
         // ceil(1000 * 0.6 / 0.3) is 2001 in floats, yet 2000 ms already pass.
-        assert_eq!(l.ms_until(1.4, 2.0), 2000);
-        assert!(l.refill(1.4, 2000.0 * 1000.0) >= 2.0);
-        // ceil gives 12000, where refill still falls short by one ulp.
-        assert_eq!(l.ms_until(-3.1, 0.5), 12001);
-        assert!(l.refill(-3.1, 12000.0 * 1000.0) < 0.5);
+        assert_eq!(l.ms_until(at(1.4, NOW), NOW, 2.0), 2000);
+        assert!(l.current(at(1.4, NOW), NOW + 2_000_000) >= 2.0);
+        // ceil gives 12000, where the refill still falls short by one ulp.
+        assert_eq!(l.ms_until(at(-3.1, NOW), NOW, 0.5), 12001);
+        assert!(l.current(at(-3.1, NOW), NOW + 12_000_000) < 0.5);
+    }
+
+    #[test]
+    fn retry_is_measured_from_the_stored_state_not_the_balance_now() {
+        // The example: refilling -0.453 for `e` and then for m ms
+        // in two steps rounds differently from the next call's one step.
+        let l = Limits {
+            max: 1.0,
+            rate: 0.1,
+        };
+        let mut misleading = 0;
+        for e in 0..20_000i64 {
+            let stored = at(-0.453, NOW - e);
+            let o = l.consume(stored, NOW, 0.5);
+            assert!(!o.allowed);
+            let m = o.retry_after_ms;
+            assert!(l.consume(stored, NOW + 1000 * m, 0.5).allowed, "e {e}");
+            assert!(
+                !l.consume(stored, NOW + 1000 * (m - 1), 0.5).allowed,
+                "e {e}"
+            );
+            // What the times were before: refill the balance now, then
+            // refill that for m ms (two roundings).
+            let current = l.current(stored, NOW);
+            let two_steps = |m: i64| l.refill(current, m as f64 * 1_000_000.0 / 1000.0) >= 0.5;
+            if two_steps(m) != l.consume(stored, NOW + 1000 * m, 0.5).allowed
+                || two_steps(m - 1) != l.consume(stored, NOW + 1000 * (m - 1), 0.5).allowed
+            {
+                misleading += 1;
+            }
+        }
+        // The old two-step times were wrong for some of these states.
+        assert!(misleading > 0);
+    }
+
+    #[test]
+    fn a_future_ts_is_waited_for_in_both_times() {
+        // The clock stepped back 60 s: nothing refills until ts.
+        let stored = at(0.0, NOW + 60_000_000);
+        let o = L10.consume(stored, NOW, 1.0);
+        assert_eq!(o.reply(), [0, 0, 61_000, 70_000]);
+        let p = L10.peek(stored, NOW, 1.0);
+        assert_eq!(p.reply(), [0, 0, 61_000, 70_000]);
+        // Still frozen 1 ms before the retry time, and passing at it.
+        assert!(!L10.consume(stored, NOW + 60_999_000, 1.0).allowed);
+        assert!(L10.consume(stored, NOW + 61_000_000, 1.0).allowed);
+    }
+
+    #[test]
+    fn an_admitted_write_under_a_future_ts_restarts_the_refill_now() {
+        let stored = at(5.0, NOW + 60_000_000);
+        let o = L10.consume(stored, NOW, 1.0);
+        assert_eq!(o.reply(), [1, 4, 0, 6000]);
+        assert_eq!(
+            o.effect,
+            Effect::Save {
+                tokens: 4.0,
+                ts_us: NOW,
+                expire_at_ms: NOW / 1000 + 6000
+            }
+        );
+        // A cost-0 call writes nothing, so its reset still waits for ts.
+        assert_eq!(L10.consume(stored, NOW, 0.0).reply(), [1, 5, 0, 65_000]);
+        // TB.ADJUST always writes: its times start now.
+        assert_eq!(L10.adjust(stored, NOW, -5.0).reply(), [1, 0, 1000, 10_000]);
     }
 
     #[test]
     fn clock_step_back_mints_nothing() {
-        let s = Stored {
-            tokens: 3.0,
-            ts_us: 10_000_000,
-        };
-        assert_eq!(L10.current(Some(s), 9_000_000), 3.0);
-        assert_eq!(L10.current(Some(s), 11_500_000), 4.5);
-        assert_eq!(L10.current(Some(s), 10_000_000_000), 10.0);
+        let s = at(3.0, 10_000_000);
+        assert_eq!(L10.current(s, 9_000_000), 3.0);
+        assert_eq!(L10.current(s, 11_500_000), 4.5);
+        assert_eq!(L10.current(s, 10_000_000_000), 10.0);
     }
 
     #[test]
@@ -221,36 +421,31 @@ mod tests {
             max: 5.0,
             rate: 1.0,
         };
-        let full = Stored {
-            tokens: 9.0,
-            ts_us: 0,
-        };
-        let debt = Stored {
-            tokens: -9.0,
-            ts_us: 0,
-        };
-        assert_eq!(l.current(Some(full), 0), 5.0);
-        assert_eq!(l.current(Some(debt), 0), -5.0);
+        assert_eq!(l.current(at(9.0, 0), 0), 5.0);
+        assert_eq!(l.current(at(-9.0, 0), 0), -5.0);
     }
 
     #[test]
     fn hostile_timestamps_do_not_overflow() {
-        let s = Stored {
-            tokens: 1.0,
-            ts_us: i64::MIN,
-        };
-        assert_eq!(L10.current(Some(s), i64::MAX), 10.0);
-        let s = Stored {
-            tokens: 1.0,
-            ts_us: i64::MAX,
-        };
-        assert_eq!(L10.current(Some(s), i64::MIN), 1.0);
+        assert_eq!(L10.current(at(1.0, i64::MIN), i64::MAX), 10.0);
+        assert_eq!(L10.current(at(1.0, i64::MAX), i64::MIN), 1.0);
+        // A ts beyond any wait: the search stops at its bound.
+        assert_eq!(L10.ms_until(at(1.0, i64::MAX), 0, 2.0), MAX_WAIT_MS);
+        let far = at(0.0, 9_999_999_999_999_999);
+        let o = L10.peek(far, NOW, 1.0);
+        // The wait until ts, rounded up to a whole ms, then one second.
+        assert_eq!(
+            o.retry_after_ms,
+            (9_999_999_999_999_999 - NOW + 999) / 1000 + 1000
+        );
     }
 
     #[test]
     fn adjust_caps_refund_and_floors_debt() {
-        assert_eq!(L10.adjust(8.0, 5.0).tokens, 10.0);
-        let o = L10.adjust(2.0, -100.0);
+        assert_eq!(L10.adjust(at(8.0, NOW), NOW, 5.0).tokens, 10.0);
+        assert_eq!(L10.adjust(at(8.0, NOW), NOW, 5.0).effect, Effect::Delete);
+        assert_eq!(L10.adjust(None, NOW, 5.0).effect, Effect::Nothing);
+        let o = L10.adjust(at(2.0, NOW), NOW, -100.0);
         assert_eq!(o.tokens, -10.0);
         // From -10 a cost-1 request needs 11 tokens of refill at 1/s.
         assert_eq!(o.reply(), [1, -10, 11_000, 20_000]);
@@ -273,15 +468,26 @@ mod tests {
             max: 5.0,
             rate: 0.5,
         };
-        let (all, retry, out) = consume_all(&[(l1, 5.0, 1.0), (l2, 0.0, 1.0)]);
+        let (all, retry, out) = consume_all(&[(l1, None, 1.0), (l2, at(0.0, NOW), 1.0)], NOW);
         assert!(!all);
         assert_eq!(retry, 2000);
         assert_eq!(out[0].reply(), [1, 5, 0, 0]);
         assert_eq!(out[1].reply(), [0, 0, 2000, 10_000]);
-        let (all, retry, out) = consume_all(&[(l1, 5.0, 1.0), (l2, 2.0, 1.0)]);
+        assert!(out.iter().all(|o| o.effect == Effect::Nothing));
+        let (all, retry, out) = consume_all(&[(l1, None, 1.0), (l2, at(2.0, NOW), 1.0)], NOW);
         assert!(all);
         assert_eq!(retry, 0);
         assert_eq!(out[0].tokens, 4.0);
         assert_eq!(out[1].tokens, 1.0);
+    }
+
+    #[test]
+    fn first_passing_finds_the_boundary_from_any_guess() {
+        for answer in [1i64, 2, 3, 17, 1000, 123_456_789] {
+            for guess in [1i64, 2, answer - 1, answer, answer + 1, 5 * answer, 1 << 40] {
+                let guess = guess.max(1);
+                assert_eq!(first_passing(guess, |m| m >= answer), answer, "{guess}");
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
-use tb_core::bucket::{consume_all, Limits, Outcome, Stored};
+use tb_core::bucket::{consume_all, Effect, Outcome, Stored};
 use tb_core::state::{decode, encode_tokens, StateError};
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -95,17 +95,23 @@ fn load_key(case: &Case, key: &str) -> Result<Option<Stored>, String> {
     }
 }
 
-/// `BucketKey::save`: delete a full bucket (if the key exists), else write.
-fn save(after: &mut BTreeMap<String, After>, key: &str, l: &Limits, o: &Outcome, now: i64) {
-    let state = if l.is_full(o.tokens) {
-        After::Same("absent".to_string())
-    } else {
-        let mut tokens = String::new();
-        encode_tokens(o.tokens, &mut tokens);
-        After::Bucket {
+/// `BucketKey::apply`: the outcome's effect on the key.
+fn save(after: &mut BTreeMap<String, After>, key: &str, o: &Outcome) {
+    let state = match o.effect {
+        Effect::Nothing => return,
+        Effect::Delete => After::Same("absent".to_string()),
+        Effect::Save {
             tokens,
-            ts: now.to_string(),
-            expire_at_ms: Limits::expire_at_ms(now, o.reset_after_ms),
+            ts_us,
+            expire_at_ms,
+        } => {
+            let mut text = String::new();
+            encode_tokens(tokens, &mut text);
+            After::Bucket {
+                tokens: text,
+                ts: ts_us.to_string(),
+                expire_at_ms,
+            }
         }
     };
     after.insert(key.to_string(), state);
@@ -145,20 +151,13 @@ fn run(case: &Case, now: i64) -> Run {
             .map_err(bad_args)?;
             let key = &argv[1];
             let l = call.limits;
-            let current = l.current(load_key(case, key)?, now);
+            let stored = load_key(case, key)?;
             let o = match case.command.as_str() {
-                "peek" => l.peek(current, call.amount),
-                "adjust" => l.adjust(current, call.amount),
-                _ => l.consume(current, call.amount),
+                "peek" => l.peek(stored, now, call.amount),
+                "adjust" => l.adjust(stored, now, call.amount),
+                _ => l.consume(stored, now, call.amount),
             };
-            let writes = match case.command.as_str() {
-                "peek" => false,
-                "adjust" => true,
-                _ => o.allowed && call.amount > 0.0,
-            };
-            if writes {
-                save(&mut after, key, &l, &o, now);
-            }
+            save(&mut after, key, &o);
             Ok((ints(&o), after))
         }
         "mconsume" => {
@@ -172,14 +171,12 @@ fn run(case: &Case, now: i64) -> Run {
                         format!("{e} (group {})", i + 1)
                     }
                 })?;
-                buckets.push((g.limits, g.limits.current(stored, now), g.cost));
+                buckets.push((g.limits, stored, g.cost));
             }
-            let (all, retry, outcomes) = consume_all(&buckets);
+            let (all, retry, outcomes) = consume_all(&buckets, now);
             let mut reply = vec![serde_json::json!(i64::from(all)), serde_json::json!(retry)];
             for (g, o) in groups.iter().zip(&outcomes) {
-                if all && g.cost > 0.0 {
-                    save(&mut after, &argv[g.key_index], &g.limits, o, now);
-                }
+                save(&mut after, &argv[g.key_index], o);
                 reply.push(ints(o));
             }
             Ok((serde_json::Value::Array(reply), after))
@@ -226,6 +223,7 @@ fn vectors_cover_every_error_message() {
         "ERR cost must be a finite decimal number",
         "ERR cost must be >= 0",
         "ERR cost must not exceed max",
+        "ERR cost is too small to charge",
         "ERR delta must be a finite decimal number",
         "ERR duplicate key",
         "(group 2)",

@@ -14,15 +14,17 @@
 //!   encoded decodes back to the same bits;
 //! * (c) bucket arithmetic: never panics on any f64/i64; with valid limits
 //!   the balance is never NaN and stays in [-max, max], an admitted call had
-//!   the tokens, reply times are non-negative, bounded and exact to the
-//!   millisecond, and a schedule of calls (with keys expiring at the time the
+//!   the tokens and changed the balance, reply times are non-negative,
+//!   bounded and exact to the millisecond for the state the call leaves (a
+//!   call at `now + retry_after_ms` passes, one a millisecond earlier does
+//!   not), and a schedule of calls (with keys expiring at the time the
 //!   module sets) never admits more than burst plus refill plus refunds.
 
 use tb_core::args::{
     parse_adjust, parse_consume, parse_mconsume, Arg, ArgError, Argv, MAX_CAPACITY,
     MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE,
 };
-use tb_core::bucket::{consume_all, Limits, Outcome, Stored};
+use tb_core::bucket::{consume_all, Effect, Limits, Outcome, Stored};
 use tb_core::number::parse_decimal;
 use tb_core::state::{decode, encode_tokens, encode_ts, StateError};
 
@@ -92,6 +94,15 @@ fn reference_cost(cost: &[u8], max: f64, g: Option<usize>) -> Result<f64, ArgErr
     }
     if cost > max {
         return Err(ArgError::CostAboveMax(g));
+    }
+    // A positive cost must lower each of the five largest balances up to
+    // max that it fits in (rounding keeps the most at the top).
+    let mut b = max;
+    for _ in 0..5 {
+        if cost > 0.0 && b >= cost && b - cost == b {
+            return Err(ArgError::CostTooSmall(g));
+        }
+        b = b.next_down();
     }
     Ok(cost)
 }
@@ -448,39 +459,52 @@ fn in_balance_range(l: &Limits, tokens: f64) -> bool {
     !tokens.is_nan() && tokens >= -l.max && tokens <= l.max
 }
 
-/// The longest reply time valid limits allow: from -max to max.
-fn longest_ms(l: &Limits) -> i64 {
-    (2000.0 * l.max / l.rate).ceil() as i64 + 2
+/// The stored state a call leaves behind, as the module applies `effect`.
+pub fn after(stored: Option<Stored>, effect: Effect) -> Option<Stored> {
+    match effect {
+        Effect::Nothing => stored,
+        Effect::Delete => None,
+        Effect::Save { tokens, ts_us, .. } => Some(Stored { tokens, ts_us }),
+    }
 }
 
-/// Below this rate one millisecond of refill is a subnormal float of a few
-/// significant bits, and reply times are only safe (never early), not the
-/// earliest millisecond: e.g. max 4.4085e-320, rate 5e-324 from -1.803e-320
-/// gives reset 12571999 ms where 12571500 ms already refill the bucket.
-/// No valid limits above it lose exactness.
-pub const EXACT_RATE_MIN: f64 = 1e-300;
+/// The longest reply time valid limits allow: the wait until a future `ts`,
+/// then from -max to max.
+fn longest_ms(l: &Limits, stored: Option<Stored>, now: i64) -> i64 {
+    let wait_us = stored.map_or(0, |s| s.ts_us.saturating_sub(now).max(0));
+    wait_us / 1000 + (2000.0 * l.max / l.rate).ceil() as i64 + 2
+}
 
-/// `ms` is the earliest whole millisecond at which `tokens` refills to
-/// `target` (0 when it already has): never early, and, for rates of at
-/// least `EXACT_RATE_MIN`, not a millisecond late either.
-fn assert_earliest_ms(l: &Limits, tokens: f64, target: f64, ms: i64, what: &str) {
+/// `ms` is the earliest whole millisecond at which a call on `left` at
+/// `now + ms` sees at least `target` (0 when it already does): the
+/// function the next call evaluates passes at `ms` and fails at `ms - 1`.
+fn assert_earliest_ms(
+    l: &Limits,
+    left: Option<Stored>,
+    now: i64,
+    target: f64,
+    ms: i64,
+    what: &str,
+) {
     assert!(ms >= 0, "{what}: negative {ms}");
+    let at = |ms: i64| l.current(left, now + ms * 1000);
     assert!(
-        l.refill(tokens, ms as f64 * 1000.0) >= target,
-        "{what}: {l:?} from {tokens:e} to {target:e} not reached at {ms} ms"
+        at(ms) >= target,
+        "{what}: {l:?} {left:?} not at {target:e} after {ms} ms"
     );
-    if ms > 0 && l.rate >= EXACT_RATE_MIN {
+    if ms > 0 {
         assert!(
-            l.refill(tokens, (ms - 1) as f64 * 1000.0) < target,
-            "{what}: {l:?} from {tokens:e} to {target:e} already reached at {} ms",
+            at(ms - 1) < target,
+            "{what}: {l:?} {left:?} already at {target:e} after {} ms",
             ms - 1
         );
     }
 }
 
-/// Checks an outcome of valid limits from a balance of `current`; `target`
-/// is what the retry time waits for; `charged` is an admitted consume.
-fn check_outcome(l: &Limits, current: f64, target: f64, o: &Outcome, charged: bool) {
+/// Checks an outcome of valid limits for a call at `now` on `stored`;
+/// `target` is what the retry time waits for (`None`: an admitted
+/// consume, whose retry is 0).
+fn check_outcome(l: &Limits, stored: Option<Stored>, now: i64, target: Option<f64>, o: &Outcome) {
     assert!(
         in_balance_range(l, o.tokens),
         "{l:?}: balance {} outside [-max, max]",
@@ -489,16 +513,25 @@ fn check_outcome(l: &Limits, current: f64, target: f64, o: &Outcome, charged: bo
     let (retry, reset) = (o.retry_after_ms, o.reset_after_ms);
     assert!(retry >= 0 && reset >= 0, "{l:?} {o:?}");
     assert!(retry <= reset, "{l:?}: retry {retry} after reset {reset}");
-    assert!(reset <= longest_ms(l), "{l:?}: reset {reset} ms too long");
+    assert!(
+        reset <= longest_ms(l, stored, now),
+        "{l:?}: reset {reset} ms too long"
+    );
     assert!(o.remaining() <= l.max.floor() as i64, "{o:?}");
-    assert_earliest_ms(l, o.tokens, l.max, reset, "reset");
-    if charged {
-        // Admitted: retry is 0 and the charge did not go below zero.
-        assert!(current >= target && o.tokens == current - target, "{o:?}");
-        assert_eq!(retry, 0);
-        assert!(o.tokens >= 0.0, "{l:?}: admitted into debt {o:?}");
-    } else {
-        assert_earliest_ms(l, o.tokens, target, retry, "retry");
+    let left = after(stored, o.effect);
+    assert_earliest_ms(l, left, now, l.max, reset, "reset");
+    match target {
+        None => assert_eq!(retry, 0),
+        Some(t) => assert_earliest_ms(l, left, now, t, retry, "retry"),
+    }
+    if let Effect::Save {
+        tokens,
+        ts_us,
+        expire_at_ms,
+    } = o.effect
+    {
+        assert_eq!((tokens.to_bits(), ts_us), (o.tokens.to_bits(), now));
+        assert_eq!(expire_at_ms, check_expire_at(l, tokens, now, reset));
     }
 }
 
@@ -534,14 +567,25 @@ fn exercise(l: &Limits, tokens: f64, cost: f64, delta: f64, now: i64, ts: i64) {
     let _ = l.current(None, now);
     let _ = l.refill(tokens, now as f64);
     let _ = l.clamp(tokens);
-    let _ = l.ms_until(tokens, cost);
+    let _ = l.ms_until(stored, now, cost);
     let _ = l.is_full(c);
-    for o in [l.consume(c, cost), l.peek(tokens, cost), l.adjust(c, delta)] {
+    for o in [
+        l.consume(stored, now, cost),
+        l.peek(stored, now, cost),
+        l.adjust(stored, now, delta),
+        l.consume(None, now, cost),
+    ] {
         let _ = (o.reply(), Limits::expire_at_ms(now, o.reset_after_ms));
     }
-    let _ = consume_all(&[(*l, c, cost), (*l, tokens, delta)]);
+    let _ = consume_all(&[(*l, stored, cost), (*l, None, delta)], now);
     let _ = Limits::expire_at_ms(ts, i64::MAX);
     let _ = Limits::expire_at_ms(i64::MIN, i64::MIN);
+}
+
+/// Timestamps a key can hold and a server clock can read: at most 16
+/// digits either way (`state::decode`), so a `ts` is at most 1e13 ms away.
+fn decodable(us: i64) -> i64 {
+    us % 10_000_000_000_000_000
 }
 
 /// Property (c) for one case.
@@ -555,8 +599,11 @@ pub fn check_bucket(case: &BucketCase) {
     let Some(l) = valid(case.max, case.rate) else {
         return;
     };
-    let stored = case.stored.map(|(tokens, ts_us)| Stored { tokens, ts_us });
-    let now = case.now_us;
+    let stored = case.stored.map(|(tokens, ts_us)| Stored {
+        tokens,
+        ts_us: decodable(ts_us),
+    });
+    let now = decodable(case.now_us).max(0);
     let current = l.current(stored, now);
     assert!(in_balance_range(&l, current), "{l:?}: current {current}");
     match stored {
@@ -569,36 +616,44 @@ pub fn check_bucket(case: &BucketCase) {
 
     if case.cost.is_finite() && case.cost >= 0.0 && case.cost <= l.max {
         let cost = case.cost;
-        let o = l.consume(current, cost);
+        let o = l.consume(stored, now, cost);
         assert_eq!(o.allowed, current >= cost);
         if !o.allowed {
             assert_eq!(o.tokens.to_bits(), current.to_bits(), "denied but charged");
+            assert_eq!(o.effect, Effect::Nothing, "denied but written");
+        } else if cost > 0.0 && !tb_core::args::charges_nothing(cost, l.max) {
+            assert!(
+                o.tokens < current,
+                "admitted without a charge: {l:?} {cost:e}"
+            );
         }
-        check_outcome(&l, current, cost, &o, o.allowed);
-        check_expire_at(&l, o.tokens, now, o.reset_after_ms);
-        let p = l.peek(current, cost);
+        check_outcome(&l, stored, now, (!o.allowed).then_some(cost), &o);
+        let p = l.peek(stored, now, cost);
         assert_eq!(
-            (p.allowed, p.tokens.to_bits()),
-            (o.allowed, current.to_bits())
+            (p.allowed, p.tokens.to_bits(), p.effect),
+            (o.allowed, current.to_bits(), Effect::Nothing)
         );
-        check_outcome(&l, current, cost, &p, false);
+        check_outcome(&l, stored, now, Some(cost), &p);
         // All-or-nothing over two buckets: a short one charges nobody.
-        let other = l.clamp(case.delta);
-        let (all, retry, outs) = consume_all(&[(l, current, cost), (l, other, cost)]);
-        let other_ok = !other.is_nan() && other >= cost;
+        let other = Some(Stored {
+            tokens: l.clamp(case.delta),
+            ts_us: now,
+        });
+        let (all, retry, outs) = consume_all(&[(l, stored, cost), (l, other, cost)], now);
+        let other_ok = l.current(other, now) >= cost;
         assert_eq!(all, current >= cost && other_ok);
         assert_eq!(retry, outs.iter().map(|o| o.retry_after_ms).max().unwrap());
-        for (o, cur) in outs.iter().zip([current, other]) {
+        for (o, s) in outs.iter().zip([stored, other]) {
             if !all {
-                assert_eq!(o.tokens.to_bits(), cur.to_bits(), "partial charge");
+                assert_eq!(o.effect, Effect::Nothing, "partial charge");
+                check_outcome(&l, s, now, Some(cost), o);
             }
         }
     }
     if case.delta.is_finite() {
-        let o = l.adjust(current, case.delta);
+        let o = l.adjust(stored, now, case.delta);
         assert!(o.allowed);
-        check_outcome(&l, current, l.max.min(1.0), &o, false);
-        check_expire_at(&l, o.tokens, now, o.reset_after_ms);
+        check_outcome(&l, stored, now, Some(l.max.min(1.0)), &o);
         assert_eq!(o.tokens, l.clamp(current + case.delta));
     }
     check_schedule(&l, stored, now, &case.steps);
@@ -627,28 +682,28 @@ fn check_schedule(l: &Limits, mut stored: Option<Stored>, start: i64, steps: &[(
         }
         let current = l.current(stored, now);
         assert!(in_balance_range(l, current), "{l:?}: current {current}");
-        let (out, store) = match op {
+        let out = match op {
             Op::Consume(frac) => {
                 let cost = l.max * frac;
-                let o = l.consume(current, cost);
-                check_outcome(l, current, cost, &o, o.allowed);
+                let o = l.consume(stored, now, cost);
+                check_outcome(l, stored, now, (!o.allowed).then_some(cost), &o);
                 if o.allowed {
                     admitted += cost;
                 }
-                (o, o.allowed && cost > 0.0)
+                o
             }
             Op::Peek(frac) => {
                 let cost = l.max * frac;
-                let o = l.peek(current, cost);
-                check_outcome(l, current, cost, &o, false);
-                (o, false)
+                let o = l.peek(stored, now, cost);
+                check_outcome(l, stored, now, Some(cost), &o);
+                o
             }
             Op::Adjust(frac) => {
                 let delta = l.max * frac;
                 refunds += delta.max(0.0);
-                let o = l.adjust(current, delta);
-                check_outcome(l, current, l.max.min(1.0), &o, false);
-                (o, true)
+                let o = l.adjust(stored, now, delta);
+                check_outcome(l, stored, now, Some(l.max.min(1.0)), &o);
+                o
             }
         };
         let elapsed_s = (now - start) as f64 / 1e6;
@@ -661,26 +716,28 @@ fn check_schedule(l: &Limits, mut stored: Option<Stored>, start: i64, steps: &[(
             "{l:?}: admitted {admitted:e} + left {:e} > budget {budget:e} after {elapsed_s} s",
             out.tokens
         );
-        if !store {
-            continue;
-        }
-        if l.is_full(out.tokens) {
-            stored = None;
-            expire_at_ms = None;
-        } else {
-            // Through the hash encoding, as the module stores it.
-            let (mut tok, mut ts) = (String::new(), String::new());
-            encode_tokens(out.tokens, &mut tok);
-            encode_ts(now, &mut ts);
-            let back = decode(Some(tok.as_bytes()), Some(ts.as_bytes()));
-            if now.unsigned_abs() < 10_000_000_000_000_000 {
-                assert_eq!(back.map(|s| s.tokens), Ok(out.tokens));
+        match out.effect {
+            Effect::Nothing => {}
+            Effect::Delete => {
+                stored = None;
+                expire_at_ms = None;
             }
-            stored = Some(Stored {
-                tokens: out.tokens,
-                ts_us: now,
-            });
-            expire_at_ms = Some(check_expire_at(l, out.tokens, now, out.reset_after_ms));
+            Effect::Save {
+                tokens,
+                ts_us,
+                expire_at_ms: at,
+            } => {
+                // Through the hash encoding, as the module stores it.
+                let (mut tok, mut ts) = (String::new(), String::new());
+                encode_tokens(tokens, &mut tok);
+                encode_ts(ts_us, &mut ts);
+                let back = decode(Some(tok.as_bytes()), Some(ts.as_bytes()));
+                if now.unsigned_abs() < 10_000_000_000_000_000 {
+                    assert_eq!(back.map(|s| s.tokens), Ok(tokens));
+                }
+                stored = Some(Stored { tokens, ts_us });
+                expire_at_ms = Some(at);
+            }
         }
     }
 }
