@@ -4,6 +4,11 @@ local MAX_CAPACITY = 1e12
 local MAX_RATE = 1e12
 local MAX_FILL_SECONDS = 1e10
 local MAX_GROUPS = 10000
+-- The longest wait a reply reports, in ms (tb-core's MAX_WAIT_MS).
+local MAX_WAIT_MS = 1e14
+-- The smallest positive double, 2^-1074 (a literal: the library body runs
+-- before `math` is reachable).
+local TINY = 4.9406564584124654e-324
 
 local WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
 local NOT_A_BUCKET = 'ERR key is not a token bucket: '
@@ -83,11 +88,27 @@ local function cost_above_max(g)
   return 'ERR cost must not exceed max, it could never pass' .. in_group(g)
 end
 
+-- Whether a positive cost is too small to charge a bucket of this max:
+-- subtracting it from max, or from the double just below max, rounds back
+-- to that balance (tb-core's charges_nothing). Lua lacks nextafter, so the
+-- double below max is max minus the gap found from max's exponent.
+local function charges_nothing(cost, max)
+  local m, e = math.frexp(max) -- max = m * 2^e, 0.5 <= m < 1
+  local gap = math.ldexp(1, e - 53)
+  if m == 0.5 then gap = gap / 2 end -- below a power of two the gap halves
+  if gap < TINY then gap = TINY end -- subnormals: one step of 2^-1074
+  local below = max - gap
+  return cost > 0 and (max - cost == max or below - cost == below)
+end
+
 local function parse_cost(s, limits, g)
   local cost = parse_decimal(s)
   if not cost then return nil, not_a_number('cost', g) end
   if cost < 0 then return nil, 'ERR cost must be >= 0' .. in_group(g) end
   if cost > limits.max then return nil, cost_above_max(g) end
+  if charges_nothing(cost, limits.max) then
+    return nil, 'ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53' .. in_group(g)
+  end
   return cost
 end
 
@@ -102,8 +123,10 @@ local function clamp(l, tokens)
   return math.min(math.max(tokens, -l.max), l.max)
 end
 
--- The balance now; a missing bucket is full, a clock that stepped back
--- counts as no time elapsed.
+-- The balance at `now` of a bucket stored as `stored` (false: missing,
+-- a full bucket): the one function every call evaluates. A ts ahead of
+-- now counts as no time elapsed, so nothing refills until the clock
+-- reaches it.
 local function current(l, stored, now)
   if not stored then return l.max end
   -- (now - ts) rounded once: every partial result here is an exact integer.
@@ -112,47 +135,88 @@ local function current(l, stored, now)
   return refill(l, clamp(l, stored.tokens), elapsed)
 end
 
--- Whole ms until tokens reaches target: the closed form, checked against
--- refill itself and nudged by one when rounding put it off.
-local function ms_until(l, tokens, target)
-  if tokens >= target then return 0 end
-  local ms = math.ceil(1000 * (target - tokens) / l.rate)
-  if refill(l, tokens, ms * 1000) < target then
-    ms = ms + 1
-  elseif ms > 1 and refill(l, tokens, (ms - 1) * 1000) >= target then
-    ms = ms - 1
+-- `now` moved on by `ms` whole milliseconds, as exact halves.
+local function later(now, ms)
+  local hi = math.floor(ms / 100000)
+  return { hi = now.hi + hi, lo = now.lo + (ms - hi * 100000) * 1000 }
+end
+
+-- The smallest m >= 1 with passes(m), for a passes that is false at 0 and
+-- monotone: gallop from the guess until the answer is bracketed, then
+-- bisect. Gives up at MAX_WAIT_MS.
+local function first_passing(guess, passes)
+  local lo, hi
+  local step = 1
+  if passes(guess) then
+    hi, lo = guess, guess - 1
+    while lo > 0 and passes(lo) do
+      hi = lo
+      step = step * 2
+      lo = math.max(hi - step, 0)
+    end
+  else
+    lo, hi = guess, guess + 1
+    while not passes(hi) do
+      if hi >= MAX_WAIT_MS then return MAX_WAIT_MS end
+      lo = hi
+      step = step * 2
+      hi = math.min(lo + step, MAX_WAIT_MS)
+    end
   end
-  return ms
+  while hi - lo > 1 do
+    local mid = lo + math.floor((hi - lo) / 2)
+    if passes(mid) then hi = mid else lo = mid end
+  end
+  return hi
 end
 
--- An outcome: allowed, the balance after the call, retry and reset in ms.
-local function consume(l, cur, cost)
-  local allowed = cur >= cost
-  local tokens = cur
-  if allowed then tokens = cur - cost end
+-- Whole ms from `now` until a call on `stored`, with no traffic between,
+-- sees at least `target`, including the wait until a future ts. The search
+-- runs on current() itself, the function the next call evaluates, so
+-- rounding can't make the answer early or late; a closed form only guesses.
+local function ms_until(l, stored, now, target)
+  local function passes(ms) return current(l, stored, later(now, ms)) >= target end
+  if passes(0) then return 0 end
+  if not stored then return 0 end
+  local wait = (stored.ts[1] - now.hi) * 1e8 + (stored.ts[2] - now.lo)
+  if wait < 0 then wait = 0 end
+  local guess = math.ceil((wait + (target - clamp(l, stored.tokens)) / l.rate * 1000000) / 1000)
+  if guess >= 1 then guess = math.min(guess, MAX_WAIT_MS) else guess = 1 end
+  return first_passing(guess, passes)
+end
+
+-- An outcome: allowed, the balance after the call, retry and reset in ms,
+-- and whether the call writes. Both times are measured on the state the
+-- call leaves: a write restarts the refill at now, a call that writes
+-- nothing leaves the stored state (and any wait until its ts) in place.
+-- retry_for: the amount the retry time waits for (nil: retry 0).
+local function settle(l, stored, now, allowed, tokens, writes, retry_for)
+  local after = stored
+  if writes then
+    after = false
+    if tokens < l.max then after = { tokens = tokens, ts = { now.hi, now.lo } } end
+  end
   local retry = 0
-  if not allowed then retry = ms_until(l, cur, cost) end
-  return { allowed = allowed, tokens = tokens, retry = retry, reset = ms_until(l, tokens, l.max) }
+  if retry_for then retry = ms_until(l, after, now, retry_for) end
+  return { allowed = allowed, tokens = tokens, retry = retry, reset = ms_until(l, after, now, l.max), writes = writes }
 end
 
-local function peek(l, cur, cost)
-  return {
-    allowed = cur >= cost,
-    tokens = cur,
-    retry = ms_until(l, cur, cost),
-    reset = ms_until(l, cur, l.max),
-  }
+-- A consume (charge true) or a peek of `cost` against `cur`, the balance
+-- of `stored` at `now`. A charge of 0 writes nothing.
+local function charge(l, stored, now, cur, cost, charging)
+  local allowed = cur >= cost
+  local writes = charging and allowed and cost > 0
+  local tokens = cur
+  if writes then tokens = cur - cost end
+  local retry_for = nil
+  if not allowed then retry_for = cost end
+  return settle(l, stored, now, allowed, tokens, writes, retry_for)
 end
 
 -- retry is for a request of cost 1, or max if smaller.
-local function adjust(l, cur, delta)
-  local tokens = clamp(l, cur + delta)
-  return {
-    allowed = true,
-    tokens = tokens,
-    retry = ms_until(l, tokens, math.min(l.max, 1)),
-    reset = ms_until(l, tokens, l.max),
-  }
+local function adjust(l, stored, now, delta)
+  local tokens = clamp(l, current(l, stored, now) + delta)
+  return settle(l, stored, now, true, tokens, true, math.min(l.max, 1))
 end
 
 -- {allowed, remaining, retry_after_ms, reset_after_ms}; all are already
@@ -233,8 +297,8 @@ local function tb_consume(keys, args)
   local now = clock()
   local stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local o = consume(l, current(l, stored, now), cost)
-  if o.allowed and cost > 0 then save(keys[1], stored, l, o, now) end
+  local o = charge(l, stored, now, current(l, stored, now), cost, true)
+  if o.writes then save(keys[1], stored, l, o, now) end
   return reply(o)
 end
 
@@ -245,7 +309,7 @@ local function tb_peek(keys, args)
   local now = clock()
   local stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  return reply(peek(l, current(l, stored, now), cost))
+  return reply(charge(l, stored, now, current(l, stored, now), cost, false))
 end
 
 -- tb_adjust: refund (delta > 0) or late charge (delta < 0); always saves.
@@ -259,7 +323,7 @@ local function tb_adjust(keys, args)
   local stored
   stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local o = adjust(l, current(l, stored, now), delta)
+  local o = adjust(l, stored, now, delta)
   save(keys[1], stored, l, o, now)
   return reply(o)
 end
@@ -290,6 +354,8 @@ local function tb_mconsume(keys, args)
     first[keys[g]] = g
   end
   local now = clock()
+  -- Group by group, as the module does: a bad key stops the call before
+  -- any later key is read (and lazily expired).
   local stored, cur = {}, {}
   for g = 1, n do
     local s, err = load(keys[g], g)
@@ -303,13 +369,8 @@ local function tb_mconsume(keys, args)
   local out = { all and 1 or 0, 0 }
   local retry = 0
   for g = 1, n do
-    local o
-    if all then
-      o = consume(limits[g], cur[g], costs[g])
-      if costs[g] > 0 then save(keys[g], stored[g], limits[g], o, now) end
-    else
-      o = peek(limits[g], cur[g], costs[g])
-    end
+    local o = charge(limits[g], stored[g], now, cur[g], costs[g], all)
+    if o.writes then save(keys[g], stored[g], limits[g], o, now) end
     if o.retry > retry then retry = o.retry end
     out[g + 2] = reply(o)
   end
