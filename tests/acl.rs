@@ -71,6 +71,53 @@ fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {
     assert_eq!(snapshot(&mut admin), before, "denied calls changed nothing");
 }
 
+/// Key permissions by access (`%R~`, `%W~`, Redis >= 7.0): the key specs
+/// let a read-only user peek, and only a user who may read and write a
+/// bucket charge or adjust it.
+#[test]
+fn read_only_key_permission_allows_peek_and_nothing_else() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    let user = |admin: &mut redis::Connection, name: &str, keys: &str| {
+        let _: String = redis::cmd("ACL")
+            .arg(&["SETUSER", name, "on", ">pw", keys, "resetchannels", "-@all"])
+            .arg(&["+tb.consume", "+tb.peek", "+tb.mconsume", "+tb.adjust"])
+            .query(admin)
+            .unwrap();
+        redis::Client::open(format!("redis://{name}:pw@127.0.0.1:{}/", s.port))
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    };
+    let mut reader = user(&mut admin, "reader", "%R~rl:*");
+    let mut writer = user(&mut admin, "writer", "%W~rl:*");
+    let mut both = user(&mut admin, "both", "%RW~rl:*");
+    assert_eq!(consume(&mut admin, "rl:k", "10", "1", "3"), [1, 7, 0, 3000]);
+    let before = snapshot(&mut admin);
+
+    assert_eq!(peek(&mut reader, "rl:k", "10", "1", "1")[..2], [1, 7]);
+    let writes: [&[&str]; 3] = [
+        &["TB.CONSUME", "rl:k", "10", "1"],
+        &["TB.ADJUST", "rl:k", "10", "1", "1"],
+        &["TB.MCONSUME", "rl:k", "10", "1", "1"],
+    ];
+    for c in [&mut reader, &mut writer] {
+        for args in writes {
+            let err = error_of(c, redis::cmd(args[0]).arg(&args[1..]));
+            assert!(err.starts_with("NOPERM"), "{args:?}: {err}");
+        }
+    }
+    // Peeking reads the bucket: a write-only user may not.
+    let err = error_of(&mut writer, redis::cmd("TB.PEEK").arg(&["rl:k", "10", "1"]));
+    assert!(err.starts_with("NOPERM"), "{err}");
+    assert_eq!(
+        snapshot(&mut admin),
+        before,
+        "refused calls changed nothing"
+    );
+    assert_eq!(consume(&mut both, "rl:k", "10", "1", "1")[..2], [1, 6]);
+}
+
 #[test]
 fn acl_categories_where_the_server_supports_them() {
     let s = Server::start();

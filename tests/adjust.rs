@@ -70,3 +70,23 @@ fn adjust_always_writes_and_replicates() {
     assert_eq!(h["tokens"].parse::<f64>().unwrap().floor(), 7.0);
     assert_eq!(snapshot(&mut replica.conn()), snapshot(&mut c));
 }
+
+/// In debt even a cost of 0 is denied (the balance is below 0), and one
+/// such group vetoes a whole TB.MCONSUME.
+#[test]
+fn cost_zero_in_debt_is_denied_and_vetoes_mconsume() {
+    let s = Server::start();
+    let mut c = s.conn();
+    assert_eq!(adjust(&mut c, "debt", "10", "0.001", "-15")[..2], [1, -5]);
+    let r = consume(&mut c, "debt", "10", "0.001", "0");
+    assert_eq!(r[..2], [0, -5]);
+    // Back to 0 takes 5 tokens at 0.001/s.
+    assert!(r[2] > 4_990_000 && r[2] <= 5_000_000, "{r:?}");
+    let before = snapshot(&mut c);
+    let m: Vec<redis::Value> = redis::cmd("TB.MCONSUME")
+        .arg(&["fine", "10", "1", "1", "debt", "10", "0.001", "0"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(m[0], redis::Value::Int(0), "{m:?}");
+    assert_eq!(snapshot(&mut c), before, "nobody was charged");
+}

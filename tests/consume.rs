@@ -243,3 +243,19 @@ fn writes_raise_the_keyspace_events_of_hset_and_pexpireat() {
         ["hset k", "expire k", "hset k", "expire k", "del k"]
     );
 }
+
+/// The TTL is set from the limits of the call that wrote: after the rate is
+/// lowered (or max raised), the key expires when the old bucket would have
+/// been full, and the next call sees a full bucket under the new limits.
+#[test]
+fn lowering_the_rate_after_a_write_lets_the_key_expire_early() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // 5 of 10 tokens at 1000/s: full again, and expired, 5 ms later.
+    assert_eq!(consume(&mut c, "k", "10", "1000", "5"), [1, 5, 0, 5]);
+    assert!(eventually(Duration::from_secs(3), || int(
+        &mut c, "EXISTS", "k"
+    ) == 0));
+    // At 1/s the bucket would still hold about 5: the new tier gets a full one.
+    assert_eq!(consume(&mut c, "k", "10", "1", "1")[..2], [1, 9]);
+}

@@ -403,6 +403,28 @@ fn bad_calls() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>, Strin
     ];
     // The arguments are checked before the key.
     calls.push(("tb_consume", vec!["str"], vec!["10", "x"], nan("rate")));
+    // A positive cost too small to change a balance near max: admitting
+    // it would charge nothing, forever.
+    let too_small =
+        "ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53";
+    calls.push((
+        "tb_consume",
+        vec!["new"],
+        vec!["1e12", "1000", "0.00001"],
+        too_small.to_string(),
+    ));
+    calls.push((
+        "tb_peek",
+        vec!["new"],
+        vec!["10", "1", "1e-16"],
+        too_small.to_string(),
+    ));
+    calls.push((
+        "tb_mconsume",
+        vec!["new", "str"],
+        vec!["10", "1", "1", "1e12", "1000", "0.00001"],
+        format!("{too_small} (group 2)"),
+    ));
     calls
 }
 
@@ -489,11 +511,6 @@ fn denials_zero_costs_peeks_and_errors_write_nothing() {
         fcall(&mut c, "tb_peek", &["new"], &["2", "1", "2"]),
         [1, 2, 0, 0]
     );
-    // A call that is admitted but leaves the bucket full writes nothing.
-    assert_eq!(
-        fcall(&mut c, "tb_consume", &["new"], &["1e12", "1e12", "1e-5"]),
-        [1, 1_000_000_000_000, 0, 0]
-    );
     // Nor does any error, from the library or from its EVAL scripts.
     for (function, keys, args, expected) in bad_calls() {
         let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
@@ -516,6 +533,151 @@ fn denials_zero_costs_peeks_and_errors_write_nothing() {
     assert_eq!(snapshot_without_expiry(&mut c), keys_before);
     assert_eq!(hgetall(&mut c, "k"), k_state);
     assert_eq!(int(&mut c, "PEXPIRETIME", "k"), k_expiry);
+}
+
+/// Builds a call of a library function (`tb_x`) on keys with arguments.
+type CmdOf = fn(&str, &[&[u8]], &[&str]) -> redis::Cmd;
+
+fn server_time_us(c: &mut redis::Connection) -> i64 {
+    let t: Vec<i64> = redis::cmd("TIME").query(c).unwrap();
+    t[0] * 1_000_000 + t[1]
+}
+
+/// A bucket whose `ts` is a minute ahead of the server clock (a clock step
+/// back, a failover to a node whose clock is behind) refills nothing until
+/// then, and every form's times say so: the module, FCALL and EVALSHA.
+#[test]
+fn every_form_waits_for_a_future_ts() {
+    let s = Server::start();
+    let mut c = s.conn();
+    load_library(&mut c);
+    load_scripts(&mut c);
+    let forms: [(&str, CmdOf); 3] = [
+        ("module", |f, k, a| {
+            let mut cmd = redis::cmd(&f.replace("tb_", "TB.").to_uppercase());
+            cmd.arg(k).arg(a);
+            cmd
+        }),
+        ("FCALL", fcall_cmd),
+        ("EVALSHA", evalsha_cmd),
+    ];
+    for (form, cmd) in forms {
+        for function in ["tb_consume", "tb_peek", "tb_mconsume"] {
+            let t0 = server_time_us(&mut c);
+            let ts = (t0 + 60_000_000).to_string();
+            let _: () = redis::cmd("HSET")
+                .arg(&["k", "tokens", "0", "ts", &ts])
+                .query(&mut c)
+                .unwrap();
+            let reply = run(&mut c, &cmd(function, &[b"k"], &["10", "1", "1"]))
+                .unwrap_or_else(|e| panic!("{form} {function}: {e}"));
+            let elapsed_ms = (server_time_us(&mut c) - t0 + 999) / 1000;
+            let ints: Vec<i64> = match &reply {
+                Value::Array(v) if function == "tb_mconsume" => {
+                    let overall: i64 = redis::from_redis_value(&v[1]).unwrap();
+                    let bucket: Vec<i64> = redis::from_redis_value(&v[2]).unwrap();
+                    assert_eq!(overall, bucket[2], "{form}: overall retry");
+                    bucket
+                }
+                v => redis::from_redis_value(v).unwrap(),
+            };
+            let ctx = format!("{form} {function}: {ints:?}");
+            assert_eq!(ints[..2], [0, 0], "{ctx}");
+            // A minute until ts, then a second of refill for cost 1.
+            assert!(ints[2] <= 61_000 && ints[2] >= 61_000 - elapsed_ms, "{ctx}");
+            assert_eq!(ints[3] - ints[2], 9_000, "{ctx}: full 9 s after the retry");
+            assert_eq!(hgetall(&mut c, "k")["ts"], ts, "{ctx}: written");
+        }
+    }
+}
+
+/// As the module does, group by group: a bad group stops the call before
+/// a later group's key is read, so an expired later key is not deleted.
+#[test]
+fn mconsume_stops_at_a_bad_group_before_reading_later_keys() {
+    let s = lazy_expiry_only(Config::without_module());
+    let mut c = s.conn();
+    for bad in ["string", "hash"] {
+        for form in ["FCALL", "EVALSHA"] {
+            bad_then_expired(&mut c, bad);
+            load_library(&mut c);
+            load_scripts(&mut c);
+            let before = expired_keys(&mut c);
+            let keys: [&[u8]; 2] = [b"bad", b"later"];
+            let args = ["10", "1", "1", "10", "1", "1"];
+            let cmd = if form == "FCALL" {
+                fcall_cmd("tb_mconsume", &keys, &args)
+            } else {
+                evalsha_cmd("tb_mconsume", &keys, &args)
+            };
+            let err = run(&mut c, &cmd).expect_err("a bad group is an error");
+            assert!(
+                err.starts_with(if bad == "string" {
+                    "WRONGTYPE"
+                } else {
+                    "ERR key is not a token bucket"
+                }),
+                "{form}: {err}"
+            );
+            assert_eq!(expired_keys(&mut c), before, "{form} {bad}: later was read");
+            let keys: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+            assert_eq!(keys, 2, "{form} {bad}");
+        }
+    }
+}
+
+/// The EVAL scripts carry no shebang flags, so Redis checks memory only
+/// when a script writes: under OOM they still answer denials, cost-0 calls
+/// and peeks, and fail (writing nothing) only when they would write. The
+/// library's tb_consume is refused up front; FCALL_RO tb_peek answers.
+#[test]
+fn under_oom_eval_scripts_fail_only_when_they_write() {
+    let s = Server::with(Config::without_module());
+    let mut c = s.conn();
+    load_library(&mut c);
+    load_scripts(&mut c);
+    fcall(&mut c, "tb_consume", &["drained"], &["1", "0.001", "1"]);
+    let _: () = redis::cmd("SET")
+        .arg("ballast")
+        .arg(vec![b'x'; 2 << 20])
+        .query(&mut c)
+        .unwrap();
+    for (k, v) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1mb")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", k, v])
+            .query(&mut c)
+            .unwrap();
+    }
+    let before = snapshot_without_expiry(&mut c);
+    let eval =
+        |c: &mut redis::Connection, f: &str, k: &[u8], a: &[&str]| run(c, &evalsha_cmd(f, &[k], a));
+    let denied = eval(&mut c, "tb_consume", b"drained", &["1", "0.001", "1"]).unwrap();
+    assert!(
+        matches!(&denied, Value::Array(r) if r[0] == Value::Int(0)),
+        "{denied:?}"
+    );
+    assert!(eval(&mut c, "tb_consume", b"new", &["1", "0.001", "0"]).is_ok());
+    assert!(eval(&mut c, "tb_peek", b"new", &["1", "0.001", "1"]).is_ok());
+    let err = eval(&mut c, "tb_consume", b"new", &["1", "0.001", "1"]).unwrap_err();
+    assert!(err.starts_with("OOM"), "{err}");
+    for (f, args) in [
+        ("tb_consume", &["1", "0.001", "1"][..]),
+        ("tb_mconsume", &["1", "0.001", "1"]),
+        ("tb_adjust", &["1", "0.001", "1"]),
+    ] {
+        let err = run(&mut c, &fcall_cmd(f, &[b"drained"], args)).unwrap_err();
+        assert!(err.starts_with("OOM"), "{f}: {err}");
+    }
+    assert!(run(
+        &mut c,
+        &fcall_cmd("tb_peek", &[b"drained"], &["1", "0.001", "1"])
+    )
+    .is_ok());
+    assert_eq!(
+        snapshot_without_expiry(&mut c),
+        before,
+        "nothing was written"
+    );
 }
 
 /// Every key with its type and contents, whatever the type.

@@ -2,7 +2,9 @@
 //!
 //! * `random_sequence_matches_the_module`: one seeded random sequence of
 //!   operations goes through TB.* on `m:` keys and through FCALL on `l:`
-//!   keys, with the clock stepped between operations. Replies, errors and
+//!   keys, with the clock stepped between operations and, now and then,
+//!   a random stored state planted on both sides (its `ts` often ahead of
+//!   the clock, as a clock step or a failover leaves it). Replies, errors and
 //!   stored states must be identical: same keys, bit-identical balances,
 //!   same `ts`, same PEXPIRETIME.
 //! * `module_and_library_share_keys`: one key served alternately by both
@@ -131,6 +133,8 @@ fn cost(rng: &mut Rng, max: &str) -> Option<String> {
         80..=89 => return None,
         90..=94 => format!("{}", m * 2.0 + 1.0),
         95..=96 => "-1".into(),
+        // Positive but at the edge of what a full bucket of max can charge.
+        97 => format!("{:e}", m * 1e-16 * (0.5 + rng.unit())),
         _ => rng.pick(GARBAGE).to_string(),
     })
 }
@@ -314,6 +318,42 @@ fn state(c: &mut redis::Connection, key: &str) -> State {
     ))
 }
 
+/// Writes the same random stored state to `key` under both prefixes, as a
+/// clock step or a failover leaves it: a balance in or out of [-max, max]
+/// and a `ts` up to an hour either side of `now`, often ahead of it.
+/// Returns how far ahead `ts` is (negative: behind).
+fn plant(c: &mut redis::Connection, rng: &mut Rng, key: &str, now: i64) -> i64 {
+    let (_, max, _) = POOL.iter().find(|(k, _, _)| *k == key).unwrap();
+    let m: f64 = max.parse().unwrap();
+    let balance = m * (3.0 * rng.unit() - 1.5);
+    let tokens = if rng.chance(0.5) {
+        format!("{balance:e}")
+    } else {
+        format!("{balance}")
+    };
+    let reach = *rng.pick(&[1_000i64, 1_000_000, 60_000_000, 3_600_000_000]);
+    let ahead = (reach as f64 * (2.0 * rng.unit() - 0.5)) as i64;
+    let expire_at_ms = (now + ahead.max(0)) / 1000 + 1 + rng.below(7_200_000) as i64;
+    for p in ["m:", "l:"] {
+        let k = format!("{p}{key}");
+        let _: () = redis::cmd("DEL").arg(&k).query(c).unwrap();
+        let _: () = redis::cmd("HSET")
+            .arg(&k)
+            .arg("tokens")
+            .arg(&tokens)
+            .arg("ts")
+            .arg(now + ahead)
+            .query(c)
+            .unwrap();
+        let _: () = redis::cmd("PEXPIREAT")
+            .arg(&k)
+            .arg(expire_at_ms)
+            .query(c)
+            .unwrap();
+    }
+    ahead
+}
+
 /// Buckets and non-buckets, identical under both prefixes.
 fn setup_keys(c: &mut redis::Connection) {
     for p in ["m:", "l:"] {
@@ -345,6 +385,9 @@ struct Tally {
     debts: usize,
     backwards: usize,
     mconsume_denied: usize,
+    planted_ahead: usize,
+    ops_on_future_ts: usize,
+    too_small: usize,
 }
 
 #[test]
@@ -380,6 +423,12 @@ fn random_sequence_matches_the_module() {
             now += dt;
             clock.set(now);
         }
+        if rng.chance(0.05) {
+            let key = rng.pick(POOL).0;
+            if plant(&mut c, &mut rng, key, now) > 0 {
+                tally.planted_ahead += 1;
+            }
+        }
         let op = random_op(&mut rng);
         let ctx = || format!("op {i} (seed {seed:#x}, clock T0{:+}us): {op:?}", now - T0);
         let before: Vec<State> = op
@@ -388,6 +437,13 @@ fn random_sequence_matches_the_module() {
             .filter(|k| !BROKEN.contains(&k.as_str()))
             .map(|k| state(&mut c, &format!("m:{k}")))
             .collect();
+        if before
+            .iter()
+            .flatten()
+            .any(|(_, ts, _)| ts.parse::<i64>().is_ok_and(|ts| ts > now))
+        {
+            tally.ops_on_future_ts += 1;
+        }
 
         let by_module = run(&mut c, &op.module("m:"));
         let by_library = module_spelling(run(&mut c, &op.library("l:")));
@@ -402,6 +458,9 @@ fn random_sequence_matches_the_module() {
         // What the sequence exercised, so a dull generator fails the test.
         match &by_module {
             Err(e) => {
+                if e.contains("too small to charge") {
+                    tally.too_small += 1;
+                }
                 let kind = e.split(':').next().unwrap_or(e).to_string();
                 *tally.errors.entry(kind).or_default() += 1;
             }
@@ -481,6 +540,9 @@ fn random_sequence_matches_the_module() {
     assert!(tally.debts > 20, "{tally:?}");
     assert!(tally.backwards > 20, "{tally:?}");
     assert!(tally.errors.len() >= 8, "{tally:?}");
+    assert!(tally.planted_ahead > 50, "{tally:?}");
+    assert!(tally.ops_on_future_ts > 200, "{tally:?}");
+    assert!(tally.too_small >= 3, "{tally:?}");
 }
 
 /// Alternates the module and the library on `shared:k`, and runs the same

@@ -289,6 +289,19 @@ fn vectors_hold_for_module_library_and_scripts_on_valkey() {
 }
 
 #[test]
+fn vectors_hold_for_module_library_and_scripts_on_redis_8_2() {
+    let mut t = Target::start(
+        "redis 8.2",
+        |clock| Config {
+            bin: pypi_server(Pypi::Redis82),
+            ..clock.config()
+        },
+        vec![Form::Module, Form::Library, Form::Eval],
+    );
+    check_all(&mut t);
+}
+
+#[test]
 fn vectors_hold_for_the_scripts_on_redis_6_2() {
     let mut t = Target::start(
         "redis 6.2",

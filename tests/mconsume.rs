@@ -156,3 +156,36 @@ fn only_buckets_it_changes_are_signalled_as_modified() {
         assert_eq!(mconsume(&mut c, &admitted).0, 1);
     }));
 }
+
+/// `bad` (a string, or a hash that is not a bucket) before `later`, an
+/// expired bucket: the call fails at `bad` without opening `later`.
+#[test]
+fn an_error_stops_before_later_groups_are_opened() {
+    let s = lazy_expiry_only(Config::default());
+    let mut c = s.conn();
+    for bad in ["string", "hash"] {
+        bad_then_expired(&mut c, bad);
+        let before = expired_keys(&mut c);
+        let err = error_of(
+            &mut c,
+            redis::cmd("TB.MCONSUME").arg(&["bad", "10", "1", "1", "later", "10", "1", "1"]),
+        );
+        assert!(
+            err.starts_with(if bad == "string" {
+                "WRONGTYPE"
+            } else {
+                "ERR key is not a token bucket"
+            }),
+            "{err}"
+        );
+        assert_eq!(
+            expired_keys(&mut c),
+            before,
+            "{bad}: the expired key was opened"
+        );
+        let keys: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+        assert_eq!(keys, 2, "{bad}");
+        // Opening it afterwards does expire it: the setup holds.
+        assert_eq!(int(&mut c, "EXISTS", "later"), 0);
+    }
+}

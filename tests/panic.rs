@@ -1,42 +1,9 @@
 //! Panic containment: a handler that panics (TB.PANIC, only in builds with
-//! the `panic-test` feature) answers an error, logs the panic through the
+//! the `test-hooks` feature) answers an error, logs the panic through the
 //! Redis log, counts it in INFO, and leaves the server serving.
 
 mod common;
 use common::*;
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::Instant;
-
-/// Builds the module with `--features panic-test`, in its own target
-/// directory: the `cargo test` that runs this file holds the lock of
-/// `target/` until it ends, so building there would wait forever. The dev
-/// profile (unwinding too) halves the time of a build from scratch.
-fn panic_test_module() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let target_dir = root.join("target/panic-test");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let started = Instant::now();
-    let out = Command::new(cargo)
-        .current_dir(&root)
-        .args(["build", "--features", "panic-test", "--lib"])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .output()
-        .expect("run cargo build");
-    assert!(
-        out.status.success(),
-        "cargo build --features panic-test failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!(
-        "panic-test module built in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    let so = target_dir.join("debug/libredis_tokenbucket.so");
-    assert!(so.exists(), "no module at {}", so.display());
-    so
-}
 
 fn panics(c: &mut redis::Connection) -> u64 {
     info_field(c, "tb", "tb_panics").parse().expect("tb_panics")
@@ -44,14 +11,7 @@ fn panics(c: &mut redis::Connection) -> u64 {
 
 #[test]
 fn a_panicking_command_is_contained_logged_and_counted() {
-    let module = panic_test_module();
-    let s = Server::with(
-        Config {
-            module: false,
-            ..Config::default()
-        }
-        .arg("loadmodule", &module.to_string_lossy()),
-    );
+    let s = Server::with(test_hooks_config());
     let mut c = s.conn();
     consume(&mut c, "k", "10", "1", "3");
     let before = snapshot(&mut c);
@@ -76,7 +36,7 @@ fn a_panicking_command_is_contained_logged_and_counted() {
     let log = s.log();
     assert!(
         log.contains("tb: panic contained in a command handler")
-            && log.contains("TB.PANIC was called (panic-test build)"),
+            && log.contains("TB.PANIC was called (test-hooks build)"),
         "panic message not in the server log:\n{log}"
     );
     assert_eq!(panics(&mut c), 1);

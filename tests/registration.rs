@@ -108,3 +108,204 @@ fn info_counts_decisions_and_errors() {
     let all: String = redis::cmd("INFO").arg("everything").query(&mut c).unwrap();
     assert!(all.contains("# tb\r\ntb_admitted:3"), "{all}");
 }
+
+/// `COMMAND GETKEYSANDFLAGS`: the key specs set through SetCommandInfo.
+/// Without them Redis derives full access from (first, last, step).
+#[test]
+fn key_specs_say_peek_reads_and_the_writers_update() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let flags_of = |c: &mut redis::Connection, args: &[&str]| -> Vec<(String, Vec<String>)> {
+        redis::cmd("COMMAND")
+            .arg("GETKEYSANDFLAGS")
+            .arg(args)
+            .query(c)
+            .expect("COMMAND GETKEYSANDFLAGS")
+    };
+    let read = vec!["RO".to_string(), "access".to_string()];
+    let update = vec!["RW".to_string(), "access".to_string(), "update".to_string()];
+    assert_eq!(
+        flags_of(&mut c, &["TB.PEEK", "rl:p", "10", "1"]),
+        [("rl:p".to_string(), read)]
+    );
+    for args in [
+        &["TB.CONSUME", "rl:a", "10", "1"][..],
+        &["TB.CONSUME", "rl:a", "10", "1", "2"],
+        &["TB.ADJUST", "rl:a", "10", "1", "-3"],
+    ] {
+        assert_eq!(
+            flags_of(&mut c, args),
+            [("rl:a".to_string(), update.clone())],
+            "{args:?}"
+        );
+    }
+    let m = flags_of(
+        &mut c,
+        &[
+            "TB.MCONSUME",
+            "rl:u",
+            "10",
+            "1",
+            "1",
+            "rl:k",
+            "5",
+            "1",
+            "1",
+            "rl:i",
+            "9",
+            "2",
+            "0",
+        ],
+    );
+    assert_eq!(
+        m,
+        ["rl:u", "rl:k", "rl:i"].map(|k| (k.to_string(), update.clone()))
+    );
+}
+
+/// `COMMAND DOCS`: summary, since, complexity and typed arguments, which
+/// redis-cli turns into hints as the user types.
+#[test]
+fn command_docs_describe_every_command() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // [name, [field, value, ...]], values nested the same way.
+    fn field<'a>(doc: &'a [redis::Value], name: &str) -> &'a redis::Value {
+        doc.chunks(2)
+            .find(|kv| redis::from_redis_value::<String>(&kv[0]).ok().as_deref() == Some(name))
+            .map(|kv| &kv[1])
+            .unwrap_or_else(|| panic!("no {name} in {doc:?}"))
+    }
+    fn text(v: &redis::Value) -> String {
+        redis::from_redis_value(v).unwrap()
+    }
+    fn list(v: &redis::Value) -> &[redis::Value] {
+        match v {
+            redis::Value::Array(a) => a,
+            other => panic!("not an array: {other:?}"),
+        }
+    }
+    // (name, type, optional) of each argument, blocks flattened.
+    fn args(v: &redis::Value) -> Vec<(String, String, bool)> {
+        let mut out = Vec::new();
+        for a in list(v) {
+            let a = list(a);
+            let flags: Vec<String> = a
+                .chunks(2)
+                .find(|kv| text(&kv[0]) == "flags")
+                .map(|kv| redis::from_redis_value(&kv[1]).unwrap())
+                .unwrap_or_default();
+            out.push((
+                text(field(a, "name")),
+                text(field(a, "type")),
+                flags.contains(&"optional".to_string()),
+            ));
+            if let Some(sub) = a.chunks(2).find(|kv| text(&kv[0]) == "arguments") {
+                out.extend(args(&sub[1]));
+            }
+        }
+        out
+    }
+    let arg = |n: &str, t: &str, o: bool| (n.to_string(), t.to_string(), o);
+    let expected = [
+        (
+            "tb.consume",
+            vec![
+                arg("key", "key", false),
+                arg("max", "double", false),
+                arg("rate", "double", false),
+                arg("cost", "double", true),
+            ],
+        ),
+        (
+            "tb.peek",
+            vec![
+                arg("key", "key", false),
+                arg("max", "double", false),
+                arg("rate", "double", false),
+                arg("cost", "double", true),
+            ],
+        ),
+        (
+            "tb.adjust",
+            vec![
+                arg("key", "key", false),
+                arg("max", "double", false),
+                arg("rate", "double", false),
+                arg("delta", "double", false),
+            ],
+        ),
+        (
+            "tb.mconsume",
+            vec![
+                arg("bucket", "block", false),
+                arg("key", "key", false),
+                arg("max", "double", false),
+                arg("rate", "double", false),
+                arg("cost", "double", false),
+            ],
+        ),
+    ];
+    for (name, want) in expected {
+        let reply: Vec<redis::Value> = redis::cmd("COMMAND")
+            .arg("DOCS")
+            .arg(name)
+            .query(&mut c)
+            .expect("COMMAND DOCS");
+        assert_eq!(reply.len(), 2, "{name}: {reply:?}");
+        assert_eq!(text(&reply[0]), name);
+        let doc = list(&reply[1]);
+        assert!(!text(field(doc, "summary")).is_empty(), "{name}");
+        assert_eq!(
+            text(field(doc, "since")),
+            env!("CARGO_PKG_VERSION"),
+            "{name}"
+        );
+        assert!(text(field(doc, "complexity")).starts_with("O("), "{name}");
+        assert_eq!(args(field(doc, "arguments")), want, "{name}");
+    }
+}
+
+/// `tb_errors` counts the errors the module itself replies; errors Redis
+/// raises before the module runs (NOPERM, OOM, unknown command) are not
+/// the module's and are not counted.
+#[test]
+fn tb_errors_counts_only_the_modules_own_errors() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let errors =
+        |c: &mut redis::Connection| -> u64 { info_field(c, "tb", "tb_errors").parse().unwrap() };
+    let _: String = redis::cmd("ACL")
+        .arg(&["SETUSER", "other", "on", ">pw", "~other:*", "+@all"])
+        .query(&mut c)
+        .unwrap();
+    let mut limited = redis::Client::open(format!("redis://other:pw@127.0.0.1:{}/", s.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let err = error_of(
+        &mut limited,
+        redis::cmd("TB.CONSUME").arg(&["rl:k", "10", "1"]),
+    );
+    assert!(err.starts_with("NOPERM"), "{err}");
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory-policy", "noeviction"])
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("ballast")
+        .arg(vec![b'x'; 2 << 20])
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", "1mb"])
+        .query(&mut c)
+        .unwrap();
+    let err = error_of(&mut c, redis::cmd("TB.CONSUME").arg(&["k", "10", "1"]));
+    assert!(err.starts_with("OOM"), "{err}");
+    assert_eq!(errors(&mut c), 0);
+    // The module's own: a bad argument, counted even under OOM.
+    let err = error_of(&mut c, redis::cmd("TB.PEEK").arg(&["k", "x", "1"]));
+    assert!(err.starts_with("ERR max"), "{err}");
+    assert_eq!(errors(&mut c), 1);
+}

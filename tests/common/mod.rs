@@ -383,6 +383,129 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
+/// Starts a server that must refuse to start (e.g. the module declines to
+/// load), and returns its log once the process has exited.
+pub fn start_fails(config: Config) -> String {
+    let port = free_port();
+    let dir = scratch_dir(port);
+    let mut cmd = Command::new(&config.bin);
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+    ])
+    .arg("--dir")
+    .arg(&dir)
+    .args(["--logfile", "server.log"])
+    .current_dir(&dir)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    if config.module {
+        cmd.arg("--loadmodule").arg(module_path());
+    }
+    let mut child = cmd.args(&config.args).spawn().expect("start server");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the server started, and kept running, on port {port}");
+        }
+        sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success(), "the server exited with {status}");
+    let mut out = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut out);
+    }
+    let log = std::fs::read_to_string(dir.join("server.log"))
+        .unwrap_or_else(|e| format!("no log in {}: {e}; output: {out}", dir.display()));
+    let _ = std::fs::remove_dir_all(&dir);
+    log
+}
+
+/// The module built with `--features test-hooks` (TB.PANIC, TB.FAULT), in
+/// its own target directory: the `cargo test` that runs the calling test
+/// holds the lock of `target/` until it ends, so building there would wait
+/// forever. The dev profile (unwinding too) halves the build time.
+pub fn test_hooks_module() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let target_dir = root.join("target/test-hooks");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let started = Instant::now();
+    let out = Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "--features", "test-hooks", "--lib"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .output()
+        .expect("run cargo build");
+    assert!(
+        out.status.success(),
+        "cargo build --features test-hooks failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "test-hooks module built in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let so = target_dir.join("debug/libredis_tokenbucket.so");
+    assert!(so.exists(), "no module at {}", so.display());
+    so
+}
+
+/// A server with the test-hooks build of the module loaded.
+pub fn test_hooks_config() -> Config {
+    Config::without_module().arg("loadmodule", &test_hooks_module().to_string_lossy())
+}
+
+/// A server whose keys expire only when a command touches them, so a test
+/// can see which keys a call opened: lazy expiry deletes an expired key as
+/// it is opened (and replicates a DEL), counted in `expired_keys`.
+pub fn lazy_expiry_only(config: Config) -> Server {
+    let s = Server::with(config.arg("enable-debug-command", "yes"));
+    let mut c = s.conn();
+    let _: () = redis::cmd("DEBUG")
+        .arg(&["SET-ACTIVE-EXPIRE", "0"])
+        .query(&mut c)
+        .unwrap();
+    s
+}
+
+pub fn expired_keys(c: &mut redis::Connection) -> String {
+    info_field(c, "stats", "expired_keys")
+}
+
+/// An empty dataset with `bad` (`string`: a string; else a hash that is no
+/// bucket) and `later`, a bucket whose TTL has just passed.
+pub fn bad_then_expired(c: &mut redis::Connection, bad: &str) {
+    let _: () = redis::cmd("FLUSHALL").query(c).unwrap();
+    if bad == "string" {
+        let _: () = redis::cmd("SET").arg(&["bad", "x"]).query(c).unwrap();
+    } else {
+        let _: () = redis::cmd("HSET")
+            .arg(&["bad", "tokens", "nan", "ts", "1"])
+            .query(c)
+            .unwrap();
+    }
+    let _: () = redis::cmd("HSET")
+        .arg(&["later", "tokens", "1", "ts", "1"])
+        .query(c)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE").arg(&["later", "1"]).query(c).unwrap();
+    sleep(Duration::from_millis(5));
+}
+
 /// Starts a replica of `primary` and waits until its link is up.
 pub fn start_replica(primary: &Server, config: Config) -> Server {
     let replica = Server::with(config.arg("replicaof", &format!("127.0.0.1 {}", primary.port)));

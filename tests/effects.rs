@@ -1,0 +1,174 @@
+//! Writes replicate as effects (HSET, PEXPIREAT, DEL), and an effect that
+//! can't be carried out never goes unnoticed:
+//!
+//! * a server whose redis.conf renamed or disabled one of those commands
+//!   refuses the module, with a log line that says why;
+//! * a step of a write that fails (forced with TB.FAULT in a test-hooks
+//!   build) becomes the call's error reply, counts in `tb_errors`, and
+//!   leaves the replica exactly like its primary.
+
+mod common;
+use common::*;
+
+const REFUSED: &str = "command (renamed or disabled by rename-command?); the module replicates every write as HSET, PEXPIREAT and DEL, so it will not load";
+
+#[test]
+fn a_server_without_an_effect_command_refuses_the_module() {
+    for name in ["HSET", "PEXPIREAT", "DEL"] {
+        // `--rename-command NAME ""` disables it.
+        let log = start_fails(Config::default().arg("rename-command", &format!("{name} ")));
+        assert!(
+            log.contains(&format!("this server has no {name} {REFUSED}")),
+            "{name}:\n{log}"
+        );
+        // Renamed to another name is the same: effects go out by name.
+        let log =
+            start_fails(Config::default().arg("rename-command", &format!("{name} renamed-{name}")));
+        assert!(
+            log.contains(&format!("this server has no {name} ")),
+            "{log}"
+        );
+    }
+    // At runtime too: MODULE LOAD fails, the server carries on.
+    let s = Server::with(
+        Config::without_module()
+            .arg("rename-command", "PEXPIREAT ")
+            .arg("enable-module-command", "yes"),
+    );
+    let mut c = s.conn();
+    let err = error_of(
+        &mut c,
+        redis::cmd("MODULE")
+            .arg("LOAD")
+            .arg(module_path().to_string_lossy().as_ref()),
+    );
+    assert!(err.contains("Error loading"), "{err}");
+    assert!(s
+        .log()
+        .contains(&format!("this server has no PEXPIREAT {REFUSED}")));
+    let err = error_of(&mut c, redis::cmd("TB.CONSUME").arg(&["k", "10", "1"]));
+    assert!(err.contains("unknown command"), "{err}");
+}
+
+fn errors(c: &mut redis::Connection) -> u64 {
+    info_field(c, "tb", "tb_errors").parse().expect("tb_errors")
+}
+
+fn fault(c: &mut redis::Connection, step: &str) {
+    let armed: i64 = redis::cmd("TB.FAULT").arg(step).query(c).expect("TB.FAULT");
+    assert_eq!(armed, 1);
+}
+
+const FAILED: &str = "ERR tb could not write the bucket:";
+
+#[test]
+fn a_failed_write_is_an_error_counted_and_the_same_on_the_replica() {
+    let primary = Server::with(test_hooks_config());
+    let replica = start_replica(&primary, Config::without_module());
+    let (mut p, mut r) = (primary.conn(), replica.conn());
+    assert_eq!(
+        consume(&mut p, "k", "10", "0.001", "4"),
+        [1, 6, 0, 4_000_000]
+    );
+    let written = snapshot(&mut p);
+
+    // HashSet fails: nothing changes anywhere.
+    fault(&mut p, "hashset");
+    let err = error_of(
+        &mut p,
+        redis::cmd("TB.CONSUME").arg(&["k", "10", "0.001", "1"]),
+    );
+    assert!(err.starts_with(&format!("{FAILED} HSET failed")), "{err}");
+    assert_eq!(errors(&mut p), 1);
+    assert_eq!(snapshot(&mut p), written);
+    wait_replicas(&mut p, 1);
+    assert_eq!(snapshot(&mut r), written);
+
+    // The expire fails after the hash was written: the replica gets the
+    // HSET alone, so both keep the old expire time.
+    fault(&mut p, "expire");
+    let err = error_of(
+        &mut p,
+        redis::cmd("TB.CONSUME").arg(&["k", "10", "0.001", "1"]),
+    );
+    assert!(
+        err.starts_with(&format!("{FAILED} PEXPIREAT failed")),
+        "{err}"
+    );
+    assert_eq!(errors(&mut p), 2);
+    let now = snapshot(&mut p);
+    let (hash, expire_at) = &now[b"k".as_slice()];
+    assert_eq!(
+        hash["tokens"].parse::<f64>().unwrap().floor(),
+        5.0,
+        "{hash:?}"
+    );
+    assert_eq!(
+        *expire_at,
+        written[b"k".as_slice()].1,
+        "the old expire time"
+    );
+    wait_replicas(&mut p, 1);
+    assert_eq!(snapshot(&mut r), now);
+
+    // A refund to full deletes the key; the delete fails: nothing changes.
+    fault(&mut p, "delete");
+    let err = error_of(
+        &mut p,
+        redis::cmd("TB.ADJUST").arg(&["k", "10", "0.001", "100"]),
+    );
+    assert!(err.starts_with(&format!("{FAILED} DEL failed")), "{err}");
+    assert_eq!(errors(&mut p), 3);
+    assert_eq!(snapshot(&mut p), now);
+    wait_replicas(&mut p, 1);
+    assert_eq!(snapshot(&mut r), now);
+
+    // Replicate fails only for a command the server lacks, which refuses
+    // the load; forced here, it is still reported, counted and logged.
+    fault(&mut p, "replicate");
+    let err = error_of(
+        &mut p,
+        redis::cmd("TB.CONSUME").arg(&["fresh", "10", "0.001", "1"]),
+    );
+    assert!(
+        err.starts_with(&format!("{FAILED} replicate HSET failed")),
+        "{err}"
+    );
+    assert_eq!(errors(&mut p), 4);
+    assert!(
+        primary
+            .log()
+            .contains("tb: a write failed at replicate HSET"),
+        "{}",
+        primary.log()
+    );
+
+    // Every step fires once: the next calls write and replicate as usual.
+    assert_eq!(consume(&mut p, "k", "10", "0.001", "1")[0], 1);
+    assert_eq!(
+        consume(&mut p, "other", "10", "0.001", "1"),
+        [1, 9, 0, 1_000_000]
+    );
+    wait_replicas(&mut p, 1);
+    let (ps, rs) = (snapshot(&mut p), snapshot(&mut r));
+    for key in [b"k".as_slice(), b"other"] {
+        assert_eq!(ps[key], rs[key], "{key:?}");
+    }
+    assert_eq!(errors(&mut p), 4);
+}
+
+#[test]
+fn a_failed_write_in_mconsume_is_an_error_and_counted() {
+    let s = Server::with(test_hooks_config());
+    let mut c = s.conn();
+    let before = snapshot(&mut c);
+    fault(&mut c, "hashset");
+    let err = error_of(
+        &mut c,
+        redis::cmd("TB.MCONSUME").arg(&["a", "10", "1", "1", "b", "10", "1", "1"]),
+    );
+    assert!(err.starts_with(&format!("{FAILED} HSET failed")), "{err}");
+    assert_eq!(errors(&mut c), 1);
+    // The first group's write failed, so the call stopped before the second.
+    assert_eq!(snapshot(&mut c), before);
+}
