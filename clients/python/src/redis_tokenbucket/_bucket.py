@@ -21,6 +21,9 @@ MAX_GROUPS = 10_000
 # the grammar the module and the Lua library accept.
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
+# From this on an int is no finite double (and float() would raise).
+_HUGE = 2**1024
+
 KeyT = Union[str, bytes]
 """A Redis key: any string or binary string."""
 
@@ -42,7 +45,12 @@ def _group(group: Optional[int]) -> str:
 def number(value: Any, name: str, group: Optional[int] = None) -> float:
     """A finite decimal as a float; `InvalidArgument` for anything the
     module's grammar refuses (NaN, infinities, bools, hex or padded text)."""
-    if isinstance(value, str):
+    kind = type(value)
+    if kind is float or kind is int:  # the usual case, first
+        result = float(value) if value == value and abs(value) < _HUGE else math.inf
+        if math.isfinite(result):
+            return result
+    elif isinstance(value, str):
         if _DECIMAL.fullmatch(value):
             result = float(value)
             if math.isfinite(result):

@@ -15,8 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Generator, Iterable, Sequence
-from dataclasses import dataclass, replace
-from functools import partial
+from dataclasses import replace
 from typing import Any, Callable, Generic, Literal, Optional, TypeVar, Union
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -123,7 +122,11 @@ class Engine:
 
     def _send(self, backend: BackendName, op: Op, groups: Sequence[Group]) -> Plan[Any]:
         if backend == "module":
-            args: Args = (COMMANDS[op], *(a for k, b, n in groups for a in (k, *b._args, encode(n))))
+            if len(groups) == 1:  # the common case, without the generator
+                key, bucket, amount = groups[0]
+                args: Args = (COMMANDS[op], key, *bucket._args, encode(amount))
+            else:
+                args = (COMMANDS[op], *(a for k, b, n in groups for a in (k, *b._args, encode(n))))
             try:
                 return (yield args)
             except Exception as exc:
@@ -178,30 +181,47 @@ class Engine:
             raise
 
 
-@dataclass(frozen=True)
-class Job(Generic[T]):
-    """One call, ready to run: its plan, what the failure policy answers
-    instead (given allowed), and what a log line calls it. `done` is set
-    when it needs no round trip (a cached denial)."""
-
-    plan: Optional[Plan[T]]
-    degraded: Callable[[bool], T]
-    what: str
-    done: Optional[T] = None
+# Plain classes with __slots__, not dataclasses: they are built on every
+# call, and the hot path is worth a few microseconds.
 
 
-@dataclass(frozen=True)
 class OneRequest:
-    op: Op
-    key: KeyT
-    bucket: Bucket
-    amount: float
+    __slots__ = ("amount", "bucket", "key", "op")
+
+    def __init__(self, op: Op, key: KeyT, bucket: Bucket, amount: float) -> None:
+        self.op, self.key, self.bucket, self.amount = op, key, bucket, amount
 
 
-@dataclass(frozen=True)
 class ManyRequest:
-    groups: tuple[Group, ...]
-    each: bool  # bucket by bucket instead of one MCONSUME
+    __slots__ = ("each", "groups")
+
+    def __init__(self, groups: tuple[Group, ...], each: bool) -> None:
+        self.groups = groups
+        self.each = each  # bucket by bucket instead of one MCONSUME
+
+
+class Job(Generic[T]):
+    """One call, ready to run: its plan, the failure policy's answer
+    instead (given allowed), and the request (for a log line). `done` is
+    set when it needs no round trip (a cached denial)."""
+
+    __slots__ = ("degraded", "done", "plan", "req")
+
+    def __init__(
+        self,
+        plan: Optional[Plan[T]],
+        degraded: Callable[[Any, bool], T],
+        req: Union[OneRequest, ManyRequest, str],
+        done: Optional[T] = None,
+    ) -> None:
+        self.plan, self.degraded, self.req, self.done = plan, degraded, req, done
+
+    def fallback(self, allowed: bool) -> T:
+        return self.degraded(self.req, allowed)
+
+    @property
+    def what(self) -> str:
+        return describe(self.req)
 
 
 class _ErrorLog:
@@ -314,19 +334,18 @@ class LimiterBase(Generic[C]):
 
     def _job_one(self, op: Op, key: KeyT, bucket: Bucket, amount: Any) -> Job[Decision]:
         req = self._check_one(op, key, bucket, amount)
-        degraded = partial(self._degraded_one, req)
-        cached = self._cached_one(req)
-        if cached is not None:
-            return Job(None, degraded, "", cached)
-        return Job(self._plan_one(req), degraded, describe(req))
+        if self.denial_cache is not None:
+            cached = self._cached_one(req)
+            if cached is not None:
+                return Job(None, _degraded_one, req, cached)
+        return Job(self._plan_one(req), _degraded_one, req)
 
     def _job_many(self, groups: Iterable[GroupIn], atomic: Optional[bool]) -> Job[MultiDecision]:
         req = self._check_many(groups, atomic)
-        degraded = partial(self._degraded_many, req)
         cached = self._cached_many(req)
         if cached is not None:
-            return Job(None, degraded, "", cached)
-        return Job(self._plan_many(req), degraded, describe(req))
+            return Job(None, _degraded_many, req, cached)
+        return Job(self._plan_many(req), _degraded_many, req)
 
     def _job_detect(self, probe_key: KeyT) -> Job[str]:
         return Job(self._plan_detect(probe_key), _no_degraded_answer, "detect")
@@ -410,22 +429,24 @@ class LimiterBase(Generic[C]):
 
     # ---- the failure policy ----------------------------------------------
 
-    def _degraded_one(self, req: OneRequest, allowed: bool) -> Decision:
-        return Decision(allowed, 0, 0, 0, req.key, req.bucket, req.amount, degraded=True)
-
-    def _degraded_many(self, req: ManyRequest, allowed: bool) -> MultiDecision:
-        decisions = tuple(Decision(allowed, 0, 0, 0, k, b, c, degraded=True) for k, b, c in req.groups)
-        return MultiDecision(allowed, 0, decisions, atomic=not req.each, degraded=True)
-
-    def _failed(self, exc: Exception, on_error: OnError, what: str, degraded: Callable[[bool], T]) -> T:
+    def _failed(self, exc: Exception, on_error: OnError, job: Job[T]) -> T:
         """Re-raises, or answers for Redis as the policy says, logged."""
         if on_error == "raise" or not isinstance(exc, FAILURES):
             raise exc
-        self._errors.report(exc, on_error, what)
-        return degraded(on_error == "open")
+        self._errors.report(exc, on_error, job.what)
+        return job.fallback(on_error == "open")
 
 
-def _no_degraded_answer(allowed: bool) -> str:
+def _degraded_one(req: OneRequest, allowed: bool) -> Decision:
+    return Decision(allowed, 0, 0, 0, req.key, req.bucket, req.amount, degraded=True)
+
+
+def _degraded_many(req: ManyRequest, allowed: bool) -> MultiDecision:
+    decisions = tuple(Decision(allowed, 0, 0, 0, k, b, c, degraded=True) for k, b, c in req.groups)
+    return MultiDecision(allowed, 0, decisions, atomic=not req.each, degraded=True)
+
+
+def _no_degraded_answer(req: object, allowed: bool) -> str:
     raise AssertionError("detect() runs with on_error='raise'")
 
 
@@ -448,8 +469,10 @@ def _check_on_error(on_error: str) -> OnError:
     raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
 
 
-def describe(req: Union[OneRequest, ManyRequest]) -> str:
+def describe(req: Union[OneRequest, ManyRequest, str]) -> str:
     """What a log line says the degraded call was about."""
+    if isinstance(req, str):
+        return req
     if isinstance(req, OneRequest):
         return f"{req.op} {req.key!r}"
     return "consume_many " + ", ".join(repr(k) for k, _, _ in req.groups)

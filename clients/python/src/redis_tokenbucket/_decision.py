@@ -53,7 +53,21 @@ class Decision(_RetryAfter):
     @classmethod
     def from_reply(cls, reply: Sequence[int], key: KeyT, bucket: Bucket, cost: float) -> Decision:
         allowed, remaining, retry_ms, reset_ms = reply
-        return cls(bool(allowed), int(remaining), int(retry_ms), int(reset_ms), key, bucket, cost)
+        # What the generated __init__ does, in one step instead of one
+        # object.__setattr__ per field: this runs on every call.
+        d = object.__new__(cls)
+        d.__dict__.update(
+            allowed=bool(allowed),
+            remaining=int(remaining),
+            retry_after_ms=int(retry_ms),
+            reset_after_ms=int(reset_ms),
+            key=key,
+            bucket=bucket,
+            cost=cost,
+            degraded=False,
+            cached=False,
+        )
+        return d
 
 
 @dataclass(frozen=True)

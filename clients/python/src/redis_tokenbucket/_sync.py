@@ -131,7 +131,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
                 future.cancel()
                 raise TimeoutError(f"no answer from Redis within {timeout} s") from None
         except Exception as exc:
-            return self._failed(exc, policy, job.what, job.degraded)
+            return self._failed(exc, policy, job)
 
     def _helper(self) -> concurrent.futures.ThreadPoolExecutor:
         with _POOL_LOCK:

@@ -106,4 +106,4 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
                 return await drive(job.plan, self._execute)
             return await asyncio.wait_for(drive(job.plan, self._execute), timeout)
         except Exception as exc:
-            return self._failed(exc, policy, job.what, job.degraded)
+            return self._failed(exc, policy, job)
