@@ -3,6 +3,7 @@ round trip."""
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 from fractions import Fraction
 
@@ -39,6 +40,9 @@ BAD = [
     (10, 1, 11, "cost", "cost must not exceed max, it could never pass"),
     # The default cost of 1 can't pass a bucket smaller than 1.
     (0.5, 1, 1, "cost", "cost must not exceed max, it could never pass"),
+    # 1e12 - 1e-5 == 1e12: admitted forever, charging nothing.
+    (1e12, 1000, 0.00001, "cost", "cost is too small to charge a bucket of this max: use 0 or at least max/2^53"),
+    (1, 1, 1e-17, "cost", "cost is too small to charge a bucket of this max: use 0 or at least max/2^53"),
 ]
 
 
@@ -78,6 +82,27 @@ def test_the_grammar_accepts_decimals(value, expected):
     assert Bucket(max=1e6, rate=1, name="x").named("y").name == "y"
     cost_bucket = Bucket(max=value if expected > 0 else 1, rate=1)
     assert cost_bucket.max == (expected if expected > 0 else 1.0)
+
+
+@pytest.mark.parametrize("max_", [1e12, 10.0, 1.0, 0.5, 3.0, 1024.0000000000002, 7.3e-5])
+def test_the_smallest_charging_cost_is_the_modules(max_: float, module_target: Target):
+    """Around the threshold (half the gap below max) each side answers the
+    same: a cost either charges or is refused as too small."""
+    lim = Limiter(module_target.client())
+    gap = max_ - math.nextafter(max_, 0)
+    with module_target.client() as r:
+        for cost in (gap / 2 * (1 - 2**-52), gap / 2, gap / 2 * (1 + 2**-52), gap, max_ / 2**53):
+            try:
+                lim.peek("rl:tiny", Bucket(max_, 1), cost)
+                ours = "ok"
+            except InvalidArgument as exc:
+                ours = str(exc)
+            try:
+                r.execute_command("TB.PEEK", "rl:tiny", repr(max_), "1", repr(cost))
+                theirs = "ok"
+            except redis.ResponseError as exc:
+                theirs = str(exc)
+            assert ours == theirs, (max_, cost)
 
 
 def test_bucket_is_a_value():

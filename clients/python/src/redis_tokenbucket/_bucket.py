@@ -77,7 +77,20 @@ def check_cost(cost: Any, bucket: Bucket, group: Optional[int] = None) -> float:
         raise InvalidArgument("cost", f"cost must be >= 0{_group(group)}")
     if value > bucket.max:
         raise InvalidArgument("cost", f"cost must not exceed max, it could never pass{_group(group)}")
+    if charges_nothing(value, bucket.max):
+        raise InvalidArgument(
+            "cost", f"cost is too small to charge a bucket of this max: use 0 or at least max/2^53{_group(group)}"
+        )
     return value
+
+
+def charges_nothing(cost: float, max_: float) -> bool:
+    """A positive cost so small that taking it from a balance near `max`
+    rounds back to that balance: admitted forever, charging nothing. The
+    top two doubles up to `max` keep the most in rounding, so checking
+    those two is exact (the module's rule, core/src/args.rs)."""
+    below = math.nextafter(max_, -math.inf)
+    return cost > 0 and (max_ - cost == max_ or below - cost == below)
 
 
 def check_delta(delta: Any) -> float:
