@@ -1,5 +1,6 @@
-//! The server clock drives refill: steps back mint nothing, steps forward
-//! refill up to max and no further. Runs on Valkey under libfaketime.
+//! The server clock drives refill: steps back mint nothing (and the reply
+//! times count the wait until the stored ts), steps forward refill up to
+//! max and no further. Runs on Valkey under libfaketime.
 
 mod common;
 use common::*;
@@ -18,9 +19,21 @@ fn refill_follows_the_fake_clock_exactly() {
     clock.set(T0 + 1_250_000); // 2.5 tokens
     assert_eq!(peek(&mut c, "k", "10", "2", "3"), vec![0, 2, 250, 3750]);
 
-    clock.set(T0 - 3_600_000_000); // back an hour: nothing minted
-    assert_eq!(peek(&mut c, "k", "10", "2", "1"), vec![0, 0, 500, 5000]);
-    assert_eq!(consume(&mut c, "k", "10", "2", "1")[0], 0);
+    // Back an hour: nothing minted, and the times count the hour until
+    // the clock is back at the stored ts.
+    clock.set(T0 - 3_600_000_000);
+    assert_eq!(
+        peek(&mut c, "k", "10", "2", "1"),
+        vec![0, 0, 3_600_500, 3_605_000]
+    );
+    assert_eq!(
+        consume(&mut c, "k", "10", "2", "1"),
+        vec![0, 0, 3_600_500, 3_605_000]
+    );
+    clock.set(T0 - 3_600_000_000 + 3_600_499_000);
+    assert_eq!(consume(&mut c, "k", "10", "2", "1")[0..3], [0, 0, 1]);
+    clock.set(T0 - 3_600_000_000 + 3_600_500_000);
+    assert_eq!(consume(&mut c, "k", "10", "2", "1")[0..2], [1, 0]);
 
     clock.set(T0 + 3_600_000_000); // forward an hour: full, not more
     assert_eq!(peek(&mut c, "k", "10", "2", "1"), vec![1, 10, 0, 0]);
@@ -35,7 +48,9 @@ fn failover_to_a_replica_whose_clock_is_behind_refills_nothing_early() {
     // The replica's clock runs an hour behind the primary's.
     let replica = start_replica(&primary, skewed_clock("-3600"));
     let mut p = primary.conn();
+    let before_write = std::time::Instant::now();
     assert_eq!(consume(&mut p, "k", "10", "1", "10"), vec![1, 0, 0, 10_000]);
+    let after_write = std::time::Instant::now();
     wait_replicas(&mut p, 1);
     let state = snapshot(&mut p);
 
@@ -51,8 +66,18 @@ fn failover_to_a_replica_whose_clock_is_behind_refills_nothing_early() {
     );
     std::thread::sleep(std::time::Duration::from_millis(1200));
     // 1.2 s later the old primary would hold 1.2 tokens. On the new one the
-    // stored ts is an hour in its future: no time has elapsed, no refill.
+    // stored ts is an hour in its future: no time has elapsed, no refill,
+    // and the retry time counts what is left of that hour, then 1 s.
+    let before_call = std::time::Instant::now();
     let d = consume(&mut r, "k", "10", "1", "1");
-    assert_eq!(d[0..3], [0, 0, 1000]);
+    let after_call = std::time::Instant::now();
+    assert_eq!(d[0..2], [0, 0]);
+    let ms = |a: std::time::Instant, b: std::time::Instant| (b - a).as_millis() as i64;
+    let (least, most) = (ms(after_write, before_call), ms(before_write, after_call));
+    assert!(
+        d[2] >= 3_601_000 - most - 1 && d[2] <= 3_601_000 - least + 1,
+        "{d:?}, {least}..{most} ms after the write"
+    );
+    assert_eq!(d[3] - d[2], 9_000, "{d:?}");
     assert_eq!(snapshot(&mut r), state, "the denial wrote nothing");
 }
