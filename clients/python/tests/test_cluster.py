@@ -123,6 +123,33 @@ def test_asyncio_cluster(cluster: Cluster):
     assert run(main()) == ([True, False], [3], False, backend(cluster))
 
 
+def test_one_round_trip_per_call_on_the_library(pool: Pool):
+    """redis-py would ask a server for FCALL's keys (COMMAND GETKEYS) before
+    each call; the limiter sends it to the key's node itself."""
+    cluster = pool.cluster(module=False)
+
+    async def asyncio_calls() -> None:
+        client = AsyncRedisCluster(host="127.0.0.1", port=cluster.port)
+        try:
+            lim = tb_asyncio.Limiter(client)
+            for i in range(10):
+                assert (await lim.peek(f"rl:async:{i}", USER)).allowed
+        finally:
+            await client.aclose()
+
+    with RedisCluster(host="127.0.0.1", port=cluster.port) as rc:
+        lim = Limiter(rc)
+        lim.consume("rl:warm", USER)  # detection and library load
+        for node in cluster.nodes:
+            clean(node)
+        keys = [f"rl:user:{i}" for i in range(30)]
+        assert [lim.consume(k, USER).remaining for k in keys] == [2] * 30
+    run(asyncio_calls())
+    # One more FCALL: the first after clean() found no library, loaded it and retried.
+    assert sum(everywhere(cluster, "fcall", "fcall_ro")) == 30 + 1 + 10
+    assert sum(everywhere(cluster, "command|getkeys")) == 0
+
+
 def test_a_single_node_always_takes_one_call(module_target: Target):
     """Slots only matter to a cluster client; atomic=False forces the
     bucket-by-bucket path anywhere (it gives the same answer)."""

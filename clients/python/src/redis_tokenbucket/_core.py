@@ -269,9 +269,9 @@ class LimiterBase(Generic[C]):
         denial_cache: Union[int, DenialCache, None] = None,
     ) -> None:
         self.client = client
-        # Bound once: the hot path calls it directly.
-        self._execute: Callable[..., Any] = client.execute_command  # type: ignore[attr-defined]
         self._cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
+        # Made once: the hot path calls it directly.
+        self._execute = self._executor()
         self._engine = Engine(backend)
         self.timeout = _check_timeout(timeout)
         self.on_error = _check_on_error(on_error)
@@ -319,6 +319,24 @@ class LimiterBase(Generic[C]):
                 "put the shared part in a hash tag (redis_tokenbucket.hash_tagged) or pass atomic=None"
             )
         return ManyRequest(tuple(checked), each=split or atomic is False)
+
+    def _executor(self) -> Callable[..., Any]:
+        """What sends a command: the client's execute_command; the limiters
+        wrap it for cluster clients (see `_fcall_node`)."""
+        execute: Callable[..., Any] = self.client.execute_command  # type: ignore[attr-defined]
+        return execute
+
+    def _fcall_node(self, args: Args) -> Any:
+        """For a cluster client, the node of an FCALL's first key. Without
+        it redis-py asks a server which arguments are keys (COMMAND
+        GETKEYS) before every FCALL, whose keys it calls "movable": a
+        second round trip per call. (TB.* and EVALSHA it parses itself.)"""
+        if not self._cluster or not args[0].startswith("FCALL") or not args[2]:
+            return None
+        try:
+            return self.client.get_node_from_key(args[3])  # type: ignore[attr-defined]
+        except Exception:  # no slot map yet: let redis-py find it
+            return None
 
     def _slot(self, key: KeyT) -> int:
         slot: int = self.client.keyslot(key)  # type: ignore[attr-defined]

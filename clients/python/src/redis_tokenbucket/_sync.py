@@ -117,6 +117,25 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         (readiness checks); raises if Redis can't serve any."""
         return self._run(self._job_detect(probe_key), timeout, "raise")
 
+    def _executor(self) -> Callable[..., Any]:
+        plain = super()._executor()
+        if not self._cluster:
+            return plain
+        retryable = self.client.ERRORS_ALLOW_RETRY  # type: ignore[union-attr]
+
+        def execute(*args: Any) -> Any:
+            node = self._fcall_node(args)
+            if node is None:
+                return plain(*args)
+            try:
+                return plain(*args, target_nodes=node)
+            except retryable:
+                # redis-py retries these on a fresh slot map, but not for a
+                # node given to it: let it.
+                return plain(*args)
+
+        return execute
+
     def _run(self, job: Job[T], timeout: Optional[float], on_error: Optional[OnError]) -> T:
         if job.done is not None or job.plan is None:
             return cast(T, job.done)  # answered without a round trip

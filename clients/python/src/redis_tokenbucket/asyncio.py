@@ -97,6 +97,24 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         (readiness checks); raises if Redis can't serve any."""
         return await self._run(self._job_detect(probe_key), timeout, "raise")
 
+    def _executor(self) -> Callable[..., Any]:
+        plain = super()._executor()
+        if not self._cluster:
+            return plain
+        retryable = self.client.ERRORS_ALLOW_RETRY  # type: ignore[union-attr]
+
+        async def execute(*args: Any) -> Any:
+            node = self._fcall_node(args)
+            if node is None:
+                return await plain(*args)
+            try:
+                return await plain(*args, target_nodes=node)
+            except retryable:
+                # As in the sync Limiter: redis-py's own retry, on a fresh slot map.
+                return await plain(*args)
+
+        return execute
+
     async def _run(self, job: Job[T], timeout: Optional[float], on_error: Optional[OnError]) -> T:
         if job.done is not None or job.plan is None:
             return cast(T, job.done)  # answered without a round trip
