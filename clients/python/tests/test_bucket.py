@@ -112,6 +112,25 @@ def test_bucket_is_a_value():
     assert Bucket(10, 0.5).fill_seconds == 20
 
 
+def test_consume_many_reports_the_modules_first_error(module_target: Target):
+    """The group count first, then each group, then duplicate keys."""
+    b = Bucket(10, 1)
+    cases = [
+        [("a", b), ("a", b), ("c", b, 11)],  # a bad cost beats an earlier duplicate
+        [("a", b, 11)] + [(f"k{i}", b) for i in range(10_000)],  # too many beats a bad group
+        [("a", b), ("b", b, -1), ("c", b, 11)],
+    ]
+    lim = Limiter(module_target.client())
+    with module_target.client() as r:
+        for groups in cases:
+            with pytest.raises(InvalidArgument) as ours:
+                lim.consume_many(groups)
+            args = [a for k, bucket, *cost in groups for a in (k, bucket.max, bucket.rate, cost[0] if cost else 1)]
+            with pytest.raises(redis.ResponseError) as theirs:
+                r.execute_command("TB.MCONSUME", *args)
+            assert str(ours.value) == str(theirs.value)
+
+
 def test_bad_names_and_groups():
     with pytest.raises(InvalidArgument, match="name must be"):
         Bucket(1, 1, name="caf\u00e9")

@@ -295,22 +295,26 @@ class LimiterBase(Generic[C]):
         return OneRequest(op, key, bucket, value)
 
     def _check_many(self, groups: Iterable[GroupIn], atomic: Optional[bool]) -> ManyRequest:
+        # The module's order: the group count, each group left to right,
+        # then duplicate keys; the first error wins.
+        given = list(groups)
+        if not given:
+            raise InvalidArgument("groups", "consume_many needs at least one (key, bucket, cost)")
+        if len(given) > MAX_GROUPS:
+            raise InvalidArgument("groups", f"too many buckets: at most {MAX_GROUPS} groups per call")
         checked: list[Group] = []
-        seen: dict[bytes, int] = {}
-        for i, group in enumerate(groups, 1):
+        for i, group in enumerate(given, 1):
             key, bucket, *cost = group
             _check_bucket(bucket, i)
             if len(cost) > 1:
                 raise ValueError(f"group {i}: expected (key, bucket) or (key, bucket, cost)")
             checked.append((key, bucket, check_cost(cost[0] if cost else 1, bucket, i)))
-            if len(checked) > MAX_GROUPS:
-                raise InvalidArgument("groups", f"too many buckets: at most {MAX_GROUPS} groups per call")
+        seen: dict[bytes, int] = {}
+        for i, (key, _, _) in enumerate(checked, 1):
             raw = key.encode() if isinstance(key, str) else bytes(key)
             if raw in seen:
                 raise InvalidArgument("key", f"duplicate key: group {i} repeats the key of group {seen[raw]}")
             seen[raw] = i
-        if not checked:
-            raise InvalidArgument("groups", "consume_many needs at least one (key, bucket, cost)")
         split = self._cluster and len(checked) > 1 and len({self._slot(k) for k, _, _ in checked}) > 1
         if split and atomic:
             slots = ", ".join(f"{k!r}: {self._slot(k)}" for k, _, _ in checked)
