@@ -199,9 +199,9 @@ local function ms_until(l, stored, now, target)
   local function passes(ms) return current(l, stored, later(now, ms)) >= target end
   if passes(0) then return 0 end
   if not stored then return 0 end
-  local wait = (stored.ts[1] - now.hi) * 1e8 + (stored.ts[2] - now.lo)
-  if wait < 0 then wait = 0 end
-  local guess = math.ceil((wait + (target - clamp(l, stored.tokens)) / l.rate * 1000000) / 1000)
+  -- The refill counts from ts, ahead of now (a wait first) or behind it.
+  local from_ts = (stored.ts[1] - now.hi) * 1e8 + (stored.ts[2] - now.lo)
+  local guess = math.ceil((from_ts + (target - clamp(l, stored.tokens)) / l.rate * 1000000) / 1000)
   if guess >= 1 then guess = math.min(guess, MAX_WAIT_MS) else guess = 1 end
   return first_passing(guess, passes)
 end

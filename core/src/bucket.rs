@@ -92,11 +92,7 @@ impl Limits {
     pub fn current(&self, stored: Option<Stored>, now_us: i64) -> f64 {
         match stored {
             None => self.max,
-            Some(s) => {
-                // i128: a hostile `ts` must not overflow the subtraction.
-                let elapsed = (i128::from(now_us) - i128::from(s.ts_us)).max(0) as f64;
-                self.refill(self.clamp(s.tokens), elapsed)
-            }
+            Some(s) => self.refill(self.clamp(s.tokens), elapsed_us(now_us, s.ts_us).max(0.0)),
         }
     }
 
@@ -111,17 +107,24 @@ impl Limits {
     /// monotone in time lets a galloping search correct it (two
     /// evaluations when the guess is right or one off).
     pub fn ms_until(&self, stored: Option<Stored>, now_us: i64, target: f64) -> i64 {
+        self.ms_from(stored, now_us, self.current(stored, now_us), target)
+    }
+
+    /// `ms_until` for a caller that already knows `current(stored, now_us)`.
+    fn ms_from(&self, stored: Option<Stored>, now_us: i64, current: f64, target: f64) -> i64 {
+        if current >= target {
+            return 0;
+        }
         let passes = |ms: i64| {
             self.current(stored, now_us.saturating_add(ms.saturating_mul(1000))) >= target
         };
-        if passes(0) {
-            return 0;
-        }
         // A missing bucket is full, and every target is at most `max`.
         let Some(s) = stored else { return 0 };
-        let wait_us = (i128::from(s.ts_us) - i128::from(now_us)).max(0) as f64;
+        // The refill counts from `ts`, whether that is ahead of now (a wait
+        // first) or behind it (some of the refill has already happened).
+        let from_ts_us = -elapsed_us(now_us, s.ts_us);
         let refill_us = (target - self.clamp(s.tokens)) / self.rate * 1_000_000.0;
-        let guess = ((wait_us + refill_us) / 1000.0).ceil();
+        let guess = ((from_ts_us + refill_us) / 1000.0).ceil();
         let guess = if guess >= 1.0 {
             guess.min(MAX_WAIT_MS as f64) as i64
         } else {
@@ -191,8 +194,11 @@ impl Limits {
                 ts_us: now_us,
             }),
         };
-        let retry_after_ms = retry_for.map_or(0, |target| self.ms_until(after, now_us, target));
-        let reset_after_ms = self.ms_until(after, now_us, self.max);
+        // `tokens` is the balance `after` holds at `now_us`: the call's
+        // current balance if it wrote nothing, else what it just wrote.
+        let retry_after_ms =
+            retry_for.map_or(0, |target| self.ms_from(after, now_us, tokens, target));
+        let reset_after_ms = self.ms_from(after, now_us, tokens, self.max);
         let effect = match (writes, after) {
             (false, _) => Effect::Nothing,
             (true, Some(s)) => Effect::Save {
@@ -225,6 +231,16 @@ impl Limits {
             .div_euclid(1000)
             .saturating_add(i64::from(now_us.rem_euclid(1000) != 0))
             .saturating_add(reset_after_ms)
+    }
+}
+
+/// `now_us - ts_us` as a float: in i64 where it fits (one instruction to
+/// convert), else in i128, since a hostile `ts` can overflow i64. Both
+/// round the exact difference once.
+fn elapsed_us(now_us: i64, ts_us: i64) -> f64 {
+    match now_us.checked_sub(ts_us) {
+        Some(d) => d as f64,
+        None => (i128::from(now_us) - i128::from(ts_us)) as f64,
     }
 }
 
