@@ -55,6 +55,7 @@ venv: $(VENV)/.installed
 
 build: build-deps
 	cargo build --release
+	python3 lua/gen_eval.py target/lua/tb-eval.lua
 
 run: run-deps build
 	redis-server --bind 127.0.0.1 --port $(PORT) --save '' --loadmodule $(CURDIR)/$(MODULE)

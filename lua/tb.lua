@@ -16,8 +16,9 @@ order, so replies and stored balances are bit-identical, and uses the same
 hash layout, so both can serve the same keys.
 
 The block between the "shared" markers is also the body of the EVAL
-scripts in lua/eval/, which lua/gen_eval.py generates from it: edit it
-here, then run `python3 lua/gen_eval.py`. It must only define locals.
+script, which lua/gen_eval.py builds from it (`make` writes it to
+target/lua/tb-eval.lua): EVALSHA <sha> numkeys key... <operation> arg...
+The block must only define locals.
 ]]
 
 -- >>> shared: begin
@@ -398,9 +399,21 @@ local function tb_mconsume(keys, args)
   out[2] = retry
   return out
 end
+
+-- ---- the operations, listed once -------------------------------------------
+
+-- The library registers each one as FCALL tb_<name>; the EVAL script
+-- (lua/gen_eval.py) takes the name as its first argument.
+local OPERATIONS = {
+  { name = 'consume', fn = tb_consume, flags = {} },
+  { name = 'peek', fn = tb_peek, flags = { 'no-writes' } },
+  { name = 'mconsume', fn = tb_mconsume, flags = {} },
+  { name = 'adjust', fn = tb_adjust, flags = {} },
+}
 -- <<< shared: end
 
-redis.register_function('tb_consume', tb_consume)
-redis.register_function { function_name = 'tb_peek', callback = tb_peek, flags = { 'no-writes' } }
-redis.register_function('tb_mconsume', tb_mconsume)
-redis.register_function('tb_adjust', tb_adjust)
+-- A plain loop: FUNCTION LOAD runs this body before ipairs is reachable.
+for i = 1, #OPERATIONS do
+  local op = OPERATIONS[i]
+  redis.register_function { function_name = 'tb_' .. op.name, callback = op.fn, flags = op.flags }
+end

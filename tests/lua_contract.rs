@@ -13,11 +13,6 @@ use redis::Value;
 use std::path::Path;
 use std::process::Command;
 
-const CONSUME_LUA: &str = include_str!("../lua/eval/consume.lua");
-const PEEK_LUA: &str = include_str!("../lua/eval/peek.lua");
-const MCONSUME_LUA: &str = include_str!("../lua/eval/mconsume.lua");
-const ADJUST_LUA: &str = include_str!("../lua/eval/adjust.lua");
-
 const SHARED_BEGIN: &str = "-- >>> shared: begin\n";
 const SHARED_END: &str = "-- <<< shared: end\n";
 
@@ -48,35 +43,19 @@ fn fcall(c: &mut redis::Connection, function: &str, keys: &[&str], args: &[&str]
         .unwrap_or_else(|e| panic!("{function} {keys:?} {args:?}: {e}"))
 }
 
-/// The EVAL script of a library function.
-fn script_of(function: &str) -> &'static str {
-    match function {
-        "tb_consume" => CONSUME_LUA,
-        "tb_peek" => PEEK_LUA,
-        "tb_mconsume" => MCONSUME_LUA,
-        "tb_adjust" => ADJUST_LUA,
-        other => panic!("no script for {other}"),
-    }
-}
-
-/// Caches the four EVAL scripts on the server (SCRIPT LOAD).
+/// Caches the EVAL script on the server (SCRIPT LOAD).
 fn load_scripts(c: &mut redis::Connection) {
-    for f in ["tb_consume", "tb_peek", "tb_mconsume", "tb_adjust"] {
-        let sha: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(script_of(f))
-            .query(c)
-            .expect("SCRIPT LOAD");
-        assert_eq!(sha, redis::Script::new(script_of(f)).get_hash());
-    }
+    load_eval_script(c);
 }
 
-/// `EVALSHA sha numkeys keys... args...` for a function's EVAL script.
+/// `EVALSHA sha numkeys keys... op args...`: a library function through
+/// the EVAL script (`tb_consume` is operation `consume`).
 fn evalsha_cmd(function: &str, keys: &[&[u8]], args: &[&str]) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(redis::Script::new(script_of(function)).get_hash())
+    cmd.arg(redis::Script::new(eval_script()).get_hash())
         .arg(keys.len())
         .arg(keys)
+        .arg(function.strip_prefix("tb_").unwrap_or(function))
         .arg(args);
     cmd
 }
@@ -94,78 +73,81 @@ fn shared_block(source: &str) -> &str {
 }
 
 #[test]
-fn committed_eval_scripts_are_generated_from_the_library() {
-    // The generator itself says the committed files are what it would write.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new("python3")
-        .arg(root.join("lua/gen_eval.py"))
-        .arg("--check")
-        .output()
-        .expect("run python3 lua/gen_eval.py --check");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // And, independently of the generator: each script is the library's
-    // shared block, byte for byte, followed by one call of its function.
+fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
+    // Independently of the generator: the library's shared block, byte for
+    // byte, then a dispatcher on the first argument, and nothing that only
+    // a library may do.
+    let script = eval_script();
     let block = shared_block(LIBRARY);
     assert!(block.contains("local function tb_mconsume(keys, args)"));
-    for (function, script) in [
-        ("tb_consume", CONSUME_LUA),
-        ("tb_peek", PEEK_LUA),
-        ("tb_mconsume", MCONSUME_LUA),
-        ("tb_adjust", ADJUST_LUA),
-    ] {
-        assert!(script.contains(block), "{function}: shared block differs");
-        let tail = &script[script.find(block).unwrap() + block.len()..];
+    assert!(script.contains(block), "shared block differs");
+    let tail = &script[script.find(block).unwrap() + block.len()..];
+    assert!(tail.contains("redis.replicate_commands()"), "{tail}");
+    assert!(tail.contains("OPERATIONS[i].fn(KEYS, ARGV)"), "{tail}");
+    assert!(!script.contains("register_function") && !script.contains("#!lua"));
+    // Every operation the library registers, the script dispatches to: one
+    // list in the block serves both.
+    for op in ["consume", "peek", "mconsume", "adjust"] {
         assert!(
-            tail.ends_with(&format!("\nreturn {function}(KEYS, ARGV)\n")),
-            "{function}: {tail}"
+            block.contains(&format!("{{ name = '{op}', fn = tb_{op},")),
+            "{op}"
         );
-        assert!(tail.contains("redis.replicate_commands()"), "{function}");
-        assert!(!script.contains("register_function") && !script.contains("#!lua"));
     }
-    let listed: Vec<String> = std::fs::read_dir(root.join("lua/eval"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".lua"))
-        .collect();
-    assert_eq!(listed.len(), 4, "{listed:?}");
+    assert!(!LIBRARY[LIBRARY.find(SHARED_END).unwrap()..].contains("'tb_consume'"));
 }
 
 #[test]
-fn generator_check_fails_on_a_stale_script() {
-    // A scratch copy of lua/: edit the library, and --check must notice
-    // until the generator has run.
+fn generator_check_tells_a_stale_script() {
+    // A scratch copy of lua/: --check passes on what the generator wrote,
+    // and fails once the library changed until it runs again.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = std::env::temp_dir().join(format!("tb-gen-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("eval")).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(root.join("lua/gen_eval.py"), dir.join("gen_eval.py")).unwrap();
-    for f in ["consume.lua", "peek.lua", "mconsume.lua", "adjust.lua"] {
-        std::fs::copy(root.join("lua/eval").join(f), dir.join("eval").join(f)).unwrap();
-    }
+    std::fs::write(dir.join("tb.lua"), LIBRARY).unwrap();
+    let out = dir.join("out/tb-eval.lua");
+    let gen = |args: &[&std::ffi::OsStr]| {
+        Command::new("python3")
+            .arg(dir.join("gen_eval.py"))
+            .args(args)
+            .output()
+            .expect("python3")
+            .status
+            .success()
+    };
+    let check = [std::ffi::OsStr::new("--check"), out.as_os_str()];
+    assert!(!gen(&check), "a missing script passes --check");
+    assert!(gen(&[out.as_os_str()]));
+    assert!(gen(&check));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), eval_script());
     let edited = LIBRARY.replace(
         "local MAX_GROUPS = 10000\n",
         "local MAX_GROUPS = 10000\n-- an edit\n",
     );
     assert_ne!(edited, LIBRARY);
     std::fs::write(dir.join("tb.lua"), &edited).unwrap();
-    let gen = |arg: Option<&str>| {
-        Command::new("python3")
-            .arg(dir.join("gen_eval.py"))
-            .args(arg)
-            .output()
-            .expect("python3")
-            .status
-            .success()
-    };
-    assert!(!gen(Some("--check")), "stale scripts pass --check");
-    assert!(gen(None));
-    assert!(gen(Some("--check")));
-    let peek = std::fs::read_to_string(dir.join("eval/peek.lua")).unwrap();
-    assert!(peek.contains("-- an edit\n"));
+    assert!(!gen(&check), "a stale script passes --check");
+    assert!(gen(&[out.as_os_str()]));
+    assert!(gen(&check));
+    assert!(std::fs::read_to_string(&out)
+        .unwrap()
+        .contains("-- an edit\n"));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_eval_script_refuses_an_unknown_operation() {
+    let s = Server::with(Config::without_module());
+    let mut c = s.conn();
+    let sha = load_eval_script(&mut c);
+    for args in [&["1", "k", "consumer", "10", "1"][..], &["0"]] {
+        let err = error_of(&mut c, redis::cmd("EVALSHA").arg(&sha).arg(args));
+        assert!(
+            err.contains("unknown operation")
+                && err.ends_with("one of consume, peek, mconsume, adjust"),
+            "{err}"
+        );
+    }
 }
 
 // ---- the library -----------------------------------------------------------
@@ -823,19 +805,15 @@ fn binary_keys_are_kept_byte_for_byte() {
 /// with NOSCRIPT, EVAL runs (and caches) the script, and EVALSHA works
 /// again. redis::Script does exactly this fallback.
 fn noscript_fallback(c: &mut redis::Connection) {
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(CONSUME_LUA)
-        .query(c)
-        .unwrap();
-    assert_eq!(
-        sha,
-        redis::Script::new(CONSUME_LUA).get_hash(),
-        "SHA1 of the file"
-    );
+    let sha = load_eval_script(c);
     let evalsha = |c: &mut redis::Connection| {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&sha).arg(1).arg("k").arg(10).arg(0.001);
+        cmd.arg(&sha)
+            .arg(1)
+            .arg("k")
+            .arg("consume")
+            .arg(10)
+            .arg(0.001);
         run(c, &cmd)
     };
     let ints = |v: Result<Value, String>| -> Vec<i64> {
@@ -846,9 +824,10 @@ fn noscript_fallback(c: &mut redis::Connection) {
     let err = evalsha(c).unwrap_err();
     assert!(err.starts_with("NOSCRIPT"), "{err}");
     let r: Vec<i64> = redis::cmd("EVAL")
-        .arg(CONSUME_LUA)
+        .arg(eval_script())
         .arg(1)
         .arg("k")
+        .arg("consume")
         .arg(10)
         .arg(0.001)
         .query(c)
@@ -856,8 +835,9 @@ fn noscript_fallback(c: &mut redis::Connection) {
     assert_eq!(r[..3], [1, 8, 0]);
     assert_eq!(ints(evalsha(c))[..3], [1, 7, 0]);
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(c).unwrap();
-    let r: Vec<i64> = redis::Script::new(CONSUME_LUA)
+    let r: Vec<i64> = redis::Script::new(eval_script())
         .key("k")
+        .arg("consume")
         .arg(10)
         .arg(0.001)
         .invoke(c)
@@ -874,16 +854,22 @@ fn eval_scripts_fall_back_from_noscript_on_redis_7() {
     // Peek writes nothing, so it also runs as a read-only script; consume
     // is refused there.
     let r: Vec<i64> = redis::cmd("EVAL_RO")
-        .arg(PEEK_LUA)
+        .arg(eval_script())
         .arg(1)
         .arg("fresh")
+        .arg("peek")
         .arg(10)
         .arg(1)
         .query(&mut c)
         .unwrap();
     assert_eq!(r, [1, 10, 0, 0]);
     let mut ro = redis::cmd("EVAL_RO");
-    ro.arg(CONSUME_LUA).arg(1).arg("fresh").arg(10).arg(1);
+    ro.arg(eval_script())
+        .arg(1)
+        .arg("fresh")
+        .arg("consume")
+        .arg(10)
+        .arg(1);
     assert!(error_of(&mut c, &ro).contains("read-only"));
     assert_eq!(int(&mut c, "EXISTS", "fresh"), 0);
 }

@@ -16,13 +16,6 @@ use redis::Value;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
-const SCRIPTS: [(&str, &str); 4] = [
-    ("consume", include_str!("../lua/eval/consume.lua")),
-    ("peek", include_str!("../lua/eval/peek.lua")),
-    ("mconsume", include_str!("../lua/eval/mconsume.lua")),
-    ("adjust", include_str!("../lua/eval/adjust.lua")),
-];
-
 #[derive(Deserialize)]
 struct Vectors {
     base_ts_us: i64,
@@ -81,8 +74,8 @@ struct Target {
     conn: redis::Connection,
     clock: FakeClock,
     forms: Vec<Form>,
-    /// Command name -> SHA1 of its EVAL script.
-    shas: BTreeMap<String, String>,
+    /// SHA1 of the EVAL script.
+    sha: String,
     /// PEXPIRETIME exists (Redis >= 7); else PTTL on the frozen clock.
     expiretime: bool,
     _server: Server,
@@ -96,17 +89,7 @@ impl Target {
         if forms.contains(&Form::Library) {
             load_library(&mut conn);
         }
-        let shas = SCRIPTS
-            .iter()
-            .map(|(cmd, src)| {
-                let sha: String = redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(*src)
-                    .query(&mut conn)
-                    .expect("SCRIPT LOAD");
-                (cmd.to_string(), sha)
-            })
-            .collect();
+        let sha = load_eval_script(&mut conn);
         let version = info_field(&mut conn, "server", "redis_version");
         let expiretime = !version.starts_with("6.");
         Target {
@@ -114,7 +97,7 @@ impl Target {
             conn,
             clock,
             forms,
-            shas,
+            sha,
             expiretime,
             _server: server,
         }
@@ -140,7 +123,7 @@ impl Target {
             Form::Library | Form::Eval => {
                 let mut cmd = if form == Form::Eval {
                     let mut c = redis::cmd("EVALSHA");
-                    c.arg(&self.shas[&case.command]);
+                    c.arg(&self.sha);
                     c
                 } else if case.command == "peek" {
                     let mut c = redis::cmd("FCALL_RO");
@@ -151,7 +134,11 @@ impl Target {
                     c.arg(format!("tb_{}", case.command));
                     c
                 };
-                cmd.arg(case.keys.len()).arg(&case.keys).arg(&case.args);
+                cmd.arg(case.keys.len()).arg(&case.keys);
+                if form == Form::Eval {
+                    cmd.arg(&case.command);
+                }
+                cmd.arg(&case.args);
                 cmd
             }
         }

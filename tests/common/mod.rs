@@ -700,6 +700,36 @@ impl Rng {
 /// The Lua fallback library, as shipped.
 pub const LIBRARY: &str = include_str!("../../lua/tb.lua");
 
+/// The EVAL script, built from the library by `lua/gen_eval.py` (it is
+/// never committed): `EVALSHA sha numkeys key... <operation> arg...`.
+pub fn eval_script() -> &'static str {
+    static SCRIPT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        let out = Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("lua/gen_eval.py"))
+            .arg("-")
+            .output()
+            .expect("run python3 lua/gen_eval.py");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("the script is UTF-8")
+    })
+}
+
+/// `SCRIPT LOAD` of the EVAL script; returns its SHA1.
+pub fn load_eval_script(c: &mut redis::Connection) -> String {
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(eval_script())
+        .query(c)
+        .expect("SCRIPT LOAD");
+    assert_eq!(sha, redis::Script::new(eval_script()).get_hash());
+    sha
+}
+
 /// `FUNCTION LOAD REPLACE` of the Lua library.
 pub fn load_library(c: &mut redis::Connection) {
     let name: String = redis::cmd("FUNCTION")
