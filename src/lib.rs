@@ -50,8 +50,6 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             )
         };
     }
-    // Replaces the info callback the macro registered before `init` ran.
-    raw::register_info_function(ctx.ctx, Some(stats::info));
     for cmd in registry::COMMANDS {
         if let Err(e) = registry::register(ctx, cmd) {
             ctx.log_warning(&e);
@@ -61,9 +59,33 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     Status::Ok
 }
 
+/// The version in Cargo.toml as `MODULE LIST` shows it: major * 10000 +
+/// minor * 100 + patch (0.1.0 is 100).
+const VERSION: i32 = {
+    const fn part(s: &[u8], index: usize) -> i32 {
+        let (mut i, mut n, mut v) = (0, 0, 0);
+        while i < s.len() {
+            match s[i] {
+                b'.' | b'-' | b'+' => {
+                    if n == index {
+                        return v;
+                    }
+                    n += 1;
+                    v = 0;
+                }
+                c => v = v * 10 + (c - b'0') as i32,
+            }
+            i += 1;
+        }
+        v
+    }
+    let v = env!("CARGO_PKG_VERSION").as_bytes();
+    part(v, 0) * 10_000 + part(v, 1) * 100 + part(v, 2)
+};
+
 redis_module! {
     name: "tb",
-    version: 100,
+    version: VERSION,
     allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
     data_types: [],
     init: init,

@@ -1,7 +1,8 @@
-//! Counters shown by `INFO tb` as `tb_*` fields (scraped by redis_exporter).
+//! Counters shown by `INFO tb` as `tb_*` fields (scraped by redis_exporter),
+//! with the module's version.
 
-use redis_module::raw::{self, RedisModuleInfoCtx};
-use std::os::raw::c_int;
+use redis_module::{InfoContext, RedisResult};
+use redis_module_macros::info_command_handler;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// One counter per INFO field. Atomics only because statics must be Sync;
@@ -28,32 +29,25 @@ pub static DENIED: Counter = Counter::new();
 pub static PEEKS: Counter = Counter::new();
 /// TB.ADJUST calls applied.
 pub static ADJUSTS: Counter = Counter::new();
-/// Calls of any TB command that returned an error.
+/// Calls of any TB command that the module answered with an error.
 pub static ERRORS: Counter = Counter::new();
 /// Panics caught in a handler (each also counts as an error).
 pub static PANICS: Counter = Counter::new();
 
-/// `RedisModuleInfoFunc`: one section named after the module, so `INFO tb`
-/// shows `tb_admitted:...` and so on.
-pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
-    let fields: [(&std::ffi::CStr, &Counter); 6] = [
-        (c"admitted", &ADMITTED),
-        (c"denied", &DENIED),
-        (c"peeks", &PEEKS),
-        (c"adjusts", &ADJUSTS),
-        (c"errors", &ERRORS),
-        (c"panics", &PANICS),
-    ];
-    unsafe {
-        let (Some(section), Some(field)) = (
-            raw::RedisModule_InfoAddSection,
-            raw::RedisModule_InfoAddFieldULongLong,
-        ) else {
-            return;
-        };
-        section(ctx, std::ptr::null());
-        for (name, counter) in fields {
-            field(ctx, name.as_ptr(), counter.get());
-        }
-    }
+/// The `INFO tb` section. Its empty name makes the section the module's
+/// own (`# tb`), and Redis prefixes each field with `tb_`.
+#[info_command_handler]
+fn info(ctx: &InfoContext, _for_crash_report: bool) -> RedisResult<()> {
+    ctx.builder()
+        .add_section("")
+        .field("version", env!("CARGO_PKG_VERSION"))?
+        .field("admitted", ADMITTED.get())?
+        .field("denied", DENIED.get())?
+        .field("peeks", PEEKS.get())?
+        .field("adjusts", ADJUSTS.get())?
+        .field("errors", ERRORS.get())?
+        .field("panics", PANICS.get())?
+        .build_section()?
+        .build_info()?;
+    Ok(())
 }

@@ -106,7 +106,44 @@ fn info_counts_decisions_and_errors() {
     assert_eq!(field(&mut c, "tb_panics"), 0);
     // Also listed in the full INFO, where redis_exporter scrapes it.
     let all: String = redis::cmd("INFO").arg("everything").query(&mut c).unwrap();
-    assert!(all.contains("# tb\r\ntb_admitted:3"), "{all}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        all.contains(&format!(
+            "# tb\r\ntb_version:{version}\r\ntb_admitted:3\r\n"
+        )),
+        "{all}"
+    );
+}
+
+/// `MODULE LIST` names the module `tb`, with the version of Cargo.toml
+/// as major * 10000 + minor * 100 + patch.
+#[test]
+fn module_list_reports_the_name_and_version() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let list: Vec<Vec<redis::Value>> = redis::cmd("MODULE").arg("LIST").query(&mut c).unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    let field = |name: &str| {
+        list[0]
+            .chunks(2)
+            .find(|kv| redis::from_redis_value::<String>(&kv[0]).ok().as_deref() == Some(name))
+            .map(|kv| kv[1].clone())
+            .unwrap_or_else(|| panic!("no {name}: {list:?}"))
+    };
+    assert_eq!(
+        redis::from_redis_value::<String>(&field("name")).unwrap(),
+        "tb"
+    );
+    let parts: Vec<i64> = env!("CARGO_PKG_VERSION")
+        .split('.')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let ver: i64 = redis::from_redis_value(&field("ver")).unwrap();
+    assert_eq!(ver, parts[0] * 10_000 + parts[1] * 100 + parts[2]);
+    assert_eq!(
+        info_field(&mut c, "tb", "tb_version"),
+        env!("CARGO_PKG_VERSION")
+    );
 }
 
 /// `COMMAND GETKEYSANDFLAGS`: the key specs set through SetCommandInfo.
