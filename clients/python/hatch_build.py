@@ -1,20 +1,30 @@
-"""Build hook: puts the repository's Lua files into the package.
+"""Build hook: puts the repository's Lua library, and the EVAL script built
+from it, into the package.
 
-The Lua library has one source, `lua/` at the repository root. Every
-`*.lua` there and in `lua/eval/` goes into the wheel under
-`redis_tokenbucket/lua/`, whatever the files are called, so adding or
-renaming an EVAL script needs no change here. An sdist carries its own copy
-in `lua/`, so a wheel can be built from it away from the repository.
+The Lua library has one source, `lua/tb.lua` at the repository root; the
+EVAL script is never committed but generated from it by `lua/gen_eval.py`.
+The wheel gets both under `redis_tokenbucket/lua/`: `tb.lua` copied, and
+`tb-eval.lua` written by running the generator at build time. An sdist
+carries `lua/tb.lua` and `lua/gen_eval.py` (not the generated script), so a
+wheel built from it, away from the repository, generates the script the
+same way.
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-PATTERNS = ("*.lua", "eval/*.lua")
+LIBRARY = "tb.lua"
+GENERATOR = "gen_eval.py"
+# The name `make` gives it too (target/lua/tb-eval.lua).
+EVAL_SCRIPT = "tb-eval.lua"
 
 
 class LuaFilesHook(BuildHookInterface):  # type: ignore[type-arg]
@@ -24,9 +34,23 @@ class LuaFilesHook(BuildHookInterface):  # type: ignore[type-arg]
         root = Path(self.root)
         # An unpacked sdist has lua/ beside this file; a checkout has it two levels up.
         source = root / "lua" if (root / "lua").is_dir() else root.parent.parent / "lua"
-        files = sorted(f for pattern in PATTERNS for f in source.glob(pattern))
-        if not any(f.name == "tb.lua" and f.parent == source for f in files):
-            raise RuntimeError(f"no Lua library at {source / 'tb.lua'}: build from the repository or its sdist")
-        prefix = "redis_tokenbucket/lua" if self.target_name == "wheel" else "lua"
-        for f in files:
-            build_data["force_include"][str(f)] = f"{prefix}/{f.relative_to(source).as_posix()}"
+        for name in (LIBRARY, GENERATOR):
+            if not (source / name).is_file():
+                raise RuntimeError(f"no {source / name}: build from the repository or its sdist")
+        include = build_data["force_include"]
+        if self.target_name != "wheel":
+            for name in (LIBRARY, GENERATOR):
+                include[str(source / name)] = f"lua/{name}"
+            return
+        # Written outside the tree, so a build leaves no stray copy behind.
+        self._scratch = Path(tempfile.mkdtemp(prefix="redis-tokenbucket-lua-"))
+        script = self._scratch / EVAL_SCRIPT
+        # The generator's own interface (stdlib only, reads the tb.lua beside it).
+        subprocess.run([sys.executable, str(source / GENERATOR), str(script)], check=True)
+        include[str(source / LIBRARY)] = f"redis_tokenbucket/lua/{LIBRARY}"
+        include[str(script)] = f"redis_tokenbucket/lua/{EVAL_SCRIPT}"
+
+    def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
+        scratch = getattr(self, "_scratch", None)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)

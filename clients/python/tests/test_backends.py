@@ -53,7 +53,7 @@ def test_forced_backend(target: Target, forced: str):
     assert lim.backend == forced
     order = ["module", "functions", "eval"]
     # A server serves its detected backend and every one after it: the
-    # Lua library where FUNCTION works, the EVAL scripts everywhere.
+    # Lua library where FUNCTION works, the EVAL script everywhere.
     if order.index(forced) >= order.index(target.backend):
         assert lim.consume("k", B).remaining == 9
         return

@@ -1,12 +1,18 @@
-"""The suite runs against the installed wheel, and the wheel carries the
-repository's Lua files byte for byte."""
+"""The suite runs against the installed wheel; the wheel carries the
+repository's Functions library byte for byte, and the EVAL script that
+`lua/gen_eval.py` builds from it; the sdist carries what builds them."""
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
 import sys
+import tarfile
+from collections.abc import Iterator
 from importlib import metadata, resources
 from pathlib import Path
 
+import pytest
 from tbservers import ROOT
 
 import redis_tokenbucket
@@ -14,7 +20,19 @@ import redis_tokenbucket.asyncio
 from redis_tokenbucket import _scripts
 
 LUA = ROOT / "lua"
-REPO_LUA = sorted([*LUA.glob("*.lua"), *LUA.glob("eval/*.lua")])
+GEN_EVAL = LUA / "gen_eval.py"
+SDISTS = ROOT / "clients" / "python" / "dist"
+
+
+@pytest.fixture
+def packaged_lua() -> Iterator[Path]:
+    """The package's lua/ folder as a real directory."""
+    with resources.as_file(resources.files("redis_tokenbucket").joinpath("lua")) as folder:
+        yield folder
+
+
+def gen_eval_check(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(GEN_EVAL), "--check", str(path)], capture_output=True, text=True)
 
 
 def test_imported_from_the_installed_package_not_the_source_tree():
@@ -23,23 +41,44 @@ def test_imported_from_the_installed_package_not_the_source_tree():
     assert ROOT / "clients" / "python" / "src" not in where.parents
 
 
-def test_packaged_lua_files_are_the_repositorys():
-    packaged = resources.files("redis_tokenbucket").joinpath("lua")
-    names = sorted(p.relative_to(LUA).as_posix() for p in REPO_LUA)
-    assert "tb.lua" in names and any(n.startswith("eval/") for n in names)
-    shipped = sorted(
-        [f.name for f in packaged.iterdir() if f.name.endswith(".lua")]
-        + [f"eval/{f.name}" for f in packaged.joinpath("eval").iterdir() if f.name.endswith(".lua")]
-    )
-    assert shipped == names
-    for name in names:
-        assert packaged.joinpath(*name.split("/")).read_bytes() == (LUA / name).read_bytes(), name
+def test_the_package_carries_the_library_and_the_eval_script(packaged_lua: Path):
+    assert sorted(p.name for p in packaged_lua.iterdir()) == [_scripts.EVAL_FILE, _scripts.LIBRARY_FILE]
 
 
-def test_every_eval_call_names_a_packaged_script():
-    for op, call in _scripts.EVAL_CALLS.items():
-        assert call.load().source == (LUA / "eval" / call.script).read_bytes(), op
+def test_packaged_library_is_the_repositorys(packaged_lua: Path):
+    assert (packaged_lua / "tb.lua").read_bytes() == (LUA / "tb.lua").read_bytes()
     assert _scripts.library_source() == (LUA / "tb.lua").read_bytes()
+
+
+def test_packaged_eval_script_is_what_gen_eval_writes(packaged_lua: Path, tmp_path: Path):
+    checked = gen_eval_check(packaged_lua / _scripts.EVAL_FILE)
+    assert checked.returncode == 0, checked.stderr
+    # The check can fail: one byte off, and it says so.
+    stale = tmp_path / "stale.lua"
+    stale.write_bytes((packaged_lua / _scripts.EVAL_FILE).read_bytes() + b"\n")
+    assert gen_eval_check(stale).returncode == 1
+
+
+def test_the_client_sends_the_packaged_eval_script(packaged_lua: Path):
+    script = _scripts.eval_script()
+    assert script.source == (packaged_lua / _scripts.EVAL_FILE).read_bytes()
+    assert script.sha == hashlib.sha1(script.source).hexdigest()
+
+
+def test_sdist_carries_the_library_and_its_generator():
+    """A wheel built from the sdist, away from the repository, generates the
+    EVAL script from these two (`make test-python` installs such a wheel)."""
+    sdists = sorted(SDISTS.glob("redis_tokenbucket-*.tar.gz"))
+    if not sdists:
+        pytest.skip(f"no sdist in {SDISTS}: `make test-python` builds one")
+    with tarfile.open(sdists[-1]) as sdist:
+        # Members are <name>-<version>/<path>.
+        members = {m.name.split("/", 1)[-1]: m for m in sdist.getmembers()}
+        lua = {path[len("lua/") :]: m for path, m in members.items() if path.startswith("lua/")}
+        assert sorted(lua) == ["gen_eval.py", "tb.lua"]
+        for name, member in lua.items():
+            carried = sdist.extractfile(member)
+            assert carried is not None and carried.read() == (LUA / name).read_bytes(), name
 
 
 def test_distribution_metadata():

@@ -5,7 +5,7 @@
     d = lim.consume("rl:user:42", Bucket(max=10, rate=0.17))
 
 Uses the TB.* module where the server has it, else the Lua library that
-ships inside this package (Functions, or EVAL scripts), with the same
+ships inside this package (Functions, or the EVAL script), with the same
 replies on the same keys. ``redis_tokenbucket.asyncio.Limiter`` is the
 awaitable twin; ``redis_tokenbucket.fastapi`` plugs it into FastAPI.
 """

@@ -22,17 +22,16 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
-from ._bucket import MAX_GROUPS, Bucket, InvalidArgument, KeyT, check_cost, check_delta, encode
+from ._bucket import MAX_GROUPS, Bucket, InvalidArgument, KeyT, check_cost, check_delta
 from ._cache import DenialCache
 from ._decision import Decision, MultiDecision
 from ._errors import CrossSlotError, NoBackendError
-from ._scripts import COMMANDS, EVAL_CALLS, FUNCTIONS, Op, library_source
+from ._scripts import Args, Group, Op, eval_args, eval_script, fcall_args, library_source, module_args
 
 log = logging.getLogger("redis_tokenbucket")
 
 T = TypeVar("T")
 C = TypeVar("C")
-Args = tuple[Any, ...]
 Plan = Generator[Args, Any, T]
 """Yields commands, receives replies, returns the result."""
 
@@ -41,8 +40,6 @@ BACKENDS: tuple[BackendName, ...] = ("module", "functions", "eval")
 OnError = Literal["raise", "open", "closed"]
 ON_ERROR: tuple[OnError, ...] = ("raise", "open", "closed")
 
-# (key, bucket, cost or delta), checked.
-Group = tuple[KeyT, Bucket, float]
 GroupIn = Union[tuple[KeyT, Bucket], tuple[KeyT, Bucket, float]]
 
 # The probe `detect()` peeks at; under `rl:` like the usual buckets, so an
@@ -122,28 +119,17 @@ class Engine:
 
     def _send(self, backend: BackendName, op: Op, groups: Sequence[Group]) -> Plan[Any]:
         if backend == "module":
-            if len(groups) == 1:  # the common case, without the generator
-                key, bucket, amount = groups[0]
-                args: Args = (COMMANDS[op], key, *bucket._args, encode(amount))
-            else:
-                args = (COMMANDS[op], *(a for k, b, n in groups for a in (k, *b._args, encode(n))))
             try:
-                return (yield args)
+                return (yield module_args(op, groups))
             except Exception as exc:
                 if refused(exc):
                     raise _Unavailable(backend, exc) from exc
                 raise
-        # FCALL and EVAL take the keys apart: keys first, then a
-        # `max rate cost` group per key.
-        keys = [k for k, _, _ in groups]
-        rest = [a for _, b, n in groups for a in (*b._args, encode(n))]
         if backend == "functions":
-            return (yield from self._fcall(op, keys, rest))
-        return (yield from self._eval(op, keys, rest))
+            return (yield from self._fcall(fcall_args(op, groups)))
+        return (yield from self._eval(eval_args(op, groups)))
 
-    def _fcall(self, op: Op, keys: list[KeyT], rest: list[str]) -> Plan[Any]:
-        command, function = FUNCTIONS[op]
-        args: Args = (command, function, len(keys), *keys, *rest)
+    def _fcall(self, args: Args) -> Plan[Any]:
         try:
             return (yield args)
         except Exception as exc:
@@ -157,15 +143,14 @@ class Engine:
             yield ("FUNCTION LOAD", "REPLACE", library_source())
         except ResponseError as exc:
             # Refused (Redis 6.2, an ACL without FUNCTION, a managed service
-            # that disables it): the EVAL scripts need no loading.
+            # that disables it): the EVAL script needs no loading.
             raise _Unavailable("functions", exc) from exc
         return (yield args)
 
-    def _eval(self, op: Op, keys: list[KeyT], rest: list[str]) -> Plan[Any]:
-        call = EVAL_CALLS[op].load()
-        tail = (len(keys), *keys, *call.leading_args, *rest)
+    def _eval(self, tail: Args) -> Plan[Any]:
+        script = eval_script()
         try:
-            return (yield ("EVALSHA", call.sha, *tail))
+            return (yield ("EVALSHA", script.sha, *tail))
         except NoScriptError:
             pass  # not cached on this node (restart, failover, SCRIPT FLUSH)
         except Exception as exc:
@@ -174,7 +159,7 @@ class Engine:
             raise
         try:
             # EVAL runs the script and caches it for the next EVALSHA.
-            return (yield ("EVAL", call.source, *tail))
+            return (yield ("EVAL", script.source, *tail))
         except Exception as exc:
             if refused(exc):
                 raise _Unavailable("eval", exc) from exc

@@ -1,22 +1,34 @@
 """How each operation is spelled on each backend, and the Lua it needs.
 
-The Lua files are the repository's `lua/tb.lua` and `lua/eval/*.lua`,
-copied into the package when the wheel is built (hatch_build.py). This is
-the one place that knows their names: when the EVAL scripts change shape,
-only `EVAL_CALLS` below changes.
+This is the one place that knows the module's commands, the library's
+function names and the EVAL script's calling convention: the functions
+below turn an operation and its checked `(key, bucket, amount)` groups into
+the arguments of one Redis command. `_core` sends them and reads the
+replies (the replies are the same on every backend).
+
+The Lua files are the repository's `lua/tb.lua` and the EVAL script that
+`lua/gen_eval.py` generates from it, put into the package when the wheel is
+built (hatch_build.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Any, Literal
+
+from ._bucket import Bucket, KeyT, encode
 
 Op = Literal["consume", "peek", "adjust", "mconsume"]
+Args = tuple[Any, ...]
+Group = tuple[KeyT, Bucket, float]
+"""(key, bucket, cost or delta), checked."""
 
-# The module's commands.
+# ---- the module -----------------------------------------------------------
+
 COMMANDS: dict[Op, str] = {
     "consume": "TB.CONSUME",
     "peek": "TB.PEEK",
@@ -24,9 +36,19 @@ COMMANDS: dict[Op, str] = {
     "mconsume": "TB.MCONSUME",
 }
 
-# The Functions library (lua/tb.lua): function names; FCALL_RO for the
-# read-only one, so it also runs on replicas.
+
+def module_args(op: Op, groups: Sequence[Group]) -> Args:
+    """TB.<OP> key max rate amount [key max rate amount ...]"""
+    if len(groups) == 1:  # the common case, without the generator
+        key, bucket, amount = groups[0]
+        return (COMMANDS[op], key, *bucket._args, encode(amount))
+    return (COMMANDS[op], *(a for k, b, n in groups for a in (k, *b._args, encode(n))))
+
+
+# ---- the Functions library (lua/tb.lua) -------------------------------------
+
 LIBRARY_FILE = "tb.lua"
+# FCALL_RO for the read-only one, so it also runs on replicas.
 FUNCTIONS: dict[Op, tuple[str, str]] = {
     "consume": ("FCALL", "tb_consume"),
     "peek": ("FCALL_RO", "tb_peek"),
@@ -35,49 +57,67 @@ FUNCTIONS: dict[Op, tuple[str, str]] = {
 }
 
 
+def fcall_args(op: Op, groups: Sequence[Group]) -> Args:
+    """FCALL tb_<op> numkeys key... max rate amount ..."""
+    command, function = FUNCTIONS[op]
+    return (command, function, len(groups), *_keys(groups), *_limits(groups))
+
+
+# Lua takes keys and arguments apart: every key first, then one
+# `max rate amount` group per key, in the same order.
+
+
+def _keys(groups: Sequence[Group]) -> list[KeyT]:
+    return [k for k, _, _ in groups]
+
+
+def _limits(groups: Sequence[Group]) -> list[str]:
+    return [a for _, b, n in groups for a in (*b._args, encode(n))]
+
+
+# ---- the EVAL script (lua/gen_eval.py) ------------------------------------
+
+EVAL_FILE = "tb-eval.lua"
+
+
+def eval_args(op: Op, groups: Sequence[Group]) -> Args:
+    """What follows `EVALSHA <sha>` (or `EVAL <source>`): numkeys key...
+    <op> max rate amount ..., the operation named as in FCALL tb_<op>
+    (consume, peek, adjust, mconsume), then what that function takes.
+    Plain EVALSHA for peek too: EVALSHA_RO needs Redis 7, and Redis 6.2 is
+    what this backend is mostly for."""
+    return (len(groups), *_keys(groups), op, *_limits(groups))
+
+
+@dataclass(frozen=True)
+class Script:
+    source: bytes
+    sha: str
+
+
+@cache
+def eval_script() -> Script:
+    """The EVAL script and its SHA1, read on first use (so importing the
+    package never touches the files)."""
+    source = lua_source(EVAL_FILE)
+    return Script(source, hashlib.sha1(source).hexdigest())
+
+
+# ---- the packaged files -----------------------------------------------------
+
+
 class LuaMissing(RuntimeError):
     """The package was installed without its Lua files (not from a wheel or
     sdist built by its own build hook)."""
 
 
 @cache
-def lua_source(path: str) -> bytes:
-    """A packaged Lua file, `path` relative to the package's lua/ folder."""
+def lua_source(name: str) -> bytes:
+    """A packaged Lua file, from the package's lua/ folder."""
     try:
-        return resources.files(__package__).joinpath("lua", *path.split("/")).read_bytes()
+        return resources.files(__package__).joinpath("lua", name).read_bytes()
     except (FileNotFoundError, NotADirectoryError) as exc:
-        raise LuaMissing(f"redis_tokenbucket has no lua/{path}: install it from a built wheel") from exc
-
-
-@dataclass(frozen=True)
-class EvalCall:
-    """An operation through EVALSHA: the script (under lua/eval/) and any
-    arguments that go before the operation's own, ahead of ARGV."""
-
-    script: str
-    leading_args: tuple[str, ...] = ()
-    source: bytes = field(init=False, repr=False, compare=False, default=b"")
-    sha: str = field(init=False, repr=False, compare=False, default="")
-
-    def load(self) -> EvalCall:
-        """This call with its script read and hashed (read lazily, so that
-        importing the package never touches the files)."""
-        if not self.sha:
-            source = lua_source(f"eval/{self.script}")
-            object.__setattr__(self, "source", source)
-            object.__setattr__(self, "sha", hashlib.sha1(source).hexdigest())
-        return self
-
-
-# Operation -> EVAL script. Today one generated script per operation
-# (lua/gen_eval.py); a single dispatching script would be e.g.
-# EvalCall("tb.lua", ("consume",)) for each.
-EVAL_CALLS: dict[Op, EvalCall] = {
-    "consume": EvalCall("consume.lua"),
-    "peek": EvalCall("peek.lua"),
-    "adjust": EvalCall("adjust.lua"),
-    "mconsume": EvalCall("mconsume.lua"),
-}
+        raise LuaMissing(f"redis_tokenbucket has no lua/{name}: install it from a built wheel") from exc
 
 
 def library_source() -> bytes:

@@ -41,7 +41,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
 
     - ``backend``: force "module", "functions" or "eval"; by default the
       first call finds it (TB.* commands, else the Functions library,
-      loaded if missing, else the EVAL scripts), and again whenever a reply
+      loaded if missing, else the EVAL script), and again whenever a reply
       says it is gone.
     - ``timeout``: seconds a call may take, Redis round trips and backend
       detection included. A blocking client can't abandon a command, so a
