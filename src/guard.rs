@@ -1,12 +1,11 @@
 //! Panic containment. A panic unwinding into Redis would abort the server
 //! and drop every client and all unsaved data, so each handler runs inside
-//! `run`, which turns a panic into an error reply. The hook installed at
-//! load logs the panic through the Redis log first.
+//! `run` (through `ffi::handler!`), which turns a panic into an error
+//! reply. The hook installed at load logs the panic through the Redis log
+//! first.
 
-use crate::reply::{log_warning, reply_error};
+use crate::ffi::{log_warning, Ctx};
 use crate::stats;
-use redis_module::raw::RedisModuleCtx;
-use std::os::raw::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The reply a client gets when its command panicked.
@@ -23,18 +22,17 @@ pub fn install_panic_hook() {
 /// Runs a handler body. `Err(message)` becomes an error reply; so does a
 /// panic. Handlers reply only after all fallible work, so a panic can't
 /// leave a half-written reply behind.
-pub fn run(ctx: *mut RedisModuleCtx, body: impl FnOnce() -> Result<(), String>) -> c_int {
+pub fn run(ctx: &Ctx, body: impl FnOnce() -> Result<(), String>) {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => {}
         Ok(Err(message)) => {
             stats::ERRORS.incr();
-            reply_error(ctx, &message);
+            ctx.reply_error(&message);
         }
         Err(_) => {
             stats::ERRORS.incr();
             stats::PANICS.incr();
-            reply_error(ctx, PANIC_REPLY);
+            ctx.reply_error(PANIC_REPLY);
         }
     }
-    redis_module::raw::REDISMODULE_OK as c_int
 }

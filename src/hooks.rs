@@ -4,24 +4,26 @@
 //! test can prove a failed effect is reported, counted and never leaves a
 //! replica different from its primary.
 
-use crate::guard;
-use crate::keyspace::{Args, Step};
-use crate::reply::reply_int;
-use redis_module::raw::{RedisModuleCtx, RedisModuleString};
-use std::os::raw::c_int;
+use crate::ffi::{Args, Ctx};
+use crate::keyspace::Step;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use tb_core::args::Argv;
 
 /// The armed step, 0 for none. Commands run on Redis's main thread.
 static ARMED: AtomicU8 = AtomicU8::new(0);
 
+const STEPS: [(&[u8], Step); 4] = [
+    (b"hashset", Step::HashSet),
+    (b"expire", Step::Expire),
+    (b"delete", Step::Delete),
+    (b"replicate", Step::Replicate),
+];
+
 fn code(step: Step) -> u8 {
-    match step {
-        Step::HashSet => 1,
-        Step::Expire => 2,
-        Step::Delete => 3,
-        Step::Replicate => 4,
-    }
+    STEPS
+        .iter()
+        .position(|(_, s)| *s == step)
+        .map_or(0, |i| i as u8 + 1)
 }
 
 /// True, once, when `step` was armed: the caller then behaves as if the
@@ -33,35 +35,19 @@ pub fn injected(step: Step) -> bool {
 }
 
 /// `TB.PANIC`: panics inside a handler.
-pub extern "C" fn panic(
-    ctx: *mut RedisModuleCtx,
-    _argv: *mut *mut RedisModuleString,
-    _argc: c_int,
-) -> c_int {
-    guard::run(ctx, || panic!("TB.PANIC was called (test-hooks build)"))
+pub fn panic(_ctx: &Ctx, _args: &Args) -> Result<(), String> {
+    panic!("TB.PANIC was called (test-hooks build)")
 }
 
 /// `TB.FAULT hashset|expire|delete|replicate`: arms a one-shot failure;
 /// replies 1.
-pub extern "C" fn fault(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard::run(ctx, || {
-        let args = Args::new(argv, argc);
-        let step = match (
-            args.count(),
-            args.count().checked_sub(1).map(|i| args.arg(i)),
-        ) {
-            (2, Some(b"hashset")) => Step::HashSet,
-            (2, Some(b"expire")) => Step::Expire,
-            (2, Some(b"delete")) => Step::Delete,
-            (2, Some(b"replicate")) => Step::Replicate,
-            _ => return Err("ERR usage: TB.FAULT hashset|expire|delete|replicate".into()),
-        };
-        ARMED.store(code(step), Relaxed);
-        reply_int(ctx, 1);
-        Ok(())
-    })
+pub fn fault(ctx: &Ctx, args: &Args) -> Result<(), String> {
+    let step = STEPS
+        .iter()
+        .find(|(name, _)| args.count() == 2 && args.arg(1) == *name)
+        .map(|(_, step)| *step)
+        .ok_or("ERR usage: TB.FAULT hashset|expire|delete|replicate")?;
+    ARMED.store(code(step), Relaxed);
+    ctx.reply_int(1);
+    Ok(())
 }

@@ -1,57 +1,47 @@
 //! redis-tokenbucket: the `tb` Redis module. This file only registers
 //! things; each behaviour lives in the file named after it:
 //!
-//! * `registry`: the command table (flags, keys, ACL categories, docs) and
-//!   `command_info`, which hands the docs and key specs to the server;
-//! * `commands`: the TB.* handlers (open key, compute, write, replicate);
-//! * `keyspace`: bucket hashes through the key API, effects replication;
-//! * `reply`: replies and log lines;
-//! * `clock`: the server clock;
+//! * `registry`: the command table (flags, keys, ACL categories, docs);
+//! * `commands`: the TB.* handlers (open key, compute, write, reply);
+//! * `keyspace`: bucket hashes and effects replication;
+//! * `ffi`: the wall around the module API (function table, keys, strings,
+//!   replies, clock, registration), the one module allowed raw calls;
 //! * `guard`: panic containment;
 //! * `stats`: the `INFO tb` counters;
 //! * `hooks`: TB.PANIC and TB.FAULT, in `test-hooks` builds only;
 //! * `tb_core` (crate in `core/`): arithmetic, argument parsing, encoding.
 
-mod clock;
-mod command_info;
+// Raw calls live behind one wall: the compiler refuses them anywhere else.
+#![deny(unsafe_code)]
+
 mod commands;
+#[allow(unsafe_code)]
+mod ffi;
 mod guard;
 #[cfg(feature = "test-hooks")]
 mod hooks;
 mod keyspace;
 mod registry;
-mod reply;
 mod stats;
 
-use redis_module::raw;
 use redis_module::{redis_module, Context, RedisString, Status};
-use std::os::raw::c_int;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    if let Some(name) = keyspace::missing_api() {
-        ctx.log_warning(&format!("tb: this server lacks {name}; not loading"));
-        return Status::Err;
-    }
-    if let Some(name) = keyspace::missing_effect(ctx.ctx) {
-        ctx.log_warning(&format!(
-            "tb: this server has no {name} command (renamed or disabled by rename-command?); \
-             the module replicates every write as HSET, PEXPIREAT and DEL, so it will not load"
-        ));
+    let load = match ffi::Load::start(ctx) {
+        Ok(load) => load,
+        Err(e) => {
+            ctx.log_warning(&format!("tb: {e}; not loading"));
+            return Status::Err;
+        }
+    };
+    if let Err(e) = keyspace::init(&load) {
+        ctx.log_warning(&format!("tb: {e}"));
         return Status::Err;
     }
     guard::install_panic_hook();
-    // Writers open keys once, for writing, and signal a key as modified
-    // only when they change it (see `keyspace::BucketKey::open`).
-    if let Some(set) = unsafe { raw::RedisModule_SetModuleOptions } {
-        unsafe {
-            set(
-                ctx.ctx,
-                raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int,
-            )
-        };
-    }
+    load.no_implicit_signal_modified();
     for cmd in registry::COMMANDS {
-        if let Err(e) = registry::register(ctx, cmd) {
+        if let Err(e) = load.register(cmd) {
             ctx.log_warning(&e);
             return Status::Err;
         }

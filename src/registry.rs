@@ -1,5 +1,5 @@
 //! The command table: each TB command's name, handler, flags, keys, ACL
-//! categories and `COMMAND DOCS` text, and its registration.
+//! categories and `COMMAND DOCS` text.
 //!
 //! Keys are declared twice. `CreateCommand`'s (first, last, step) is what
 //! Redis 6.2 understands, and Redis turns it into a key spec with full
@@ -8,58 +8,19 @@
 //! key specs replace it: read-only access for TB.PEEK, read-write update
 //! for the writers.
 
-use crate::command_info;
 use crate::commands;
-use redis_module::raw::{self, RedisModuleCmdFunc};
-use redis_module::Context;
+use crate::ffi::{handler, ArgDoc, ArgKind, CommandDef, Docs};
 use std::ffi::CStr;
-use std::os::raw::c_int;
 
 /// The module's version, for `since` in the command docs.
-pub const SINCE: &CStr = c"0.1.0";
+const SINCE: &CStr =
+    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(s) => s,
+        Err(_) => c"0.0.0",
+    };
 
-/// One TB command.
-pub struct Command {
-    pub name: &'static CStr,
-    pub handler: RedisModuleCmdFunc,
-    pub flags: &'static CStr,
-    /// (first, last, step) for `CreateCommand`.
-    pub keys: (c_int, c_int, c_int),
-    /// ACL categories, set where the server supports them (>= 7.2).
-    pub acl: &'static CStr,
-    pub docs: Docs,
-}
-
-/// What `COMMAND DOCS` and `COMMAND INFO` show, and the key spec.
-pub struct Docs {
-    pub summary: &'static CStr,
-    pub complexity: &'static CStr,
-    /// TB.PEEK reads; the others read and update.
-    pub read_only: bool,
-    /// The key spec's range: (lastkey, keystep) from argument 1.
-    pub key_range: (c_int, c_int),
-    pub args: &'static [Arg],
-}
-
-/// One argument in the docs (redis-cli shows them as hints).
-pub struct Arg {
-    pub name: &'static CStr,
-    pub kind: ArgKind,
-    pub optional: bool,
-    /// Repeats (the groups of TB.MCONSUME).
-    pub multiple: bool,
-    pub subargs: &'static [Arg],
-}
-
-#[derive(Clone, Copy)]
-pub enum ArgKind {
-    Key,
-    Double,
-    Block,
-}
-
-const fn arg(name: &'static CStr, kind: ArgKind) -> Arg {
-    Arg {
+const fn arg(name: &'static CStr, kind: ArgKind) -> ArgDoc {
+    ArgDoc {
         name,
         kind,
         optional: false,
@@ -68,152 +29,118 @@ const fn arg(name: &'static CStr, kind: ArgKind) -> Arg {
     }
 }
 
-const KEY: Arg = arg(c"key", ArgKind::Key);
-const MAX: Arg = arg(c"max", ArgKind::Double);
-const RATE: Arg = arg(c"rate", ArgKind::Double);
-const COST: Arg = arg(c"cost", ArgKind::Double);
-const OPTIONAL_COST: Arg = Arg {
+const KEY: ArgDoc = arg(c"key", ArgKind::Key);
+const MAX: ArgDoc = arg(c"max", ArgKind::Double);
+const RATE: ArgDoc = arg(c"rate", ArgKind::Double);
+const COST: ArgDoc = arg(c"cost", ArgKind::Double);
+const OPTIONAL_COST: ArgDoc = ArgDoc {
     optional: true,
     ..arg(c"cost", ArgKind::Double)
 };
-const DELTA: Arg = arg(c"delta", ArgKind::Double);
+const DELTA: ArgDoc = arg(c"delta", ArgKind::Double);
 
-pub const COMMANDS: &[Command] = &[
-    Command {
+/// Docs of a command on one key (argument 1).
+const fn one_key(summary: &'static CStr, read_only: bool, args: &'static [ArgDoc]) -> Docs {
+    Docs {
+        summary,
+        complexity: c"O(1)",
+        since: SINCE,
+        read_only,
+        key_range: Some((0, 1)),
+        args,
+    }
+}
+
+pub const COMMANDS: &[CommandDef] = &[
+    CommandDef {
         name: c"tb.consume",
-        handler: Some(commands::consume),
+        handler: handler!(commands::consume),
         flags: c"write deny-oom fast",
         keys: (1, 1, 1),
         acl: c"write fast",
-        docs: Docs {
-            summary: c"Charges cost (default 1) to a token bucket if it holds that many tokens; replies [allowed, remaining, retry_after_ms, reset_after_ms].",
-            complexity: c"O(1)",
-            read_only: false,
-            key_range: (0, 1),
-            args: &[KEY, MAX, RATE, OPTIONAL_COST],
-        },
+        docs: one_key(
+            c"Charges cost (default 1) to a token bucket if it holds that many tokens; replies [allowed, remaining, retry_after_ms, reset_after_ms].",
+            false,
+            &[KEY, MAX, RATE, OPTIONAL_COST],
+        ),
     },
-    Command {
+    CommandDef {
         name: c"tb.peek",
-        handler: Some(commands::peek),
+        handler: handler!(commands::peek),
         flags: c"readonly fast",
         keys: (1, 1, 1),
         acl: c"read fast",
-        docs: Docs {
-            summary: c"Replies what TB.CONSUME would, without charging or writing anything.",
-            complexity: c"O(1)",
-            read_only: true,
-            key_range: (0, 1),
-            args: &[KEY, MAX, RATE, OPTIONAL_COST],
-        },
+        docs: one_key(
+            c"Replies what TB.CONSUME would, without charging or writing anything.",
+            true,
+            &[KEY, MAX, RATE, OPTIONAL_COST],
+        ),
     },
-    Command {
+    CommandDef {
         name: c"tb.mconsume",
-        handler: Some(commands::mconsume),
+        handler: handler!(commands::mconsume),
         flags: c"write deny-oom",
         keys: (1, -1, 4),
         acl: c"write",
         docs: Docs {
             summary: c"Charges several token buckets all-or-nothing; replies [allowed, retry_after_ms, bucket replies...].",
             complexity: c"O(N) where N is the number of buckets",
+            since: SINCE,
             read_only: false,
-            key_range: (-1, 4),
-            args: &[Arg {
+            key_range: Some((-1, 4)),
+            args: &[ArgDoc {
                 multiple: true,
                 subargs: &[KEY, MAX, RATE, COST],
                 ..arg(c"bucket", ArgKind::Block)
             }],
         },
     },
-    Command {
+    CommandDef {
         name: c"tb.adjust",
-        handler: Some(commands::adjust),
+        handler: handler!(commands::adjust),
         flags: c"write deny-oom fast",
         keys: (1, 1, 1),
         acl: c"write fast",
-        docs: Docs {
-            summary: c"Refunds (delta > 0) or charges (delta < 0, down to -max) a token bucket after the fact.",
-            complexity: c"O(1)",
-            read_only: false,
-            key_range: (0, 1),
-            args: &[KEY, MAX, RATE, DELTA],
-        },
+        docs: one_key(
+            c"Refunds (delta > 0) or charges (delta < 0, down to -max) a token bucket after the fact.",
+            false,
+            &[KEY, MAX, RATE, DELTA],
+        ),
     },
     #[cfg(feature = "test-hooks")]
-    Command {
-        name: c"tb.panic",
-        handler: Some(crate::hooks::panic),
-        flags: c"readonly",
-        keys: (0, 0, 0),
-        acl: c"read",
-        docs: Docs {
-            summary: c"Panics on purpose (test-hooks builds only).",
-            complexity: c"O(1)",
-            read_only: true,
-            key_range: (0, 0),
-            args: &[],
-        },
-    },
+    test_hook(
+        c"tb.panic",
+        handler!(crate::hooks::panic),
+        c"Panics on purpose (test-hooks builds only).",
+    ),
     #[cfg(feature = "test-hooks")]
-    Command {
-        name: c"tb.fault",
-        handler: Some(crate::hooks::fault),
-        flags: c"readonly",
-        keys: (0, 0, 0),
-        acl: c"read",
-        docs: Docs {
-            summary: c"Makes one step of the next write fail (test-hooks builds only).",
-            complexity: c"O(1)",
-            read_only: true,
-            key_range: (0, 0),
-            args: &[],
-        },
-    },
+    test_hook(
+        c"tb.fault",
+        handler!(crate::hooks::fault),
+        c"Makes one step of the next write fail (test-hooks builds only).",
+    ),
 ];
 
-/// Registers `cmd`, then sets its ACL categories and its docs and key
-/// specs where the server has those APIs (detected at runtime: 7.0 has
-/// no ACL category API, 6.2 neither, nor SetCommandInfo). Only a failed
-/// registration fails the load; the rest is logged, and a command whose
-/// key specs could not be set keeps the stricter full-access one.
-pub fn register(ctx: &Context, cmd: &Command) -> Result<(), String> {
-    let (first, last, step) = cmd.keys;
-    let created = unsafe {
-        raw::RedisModule_CreateCommand.map(|create| {
-            create(
-                ctx.ctx,
-                cmd.name.as_ptr(),
-                cmd.handler,
-                cmd.flags.as_ptr(),
-                first,
-                last,
-                step,
-            )
-        })
-    };
-    if created != Some(raw::REDISMODULE_OK as c_int) {
-        return Err(format!("tb: could not register {:?}", cmd.name));
+/// A keyless command of a test-hooks build.
+#[cfg(feature = "test-hooks")]
+const fn test_hook(
+    name: &'static CStr,
+    handler: crate::ffi::RawHandler,
+    summary: &'static CStr,
+) -> CommandDef {
+    CommandDef {
+        name,
+        handler,
+        flags: c"readonly",
+        keys: (0, 0, 0),
+        acl: c"read",
+        docs: Docs {
+            summary,
+            complexity: c"O(1)",
+            since: SINCE,
+            read_only: true,
+            key_range: None,
+            args: &[],
+        },
     }
-    let command = match unsafe { raw::RedisModule_GetCommand } {
-        Some(get) => unsafe { get(ctx.ctx, cmd.name.as_ptr()) },
-        None => return Ok(()),
-    };
-    if command.is_null() {
-        return Ok(());
-    }
-    if let Some(set) = unsafe { raw::RedisModule_SetCommandACLCategories } {
-        if unsafe { set(command, cmd.acl.as_ptr()) } != raw::REDISMODULE_OK as c_int {
-            ctx.log_warning(&format!(
-                "tb: could not set ACL categories of {:?}",
-                cmd.name
-            ));
-        }
-    }
-    if !command_info::set(command, &cmd.docs) {
-        ctx.log_warning(&format!(
-            "tb: could not set the key specs and docs of {:?}",
-            cmd.name
-        ));
-    }
-    Ok(())
 }

@@ -2,8 +2,11 @@
 //!
 //! * [`bucket`]: refill, consume, adjust and the reply times;
 //! * [`args`]: parsing and validation of command arguments;
-//! * [`state`]: the `tokens`/`ts` hash encoding;
+//! * [`state`]: the `tokens`/`ts` hash encoding, and the rule that reads a
+//!   key as a bucket;
 //! * [`number`]: the strict decimal grammar both of the above use.
+
+#![forbid(unsafe_code)]
 
 pub mod args;
 pub mod bucket;

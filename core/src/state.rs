@@ -38,6 +38,59 @@ impl StateError {
     }
 }
 
+/// Redis's own reply for a key of the wrong type, which the commands
+/// repeat word for word for a key that holds no hash.
+pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// What a key holds, as far as reading a bucket goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    Missing,
+    /// A hash of this many fields.
+    Hash(usize),
+    /// A string, list, set, ...: anything but a hash.
+    Other,
+}
+
+/// Why a key can't be read as a bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadError {
+    WrongType,
+    State(StateError),
+}
+
+impl LoadError {
+    /// The error reply. In TB.MCONSUME (`group` given) a state error names
+    /// its group; WRONGTYPE never does, since it is Redis's own text.
+    pub fn message(&self, group: Option<usize>) -> String {
+        match (self, group) {
+            (LoadError::WrongType, _) => WRONGTYPE.to_string(),
+            (LoadError::State(s), None) => s.message().to_string(),
+            (LoadError::State(s), Some(g)) => format!("{} (group {g})", s.message()),
+        }
+    }
+}
+
+/// A hash whose two bucket fields can be read, however it is stored (a key
+/// in Redis, a test's map).
+pub trait BucketFields {
+    /// Calls `f` with the values of `tokens` and `ts` (`None`: absent).
+    fn with_fields<R>(&self, f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R) -> R;
+}
+
+/// Reads a key as a bucket, by the one rule every form follows: a missing
+/// key is a full bucket (`None`); anything but a hash is WRONGTYPE; a hash
+/// must hold exactly the two fields, and both must decode. Only a hash of
+/// two fields is read.
+pub fn load(kind: KeyKind, hash: &impl BucketFields) -> Result<Option<Stored>, LoadError> {
+    match kind {
+        KeyKind::Missing => Ok(None),
+        KeyKind::Other => Err(LoadError::WrongType),
+        KeyKind::Hash(2) => hash.with_fields(decode).map(Some).map_err(LoadError::State),
+        KeyKind::Hash(_) => Err(LoadError::State(StateError::Fields)),
+    }
+}
+
 /// Decodes the two fields of a bucket hash. `None` means the field is absent.
 pub fn decode(tokens: Option<&[u8]>, ts: Option<&[u8]>) -> Result<Stored, StateError> {
     let (tokens, ts) = match (tokens, ts) {
@@ -404,6 +457,53 @@ mod tests {
                 .tokens,
             1e-5
         );
+    }
+
+    /// A hash as a test holds it.
+    struct Map<'a>(&'a [(&'a str, &'a str)]);
+
+    impl BucketFields for Map<'_> {
+        fn with_fields<R>(&self, f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R) -> R {
+            let get = |name: &str| {
+                self.0
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.as_bytes())
+            };
+            f(get(TOKENS_FIELD), get(TS_FIELD))
+        }
+    }
+
+    #[test]
+    fn load_follows_the_one_rule() {
+        let fine = Map(&[("tokens", "2.5"), ("ts", "7")]);
+        assert_eq!(load(KeyKind::Missing, &fine), Ok(None));
+        assert_eq!(
+            load(KeyKind::Hash(2), &fine),
+            Ok(Some(Stored {
+                tokens: 2.5,
+                ts_us: 7
+            }))
+        );
+        assert_eq!(load(KeyKind::Other, &fine), Err(LoadError::WrongType));
+        let three = Map(&[("tokens", "1"), ("ts", "1"), ("x", "1")]);
+        assert_eq!(
+            load(KeyKind::Hash(3), &three),
+            Err(LoadError::State(StateError::Fields))
+        );
+        let renamed = Map(&[("tokens", "1"), ("t", "1")]);
+        assert_eq!(
+            load(KeyKind::Hash(2), &renamed),
+            Err(LoadError::State(StateError::Fields))
+        );
+        let nan = Map(&[("tokens", "nan"), ("ts", "1")]);
+        let e = load(KeyKind::Hash(2), &nan).unwrap_err();
+        assert_eq!(e.message(None), StateError::Tokens.message());
+        assert_eq!(
+            e.message(Some(2)),
+            format!("{} (group 2)", StateError::Tokens.message())
+        );
+        assert_eq!(LoadError::WrongType.message(Some(2)), WRONGTYPE);
     }
 
     #[test]
