@@ -18,48 +18,26 @@ NEW=$(realpath "$2")
 ROUNDS=${3:-5}
 N=${COMPARE_N:-400000}
 
-if [ "$(nproc)" -ge 2 ]; then SRV=(taskset -c 0); CLI=(taskset -c 1); else SRV=(); CLI=(); fi
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/tb-compare.XXXXXX")
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+SERVER=redis-server
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_workdir tb-compare
 
 declare -A PORTS SPIDS
 for build in old new; do
   src=$OLD
   [ "$build" = new ] && src=$NEW
   cp "$src" "$WORK/$build.so"
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  mkdir -p "$WORK/$build"
-  "${SRV[@]}" redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
-    --dir "$WORK/$build" --logfile "$WORK/$build/server.log" \
-    --loadmodule "$WORK/$build.so" >/dev/null 2>&1 &
-  PIDS+=($!)
-  SPIDS[$build]=$!
-  for _ in $(seq 100); do
-    redis-cli -p "$port" PING 2>/dev/null | grep -q PONG && break
-    sleep 0.1
-  done
-  PORTS[$build]=$port
+  MODULE=$WORK/$build.so start_server "$build"
+  PORTS[$build]=$PORT
+  SPIDS[$build]=${PIDS[-1]}
 done
 
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-TICK=$(getconf CLK_TCK)
-
-rps() { # build range cmd...: "ops/s server-cpu-seconds"
-  local build=$1 range=$2 t0 t1 ops
+# measure BUILD RANGE CMD...: "ops/s server-cpu-seconds" at -P 16.
+measure() {
+  local build=$1 range=$2
   shift 2
-  t0=$(ticks "${SPIDS[$build]}")
-  ops=$("${CLI[@]}" redis-benchmark -h 127.0.0.1 -p "${PORTS[$build]}" -c 50 -P 16 \
-    -r "$range" -n "$N" --csv "$@" | awk -F'"' 'NR == 2 { print $4 }')
-  t1=$(ticks "${SPIDS[$build]}")
-  echo "$ops $(python3 -c "print(($t1 - $t0) / $TICK)")"
+  PORT=${PORTS[$build]} SERVER_PID=${SPIDS[$build]} RANGE=$range rps 16 "$N" "$@"
 }
 
 RES=$WORK/results
@@ -71,17 +49,16 @@ for round in $(seq "$ROUNDS"); do
       case $case in
         new-keys)
           redis-cli -p "$p" FLUSHALL >/dev/null
-          v=$(rps "$build" 1000000 TB.CONSUME rl:__rand_int__ 1000000 0.001 1)
+          v=$(measure "$build" 1000000 TB.CONSUME rl:__rand_int__ 1000000 0.001 1)
           ;;
         existing)
           redis-cli -p "$p" FLUSHALL >/dev/null
-          python3 "$(dirname "$0")/gen.py" tbbig 10000 'rl:%012d' |
-            redis-cli -p "$p" --pipe >/dev/null
-          v=$(rps "$build" 10000 TB.CONSUME rl:__rand_int__ 1000000 0.001 1)
+          PORT=$p pipe_in tbbig 10000 'rl:%012d'
+          v=$(measure "$build" 10000 TB.CONSUME rl:__rand_int__ 1000000 0.001 1)
           ;;
         denied)
           redis-cli -p "$p" TB.CONSUME rl:hot 1 0.0001 1 >/dev/null
-          v=$(rps "$build" 1 TB.CONSUME rl:hot 1 0.0001 1)
+          v=$(measure "$build" 1 TB.CONSUME rl:hot 1 0.0001 1)
           ;;
       esac
       read -r ops cpu <<<"$v"

@@ -32,29 +32,9 @@ for tool in "$SERVER" redis-cli redis-benchmark python3; do
   command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 1; }
 done
 
-# Server on the first core, redis-benchmark on the second, so they do not
-# share a core (with one core, nothing is pinned).
-if [ "$(nproc)" -ge 2 ]; then
-  SRV=(taskset -c 0)
-  CLI=(taskset -c 1)
-else
-  SRV=()
-  CLI=()
-fi
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/tb-bench.XXXXXX")
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do
-    kill "$pid" 2>/dev/null || true
-  done
-  for pid in "${PIDS[@]}"; do
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+bench_workdir tb-bench
 # A private copy, so a rebuild during the run cannot change what is measured.
 cp "$MODULE" "$WORK/tb.so"
 MODULE=$WORK/tb.so
@@ -62,31 +42,6 @@ MODULE=$WORK/tb.so
 mkdir -p "$OUT"
 : >"$RESULTS"
 record() { printf '%s\n' "$(IFS=$'\t'; echo "$*")" >>"$RESULTS"; }
-
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# start_server NAME [server args...]: sets PORT; the server's pid goes to PIDS.
-# Waits for PING (valgrind'ed servers take a few seconds).
-start_server() {
-  local name=$1
-  shift
-  PORT=$(free_port)
-  mkdir -p "$WORK/$name"
-  "${SRV[@]}" ${WRAP:-} "$SERVER" --bind 127.0.0.1 --port "$PORT" --save '' \
-    --appendonly no --dir "$WORK/$name" --logfile "$WORK/$name/server.log" \
-    --loadmodule "$MODULE" "$@" >"$WORK/$name/stdout.log" 2>&1 &
-  PIDS+=($!)
-  for _ in $(seq 600); do
-    redis-cli -p "$PORT" PING 2>/dev/null | grep -q PONG && return 0
-    kill -0 "${PIDS[-1]}" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "bench: server $name did not start; log:" >&2
-  cat "$WORK/$name/server.log" >&2 || true
-  exit 1
-}
 
 # stop_server PORT PID: SHUTDOWN and wait for the process to end.
 stop_server() {
@@ -100,40 +55,7 @@ load_lua() {
   [ -f "$LUA" ] && rc -x FUNCTION LOAD REPLACE <"$LUA" >/dev/null
 }
 
-# pipe_in KIND COUNT KEYFMT: creates COUNT buckets through redis-cli --pipe.
-pipe_in() {
-  local out
-  out=$(python3 bench/gen.py "$@" | redis-cli -p "$PORT" --pipe 2>&1)
-  if ! grep -q "errors: 0," <<<"$out"; then
-    echo "bench: redis-cli --pipe failed: $out" >&2
-    exit 1
-  fi
-}
-
 n() { python3 -c "print(max(1000, int($1 * $SCALE)))"; }
-
-# rps P N CMD...: ops/s of one redis-benchmark run (50 clients, random keys)
-# and the server's CPU seconds meanwhile (SERVER_PID; empty if unknown).
-# Other processes on a shared machine take turns on the server's core, so
-# ops per server CPU second is the steadier figure; ops/s is what the
-# targets use.
-TICK=$(getconf CLK_TCK)
-server_ticks() {
-  [ -n "${SERVER_PID:-}" ] && awk '{ print $14 + $15 }' "/proc/$SERVER_PID/stat" 2>/dev/null || echo ""
-}
-rps() {
-  local p=$1 count=$2 t0 t1 ops
-  shift 2
-  t0=$(server_ticks)
-  ops=$("${CLI[@]}" redis-benchmark -h 127.0.0.1 -p "$PORT" -c 50 -P "$p" -r "${RANGE:-1000000}" \
-    -n "$count" --csv "$@" | awk -F'"' 'NR == 2 { print $4 }')
-  t1=$(server_ticks)
-  if [ -n "$t0" ] && [ -n "$t1" ]; then
-    echo "$ops $(python3 -c "print(($t1 - $t0) / $TICK)")"
-  else
-    echo "$ops"
-  fi
-}
 
 # Throughput cases: name, requests at -P 16, requests at -P 1, setup, command.
 # Counts are sized for about 3 s per run on the reference machine.
