@@ -5,13 +5,15 @@ bucket, refunded on denial) or in one slot (one atomic call)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 from conftest import SLOW, Pool, Target, calls, clean, run
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.cluster import RedisCluster
-from tbservers import Cluster
+from redis.cluster import ClusterNode, RedisCluster
+from tbservers import Cluster, free_port
 
 import redis_tokenbucket.asyncio as tb_asyncio
 from redis_tokenbucket import Bucket, CrossSlotError, Limiter, hash_tagged
@@ -33,6 +35,10 @@ def rc(cluster: Cluster) -> Iterator[RedisCluster]:
     client = RedisCluster(host="127.0.0.1", port=cluster.port)
     yield client
     client.close()
+
+
+def dead_port() -> int:
+    return free_port()  # nothing listens there
 
 
 def backend(cluster: Cluster) -> str:
@@ -148,6 +154,49 @@ def test_one_round_trip_per_call_on_the_library(pool: Pool):
     # One more FCALL: the first after clean() found no library, loaded it and retried.
     assert sum(everywhere(cluster, "fcall", "fcall_ro")) == 30 + 1 + 10
     assert sum(everywhere(cluster, "command|getkeys")) == 0
+
+
+def test_a_node_gone_under_a_routed_call(pool: Pool):
+    """The node an FCALL was sent to doesn't answer (a failover): redis-py
+    retries only calls it routed itself, so the limiter sends it again
+    without a node, and redis-py finds the key's node on a fresh slot map."""
+    cluster = pool.cluster(module=False)
+    gone = ("127.0.0.1", dead_port())
+    key = "rl:user:failover"
+
+    def route_once_to(client: Any, node: Any) -> list[Any]:
+        real, routed = client.get_node_from_key, []
+
+        def get_node_from_key(k: Any, *args: Any) -> Any:
+            routed.append(k)
+            return node if len(routed) == 1 else real(k, *args)
+
+        client.get_node_from_key = get_node_from_key
+        return routed
+
+    async def asyncio_call() -> tuple[int, list[Any]]:
+        client = AsyncRedisCluster(host="127.0.0.1", port=cluster.port)
+        try:
+            lim = tb_asyncio.Limiter(client, backend="functions")
+            await lim.consume(key, USER)  # the slot map and the library
+            routed = route_once_to(client, AsyncClusterNode(*gone, server_type="primary"))
+            return (await lim.consume(key, USER)).remaining, routed
+        finally:
+            await client.aclose()
+
+    for node in cluster.nodes:
+        clean(node)
+    with RedisCluster(host="127.0.0.1", port=cluster.port) as rc:
+        lim = Limiter(rc, backend="functions")
+        lim.consume(key, USER)
+        routed = route_once_to(rc, ClusterNode(*gone, server_type="primary"))
+        assert lim.consume(key, USER).remaining == 1
+        assert routed == [key]  # one routed try; the retry was redis-py's to route
+    remaining, routed = run(asyncio_call())
+    assert remaining == 0 and routed == [key]
+    # Each limiter: the first call (the first of all found no library, loaded
+    # it and ran again), then the retried one; the routed tries met a dead port.
+    assert sum(everywhere(cluster, "fcall")) == 2 + 1 + 2
 
 
 def test_a_single_node_always_takes_one_call(module_target: Target):
