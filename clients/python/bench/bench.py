@@ -61,7 +61,7 @@ def stub_limiter() -> Limiter:
     """A Limiter whose connection is a stub that always admits."""
     lim = Limiter(redis.Redis(), backend="module")
     reply = [1, 5, 0, 0]
-    lim._execute = lambda *args: reply
+    lim._execute = lambda command: reply
     return lim
 
 
@@ -143,7 +143,7 @@ def client_work() -> tuple[float, float]:
     sync = (time.perf_counter() - start) / n * 1e6
 
     async def main() -> float:
-        async def execute(*args: Any) -> list[int]:
+        async def execute(command: Any) -> list[int]:
             return reply
 
         alim = tb_asyncio.Limiter(redis.asyncio.Redis(), backend="module")

@@ -3,9 +3,9 @@
 Each operation is written once, as a plan: a generator that yields the
 Redis commands to send and receives their replies (or has their errors
 thrown in). The sync Limiter runs a plan with blocking calls, the asyncio
-one with awaits; neither knows what the commands are. Backend detection,
-the Cluster fallback, the denial cache and the failure policy all live
-here.
+one with awaits; neither knows what the commands are. Argument checks,
+backend detection, Cluster routing and the Cluster fallback, the denial
+cache and the failure policy all live here.
 """
 
 from __future__ import annotations
@@ -32,7 +32,19 @@ log = logging.getLogger("redis_tokenbucket")
 
 T = TypeVar("T")
 C = TypeVar("C")
-Plan = Generator[Args, Any, T]
+
+
+class ToNode:
+    """A command for the Cluster node the plan chose (`Engine._to_key_node`)."""
+
+    __slots__ = ("args", "node")
+
+    def __init__(self, args: Args, node: Any) -> None:
+        self.args, self.node = args, node
+
+
+Command = Union[Args, ToNode]
+Plan = Generator[Command, Any, T]
 """Yields commands, receives replies, returns the result."""
 
 BackendName = Literal["module", "functions", "eval"]
@@ -85,11 +97,14 @@ class Engine:
     on first use, and again when a reply says it is gone (a failover to a
     node without the module, FUNCTION FLUSH, a restart)."""
 
-    def __init__(self, forced: Optional[BackendName]) -> None:
+    def __init__(self, forced: Optional[BackendName], cluster: Any = None) -> None:
         if forced is not None and forced not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (or None to detect it)")
         self.forced = forced
         self.backend: Optional[BackendName] = forced
+        # A cluster client (sync or asyncio), to send each FCALL to its key's node.
+        self._cluster = cluster
+        self._retryable: tuple[type[Exception], ...] = cluster.ERRORS_ALLOW_RETRY if cluster is not None else ()
 
     def call(self, op: Op, groups: Sequence[Group]) -> Plan[Any]:
         backend = self.backend
@@ -126,12 +141,12 @@ class Engine:
                     raise _Unavailable(backend, exc) from exc
                 raise
         if backend == "functions":
-            return (yield from self._fcall(fcall_args(op, groups)))
+            return (yield from self._fcall(fcall_args(op, groups), groups[0][0]))
         return (yield from self._eval(eval_args(op, groups)))
 
-    def _fcall(self, args: Args) -> Plan[Any]:
+    def _fcall(self, args: Args, key: KeyT) -> Plan[Any]:
         try:
-            return (yield args)
+            return (yield from self._to_key_node(args, key))
         except Exception as exc:
             if refused(exc):
                 raise _Unavailable("functions", exc) from exc
@@ -145,7 +160,30 @@ class Engine:
             # Refused (Redis 6.2, an ACL without FUNCTION, a managed service
             # that disables it): the EVAL script needs no loading.
             raise _Unavailable("functions", exc) from exc
-        return (yield args)
+        return (yield from self._to_key_node(args, key))
+
+    def _to_key_node(self, args: Args, key: KeyT) -> Plan[Any]:
+        """Sends an FCALL, on a cluster client straight to the node of its
+        first key. Left to itself, redis-py asks a server which arguments
+        of an FCALL are keys (COMMAND GETKEYS) before each one: a second
+        round trip per call. (TB.* and EVALSHA it parses itself.)"""
+        node = self._node_of(key)
+        if node is None:
+            return (yield args)
+        try:
+            return (yield ToNode(args, node))
+        except self._retryable:
+            # redis-py retries these on a fresh slot map, but not for a
+            # node given to it: let it.
+            return (yield args)
+
+    def _node_of(self, key: KeyT) -> Any:
+        if self._cluster is None:
+            return None
+        try:
+            return self._cluster.get_node_from_key(key)
+        except Exception:  # no slot map yet: let redis-py find it
+            return None
 
     def _eval(self, tail: Args) -> Plan[Any]:
         script = eval_script()
@@ -186,20 +224,23 @@ class ManyRequest:
 
 
 class Job(Generic[T]):
-    """One call, ready to run: its plan, the failure policy's answer
-    instead (given allowed), and the request (for a log line). `done` is
-    set when it needs no round trip (a cached denial)."""
+    """One call, ready to run: its plan, or `done`, its answer when it needs
+    no round trip (a cached denial); its timeout and failure policy; the
+    policy's answer instead (given allowed); and the request (for a log
+    line)."""
 
-    __slots__ = ("degraded", "done", "plan", "req")
+    __slots__ = ("degraded", "done", "on_error", "plan", "req", "timeout")
 
     def __init__(
         self,
         plan: Optional[Plan[T]],
+        done: Optional[T],
         degraded: Callable[[Any, bool], T],
         req: Union[OneRequest, ManyRequest, str],
-        done: Optional[T] = None,
+        options: tuple[Optional[float], OnError],
     ) -> None:
-        self.plan, self.degraded, self.req, self.done = plan, degraded, req, done
+        self.plan, self.done, self.degraded, self.req = plan, done, degraded, req
+        self.timeout, self.on_error = options
 
     def fallback(self, allowed: bool) -> T:
         return self.degraded(self.req, allowed)
@@ -242,7 +283,8 @@ class _ErrorLog:
 
 class LimiterBase(Generic[C]):
     """State and plans shared by `Limiter` and `asyncio.Limiter`; they add
-    only the I/O (`_run`) and the public methods' signatures."""
+    only the I/O (`_run`, which runs a Job's plan through `_execute`) and
+    the public methods' signatures."""
 
     def __init__(
         self,
@@ -256,8 +298,8 @@ class LimiterBase(Generic[C]):
         self.client = client
         self._cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
         # Made once: the hot path calls it directly.
-        self._execute = self._executor()
-        self._engine = Engine(backend)
+        self._execute = self._sender()
+        self._engine = Engine(backend, client if self._cluster else None)
         self.timeout = _check_timeout(timeout)
         self.on_error = _check_on_error(on_error)
         if isinstance(denial_cache, DenialCache):
@@ -309,23 +351,18 @@ class LimiterBase(Generic[C]):
             )
         return ManyRequest(tuple(checked), each=split or atomic is False)
 
-    def _executor(self) -> Callable[..., Any]:
-        """What sends a command: the client's execute_command; the limiters
-        wrap it for cluster clients (see `_fcall_node`)."""
+    def _sender(self) -> Callable[[Command], Any]:
+        """What sends a command a plan yields. It returns what the client's
+        execute_command returns (the reply, or from a redis.asyncio client
+        an awaitable of it), so one sender serves both limiters."""
         execute: Callable[..., Any] = self.client.execute_command  # type: ignore[attr-defined]
-        return execute
 
-    def _fcall_node(self, args: Args) -> Any:
-        """For a cluster client, the node of an FCALL's first key. Without
-        it redis-py asks a server which arguments are keys (COMMAND
-        GETKEYS) before every FCALL, whose keys it calls "movable": a
-        second round trip per call. (TB.* and EVALSHA it parses itself.)"""
-        if not self._cluster or not args[0].startswith("FCALL") or not args[2]:
-            return None
-        try:
-            return self.client.get_node_from_key(args[3])  # type: ignore[attr-defined]
-        except Exception:  # no slot map yet: let redis-py find it
-            return None
+        def send(command: Command) -> Any:
+            if isinstance(command, ToNode):
+                return execute(*command.args, target_nodes=command.node)
+            return execute(*command)
+
+        return send
 
     def _slot(self, key: KeyT) -> int:
         slot: int = self.client.keyslot(key)  # type: ignore[attr-defined]
@@ -339,23 +376,29 @@ class LimiterBase(Generic[C]):
 
     # ---- jobs: what the public methods run --------------------------------
 
-    def _job_one(self, op: Op, key: KeyT, bucket: Bucket, amount: Any) -> Job[Decision]:
+    def _job_one(
+        self, op: Op, key: KeyT, bucket: Bucket, amount: Any, timeout: Optional[float], on_error: Optional[OnError]
+    ) -> Job[Decision]:
         req = self._check_one(op, key, bucket, amount)
+        options = self._options(timeout, on_error)
         if self.denial_cache is not None:
             cached = self._cached_one(req)
             if cached is not None:
-                return Job(None, _degraded_one, req, cached)
-        return Job(self._plan_one(req), _degraded_one, req)
+                return Job(None, cached, _degraded_one, req, options)
+        return Job(self._plan_one(req), None, _degraded_one, req, options)
 
-    def _job_many(self, groups: Iterable[GroupIn], atomic: Optional[bool]) -> Job[MultiDecision]:
+    def _job_many(
+        self, groups: Iterable[GroupIn], atomic: Optional[bool], timeout: Optional[float], on_error: Optional[OnError]
+    ) -> Job[MultiDecision]:
         req = self._check_many(groups, atomic)
+        options = self._options(timeout, on_error)
         cached = self._cached_many(req)
         if cached is not None:
-            return Job(None, _degraded_many, req, cached)
-        return Job(self._plan_many(req), _degraded_many, req)
+            return Job(None, cached, _degraded_many, req, options)
+        return Job(self._plan_many(req), None, _degraded_many, req, options)
 
-    def _job_detect(self, probe_key: KeyT) -> Job[str]:
-        return Job(self._plan_detect(probe_key), _no_degraded_answer, "detect")
+    def _job_detect(self, probe_key: KeyT, timeout: Optional[float]) -> Job[str]:
+        return Job(self._plan_detect(probe_key), None, _no_degraded_answer, "detect", self._options(timeout, "raise"))
 
     # ---- plans -----------------------------------------------------------
 
@@ -436,12 +479,12 @@ class LimiterBase(Generic[C]):
 
     # ---- the failure policy ----------------------------------------------
 
-    def _failed(self, exc: Exception, on_error: OnError, job: Job[T]) -> T:
-        """Re-raises, or answers for Redis as the policy says, logged."""
-        if on_error == "raise" or not isinstance(exc, FAILURES):
+    def _failed(self, exc: Exception, job: Job[T]) -> T:
+        """Re-raises, or answers for Redis as the job's policy says, logged."""
+        if job.on_error == "raise" or not isinstance(exc, FAILURES):
             raise exc
-        self._errors.report(exc, on_error, job.what)
-        return job.fallback(on_error == "open")
+        self._errors.report(exc, job.on_error, job.what)
+        return job.fallback(job.on_error == "open")
 
 
 def _degraded_one(req: OneRequest, allowed: bool) -> Decision:

@@ -11,24 +11,24 @@ from redis import Redis
 from redis.cluster import RedisCluster
 
 from ._bucket import Bucket, KeyT
-from ._core import PROBE_KEY, GroupIn, Job, LimiterBase, OnError, Plan
+from ._core import PROBE_KEY, Command, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
 
 T = TypeVar("T")
 _POOL_LOCK = threading.Lock()
 
 
-def drive(plan: Plan[T], execute: Callable[..., Any]) -> T:
+def drive(plan: Plan[T], execute: Callable[[Command], Any]) -> T:
     """Runs a plan with blocking calls."""
     try:
-        args = next(plan)
+        command = next(plan)
         while True:
             try:
-                reply = execute(*args)
+                reply = execute(command)
             except Exception as exc:  # the plan decides what an error means
-                args = plan.throw(exc)
+                command = plan.throw(exc)
             else:
-                args = plan.send(reply)
+                command = plan.send(reply)
     except StopIteration as done:
         result: T = done.value
         return result
@@ -67,7 +67,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """Charges `cost` tokens if the bucket holds them (TB.CONSUME)."""
-        return self._run(self._job_one("consume", key, bucket, cost), timeout, on_error)
+        return self._run(self._job_one("consume", key, bucket, cost, timeout, on_error))
 
     def peek(
         self,
@@ -79,7 +79,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """What `consume` would answer, without charging (TB.PEEK)."""
-        return self._run(self._job_one("peek", key, bucket, cost), timeout, on_error)
+        return self._run(self._job_one("peek", key, bucket, cost, timeout, on_error))
 
     def adjust(
         self,
@@ -92,7 +92,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     ) -> Decision:
         """Refunds (delta > 0) or charges without asking (delta < 0, down
         to a debt of -max) (TB.ADJUST)."""
-        return self._run(self._job_one("adjust", key, bucket, delta), timeout, on_error)
+        return self._run(self._job_one("adjust", key, bucket, delta, timeout, on_error))
 
     def consume_many(
         self,
@@ -110,47 +110,29 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         not atomic. ``atomic=True`` raises CrossSlotError instead;
         ``atomic=False`` always goes bucket by bucket.
         """
-        return self._run(self._job_many(groups, atomic), timeout, on_error)
+        return self._run(self._job_many(groups, atomic, timeout, on_error))
 
     def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
         """Finds the backend now with a read-only TB.PEEK of `probe_key`
         (readiness checks); raises if Redis can't serve any."""
-        return self._run(self._job_detect(probe_key), timeout, "raise")
+        return self._run(self._job_detect(probe_key, timeout))
 
-    def _executor(self) -> Callable[..., Any]:
-        plain = super()._executor()
-        if not self._cluster:
-            return plain
-        retryable = self.client.ERRORS_ALLOW_RETRY  # type: ignore[union-attr]
-
-        def execute(*args: Any) -> Any:
-            node = self._fcall_node(args)
-            if node is None:
-                return plain(*args)
-            try:
-                return plain(*args, target_nodes=node)
-            except retryable:
-                # redis-py retries these on a fresh slot map, but not for a
-                # node given to it: let it.
-                return plain(*args)
-
-        return execute
-
-    def _run(self, job: Job[T], timeout: Optional[float], on_error: Optional[OnError]) -> T:
-        if job.done is not None or job.plan is None:
+    def _run(self, job: Job[T]) -> T:
+        if job.plan is None:
             return cast(T, job.done)  # answered without a round trip
-        timeout, policy = self._options(timeout, on_error)
         try:
-            if timeout is None:
+            if job.timeout is None:
                 return drive(job.plan, self._execute)
+            # A blocking command can't be abandoned: run it on a helper
+            # thread and stop waiting for it.
             future = self._helper().submit(drive, job.plan, self._execute)
             try:
-                return future.result(timeout)
+                return future.result(job.timeout)
             except concurrent.futures.TimeoutError:
                 future.cancel()
-                raise TimeoutError(f"no answer from Redis within {timeout} s") from None
+                raise TimeoutError(f"no answer from Redis within {job.timeout} s") from None
         except Exception as exc:
-            return self._failed(exc, policy, job)
+            return self._failed(exc, job)
 
     def _helper(self) -> concurrent.futures.ThreadPoolExecutor:
         with _POOL_LOCK:

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from ._bucket import Bucket, KeyT
-from ._core import PROBE_KEY, GroupIn, Job, LimiterBase, OnError, Plan
+from ._core import PROBE_KEY, Command, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
 
 __all__ = ["Limiter"]
@@ -22,17 +22,17 @@ __all__ = ["Limiter"]
 T = TypeVar("T")
 
 
-async def drive(plan: Plan[T], execute: Callable[..., Any]) -> T:
+async def drive(plan: Plan[T], execute: Callable[[Command], Any]) -> T:
     """Runs a plan with awaited calls."""
     try:
-        args = next(plan)
+        command = next(plan)
         while True:
             try:
-                reply = await execute(*args)
+                reply = await execute(command)
             except Exception as exc:  # the plan decides what an error means
-                args = plan.throw(exc)
+                command = plan.throw(exc)
             else:
-                args = plan.send(reply)
+                command = plan.send(reply)
     except StopIteration as done:
         result: T = done.value
         return result
@@ -53,7 +53,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """Charges `cost` tokens if the bucket holds them (TB.CONSUME)."""
-        return await self._run(self._job_one("consume", key, bucket, cost), timeout, on_error)
+        return await self._run(self._job_one("consume", key, bucket, cost, timeout, on_error))
 
     async def peek(
         self,
@@ -65,7 +65,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """What `consume` would answer, without charging (TB.PEEK)."""
-        return await self._run(self._job_one("peek", key, bucket, cost), timeout, on_error)
+        return await self._run(self._job_one("peek", key, bucket, cost, timeout, on_error))
 
     async def adjust(
         self,
@@ -78,7 +78,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     ) -> Decision:
         """Refunds (delta > 0) or charges without asking (delta < 0, down
         to a debt of -max) (TB.ADJUST)."""
-        return await self._run(self._job_one("adjust", key, bucket, delta), timeout, on_error)
+        return await self._run(self._job_one("adjust", key, bucket, delta, timeout, on_error))
 
     async def consume_many(
         self,
@@ -90,38 +90,19 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     ) -> MultiDecision:
         """Charges every `(key, bucket, cost)` or none (TB.MCONSUME); see
         ``redis_tokenbucket.Limiter.consume_many`` for Cluster slots."""
-        return await self._run(self._job_many(groups, atomic), timeout, on_error)
+        return await self._run(self._job_many(groups, atomic, timeout, on_error))
 
     async def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
         """Finds the backend now with a read-only TB.PEEK of `probe_key`
         (readiness checks); raises if Redis can't serve any."""
-        return await self._run(self._job_detect(probe_key), timeout, "raise")
+        return await self._run(self._job_detect(probe_key, timeout))
 
-    def _executor(self) -> Callable[..., Any]:
-        plain = super()._executor()
-        if not self._cluster:
-            return plain
-        retryable = self.client.ERRORS_ALLOW_RETRY  # type: ignore[union-attr]
-
-        async def execute(*args: Any) -> Any:
-            node = self._fcall_node(args)
-            if node is None:
-                return await plain(*args)
-            try:
-                return await plain(*args, target_nodes=node)
-            except retryable:
-                # As in the sync Limiter: redis-py's own retry, on a fresh slot map.
-                return await plain(*args)
-
-        return execute
-
-    async def _run(self, job: Job[T], timeout: Optional[float], on_error: Optional[OnError]) -> T:
-        if job.done is not None or job.plan is None:
+    async def _run(self, job: Job[T]) -> T:
+        if job.plan is None:
             return cast(T, job.done)  # answered without a round trip
-        timeout, policy = self._options(timeout, on_error)
         try:
-            if timeout is None:
+            if job.timeout is None:
                 return await drive(job.plan, self._execute)
-            return await asyncio.wait_for(drive(job.plan, self._execute), timeout)
+            return await asyncio.wait_for(drive(job.plan, self._execute), job.timeout)
         except Exception as exc:
-            return self._failed(exc, policy, job)
+            return self._failed(exc, job)
