@@ -152,11 +152,71 @@ fn number(bytes: &[u8], arg: Arg, group: Option<usize>) -> Result<f64, ArgError>
 
 /// `max` and `rate` at `argv[i]`, `argv[i + 1]`.
 fn limits(argv: &(impl Argv + ?Sized), i: usize, g: Option<usize>) -> Result<Limits, ArgError> {
-    let max = number(argv.arg(i), Arg::Max, g)?;
+    let (max, rate) = (argv.arg(i), argv.arg(i + 1));
+    if let Some(limits) = LastLimits::get(max, rate) {
+        return Ok(limits);
+    }
+    let limits = validate_limits(max, rate, g)?;
+    LastLimits::set(max, rate, limits);
+    Ok(limits)
+}
+
+/// The last `max` and `rate` that validated, by their bytes. A gateway calls
+/// with a handful of tiers, so most calls repeat the previous call's limits,
+/// and checking them again (two decimals, the bounds, a division) was the
+/// largest part of the module's own work on an existing bucket. Validation
+/// is a pure function of the bytes, so the memo can't change an answer.
+#[derive(Clone, Copy)]
+struct LastLimits {
+    bytes: [u8; LAST_CAP],
+    max_len: usize,
+    rate_len: usize,
+    limits: Limits,
+}
+
+/// Longer arguments are validated every time.
+const LAST_CAP: usize = 48;
+
+std::thread_local! {
+    static LAST_LIMITS: std::cell::Cell<Option<LastLimits>> = const { std::cell::Cell::new(None) };
+}
+
+impl LastLimits {
+    fn get(max: &[u8], rate: &[u8]) -> Option<Limits> {
+        let last = LAST_LIMITS.with(|l| l.get())?;
+        let (m, r) = (last.max_len, last.rate_len);
+        (m == max.len()
+            && r == rate.len()
+            && last.bytes[..m] == *max
+            && last.bytes[m..m + r] == *rate)
+            .then_some(last.limits)
+    }
+
+    fn set(max: &[u8], rate: &[u8], limits: Limits) {
+        let (m, r) = (max.len(), rate.len());
+        if m + r > LAST_CAP {
+            return;
+        }
+        let mut bytes = [0u8; LAST_CAP];
+        bytes[..m].copy_from_slice(max);
+        bytes[m..m + r].copy_from_slice(rate);
+        let last = LastLimits {
+            bytes,
+            max_len: m,
+            rate_len: r,
+            limits,
+        };
+        LAST_LIMITS.with(|l| l.set(Some(last)));
+    }
+}
+
+/// `max` and `rate` checked in the contract's order.
+fn validate_limits(max: &[u8], rate: &[u8], g: Option<usize>) -> Result<Limits, ArgError> {
+    let max = number(max, Arg::Max, g)?;
     if !(max > 0.0 && max <= MAX_CAPACITY) {
         return Err(ArgError::OutOfRange(Arg::Max, g));
     }
-    let rate = number(argv.arg(i + 1), Arg::Rate, g)?;
+    let rate = number(rate, Arg::Rate, g)?;
     if !(rate > 0.0 && rate <= MAX_RATE) {
         return Err(ArgError::OutOfRange(Arg::Rate, g));
     }
@@ -390,6 +450,38 @@ mod tests {
         assert_eq!(
             ArgError::CostTooSmall(Some(3)).message("tb.mconsume"),
             "ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53 (group 3)"
+        );
+    }
+
+    #[test]
+    fn remembered_limits_answer_as_validation_does() {
+        // Alternating valid and invalid limits, repeated and not: the memo
+        // never turns an error into limits or changes them.
+        let pairs = [
+            ("10", "1"),
+            ("10", "1"),
+            ("10", "x"),
+            ("10", "1"),
+            ("1e12", "1"),
+            ("10", "10"),
+            ("1", "10"),
+            ("10", "1"),
+            ("0", "1"),
+            ("10", "1"),
+        ];
+        for (max, rate) in pairs.iter().cycle().take(40) {
+            let a = argv(&["c", "k", max, rate]);
+            assert_eq!(
+                limits(a.as_slice(), 2, None),
+                validate_limits(max.as_bytes(), rate.as_bytes(), None),
+                "{max} {rate}"
+            );
+        }
+        let long = "1".repeat(40);
+        let a = argv(&["c", "k", &long, "1e-30"]);
+        assert_eq!(
+            limits(a.as_slice(), 2, None),
+            Err(ArgError::OutOfRange(Arg::Max, None))
         );
     }
 

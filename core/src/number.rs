@@ -39,50 +39,169 @@ pub fn parse_int16(bytes: &[u8]) -> Option<i64> {
     if digits.is_empty() || digits.len() > 16 {
         return None;
     }
-    let mut v: i64 = 0;
-    for &c in digits {
-        if !c.is_ascii_digit() {
-            return None;
-        }
-        // 16 digits stay far below i64::MAX.
-        v = v * 10 + i64::from(c - b'0');
+    let (v, read) = digit_run(digits);
+    if read != digits.len() {
+        return None;
     }
+    // 16 digits stay far below i64::MAX.
+    let v = v as i64;
     Some(if negative { -v } else { v })
 }
 
+/// The value of the digits `b` starts with, and how many there are. Eight
+/// at a time where eight in a row are digits (a stored `ts` is two such
+/// runs, a 17-digit balance two and a bit). Wraps past 19 digits: callers
+/// reject those by the count.
+fn digit_run(b: &[u8]) -> (u64, usize) {
+    let mut v: u64 = 0;
+    let mut i = 0;
+    while let Some(chunk) = b.get(i..i + 8).and_then(|c| <[u8; 8]>::try_from(c).ok()) {
+        let Some(eight) = eight_digits(u64::from_le_bytes(chunk)) else {
+            break;
+        };
+        v = v.wrapping_mul(100_000_000).wrapping_add(eight);
+        i += 8;
+    }
+    while let Some(&c) = b.get(i) {
+        if !c.is_ascii_digit() {
+            break;
+        }
+        v = v.wrapping_mul(10).wrapping_add(u64::from(c - b'0'));
+        i += 1;
+    }
+    (v, i)
+}
+
+/// Eight ASCII digits, the first in the lowest byte, as their value; `None`
+/// if any byte is not a digit. A byte is a digit when subtracting '0' does
+/// not borrow and adding 0x46 does not carry into its top bit. Then pairs
+/// of digits, pairs of pairs and the two halves combine with one multiply
+/// each (lane-wise arithmetic, no lane overflows).
+fn eight_digits(v: u64) -> Option<u64> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let low = v.wrapping_sub(0x30 * ONES);
+    let high = v.wrapping_add(0x46 * ONES);
+    if (low | high) & (0x80 * ONES) != 0 {
+        return None;
+    }
+    // Each byte now 0..=9: d0 + 10 d1 per 16-bit lane (d0 the first digit).
+    let pairs = (low.wrapping_mul(10) + (low >> 8)) & 0x00FF_00FF_00FF_00FF;
+    // 100 * pair0 + pair1 per 32-bit lane.
+    let quads = (pairs.wrapping_mul(100) + (pairs >> 16)) & 0x0000_FFFF_0000_FFFF;
+    // 10000 * quad0 + quad1.
+    Some((quads & 0xFFFF).wrapping_mul(10_000) + (quads >> 32))
+}
+
+/// 10^k as integers, k <= 19 (10^19 < 2^64).
+const POW10_INT: [u64; 20] = {
+    let mut t = [1u64; 20];
+    let mut k = 1;
+    while k < 20 {
+        t[k] = t[k - 1] * 10;
+        k += 1;
+    }
+    t
+};
+
 /// The common case of `parse_decimal` (what the encoder writes, and most
-/// arguments) without the general float parser:
-/// `[-]digits[.digits]` whose digits, read as one integer m, stay below
-/// 2^53. m and 10^k are then exact doubles, so one correctly rounded
-/// division gives the correctly rounded value (Clinger's fast path).
-/// `None` means "use the general path", never "invalid".
+/// arguments) without the general float parser: `[-]digits[.digits]` with
+/// at most 19 digits, read as one integer m < 10^19 scaled by 10^-k.
+/// Below 2^53, m and 10^k are exact doubles, so one correctly rounded
+/// division gives the correctly rounded value (Clinger's fast path); above
+/// it (17-digit balances such as `0.30000000000000004`) `exact_ratio`
+/// rounds m / 10^k exactly in integers. `None` means "use the general
+/// path", never "invalid".
 fn fast_decimal(b: &[u8]) -> Option<f64> {
-    const POW10: [f64; 17] = [
+    // 10^k is an exact double up to 10^22.
+    const POW10: [f64; 20] = [
         1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+        1e17, 1e18, 1e19,
     ];
     let (negative, body) = match b.split_first() {
         Some((b'-', rest)) => (true, rest),
         _ => (false, b),
     };
-    if body.is_empty() || body.len() > 17 {
+    // 19 digits and a point: m < 10^19 fits a u64.
+    if body.is_empty() || body.len() > 20 {
         return None;
     }
-    let mut m: u64 = 0;
-    let mut point = None;
-    for (i, &c) in body.iter().enumerate() {
-        match c {
-            b'0'..=b'9' => m = m * 10 + u64::from(c - b'0'),
-            // Digits must come first: ".5" takes the general path.
-            b'.' if point.is_none() && i > 0 => point = Some(i),
-            _ => return None,
+    let (int, int_digits) = digit_run(body);
+    // Digits must come first: ".5" takes the general path.
+    if int_digits == 0 {
+        return None;
+    }
+    let (m, scale) = match body.get(int_digits) {
+        None => (int, 0),
+        Some(b'.') => {
+            let fraction = &body[int_digits + 1..];
+            let (frac, frac_digits) = digit_run(fraction);
+            if frac_digits != fraction.len() || int_digits + frac_digits > 19 {
+                return None;
+            }
+            let m = int.wrapping_mul(POW10_INT[frac_digits]).wrapping_add(frac);
+            (m, frac_digits)
+        }
+        Some(_) => return None,
+    };
+    if int_digits > 19 {
+        return None;
+    }
+    let v = if m < 1 << 53 {
+        m as f64 / POW10[scale]
+    } else {
+        exact_ratio(m, scale, POW10[scale])?
+    };
+    Some(if negative { -v } else { v })
+}
+
+/// m / 10^k rounded to the nearest double (ties to even), for
+/// 2^53 <= m < 10^19 and k <= 19, without the general parser: the double
+/// division lands within two ulps of the true quotient (two roundings),
+/// and exact integer comparisons with the midpoints between neighbouring
+/// doubles move it to the right one. Only multiplications and shifts of
+/// u128, no division. The quotient is at least 2^53 / 10^19 > 2^-11, so
+/// every double involved is normal.
+fn exact_ratio(m: u64, k: usize, pow10: f64) -> Option<f64> {
+    let p10 = u128::from(*POW10_INT.get(k)?);
+    // Whether m / 10^k is above (Greater), at or below p * 2^f. Both sides
+    // are near m * 2^-f, under 2^120.
+    let against = |p: u64, f: i64| -> std::cmp::Ordering {
+        let rhs = u128::from(p) * p10;
+        if f >= 0 {
+            u128::from(m).cmp(&(rhs << f))
+        } else {
+            (u128::from(m) << -f).cmp(&rhs)
+        }
+    };
+    let mut c = m as f64 / pow10;
+    for _ in 0..4 {
+        let bits = c.to_bits();
+        let mantissa = (bits & ((1 << 52) - 1)) | (1 << 52);
+        let exp = ((bits >> 52) & 0x7ff) as i64 - 1075;
+        let odd = mantissa & 1 == 1;
+        // The midpoint to the next double up.
+        match against(2 * mantissa + 1, exp - 1) {
+            std::cmp::Ordering::Greater => {
+                c = c.next_up();
+                continue;
+            }
+            std::cmp::Ordering::Equal if odd => return Some(c.next_up()),
+            _ => {}
+        }
+        // The midpoint to the next double down (closer below a power of two).
+        let below = if mantissa == 1 << 52 {
+            against(4 * mantissa - 1, exp - 2)
+        } else {
+            against(2 * mantissa - 1, exp - 1)
+        };
+        match below {
+            std::cmp::Ordering::Less => c = c.next_down(),
+            std::cmp::Ordering::Equal if odd => return Some(c.next_down()),
+            _ => return Some(c),
         }
     }
-    if m >= 1 << 53 {
-        return None;
-    }
-    let scale = point.map_or(0, |p| body.len() - 1 - p);
-    let v = m as f64 / POW10[scale];
-    Some(if negative { -v } else { v })
+    // Not reached: the first guess is within two ulps.
+    None
 }
 
 fn is_decimal(b: &[u8]) -> bool {
@@ -131,7 +250,10 @@ mod tests {
             "9007199254740991|9007199254740992|9007199254740993|900719925474099.3|",
             "9007199254740.993|90071992547409.93|0.0000000000000001|0.00000000000000001|",
             "12345678901234567|1234567890123456.7|-1764513600123456|17645136001234567|",
-            "999901.0004470622|0.047110999999997905|0.1|0.3|2.675|1.0000000000000002",
+            "999901.0004470622|0.047110999999997905|0.1|0.3|2.675|1.0000000000000002|",
+            "0.30000000000000004|9.9999999999999982|1.0000000000000001e-05|9999999999999999999|",
+            "99999999999999999999|1844674407370955161.5|-0.9007199254740993|9007199254740993.00|",
+            "4503599627370496.5|4503599627370497.5|0.1000000000000000055511151231257827",
         )
         .split('|')
         .map(|s| s.as_bytes().to_vec())
@@ -159,11 +281,34 @@ mod tests {
                     .collect(),
             );
         }
-        // Balances as the encoder writes them, for a spread of values.
+        // Balances as the encoder writes them, for a spread of values, and
+        // as the Lua library writes them (17 significant digits).
         for i in 0..100_000u64 {
             let v = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 2_000_000_000_000) as f64 / 1e6
                 - 1_000_000.0;
             cases.push(crate::state::Text::tokens(v).as_str().as_bytes().to_vec());
+            let w = f64::from_bits(i.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 2) % 1e12;
+            cases.push(crate::state::Text::tokens(w).as_str().as_bytes().to_vec());
+            cases.push(format!("{w:.17}").into_bytes());
+            cases.push(format!("{:.18}", v / 1e6).into_bytes());
+        }
+        // Every digit count up to 19, with the point anywhere: the integer
+        // path near 2^53 and 10^19, both sides of each boundary.
+        let mut y: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..200_000 {
+            y ^= y << 13;
+            y ^= y >> 7;
+            y ^= y << 17;
+            let digits = 1 + (y % 19) as usize;
+            let m = y % 10u64.pow(digits as u32);
+            let text = format!("{m:0digits$}");
+            let point = (y >> 40) as usize % (digits + 1);
+            let with_point = if point == 0 {
+                text
+            } else {
+                format!("{}.{}", &text[..point], &text[point..])
+            };
+            cases.push(with_point.into_bytes());
         }
         for c in &cases {
             assert_eq!(
@@ -186,6 +331,27 @@ mod tests {
                 String::from_utf8_lossy(c)
             );
         }
+    }
+
+    #[test]
+    fn eight_digits_takes_digits_only() {
+        for pos in 0..8 {
+            for byte in 0..=255u8 {
+                let mut chunk = *b"12345678";
+                chunk[pos] = byte;
+                let want = chunk
+                    .iter()
+                    .all(u8::is_ascii_digit)
+                    .then(|| std::str::from_utf8(&chunk).ok()?.parse::<u64>().ok())
+                    .flatten();
+                assert_eq!(eight_digits(u64::from_le_bytes(chunk)), want, "{chunk:?}");
+            }
+        }
+        assert_eq!(eight_digits(u64::from_le_bytes(*b"00000000")), Some(0));
+        assert_eq!(
+            eight_digits(u64::from_le_bytes(*b"99999999")),
+            Some(99_999_999)
+        );
     }
 
     #[test]

@@ -120,7 +120,10 @@ pub fn encode_ts(ts_us: i64, out: &mut String) {
 /// command path allocates nothing. Only texts longer than any balance the
 /// module can store (|tokens| <= 1e12) spill to the heap.
 pub struct Text {
-    len: usize,
+    /// The text is `buf[start..end]`: integers are written from the right
+    /// end and stay there, everything else from the left.
+    start: usize,
+    end: usize,
     buf: [u8; TEXT_CAP],
     spill: String,
 }
@@ -137,7 +140,8 @@ const TWO_POW_53: f64 = 9_007_199_254_740_992.0;
 impl Text {
     fn new() -> Self {
         Text {
-            len: 0,
+            start: 0,
+            end: 0,
             buf: [0; TEXT_CAP],
             spill: String::new(),
         }
@@ -145,7 +149,7 @@ impl Text {
 
     pub fn as_bytes(&self) -> &[u8] {
         if self.spill.is_empty() {
-            &self.buf[..self.len]
+            &self.buf[self.start..self.end]
         } else {
             self.spill.as_bytes()
         }
@@ -198,26 +202,31 @@ impl Text {
 
     /// An integer in decimal, as Display writes it.
     pub fn int(v: i64) -> Self {
-        // "00" to "99": two digits per division halves the divisions.
-        const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-            2021222324252627282930313233343536373839\
-            4041424344454647484950515253545556575859\
-            6061626364656667686970717273747576777879\
-            8081828384858687888990919293949596979899";
         let mut out = Text::new();
-        // Digits from the right end, then moved to the front.
+        // Digits from the right end, where they stay.
         let mut i = TEXT_CAP;
         let mut n = v.unsigned_abs();
+        // Eight digits at a time in u32 (one 64-bit division each), then
+        // two at a time: a 16-digit timestamp takes two 64-bit divisions
+        // instead of eight.
+        while n >= 100_000_000 {
+            let mut low = (n % 100_000_000) as u32;
+            n /= 100_000_000;
+            for _ in 0..4 {
+                i -= 2;
+                out.buf[i..i + 2].copy_from_slice(pair(low % 100));
+                low /= 100;
+            }
+        }
+        let mut n = n as u32;
         while n >= 100 {
-            let pair = (n % 100) as usize * 2;
-            n /= 100;
             i -= 2;
-            out.buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+            out.buf[i..i + 2].copy_from_slice(pair(n % 100));
+            n /= 100;
         }
         if n >= 10 {
-            let pair = n as usize * 2;
             i -= 2;
-            out.buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+            out.buf[i..i + 2].copy_from_slice(pair(n));
         } else {
             i -= 1;
             out.buf[i] = b'0' + n as u8;
@@ -226,10 +235,22 @@ impl Text {
             i -= 1;
             out.buf[i] = b'-';
         }
-        out.buf.copy_within(i.., 0);
-        out.len = TEXT_CAP - i;
+        out.start = i;
+        out.end = TEXT_CAP;
         out
     }
+}
+
+/// The two digits of `n` < 100.
+fn pair(n: u32) -> &'static [u8] {
+    // "00" to "99": two digits per division halves the divisions.
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    let i = n as usize * 2;
+    &PAIRS[i..i + 2]
 }
 
 /// Whether `text`, the shortest decimal for the finite, non-integral `t`,
@@ -247,6 +268,12 @@ fn may_tie(t: f64, text: &str) -> bool {
         (frac | (1u64 << 52), exp - 1075)
     };
     let exact_digits = -exp2 - i64::from(mantissa.trailing_zeros());
+    // Without an exponent (|t| >= 1e-5) `text` has at most 17 significant
+    // digits after at most 4 zeros, so a tie needs at most 22 exact digits;
+    // a balance refilled by a fraction of a rate has dozens. Skip the scan.
+    if exact_digits > 22 && t.abs() >= 1e-5 {
+        return false;
+    }
     // Fraction digits of `text`: those after the point, plus the negated
     // exponent of the `e` form. One pass over at most 24 bytes.
     let mut after_point = 0i64;
@@ -271,11 +298,11 @@ fn may_tie(t: f64, text: &str) -> bool {
 
 impl std::fmt::Write for Text {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let end = self.len + s.len();
-        match self.buf.get_mut(self.len..end) {
+        let end = self.end + s.len();
+        match self.buf.get_mut(self.end..end) {
             Some(dst) => {
                 dst.copy_from_slice(s.as_bytes());
-                self.len = end;
+                self.end = end;
                 Ok(())
             }
             None => Err(std::fmt::Error),
