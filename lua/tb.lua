@@ -7,6 +7,7 @@ library, for servers that cannot load the module (managed Redis/Valkey).
   FCALL_RO tb_peek     1 key max rate [cost]
   FCALL    tb_mconsume N key1..keyN max1 rate1 cost1 ... maxN rateN costN
   FCALL    tb_adjust   1 key max rate delta
+  FCALL    tb_cl_throttle 1 key max_burst count period [quantity]
 
 Load with: redis-cli -x FUNCTION LOAD REPLACE < lua/tb.lua
 
@@ -257,6 +258,8 @@ local function clock()
   local sec, usec = tonumber(t[1]), tonumber(t[2])
   return {
     us = sec * 1000000 + usec,
+    sec = sec,
+    usec = usec,
     hi = math.floor(sec / 100),
     lo = (sec % 100) * 1000000 + usec,
     ceil_ms = sec * 1000 + math.ceil(usec / 1000),
@@ -400,6 +403,114 @@ local function tb_mconsume(keys, args)
   return out
 end
 
+-- ---- CL.THROTTLE (core/src/cell.rs) --------------------------------------
+
+-- An integer as Rust's i64 parser reads it: optional sign, digits, in
+-- range. Returns the number (a double: exact for every value the bounds
+-- let through) or nil.
+local function parse_i64(s)
+  local sign, digits = string.match(s, '^([+-]?)(%d+)$')
+  if not digits then return nil end
+  digits = string.match(digits, '^0*(%d.*)$')
+  if #digits > 19 then return nil end
+  if #digits == 19 then
+    local top = sign == '-' and '9223372036854775808' or '9223372036854775807'
+    if digits > top then return nil end
+  end
+  local v = tonumber(digits)
+  if sign == '-' then v = -v end
+  return v
+end
+
+-- max_burst, count, period [, quantity], checked in the module's order.
+-- Returns {limits, limit, quantity} or nil and the error text.
+local function throttle_args(args)
+  local function int(i, name, least)
+    local v = parse_i64(args[i])
+    if v == nil then return nil, 'ERR ' .. name .. ' must be an integer' end
+    if v < least then return nil, 'ERR ' .. name .. ' must be >= ' .. least end
+    return v
+  end
+  local burst, count, period, err
+  burst, err = int(1, 'max_burst', 0)
+  if not burst then return nil, err end
+  count, err = int(2, 'count', 1)
+  if not count then return nil, err end
+  period, err = int(3, 'period', 1)
+  if not period then return nil, err end
+  local max = burst + 1
+  if max > MAX_CAPACITY then return nil, 'ERR max_burst must be < 1e12' end
+  local rate = count / period
+  if rate > MAX_RATE then return nil, 'ERR count/period must be <= 1e12 per second' end
+  if max / rate > MAX_FILL_SECONDS then
+    return nil, 'ERR count/period is too low for max_burst: (max_burst+1)*period/count must be <= 1e10 seconds'
+  end
+  local quantity = 1
+  if #args == 4 then
+    quantity, err = int(4, 'quantity', 0)
+    if not quantity then return nil, err end
+  end
+  return { limits = { max = max, rate = rate }, limit = max, quantity = quantity }
+end
+
+-- redis-cell's TAT: the digits of a u64, no sign, no leading zero; as
+-- {seconds, nanoseconds}, both exact. nil for anything else.
+local function parse_tat(s)
+  if not string.find(s, '^%d+$') or #s > 20 or (#s > 1 and string.sub(s, 1, 1) == '0') then
+    return nil
+  end
+  if #s == 20 and s > '18446744073709551615' then return nil end
+  local cut = #s - 9
+  local sec = cut > 0 and tonumber(string.sub(s, 1, cut)) or 0
+  return { sec, tonumber(string.sub(s, cut > 0 and cut + 1 or 1)) }
+end
+
+-- The bucket a redis-cell key stands for now (false: full, the TAT has
+-- passed), with tb-core's float operations in tb-core's order.
+local function stored_from_tat(tat, l, now)
+  local ahead = (tat[1] - now.sec) * 1e9 + (tat[2] - now.usec * 1000)
+  if ahead <= 0 then return false end
+  return { tokens = l.max - ahead / 1e9 * l.rate, ts = { now.hi, now.lo } }
+end
+
+-- tb_cl_throttle: CL.THROTTLE's reply
+-- {limited, limit, remaining, retry_after_s, reset_after_s}; writes as
+-- tb_consume does, replacing a redis-cell string with the bucket hash.
+local function tb_cl_throttle(keys, args)
+  if #keys ~= 1 or #args < 3 or #args > 4 then
+    return redis.error_reply("ERR wrong number of arguments for 'cl.throttle' command")
+  end
+  local call, err = throttle_args(args)
+  if not call then return redis.error_reply(err) end
+  local l = call.limits
+  local now = clock()
+  local stored, was_string
+  if redis.call('TYPE', keys[1])['ok'] == 'string' then
+    local tat = parse_tat(redis.call('GET', keys[1]))
+    if not tat then return redis.error_reply(WRONGTYPE) end
+    stored, was_string = stored_from_tat(tat, l, now), true
+  else
+    stored, err = load(keys[1])
+    if stored == nil then return redis.error_reply(err) end
+  end
+  local charged = call.quantity <= call.limit
+  local o
+  if charged then
+    o = charge(l, stored, now, current(l, stored, now), call.quantity, true)
+  else
+    o = charge(l, stored, now, current(l, stored, now), 0, false)
+  end
+  if o.writes then
+    if was_string then redis.call('DEL', keys[1]) end
+    save(keys[1], stored or was_string, l, o, now)
+  end
+  local limited = not (charged and o.allowed)
+  local retry = -1
+  if limited and charged then retry = math.ceil(o.retry / 1000) end
+  return { limited and 1 or 0, call.limit, math.max(0, math.floor(o.tokens)),
+    retry, math.ceil(o.reset / 1000) }
+end
+
 -- ---- the operations, listed once -------------------------------------------
 
 -- The library registers each one as FCALL tb_<name>; the EVAL script
@@ -409,6 +520,7 @@ local OPERATIONS = {
   { name = 'peek', fn = tb_peek, flags = { 'no-writes' } },
   { name = 'mconsume', fn = tb_mconsume, flags = {} },
   { name = 'adjust', fn = tb_adjust, flags = {} },
+  { name = 'cl_throttle', fn = tb_cl_throttle, flags = {} },
 }
 -- <<< shared: end
 

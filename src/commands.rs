@@ -8,10 +8,11 @@ use crate::keyspace::BucketKey;
 use crate::stats;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, ArgError, Single};
 use tb_core::bucket::{consume_all, Limits, Outcome, Stored};
+use tb_core::cell::{self as cl, parse_throttle};
 
 /// Carries out `outcome`'s effect on `key`. A step that fails is logged
 /// and becomes the call's error reply (counted in `tb_errors`).
-fn apply(key: &BucketKey, outcome: &Outcome) -> Result<(), String> {
+fn apply(key: &mut BucketKey, outcome: &Outcome) -> Result<(), String> {
     key.apply(&outcome.effect).map_err(|step| {
         log_warning(&format!(
             "tb: a write failed at {step}; the call replied an error instead of its outcome"
@@ -55,7 +56,7 @@ fn open_single<'c>(
 /// A writer's last steps: the effect, its counter, the reply.
 fn finish(
     ctx: &Ctx,
-    key: &BucketKey,
+    key: &mut BucketKey,
     outcome: &Outcome,
     counter: &stats::Counter,
 ) -> Result<(), String> {
@@ -68,14 +69,14 @@ fn finish(
 /// `TB.CONSUME key max rate [cost]`. A denied call, or one with cost 0,
 /// writes and replicates nothing.
 pub fn consume(ctx: &Ctx, args: &Args) -> Result<(), String> {
-    let (call, key, now, stored) = open_single(ctx, args, "tb.consume", parse_consume, true)?;
+    let (call, mut key, now, stored) = open_single(ctx, args, "tb.consume", parse_consume, true)?;
     let outcome = call.limits.consume(stored, now, call.amount);
     let counter = if outcome.allowed {
         &stats::ADMITTED
     } else {
         &stats::DENIED
     };
-    finish(ctx, &key, &outcome, counter)
+    finish(ctx, &mut key, &outcome, counter)
 }
 
 /// `TB.PEEK key max rate [cost]`: read-only, runs on replicas.
@@ -89,9 +90,9 @@ pub fn peek(ctx: &Ctx, args: &Args) -> Result<(), String> {
 /// `TB.ADJUST key max rate delta`: refund (delta > 0) or charge after the
 /// fact (delta < 0, down to -max). Always applies.
 pub fn adjust(ctx: &Ctx, args: &Args) -> Result<(), String> {
-    let (call, key, now, stored) = open_single(ctx, args, "tb.adjust", parse_adjust, true)?;
+    let (call, mut key, now, stored) = open_single(ctx, args, "tb.adjust", parse_adjust, true)?;
     let outcome = call.limits.adjust(stored, now, call.amount);
-    finish(ctx, &key, &outcome, &stats::ADJUSTS)
+    finish(ctx, &mut key, &outcome, &stats::ADJUSTS)
 }
 
 /// `TB.MCONSUME key max rate cost [key max rate cost ...]`: all buckets are
@@ -111,7 +112,7 @@ pub fn mconsume(ctx: &Ctx, args: &Args) -> Result<(), String> {
         buckets.push((group.limits, stored, group.cost));
     }
     let (all, retry, outcomes) = consume_all(&buckets, now);
-    for (key, outcome) in keys.iter().zip(&outcomes) {
+    for (key, outcome) in keys.iter_mut().zip(&outcomes) {
         apply(key, outcome)?;
     }
     if all {
@@ -124,6 +125,37 @@ pub fn mconsume(ctx: &Ctx, args: &Args) -> Result<(), String> {
     ctx.reply_int(retry);
     for outcome in &outcomes {
         reply_outcome(ctx, outcome);
+    }
+    Ok(())
+}
+
+/// `CL.THROTTLE key max_burst count period [quantity]`: redis-cell's
+/// command and reply, on the same bucket as TB.CONSUME (capacity
+/// `max_burst + 1`, `count / period` per second). A key redis-cell left is
+/// read as that bucket and converted on the next write. A denial, a
+/// quantity of 0 or one above the limit writes nothing.
+pub fn cl_throttle(ctx: &Ctx, args: &Args) -> Result<(), String> {
+    let call = parse_throttle(args).map_err(|e| e.message())?;
+    let mut key = BucketKey::open(ctx, key_at(args, 1)?, true);
+    let now = ctx.now_us();
+    let stored = key
+        .load_cell(&call.limits, now)
+        .map_err(|e| e.message(None))?;
+    let (outcome, charged) = match call.cost() {
+        Some(cost) => (call.limits.consume(stored, now, cost), true),
+        // Above the limit: never passes; the bucket as it stands.
+        None => (call.limits.peek(stored, now, 0.0), false),
+    };
+    apply(&mut key, &outcome)?;
+    if charged && outcome.allowed {
+        stats::ADMITTED.incr();
+    } else {
+        stats::DENIED.incr();
+    }
+    let reply = cl::reply(&call, &outcome, charged);
+    ctx.reply_array(reply.len());
+    for v in reply {
+        ctx.reply_int(v);
     }
     Ok(())
 }

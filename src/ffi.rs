@@ -48,6 +48,7 @@ pub struct Api {
     hash_set: unsafe extern "C" fn(*mut RedisModuleKey, c_int, ...) -> c_int,
     set_abs_expire: unsafe extern "C" fn(*mut RedisModuleKey, raw::mstime_t) -> c_int,
     delete_key: unsafe extern "C" fn(*mut RedisModuleKey) -> c_int,
+    string_dma: unsafe extern "C" fn(*mut RedisModuleKey, *mut usize, c_int) -> *mut c_char,
     replicate:
         unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, *const c_char, ...) -> c_int,
     create_string:
@@ -89,6 +90,7 @@ impl Api {
             hash_set: get!(RedisModule_HashSet),
             set_abs_expire: get!(RedisModule_SetAbsExpire),
             delete_key: get!(RedisModule_DeleteKey),
+            string_dma: get!(RedisModule_StringDMA),
             replicate: get!(RedisModule_Replicate),
             create_string: get!(RedisModule_CreateString),
             free_string: get!(RedisModule_FreeString),
@@ -452,6 +454,26 @@ impl<'c> Key<'c> {
         }
     }
 
+    /// The value of a key holding a string; `None` for any other key.
+    pub fn string_value(&self) -> Option<&[u8]> {
+        let key = self.key?;
+        let api = self.ctx.api;
+        // SAFETY: an open key.
+        if unsafe { (api.key_type)(key.as_ptr()) } as isize != raw::REDISMODULE_KEYTYPE_STRING {
+            return None;
+        }
+        let mut len = 0usize;
+        // SAFETY: an open string key read in place; the bytes stay valid
+        // while the key is open and unchanged, which the borrow of `self`
+        // guarantees: every write takes `&mut self`.
+        let p = unsafe { (api.string_dma)(key.as_ptr(), &mut len, raw::REDISMODULE_READ as c_int) };
+        if p.is_null() {
+            return Some(&[]);
+        }
+        // SAFETY: StringDMA returns `len` readable bytes at `p`.
+        Some(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
+    }
+
     /// The values of two fields of a hash (`None`: absent).
     pub fn hash_get(
         &self,
@@ -481,7 +503,13 @@ impl<'c> Key<'c> {
     }
 
     /// Sets two fields of a hash (creating it); true if both were written.
-    pub fn hash_set(&self, a: &Interned, va: &dyn RString, b: &Interned, vb: &dyn RString) -> bool {
+    pub fn hash_set(
+        &mut self,
+        a: &Interned,
+        va: &dyn RString,
+        b: &Interned,
+        vb: &dyn RString,
+    ) -> bool {
         let Some(key) = self.key else {
             return false;
         };
@@ -503,14 +531,14 @@ impl<'c> Key<'c> {
     }
 
     /// Sets the absolute expire time in ms; true if Redis did.
-    pub fn set_abs_expire(&self, at_ms: i64) -> bool {
+    pub fn set_abs_expire(&mut self, at_ms: i64) -> bool {
         // SAFETY: an open key.
         self.key
             .is_some_and(|key| unsafe { (self.ctx.api.set_abs_expire)(key.as_ptr(), at_ms) } == OK)
     }
 
     /// Deletes the key; true if Redis did.
-    pub fn delete(&self) -> bool {
+    pub fn delete(&mut self) -> bool {
         // SAFETY: an open key.
         self.key
             .is_some_and(|key| unsafe { (self.ctx.api.delete_key)(key.as_ptr()) } == OK)
@@ -555,6 +583,7 @@ pub struct ArgDoc {
 pub enum ArgKind {
     Key,
     Double,
+    Integer,
     Block,
 }
 
@@ -568,6 +597,9 @@ pub struct CommandDef {
     /// ACL categories, set where the server supports them (>= 7.2).
     pub acl: &'static CStr,
     pub docs: Docs,
+    /// Another module may own this name (CL.THROTTLE and redis-cell): if
+    /// the server already has the command, log it and skip it.
+    pub yield_to_existing: bool,
 }
 
 /// The module being loaded: `OnLoad`'s context.
@@ -654,6 +686,13 @@ impl<'a> Load<'a> {
     /// error; a refused extra is logged, and a command whose key specs could
     /// not be set keeps the stricter full-access one.
     pub fn register(&self, cmd: &CommandDef) -> Result<(), String> {
+        if cmd.yield_to_existing && self.has_command(cmd.name) {
+            log_warning(&format!(
+                "tb: {} is already registered (redis-cell?); tb leaves it to that module",
+                cmd.name.to_string_lossy()
+            ));
+            return Ok(());
+        }
         let (first, last, step) = cmd.keys;
         // SAFETY: OnLoad's context, NUL-terminated name and flags, and a
         // handler made by `handler!`.
@@ -715,6 +754,7 @@ fn c_args(
             c.type_ = match a.kind {
                 ArgKind::Key => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
                 ArgKind::Double => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
+                ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
                 ArgKind::Block => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
             };
             // Every command has one key spec; other arguments name none.

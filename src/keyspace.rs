@@ -8,7 +8,8 @@
 use crate::ffi::{Ctx, Interned, Key, KeyName, Load};
 use std::ffi::CStr;
 use std::sync::OnceLock;
-use tb_core::bucket::{Effect, Stored};
+use tb_core::bucket::{Effect, Limits, Stored};
+use tb_core::cell;
 use tb_core::state::{self, BucketFields, LoadError, Text};
 
 /// The steps of a write that can fail.
@@ -61,6 +62,8 @@ pub fn init(load: &Load) -> Result<(), String> {
 pub struct BucketKey<'c> {
     key: Key<'c>,
     ctx: &'c Ctx,
+    /// `load_cell` read a redis-cell string here: the next write replaces it.
+    cell_string: bool,
 }
 
 /// A bucket key's two fields, as `state::load` reads them.
@@ -92,12 +95,26 @@ impl<'c> BucketKey<'c> {
         BucketKey {
             key: ctx.open_key(name, write),
             ctx,
+            cell_string: false,
         }
     }
 
     /// The stored bucket, `None` for a missing key (a full bucket).
     pub fn load(&self) -> Result<Option<Stored>, LoadError> {
         state::load(self.key.kind(), &Fields(&self.key))
+    }
+
+    /// `load` for CL.THROTTLE, which also reads a key redis-cell left: a
+    /// string holding its TAT stands for the bucket of these `limits` at
+    /// `now_us`, and the next write converts it (`apply`). Any other string
+    /// is WRONGTYPE.
+    pub fn load_cell(&mut self, limits: &Limits, now_us: i64) -> Result<Option<Stored>, LoadError> {
+        let Some(text) = self.key.string_value() else {
+            return self.load();
+        };
+        let tat = cell::parse_tat(text).ok_or(LoadError::WrongType)?;
+        self.cell_string = true;
+        Ok(cell::stored_from_tat(tat, limits, now_us))
     }
 
     /// Carries out a call's effect on this key, and replicates it. `Err`
@@ -108,7 +125,7 @@ impl<'c> BucketKey<'c> {
     /// SetAbsExpire replicates the HSET alone. Replicate fails only for an
     /// unknown command, which `init` rules out; its result is checked all
     /// the same.
-    pub fn apply(&self, effect: &Effect) -> Result<(), &'static str> {
+    pub fn apply(&mut self, effect: &Effect) -> Result<(), &'static str> {
         match *effect {
             Effect::Nothing => return Ok(()),
             Effect::Save {
@@ -122,8 +139,14 @@ impl<'c> BucketKey<'c> {
         Ok(())
     }
 
-    fn write(&self, tokens: f64, ts_us: i64, expire_at_ms: i64) -> Result<(), &'static str> {
+    fn write(&mut self, tokens: f64, ts_us: i64, expire_at_ms: i64) -> Result<(), &'static str> {
         let (ctx, name) = (self.ctx, self.key.name());
+        // A redis-cell key (only CL.THROTTLE reads one) becomes a bucket
+        // hash: the string goes first, on the replicas too.
+        if self.cell_string {
+            self.delete()?;
+            self.cell_string = false;
+        }
         let [tokens_field, ts_field] = FIELDS.get().ok_or("HSET")?;
         let tok = ctx.string(Text::tokens(tokens).as_bytes()).ok_or("HSET")?;
         let ts = ctx.string(Text::int(ts_us).as_bytes()).ok_or("HSET")?;
@@ -153,7 +176,7 @@ impl<'c> BucketKey<'c> {
         Ok(())
     }
 
-    fn delete(&self) -> Result<(), &'static str> {
+    fn delete(&mut self) -> Result<(), &'static str> {
         let name = self.key.name();
         if injected(Step::Delete) || !self.key.delete() {
             return Err("DEL");

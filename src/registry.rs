@@ -38,6 +38,13 @@ const OPTIONAL_COST: ArgDoc = ArgDoc {
     ..arg(c"cost", ArgKind::Double)
 };
 const DELTA: ArgDoc = arg(c"delta", ArgKind::Double);
+const MAX_BURST: ArgDoc = arg(c"max_burst", ArgKind::Integer);
+const COUNT: ArgDoc = arg(c"count", ArgKind::Integer);
+const PERIOD: ArgDoc = arg(c"period", ArgKind::Integer);
+const OPTIONAL_QUANTITY: ArgDoc = ArgDoc {
+    optional: true,
+    ..arg(c"quantity", ArgKind::Integer)
+};
 
 /// Docs of a command on one key (argument 1).
 const fn one_key(summary: &'static CStr, read_only: bool, args: &'static [ArgDoc]) -> Docs {
@@ -58,6 +65,7 @@ pub const COMMANDS: &[CommandDef] = &[
         flags: c"write deny-oom fast",
         keys: (1, 1, 1),
         acl: c"write fast",
+        yield_to_existing: false,
         docs: one_key(
             c"Charges cost (default 1) to a token bucket if it holds that many tokens; replies [allowed, remaining, retry_after_ms, reset_after_ms].",
             false,
@@ -70,6 +78,7 @@ pub const COMMANDS: &[CommandDef] = &[
         flags: c"readonly fast",
         keys: (1, 1, 1),
         acl: c"read fast",
+        yield_to_existing: false,
         docs: one_key(
             c"Replies what TB.CONSUME would, without charging or writing anything.",
             true,
@@ -82,6 +91,7 @@ pub const COMMANDS: &[CommandDef] = &[
         flags: c"write deny-oom",
         keys: (1, -1, 4),
         acl: c"write",
+        yield_to_existing: false,
         docs: Docs {
             summary: c"Charges several token buckets all-or-nothing; replies [allowed, retry_after_ms, bucket replies...].",
             complexity: c"O(N) where N is the number of buckets",
@@ -101,10 +111,24 @@ pub const COMMANDS: &[CommandDef] = &[
         flags: c"write deny-oom fast",
         keys: (1, 1, 1),
         acl: c"write fast",
+        yield_to_existing: false,
         docs: one_key(
             c"Refunds (delta > 0) or charges (delta < 0, down to -max) a token bucket after the fact.",
             false,
             &[KEY, MAX, RATE, DELTA],
+        ),
+    },
+    CommandDef {
+        name: c"cl.throttle",
+        handler: handler!(commands::cl_throttle),
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        acl: c"write fast",
+        yield_to_existing: true,
+        docs: one_key(
+            c"redis-cell's command on a token bucket: charges quantity (default 1); replies [limited, limit, remaining, retry_after_s, reset_after_s].",
+            false,
+            &[KEY, MAX_BURST, COUNT, PERIOD, OPTIONAL_QUANTITY],
         ),
     },
     #[cfg(feature = "test-hooks")]
@@ -134,6 +158,7 @@ const fn test_hook(
         flags: c"readonly",
         keys: (0, 0, 0),
         acl: c"read",
+        yield_to_existing: false,
         docs: Docs {
             summary,
             complexity: c"O(1)",

@@ -2,6 +2,7 @@
 //!
 //! * [`bucket`]: refill, consume, adjust and the reply times;
 //! * [`args`]: parsing and validation of command arguments;
+//! * [`cell`]: CL.THROTTLE, redis-cell's command, on the same bucket;
 //! * [`state`]: the `tokens`/`ts` hash encoding, and the rule that reads a
 //!   key as a bucket;
 //! * [`number`]: the strict decimal grammar both of the above use.
@@ -10,5 +11,6 @@
 
 pub mod args;
 pub mod bucket;
+pub mod cell;
 pub mod number;
 pub mod state;
