@@ -21,13 +21,17 @@ fn apply(key: &mut BucketKey, outcome: &Outcome) -> Result<(), String> {
     })
 }
 
-/// Replies with `[allowed, remaining, retry_after_ms, reset_after_ms]`.
-fn reply_outcome(ctx: &Ctx, outcome: &Outcome) {
-    let values = outcome.reply();
+/// Replies with an array of integers.
+fn reply_ints(ctx: &Ctx, values: &[i64]) {
     ctx.reply_array(values.len());
-    for v in values {
+    for &v in values {
         ctx.reply_int(v);
     }
+}
+
+/// Replies with `[allowed, remaining, retry_after_ms, reset_after_ms]`.
+fn reply_outcome(ctx: &Ctx, outcome: &Outcome) {
+    reply_ints(ctx, &outcome.reply());
 }
 
 /// The key at `argv[i]`, which the parser has already found there.
@@ -152,10 +156,6 @@ pub fn cl_throttle(ctx: &Ctx, args: &Args) -> Result<(), String> {
     } else {
         stats::DENIED.incr();
     }
-    let reply = cl::reply(&call, &outcome, charged);
-    ctx.reply_array(reply.len());
-    for v in reply {
-        ctx.reply_int(v);
-    }
+    reply_ints(ctx, &cl::reply(&call, &outcome, charged));
     Ok(())
 }
