@@ -116,6 +116,9 @@ end
 -- to that balance (tb-core's charges_nothing). Lua lacks nextafter, so the
 -- double below max is max minus the gap found from max's exponent.
 local function charges_nothing(cost, max)
+  -- Above max / 2^52 every cost charges (the gap below max is at most
+  -- max / 2^52): skip the exponent work for ordinary costs.
+  if cost * 4503599627370496 > max then return false end
   local m, e = math.frexp(max) -- max = m * 2^e, 0.5 <= m < 1
   local gap = math.ldexp(1, e - 53)
   if m == 0.5 then gap = gap / 2 end -- below a power of two the gap halves
@@ -150,36 +153,45 @@ end
 -- a full bucket): the one function every call evaluates. A ts ahead of
 -- now counts as no time elapsed, so nothing refills until the clock
 -- reaches it.
-local function current(l, stored, now)
-  if not stored then return l.max end
+local function current_at(l, stored, hi, lo)
+  local max = l.max
+  if not stored then return max end
   -- (now - ts) rounded once: every partial result here is an exact integer.
-  local elapsed = (now.hi - stored.ts[1]) * 1e8 + (now.lo - stored.ts[2])
+  local elapsed = (hi - stored.ts[1]) * 1e8 + (lo - stored.ts[2])
   if elapsed < 0 then elapsed = 0 end
-  return refill(l, clamp(l, stored.tokens), elapsed)
+  -- clamp() and refill() written out: the times search calls this a few
+  -- times per call, and a Lua call costs more than the arithmetic.
+  local tokens = math.min(math.max(stored.tokens, -max), max)
+  return math.min(tokens + elapsed / 1000000 * l.rate, max)
 end
 
--- `now` moved on by `ms` whole milliseconds, as exact halves.
-local function later(now, ms)
+local function current(l, stored, now)
+  return current_at(l, stored, now.hi, now.lo)
+end
+
+-- Whether a call `ms` whole milliseconds after `now` sees at least
+-- `target`: now moved on as exact halves, with no table made per try.
+local function passes(l, stored, now, ms, target)
   local hi = math.floor(ms / 100000)
-  return { hi = now.hi + hi, lo = now.lo + (ms - hi * 100000) * 1000 }
+  return current_at(l, stored, now.hi + hi, now.lo + (ms - hi * 100000) * 1000) >= target
 end
 
--- The smallest m >= 1 with passes(m), for a passes that is false at 0 and
--- monotone: gallop from the guess until the answer is bracketed, then
--- bisect. Gives up at MAX_WAIT_MS.
-local function first_passing(guess, passes)
+-- The smallest m >= 1 that passes, for passes false at 0 and monotone:
+-- gallop from the guess until the answer is bracketed, then bisect.
+-- Gives up at MAX_WAIT_MS.
+local function first_passing(guess, l, stored, now, target)
   local lo, hi
   local step = 1
-  if passes(guess) then
+  if passes(l, stored, now, guess, target) then
     hi, lo = guess, guess - 1
-    while lo > 0 and passes(lo) do
+    while lo > 0 and passes(l, stored, now, lo, target) do
       hi = lo
       step = step * 2
       lo = math.max(hi - step, 0)
     end
   else
     lo, hi = guess, guess + 1
-    while not passes(hi) do
+    while not passes(l, stored, now, hi, target) do
       if hi >= MAX_WAIT_MS then return MAX_WAIT_MS end
       lo = hi
       step = step * 2
@@ -188,24 +200,24 @@ local function first_passing(guess, passes)
   end
   while hi - lo > 1 do
     local mid = lo + math.floor((hi - lo) / 2)
-    if passes(mid) then hi = mid else lo = mid end
+    if passes(l, stored, now, mid, target) then hi = mid else lo = mid end
   end
   return hi
 end
 
 -- Whole ms from `now` until a call on `stored`, with no traffic between,
--- sees at least `target`, including the wait until a future ts. The search
--- runs on current() itself, the function the next call evaluates, so
--- rounding can't make the answer early or late; a closed form only guesses.
-local function ms_until(l, stored, now, target)
-  local function passes(ms) return current(l, stored, later(now, ms)) >= target end
-  if passes(0) then return 0 end
+-- sees at least `target`, including the wait until a future ts; `cur` is
+-- the balance at now, which the caller knows. The search runs on
+-- current() itself, the function the next call evaluates, so rounding
+-- can't make the answer early or late; a closed form only guesses.
+local function ms_from(l, stored, now, cur, target)
+  if cur >= target then return 0 end
   if not stored then return 0 end
   -- The refill counts from ts, ahead of now (a wait first) or behind it.
   local from_ts = (stored.ts[1] - now.hi) * 1e8 + (stored.ts[2] - now.lo)
   local guess = math.ceil((from_ts + (target - clamp(l, stored.tokens)) / l.rate * 1000000) / 1000)
   if guess >= 1 then guess = math.min(guess, MAX_WAIT_MS) else guess = 1 end
-  return first_passing(guess, passes)
+  return first_passing(guess, l, stored, now, target)
 end
 
 -- An outcome: allowed, the balance after the call, retry and reset in ms,
@@ -219,9 +231,11 @@ local function settle(l, stored, now, allowed, tokens, writes, retry_for)
     after = false
     if tokens < l.max then after = { tokens = tokens, ts = { now.hi, now.lo } } end
   end
+  -- `tokens` is what `after` holds at now: the balance if nothing was
+  -- written, else what was.
   local retry = 0
-  if retry_for then retry = ms_until(l, after, now, retry_for) end
-  return { allowed = allowed, tokens = tokens, retry = retry, reset = ms_until(l, after, now, l.max), writes = writes }
+  if retry_for then retry = ms_from(l, after, now, tokens, retry_for) end
+  return { allowed = allowed, tokens = tokens, retry = retry, reset = ms_from(l, after, now, tokens, l.max), writes = writes }
 end
 
 -- A consume (charge true) or a peek of `cost` against `cur`, the balance
