@@ -2,8 +2,7 @@
 //! keys through any TB command, and the commands sit in the right ACL
 //! categories where the server supports module categories.
 
-mod common;
-use common::*;
+use testkit::{consume, error_of, info_field, peek, snapshot, Server};
 
 #[test]
 fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {

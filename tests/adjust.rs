@@ -1,8 +1,10 @@
 //! TB.ADJUST: refunds capped at max, debt floored at -max, and how CONSUME
 //! behaves in debt.
 
-mod common;
-use common::*;
+use testkit::{
+    consume, hgetall, int, peek, repl_offset, snapshot, start_replica, wait_replicas, Config,
+    Server,
+};
 
 fn adjust(c: &mut redis::Connection, key: &str, max: &str, rate: &str, delta: &str) -> Vec<i64> {
     redis::cmd("TB.ADJUST")

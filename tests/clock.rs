@@ -2,8 +2,10 @@
 //! times count the wait until the stored ts), steps forward refill up to
 //! max and no further. Runs on Valkey under libfaketime.
 
-mod common;
-use common::*;
+use testkit::{
+    consume, hgetall, int, peek, pypi_server, skewed_clock, snapshot, start_replica, wait_replicas,
+    Config, FakeClock, Pypi, Server,
+};
 
 const T0: i64 = 1_893_456_000_000_000; // 2030-01-01T00:00:00Z in µs
 

@@ -2,10 +2,8 @@
 //! node. Traffic spreads over the shards, MCONSUME needs one slot, and a
 //! manual failover keeps every bucket.
 
-mod common;
-use common::cluster::Cluster;
-use common::*;
 use std::collections::BTreeMap;
+use testkit::{cluster::Cluster, error_of, snapshot, wait_replicas, Config};
 
 #[test]
 fn cluster_spreads_buckets_routes_mconsume_and_survives_failover() {

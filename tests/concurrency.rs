@@ -1,10 +1,9 @@
 //! 16 clients hammer one hot key for 2 s: the bucket admits max + rate*t,
 //! within a few percent, and never more.
 
-mod common;
-use common::*;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+use testkit::{consume, Server};
 
 #[test]
 fn hot_key_admits_exactly_the_budget() {

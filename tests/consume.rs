@@ -1,9 +1,11 @@
 //! TB.CONSUME on a real server: reply values, stored hash, expiry, and that
 //! denied and zero-cost calls write nothing.
 
-mod common;
-use common::*;
 use std::time::Duration;
+use testkit::{
+    consume, error_of, eventually, exec_survives, hgetall, info_field, int, repl_offset,
+    start_replica, Config, Server,
+};
 
 #[test]
 fn fresh_bucket_replies_and_stores_state() {

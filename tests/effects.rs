@@ -7,8 +7,10 @@
 //!   build) becomes the call's error reply, counts in `tb_errors`, and
 //!   leaves the replica exactly like its primary.
 
-mod common;
-use common::*;
+use testkit::{
+    consume, error_of, info_field, module_path, snapshot, start_fails, start_replica,
+    test_hooks_config, wait_replicas, Config, Server,
+};
 
 const REFUSED: &str = "command (renamed or disabled by rename-command?); the module replicates every write as HSET, PEXPIREAT and DEL, so it will not load";
 

@@ -1,7 +1,8 @@
 //! Every error: the message names the bad argument, and nothing is written.
 
-mod common;
-use common::*;
+use testkit::{
+    consume, error_of, info_field, int, repl_offset, snapshot, start_replica, Config, Server,
+};
 
 fn cmd(parts: &[&[u8]]) -> redis::Cmd {
     let mut c = redis::cmd(std::str::from_utf8(parts[0]).unwrap());

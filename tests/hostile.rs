@@ -15,13 +15,12 @@
 //! runs commands one at a time anyway, so taking turns loses no
 //! interleaving a concurrent writer could produce.
 
-mod common;
-use common::*;
 use redis::Value;
 use std::collections::BTreeMap;
 use std::time::Instant;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, ArgError};
 use tb_core::state::{decode, StateError};
+use testkit::{consume, error_of, hgetall, info_field, Config, Rng, Server};
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 const CALLS: usize = 60_000;

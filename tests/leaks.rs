@@ -1,9 +1,8 @@
 //! Memory: a million short-lived buckets leave nothing behind once they
 //! expire, and valgrind finds no definite leak from the module.
 
-mod common;
-use common::*;
 use std::time::{Duration, Instant};
+use testkit::{eventually, info_field, pypi_server, Config, Pypi, Server};
 
 fn used_memory(c: &mut redis::Connection) -> i64 {
     info_field(c, "memory", "used_memory")

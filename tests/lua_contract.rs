@@ -7,11 +7,14 @@
 //! replication, what is (not) written, errors, limits, script caching, and
 //! that the committed EVAL scripts are generated from `lua/tb.lua`.
 
-mod common;
-use common::*;
 use redis::Value;
 use std::path::Path;
 use std::process::Command;
+use testkit::{
+    bad_then_expired, error_of, eval_script, expired_keys, hgetall, info_field, int,
+    lazy_expiry_only, load_eval_script, load_library, pypi_server, repl_offset, start_replica,
+    wait_replicas, Config, Pypi, Server, LIBRARY,
+};
 
 const SHARED_BEGIN: &str = "-- >>> shared: begin\n";
 const SHARED_END: &str = "-- <<< shared: end\n";

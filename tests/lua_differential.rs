@@ -14,10 +14,9 @@
 //! the library (TIME) read the frozen fake clock, so results are exact.
 //! Set `TB_DIFF_SEED` to replay another sequence.
 
-mod common;
-use common::*;
 use redis::Value;
 use std::collections::BTreeMap;
+use testkit::{hgetall, int, load_library, snapshot, FakeClock, Rng, Server};
 
 const T0: i64 = 1_893_456_000_000_000; // 2030-01-01T00:00:00Z in µs
 const OPS: usize = 4000;

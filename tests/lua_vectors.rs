@@ -10,11 +10,13 @@
 //! `base_ts_us + elapsed_us`, then the reply, or error, and every key after
 //! the call are compared with the file.
 
-mod common;
-use common::*;
 use redis::Value;
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use testkit::{
+    hgetall, info_field, int, load_eval_script, load_library, pypi_server, Config, FakeClock, Pypi,
+    Server,
+};
 
 #[derive(Deserialize)]
 struct Vectors {

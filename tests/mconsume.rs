@@ -1,8 +1,10 @@
 //! TB.MCONSUME: several buckets, all-or-nothing.
 
-mod common;
-use common::*;
 use redis::Value;
+use testkit::{
+    bad_then_expired, consume, error_of, exec_survives, expired_keys, hgetall, int,
+    lazy_expiry_only, repl_offset, snapshot, start_replica, wait_replicas, Config, Server,
+};
 
 fn mconsume(c: &mut redis::Connection, args: &[&str]) -> (i64, i64, Vec<Vec<i64>>) {
     let v: Vec<Value> = redis::cmd("TB.MCONSUME")

@@ -1,8 +1,7 @@
 //! maxmemory with noeviction: TB.CONSUME (deny-oom) fails with OOM and
 //! writes nothing, while the read-only TB.PEEK still answers.
 
-mod common;
-use common::*;
+use testkit::{consume, error_of, hgetall, int, peek, Server};
 
 #[test]
 fn oom_denies_writes_but_peek_answers() {

@@ -2,8 +2,7 @@
 //! the `test-hooks` feature) answers an error, logs the panic through the
 //! Redis log, counts it in INFO, and leaves the server serving.
 
-mod common;
-use common::*;
+use testkit::{consume, error_of, info_field, snapshot, test_hooks_config, Server};
 
 fn panics(c: &mut redis::Connection) -> u64 {
     info_field(c, "tb", "tb_panics").parse().expect("tb_panics")

@@ -1,8 +1,10 @@
 //! TB.PEEK: the same reply as TB.CONSUME without charging, never a write,
 //! and it runs on a read-only replica.
 
-mod common;
-use common::*;
+use testkit::{
+    consume, error_of, hgetall, int, peek, repl_offset, start_replica, wait_replicas, Config,
+    Server,
+};
 
 #[test]
 fn peek_reports_without_charging() {

@@ -1,8 +1,7 @@
 //! State survives restarts: AOF after kill -9, and it is a plain hash that a
 //! server without the module still loads.
 
-mod common;
-use common::*;
+use testkit::{consume, eventually, hgetall, info_field, peek, snapshot, Config, Server};
 
 fn aof() -> Config {
     Config::default()

@@ -3,8 +3,10 @@
 //! absolute expire times, FUNCTION for the Lua library), so on 6.2 this
 //! file checks what can be checked without them.
 
-mod common;
-use common::*;
+use testkit::{
+    consume, error_of, hgetall, info_field, int, peek, pypi_server, start_replica, wait_replicas,
+    Config, Pypi, Server,
+};
 
 fn redis62(module: bool) -> Config {
     Config {

@@ -1,8 +1,7 @@
 //! How the commands present themselves: key positions (GETKEYS, Cluster,
 //! ACL), flags, and the INFO section.
 
-mod common;
-use common::*;
+use testkit::{consume, error_of, info_field, peek, Server};
 
 fn getkeys(c: &mut redis::Connection, args: &[&str]) -> Vec<String> {
     redis::cmd("COMMAND")

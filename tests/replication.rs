@@ -1,8 +1,9 @@
 //! Effects replication: after thousands of mixed calls a replica, with or
 //! without the module, holds the primary's exact hashes and expire times.
 
-mod common;
-use common::*;
+use testkit::{
+    info_field, repl_offset, snapshot, start_replica, wait_replicas, Config, Rng, Server,
+};
 
 fn mixed_traffic(c: &mut redis::Connection, seed: u64, calls: usize) {
     let mut rng = Rng(seed);

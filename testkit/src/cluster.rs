@@ -1,7 +1,10 @@
 //! A real Redis Cluster on loopback: N primaries, each with R replicas,
 //! created with `redis-cli --cluster create`.
 
-use super::*;
+use crate::client::{eventually, info_field};
+use crate::server::{Config, Server};
+use std::process::Command;
+use std::time::Duration;
 
 pub struct Cluster {
     pub nodes: Vec<Server>,

