@@ -3,7 +3,7 @@
 //! manual failover keeps every bucket.
 
 use std::collections::BTreeMap;
-use testkit::{cluster::Cluster, error_of, snapshot, wait_replicas, Config};
+use testkit::{cluster::Cluster, dbsize, error_of, snapshot, wait_replicas, Config};
 
 #[test]
 fn cluster_spreads_buckets_routes_mconsume_and_survives_failover() {
@@ -23,10 +23,7 @@ fn cluster_spreads_buckets_routes_mconsume_and_survives_failover() {
     assert_eq!(admitted, 3000, "600 buckets of 20 admit 5 calls each");
     let primaries = cluster.primaries();
     assert_eq!(primaries.len(), 3);
-    let sizes: Vec<i64> = primaries
-        .iter()
-        .map(|p| redis::cmd("DBSIZE").query(&mut p.conn()).unwrap())
-        .collect();
+    let sizes: Vec<i64> = primaries.iter().map(|p| dbsize(&mut p.conn())).collect();
     assert_eq!(sizes.iter().sum::<i64>(), 600);
     assert!(
         sizes.iter().all(|&n| n > 100),

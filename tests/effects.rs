@@ -8,7 +8,7 @@
 //!   leaves the replica exactly like its primary.
 
 use testkit::{
-    consume, error_of, info_field, module_path, snapshot, start_fails, start_replica,
+    consume, error_of, module_path, snapshot, start_fails, start_replica, tb_counter,
     test_hooks_config, wait_replicas, Config, Server,
 };
 
@@ -53,7 +53,7 @@ fn a_server_without_an_effect_command_refuses_the_module() {
 }
 
 fn errors(c: &mut redis::Connection) -> u64 {
-    info_field(c, "tb", "tb_errors").parse().expect("tb_errors")
+    tb_counter(c, "tb_errors")
 }
 
 fn fault(c: &mut redis::Connection, step: &str) {

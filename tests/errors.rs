@@ -1,7 +1,7 @@
 //! Every error: the message names the bad argument, and nothing is written.
 
 use testkit::{
-    consume, error_of, info_field, int, repl_offset, snapshot, start_replica, Config, Server,
+    consume, error_of, int, repl_offset, snapshot, start_replica, tb_counter, Config, Server,
 };
 
 fn cmd(parts: &[&[u8]]) -> redis::Cmd {
@@ -162,11 +162,11 @@ fn argument_errors_name_the_argument_and_write_nothing() {
             "duplicate key: group 2 repeats the key of group 1",
         ),
     ];
-    let errors_before: u64 = info_field(&mut c, "tb", "tb_errors").parse().unwrap();
+    let errors_before = tb_counter(&mut c, "tb_errors");
     for (parts, expected) in &cases {
         assert_rejected(&mut c, parts, expected);
     }
-    let errors_after: u64 = info_field(&mut c, "tb", "tb_errors").parse().unwrap();
+    let errors_after = tb_counter(&mut c, "tb_errors");
     assert_eq!(errors_after - errors_before, cases.len() as u64);
     assert!(s.log().lines().all(|l| !l.contains("panic")));
 }

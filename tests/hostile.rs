@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, ArgError};
 use tb_core::state::{decode, StateError};
-use testkit::{consume, error_of, hgetall, info_field, Config, Rng, Server};
+use testkit::{consume, dbsize, error_of, error_text, hgetall, tb_counter, Config, Rng, Server};
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 const CALLS: usize = 60_000;
@@ -412,16 +412,6 @@ fn show(argv: &[Vec<u8>]) -> String {
     parts.join(" ")
 }
 
-fn error_text(e: &redis::RedisError) -> String {
-    assert!(
-        e.code().is_some() && !e.is_io_error() && !e.is_connection_dropped(),
-        "not an error reply (did the server die?): {e:?}"
-    );
-    format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or(""))
-        .trim()
-        .to_string()
-}
-
 // ---- the garbage writer ---------------------------------------------------------------
 
 fn garbage(r: &mut Rng, g: &mut redis::Connection, pool: &[Vec<u8>]) {
@@ -525,10 +515,6 @@ struct Tally {
     adjusts: u64,
 }
 
-fn counter(c: &mut redis::Connection, name: &str) -> u64 {
-    info_field(c, "tb", name).parse().expect(name)
-}
-
 #[test]
 fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
     let seed = std::env::var("TB_HOSTILE_SEED")
@@ -612,7 +598,7 @@ fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
         }
         before = after;
         if n % 5000 == 0 {
-            assert_eq!(counter(&mut c, "tb_panics"), 0, "{ctx}");
+            assert_eq!(tb_counter(&mut c, "tb_panics"), 0, "{ctx}");
         }
     }
     let elapsed = started.elapsed();
@@ -623,12 +609,12 @@ fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
     eprintln!("outcomes: {kinds:#?}");
 
     assert!(s.is_alive(), "server died:\n{}", s.log());
-    assert_eq!(counter(&mut c, "tb_panics"), 0);
-    assert_eq!(counter(&mut c, "tb_errors"), tally.errors);
-    assert_eq!(counter(&mut c, "tb_admitted"), tally.admitted);
-    assert_eq!(counter(&mut c, "tb_denied"), tally.denied);
-    assert_eq!(counter(&mut c, "tb_peeks"), tally.peeks);
-    assert_eq!(counter(&mut c, "tb_adjusts"), tally.adjusts);
+    assert_eq!(tb_counter(&mut c, "tb_panics"), 0);
+    assert_eq!(tb_counter(&mut c, "tb_errors"), tally.errors);
+    assert_eq!(tb_counter(&mut c, "tb_admitted"), tally.admitted);
+    assert_eq!(tb_counter(&mut c, "tb_denied"), tally.denied);
+    assert_eq!(tb_counter(&mut c, "tb_peeks"), tally.peeks);
+    assert_eq!(tb_counter(&mut c, "tb_adjusts"), tally.adjusts);
     let log = s.log();
     assert!(
         !log.to_lowercase().contains("panic"),
@@ -716,10 +702,6 @@ fn mconsume(groups: &[(Vec<u8>, &str, &str, &str)]) -> redis::Cmd {
         cmd.arg(k.as_slice()).arg(*max).arg(*rate).arg(*cost);
     }
     cmd
-}
-
-fn dbsize(c: &mut redis::Connection) -> i64 {
-    redis::cmd("DBSIZE").query(c).expect("DBSIZE")
 }
 
 /// TB.MCONSUME at its limit: 10,000 groups work, 10,001 are refused, and a
@@ -811,7 +793,7 @@ fn mconsume_at_the_group_limit() {
     );
 
     assert!(s.is_alive());
-    assert_eq!(counter(&mut c, "tb_panics"), 0);
+    assert_eq!(tb_counter(&mut c, "tb_panics"), 0);
     eprintln!(
         "group-limit checks in {:.1} s",
         started.elapsed().as_secs_f64()

@@ -2,7 +2,7 @@
 //! expire, and valgrind finds no definite leak from the module.
 
 use std::time::{Duration, Instant};
-use testkit::{eventually, info_field, pypi_server, Config, Pypi, Server};
+use testkit::{dbsize, eventually, info_field, pypi_server, Config, Pypi, Server};
 
 fn used_memory(c: &mut redis::Connection) -> i64 {
     info_field(c, "memory", "used_memory")
@@ -18,10 +18,6 @@ fn purged_rss(c: &mut redis::Connection) -> i64 {
     info_field(c, "memory", "used_memory_rss")
         .parse()
         .expect("used_memory_rss")
-}
-
-fn dbsize(c: &mut redis::Connection) -> i64 {
-    redis::cmd("DBSIZE").query(c).expect("DBSIZE")
 }
 
 /// Creates buckets `prefix0..prefix{n-1}`, each drained (10 tokens at

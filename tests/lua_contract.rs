@@ -11,22 +11,13 @@ use redis::Value;
 use std::path::Path;
 use std::process::Command;
 use testkit::{
-    bad_then_expired, error_of, eval_script, expired_keys, hgetall, info_field, int,
-    lazy_expiry_only, load_eval_script, load_library, pypi_server, repl_offset, start_replica,
-    wait_replicas, Config, Pypi, Server, LIBRARY,
+    bad_then_expired, dbsize, error_of, eval_script, expired_keys, hgetall, info_field, int,
+    lazy_expiry_only, load_eval_script, load_library, out_of_memory, pypi_server, repl_offset, run,
+    start_replica, wait_replicas, Config, Pypi, Server, LIBRARY,
 };
 
 const SHARED_BEGIN: &str = "-- >>> shared: begin\n";
 const SHARED_END: &str = "-- <<< shared: end\n";
-
-/// A reply, or the error text as the server sent it.
-fn run(c: &mut redis::Connection, cmd: &redis::Cmd) -> Result<Value, String> {
-    cmd.query::<Value>(c).map_err(|e| {
-        format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or(""))
-            .trim()
-            .to_string()
-    })
-}
 
 /// `FCALL name numkeys keys... args...` (FCALL_RO for tb_peek).
 fn fcall_cmd(function: &str, keys: &[&[u8]], args: &[&str]) -> redis::Cmd {
@@ -605,8 +596,7 @@ fn mconsume_stops_at_a_bad_group_before_reading_later_keys() {
                 "{form}: {err}"
             );
             assert_eq!(expired_keys(&mut c), before, "{form} {bad}: later was read");
-            let keys: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
-            assert_eq!(keys, 2, "{form} {bad}");
+            assert_eq!(dbsize(&mut c), 2, "{form} {bad}");
         }
     }
 }
@@ -622,17 +612,7 @@ fn under_oom_eval_scripts_fail_only_when_they_write() {
     load_library(&mut c);
     load_scripts(&mut c);
     fcall(&mut c, "tb_consume", &["drained"], &["1", "0.001", "1"]);
-    let _: () = redis::cmd("SET")
-        .arg("ballast")
-        .arg(vec![b'x'; 2 << 20])
-        .query(&mut c)
-        .unwrap();
-    for (k, v) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1mb")] {
-        let _: () = redis::cmd("CONFIG")
-            .arg(&["SET", k, v])
-            .query(&mut c)
-            .unwrap();
-    }
+    out_of_memory(&mut c, 2 << 20);
     let before = snapshot_without_expiry(&mut c);
     let eval =
         |c: &mut redis::Connection, f: &str, k: &[u8], a: &[&str]| run(c, &evalsha_cmd(f, &[k], a));

@@ -16,7 +16,7 @@
 
 use redis::Value;
 use std::collections::BTreeMap;
-use testkit::{hgetall, int, load_library, snapshot, FakeClock, Rng, Server};
+use testkit::{hgetall, int, load_library, run, snapshot, FakeClock, Rng, Server};
 
 const T0: i64 = 1_893_456_000_000_000; // 2030-01-01T00:00:00Z in µs
 const OPS: usize = 4000;
@@ -87,16 +87,6 @@ impl Op {
         cmd.arg(&self.args);
         cmd
     }
-}
-
-/// A reply, or the error text exactly as the server sent it.
-fn run(c: &mut redis::Connection, cmd: &redis::Cmd) -> Result<Value, String> {
-    cmd.query::<Value>(c).map_err(|e| {
-        assert!(e.code().is_some(), "not a server error: {e}");
-        format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or(""))
-            .trim()
-            .to_string()
-    })
 }
 
 /// The library spells arity errors with its function name.

@@ -14,8 +14,8 @@ use redis::Value;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use testkit::{
-    hgetall, info_field, int, load_eval_script, load_library, pypi_server, Config, FakeClock, Pypi,
-    Server,
+    hgetall, info_field, int, load_eval_script, load_library, pypi_server, run, Config, FakeClock,
+    Pypi, Server,
 };
 
 #[derive(Deserialize)]
@@ -159,11 +159,7 @@ impl Target {
         }
         self.clock.set(base + case.elapsed_us);
         let cmd = self.command(form, case);
-        cmd.query::<Value>(&mut self.conn).map_err(|e| {
-            format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or(""))
-                .trim()
-                .to_string()
-        })
+        run(&mut self.conn, &cmd)
     }
 
     /// Every key of the case against what the file expects after the call

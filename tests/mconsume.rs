@@ -2,7 +2,7 @@
 
 use redis::Value;
 use testkit::{
-    bad_then_expired, consume, error_of, exec_survives, expired_keys, hgetall, int,
+    bad_then_expired, consume, dbsize, error_of, exec_survives, expired_keys, hgetall, int,
     lazy_expiry_only, repl_offset, snapshot, start_replica, wait_replicas, Config, Server,
 };
 
@@ -185,8 +185,7 @@ fn an_error_stops_before_later_groups_are_opened() {
             before,
             "{bad}: the expired key was opened"
         );
-        let keys: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
-        assert_eq!(keys, 2, "{bad}");
+        assert_eq!(dbsize(&mut c), 2, "{bad}");
         // Opening it afterwards does expire it: the setup holds.
         assert_eq!(int(&mut c, "EXISTS", "later"), 0);
     }

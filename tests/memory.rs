@@ -1,26 +1,14 @@
 //! maxmemory with noeviction: TB.CONSUME (deny-oom) fails with OOM and
 //! writes nothing, while the read-only TB.PEEK still answers.
 
-use testkit::{consume, error_of, hgetall, int, peek, Server};
+use testkit::{consume, error_of, hgetall, int, out_of_memory, peek, Server};
 
 #[test]
 fn oom_denies_writes_but_peek_answers() {
     let s = Server::start();
     let mut c = s.conn();
     consume(&mut c, "rl:old", "10", "0.01", "3");
-    let _: () = redis::cmd("SET")
-        .arg("ballast")
-        .arg(vec![b'x'; 4 << 20])
-        .query(&mut c)
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg(&["SET", "maxmemory-policy", "noeviction"])
-        .query(&mut c)
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg(&["SET", "maxmemory", "1mb"])
-        .query(&mut c)
-        .unwrap();
+    out_of_memory(&mut c, 4 << 20);
     let before = (
         hgetall(&mut c, "rl:old"),
         int(&mut c, "PEXPIRETIME", "rl:old"),

@@ -2,10 +2,10 @@
 //! the `test-hooks` feature) answers an error, logs the panic through the
 //! Redis log, counts it in INFO, and leaves the server serving.
 
-use testkit::{consume, error_of, info_field, snapshot, test_hooks_config, Server};
+use testkit::{consume, error_of, snapshot, tb_counter, test_hooks_config, Server};
 
 fn panics(c: &mut redis::Connection) -> u64 {
-    info_field(c, "tb", "tb_panics").parse().expect("tb_panics")
+    tb_counter(c, "tb_panics")
 }
 
 #[test]
@@ -45,10 +45,7 @@ fn a_panicking_command_is_contained_logged_and_counted() {
     error_of(&mut c2, &redis::cmd("TB.PANIC"));
     assert_eq!(panics(&mut c), 2);
     assert!(
-        info_field(&mut c, "tb", "tb_errors")
-            .parse::<u64>()
-            .unwrap()
-            >= 2,
+        tb_counter(&mut c, "tb_errors") >= 2,
         "panics count as errors"
     );
     assert_eq!(

@@ -1,7 +1,7 @@
 //! How the commands present themselves: key positions (GETKEYS, Cluster,
 //! ACL), flags, and the INFO section.
 
-use testkit::{consume, error_of, info_field, peek, Server};
+use testkit::{consume, error_of, info_field, out_of_memory, peek, tb_counter, Server};
 
 fn getkeys(c: &mut redis::Connection, args: &[&str]) -> Vec<String> {
     redis::cmd("COMMAND")
@@ -81,8 +81,7 @@ fn command_flags_match_the_contract() {
 fn info_counts_decisions_and_errors() {
     let s = Server::start();
     let mut c = s.conn();
-    let field =
-        |c: &mut redis::Connection, f: &str| -> u64 { info_field(c, "tb", f).parse().unwrap() };
+    let field = tb_counter;
     assert_eq!(field(&mut c, "tb_admitted"), 0);
     consume(&mut c, "k", "2", "0.01", "1");
     consume(&mut c, "k", "2", "0.01", "1");
@@ -309,8 +308,7 @@ fn command_docs_describe_every_command() {
 fn tb_errors_counts_only_the_modules_own_errors() {
     let s = Server::start();
     let mut c = s.conn();
-    let errors =
-        |c: &mut redis::Connection| -> u64 { info_field(c, "tb", "tb_errors").parse().unwrap() };
+    let errors = |c: &mut redis::Connection| tb_counter(c, "tb_errors");
     let _: String = redis::cmd("ACL")
         .arg(&["SETUSER", "other", "on", ">pw", "~other:*", "+@all"])
         .query(&mut c)
@@ -324,19 +322,7 @@ fn tb_errors_counts_only_the_modules_own_errors() {
         redis::cmd("TB.CONSUME").arg(&["rl:k", "10", "1"]),
     );
     assert!(err.starts_with("NOPERM"), "{err}");
-    let _: () = redis::cmd("CONFIG")
-        .arg(&["SET", "maxmemory-policy", "noeviction"])
-        .query(&mut c)
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("ballast")
-        .arg(vec![b'x'; 2 << 20])
-        .query(&mut c)
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg(&["SET", "maxmemory", "1mb"])
-        .query(&mut c)
-        .unwrap();
+    out_of_memory(&mut c, 2 << 20);
     let err = error_of(&mut c, redis::cmd("TB.CONSUME").arg(&["k", "10", "1"]));
     assert!(err.starts_with("OOM"), "{err}");
     assert_eq!(errors(&mut c), 0);
