@@ -1,15 +1,12 @@
 //! The three fuzz targets' properties as proptest suites, so they run on
 //! stable in every `cargo test`. The properties themselves live in
-//! `fuzz/src/lib.rs` (shared with the libFuzzer targets); this file only
+//! `testkit::oracles` (shared with the libFuzzer targets); this file only
 //! generates inputs, biased towards the hostile values that matter.
 
-#[allow(dead_code)] // The byte decoders are for the libFuzzer targets.
-#[path = "../../fuzz/src/lib.rs"]
-mod props;
-
-use props::{BucketCase, Op};
 use proptest::collection::vec;
 use proptest::prelude::*;
+use testkit::oracles;
+use testkit::oracles::{BucketCase, Op};
 
 // ---- (a) argument parsing -----------------------------------------------------
 
@@ -105,7 +102,7 @@ proptest! {
     #[test]
     fn args_match_the_reference_and_stay_in_bounds(a in argv()) {
         let refs: Vec<&[u8]> = a.iter().map(Vec::as_slice).collect();
-        props::check_args(&refs);
+        oracles::check_args(&refs);
     }
 
     #[test]
@@ -119,14 +116,14 @@ proptest! {
     ) {
         let mut a: Vec<&[u8]> = vec![&name, b"k"];
         a.extend(nums.iter().map(|n| n.as_bytes()));
-        props::check_args(&a);
+        oracles::check_args(&a);
         a.pop();
-        props::check_args(&a);
+        oracles::check_args(&a);
     }
 
     #[test]
     fn args_from_raw_bytes(data in vec(any::<u8>(), 0..64)) {
-        props::check_args(&props::argv_from_bytes(&data));
+        oracles::check_args(&oracles::argv_from_bytes(&data));
     }
 }
 
@@ -141,9 +138,9 @@ fn mconsume_group_limit_and_late_duplicates() {
     for i in 0..10_000 {
         a.extend(group(format!("k{i}")));
     }
-    props::check_args(&refs(&a));
+    oracles::check_args(&refs(&a));
     a.extend(group("k10000".into()));
-    props::check_args(&refs(&a));
+    oracles::check_args(&refs(&a));
     // A duplicate in the last of 10,000 groups (the reference scan is
     // quadratic: keep this one smaller).
     let mut a: Vec<String> = vec!["TB.MCONSUME".into()];
@@ -151,7 +148,7 @@ fn mconsume_group_limit_and_late_duplicates() {
         a.extend(group(format!("k{i}")));
     }
     a.extend(group("k1234".into()));
-    props::check_args(&refs(&a));
+    oracles::check_args(&refs(&a));
 }
 
 // ---- (b) state decoding ---------------------------------------------------------
@@ -172,25 +169,25 @@ proptest! {
 
     #[test]
     fn state_decodes_like_the_reference(tokens in field(), ts in field()) {
-        props::check_state(tokens.as_deref(), ts.as_deref());
+        oracles::check_state(tokens.as_deref(), ts.as_deref());
     }
 
     #[test]
     fn state_from_raw_bytes(data in vec(any::<u8>(), 0..40)) {
-        let (tokens, ts) = props::fields_from_bytes(&data);
-        props::check_state(tokens, ts);
+        let (tokens, ts) = oracles::fields_from_bytes(&data);
+        oracles::check_state(tokens, ts);
     }
 
     #[test]
     fn every_finite_balance_round_trips(bits in any::<u64>(), v in any::<f64>()) {
-        props::check_tokens_round_trip(f64::from_bits(bits));
-        props::check_tokens_round_trip(v);
+        oracles::check_tokens_round_trip(f64::from_bits(bits));
+        oracles::check_tokens_round_trip(v);
     }
 
     #[test]
     fn every_timestamp_round_trips_or_is_refused(ts in any::<i64>(), small in -(1i64 << 53)..(1i64 << 53)) {
-        props::check_ts_round_trip(ts);
-        props::check_ts_round_trip(small);
+        oracles::check_ts_round_trip(ts);
+        oracles::check_ts_round_trip(small);
     }
 }
 
@@ -240,7 +237,7 @@ enum Balance {
 fn bucket_case() -> impl Strategy<Value = BucketCase> {
     // Valid limits most of the time (log-uniform), raw ones otherwise.
     let limits = prop_oneof![
-        3 => (0.0f64..=1.0, 0.0f64..=1.0).prop_map(|(a, b)| props::valid_limits_from(a, b)),
+        3 => (0.0f64..=1.0, 0.0f64..=1.0).prop_map(|(a, b)| oracles::valid_limits_from(a, b)),
         1 => (wild(), wild()),
     ];
     let balance = prop_oneof![
@@ -276,12 +273,12 @@ proptest! {
 
     #[test]
     fn bucket_arithmetic_keeps_the_contract(case in bucket_case()) {
-        props::check_bucket(&case);
+        oracles::check_bucket(&case);
     }
 
     #[test]
     fn bucket_from_raw_bytes(data in vec(any::<u8>(), 0..200)) {
-        props::check_bucket(&props::bucket_case_from_bytes(&data));
+        oracles::check_bucket(&oracles::bucket_case_from_bytes(&data));
     }
 }
 
@@ -299,7 +296,7 @@ fn found_by_the_fuzzer() {
         delta: 5e-324,
         steps: vec![],
     };
-    props::check_bucket(&case);
+    oracles::check_bucket(&case);
     // A bucket in debt that admits nothing.
     case = BucketCase {
         max: 30.181696555805246,
@@ -310,5 +307,5 @@ fn found_by_the_fuzzer() {
         delta: 0.0,
         steps: vec![(1_000_263, Op::Peek(0.5)), (0, Op::Consume(0.1))],
     };
-    props::check_bucket(&case);
+    oracles::check_bucket(&case);
 }

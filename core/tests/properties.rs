@@ -2,7 +2,8 @@
 //! random stored states.
 
 use proptest::prelude::*;
-use tb_core::bucket::{Effect, Limits, Stored};
+use tb_core::bucket::{Limits, Stored};
+use testkit::oracles::after;
 
 fn limits() -> impl Strategy<Value = Limits> {
     (0.01f64..1e6, 0.001f64..1e5)
@@ -11,15 +12,6 @@ fn limits() -> impl Strategy<Value = Limits> {
 }
 
 const T0: i64 = 1_700_000_000_000_000;
-
-/// What the key holds after `effect`, as the module leaves it.
-fn after(stored: Option<Stored>, effect: Effect) -> Option<Stored> {
-    match effect {
-        Effect::Nothing => stored,
-        Effect::Delete => None,
-        Effect::Save { tokens, ts_us, .. } => Some(Stored { tokens, ts_us }),
-    }
-}
 
 /// Replays `steps` (µs since the previous call, cost as a fraction of max)
 /// through consume → store, as the module does.

@@ -3,7 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use testkit::oracles;
 
 fuzz_target!(|data: &[u8]| {
-    tb_fuzz::check_args(&tb_fuzz::argv_from_bytes(data));
+    oracles::check_args(&oracles::argv_from_bytes(data));
 });

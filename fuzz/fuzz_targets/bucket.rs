@@ -3,7 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use testkit::oracles;
 
 fuzz_target!(|data: &[u8]| {
-    tb_fuzz::check_bucket(&tb_fuzz::bucket_case_from_bytes(data));
+    oracles::check_bucket(&oracles::bucket_case_from_bytes(data));
 });

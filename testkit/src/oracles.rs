@@ -1,7 +1,8 @@
 //! Properties of tb-core under hostile input, shared by the libFuzzer
 //! targets (`fuzz/fuzz_targets/*.rs`, nightly) and their proptest
-//! equivalents (`core/tests/fuzz_equivalents.rs`, stable), which includes
-//! this file as a module. Only `std` and `tb_core` may be used here.
+//! equivalents (`core/tests/fuzz_equivalents.rs`, stable). Only `std` and
+//! `tb_core` may be used here: the fuzz build takes this crate without its
+//! features.
 //!
 //! Each `check_*` function panics when a property fails; each `*_from_bytes`
 //! function turns fuzzer bytes into that check's input.
