@@ -19,10 +19,11 @@ use redis::Value;
 use std::collections::BTreeMap;
 use std::time::Instant;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, ArgError};
-use tb_core::state::{decode, StateError};
-use testkit::{consume, dbsize, error_of, error_text, hgetall, tb_counter, Config, Rng, Server};
+use tb_core::state::{LoadError, WRONGTYPE};
+use testkit::{
+    consume, dbsize, error_of, error_text, hgetall, tb_counter, Config, KeyView, Rng, Server,
+};
 
-const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 const CALLS: usize = 60_000;
 
 /// The keys both clients fight over: plain, empty, binary, spaced.
@@ -297,22 +298,20 @@ fn changed(before: &Snap, after: &Snap, now_ms: i64) -> Vec<Vec<u8>> {
 
 // ---- the oracle ---------------------------------------------------------------------
 
-/// Why a key is not usable as a bucket, as the module words it.
-fn key_error(s: &KeyState) -> Option<String> {
-    match s.ty.as_str() {
-        "none" => None,
-        "hash" => {
-            let h = s.hash.as_ref().expect("hash fields");
-            let field = |name: &str| h.get(name.as_bytes()).map(Vec::as_slice);
-            let r = if h.len() != 2 {
-                Err(StateError::Fields)
-            } else {
-                decode(field("tokens"), field("ts")).map(|_| ())
-            };
-            r.err().map(|e| e.message().to_string())
+impl KeyState {
+    /// The key as tb-core's rule reads it.
+    fn view(&self) -> KeyView<'_, Vec<u8>, Vec<u8>> {
+        match self.ty.as_str() {
+            "none" => KeyView::Missing,
+            "hash" => KeyView::Hash(self.hash.as_ref().expect("hash fields")),
+            _ => KeyView::Other,
         }
-        _ => Some(WRONGTYPE.to_string()),
     }
+}
+
+/// Why a key is not usable as a bucket.
+fn key_error(s: &KeyState) -> Option<LoadError> {
+    s.view().load().err()
 }
 
 /// A parsed call: its keys and each key's `max`.
@@ -351,11 +350,7 @@ fn predict(argv: &[Vec<u8>], state: &Snap) -> Result<Parsed, String> {
         let Some(e) = state.get(k).and_then(key_error) else {
             continue;
         };
-        return Err(if command == 3 && e != WRONGTYPE {
-            format!("{e} (group {})", i + 1)
-        } else {
-            e
-        });
+        return Err(e.message((command == 3).then_some(i + 1)));
     }
     Ok(Parsed { command, keys })
 }
@@ -689,9 +684,12 @@ fn check_bucket_key(s: &KeyState, max: f64, ctx: &str) {
     }
     assert_eq!(s.ty, "hash", "{ctx}");
     let h = s.hash.as_ref().unwrap();
-    let field = |n: &str| h.get(n.as_bytes()).map(Vec::as_slice);
     assert_eq!(h.len(), 2, "{ctx}: {h:?}");
-    let b = decode(field("tokens"), field("ts")).unwrap_or_else(|e| panic!("{ctx}: {e:?}"));
+    let b = s
+        .view()
+        .load()
+        .unwrap_or_else(|e| panic!("{ctx}: {e:?}"))
+        .expect("a hash");
     assert!(b.tokens >= -max && b.tokens < max, "{ctx}: stored {b:?}");
     assert!(s.expire_at > 0, "{ctx}: a bucket without an expire time");
 }

@@ -8,12 +8,13 @@
 //! that the committed EVAL scripts are generated from `lua/tb.lua`.
 
 use redis::Value;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use testkit::{
     bad_then_expired, dbsize, error_of, eval_script, expired_keys, hgetall, info_field, int,
     lazy_expiry_only, load_eval_script, load_library, out_of_memory, pypi_server, repl_offset, run,
-    start_replica, wait_replicas, Config, Pypi, Server, LIBRARY,
+    start_replica, wait_replicas, Config, KeyView, Pypi, Server, LIBRARY,
 };
 
 const SHARED_BEGIN: &str = "-- >>> shared: begin\n";
@@ -219,11 +220,6 @@ fn admitted_call_writes_the_bucket_and_replicates_it() {
 fn bad_calls() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>, String)> {
     let arity = |f: &str| format!("ERR wrong number of arguments for '{f}' command");
     let nan = |a: &str| format!("ERR {a} must be a finite decimal number");
-    let not_bucket = "ERR key is not a token bucket: ";
-    let fields = format!("{not_bucket}the hash must hold exactly the fields tokens and ts");
-    let tokens = format!("{not_bucket}field tokens is not a finite decimal number");
-    let ts = format!("{not_bucket}field ts is not an integer of microseconds");
-    let wrongtype = "WRONGTYPE Operation against a key holding the wrong kind of value".to_string();
     let mut calls = vec![
         // Arity, including the number of keys.
         ("tb_consume", vec![], vec!["10", "1"], arity("tb_consume")),
@@ -331,52 +327,37 @@ fn bad_calls() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>, Strin
             vec!["1", "1", "1", "1", "1", "1", "1", "1", "1"],
             "ERR duplicate key: group 3 repeats the key of group 1".into(),
         ),
-        // Keys that are not buckets (set up by `broken_keys`).
-        (
-            "tb_consume",
-            vec!["str"],
-            vec!["10", "1"],
-            wrongtype.clone(),
-        ),
-        ("tb_peek", vec!["list"], vec!["10", "1"], wrongtype.clone()),
-        (
-            "tb_adjust",
-            vec!["set"],
-            vec!["10", "1", "1"],
-            wrongtype.clone(),
-        ),
-        (
-            "tb_consume",
-            vec!["zset"],
-            vec!["10", "1"],
-            wrongtype.clone(),
-        ),
-        ("tb_consume", vec!["three"], vec!["10", "1"], fields.clone()),
-        ("tb_consume", vec!["one"], vec!["10", "1"], fields.clone()),
-        ("tb_consume", vec!["nots"], vec!["10", "1"], fields.clone()),
-        ("tb_peek", vec!["nantok"], vec!["10", "1"], tokens.clone()),
-        (
-            "tb_consume",
-            vec!["spacetok"],
-            vec!["10", "1"],
-            tokens.clone(),
-        ),
-        ("tb_adjust", vec!["hexts"], vec!["10", "1", "1"], ts.clone()),
-        ("tb_consume", vec!["plusts"], vec!["10", "1"], ts.clone()),
-        ("tb_consume", vec!["longts"], vec!["10", "1"], ts.clone()),
-        (
-            "tb_mconsume",
-            vec!["fine", "hexts"],
-            vec!["10", "1", "1", "10", "1", "1"],
-            format!("{ts} (group 2)"),
-        ),
-        (
-            "tb_mconsume",
-            vec!["fine", "list", "three"],
-            vec!["10", "1", "1", "10", "1", "1", "10", "1", "1"],
-            wrongtype.clone(),
-        ),
     ];
+    // Keys that are not buckets (set up by `broken_keys`), with the error
+    // tb-core's rule gives each.
+    for (function, key, args) in [
+        ("tb_consume", "str", &["10", "1"][..]),
+        ("tb_peek", "list", &["10", "1"]),
+        ("tb_adjust", "set", &["10", "1", "1"]),
+        ("tb_consume", "zset", &["10", "1"]),
+        ("tb_consume", "three", &["10", "1"]),
+        ("tb_consume", "one", &["10", "1"]),
+        ("tb_consume", "nots", &["10", "1"]),
+        ("tb_peek", "nantok", &["10", "1"]),
+        ("tb_consume", "spacetok", &["10", "1"]),
+        ("tb_adjust", "hexts", &["10", "1", "1"]),
+        ("tb_consume", "plusts", &["10", "1"]),
+        ("tb_consume", "longts", &["10", "1"]),
+    ] {
+        calls.push((function, vec![key], args.to_vec(), key_error(key, None)));
+    }
+    calls.push((
+        "tb_mconsume",
+        vec!["fine", "hexts"],
+        vec!["10", "1", "1", "10", "1", "1"],
+        key_error("hexts", Some(2)),
+    ));
+    calls.push((
+        "tb_mconsume",
+        vec!["fine", "list", "three"],
+        vec!["10", "1", "1", "10", "1", "1", "10", "1", "1"],
+        key_error("list", Some(2)),
+    ));
     // The arguments are checked before the key.
     calls.push(("tb_consume", vec!["str"], vec!["10", "x"], nan("rate")));
     // A positive cost too small to change a balance near max: admitting
@@ -404,6 +385,18 @@ fn bad_calls() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>, Strin
     calls
 }
 
+/// Hashes the error cases use, none of them a valid bucket.
+const BROKEN_HASHES: [(&str, &[(&str, &str)]); 8] = [
+    ("three", &[("tokens", "1"), ("ts", "1"), ("x", "1")]),
+    ("one", &[("tokens", "1")]),
+    ("nots", &[("tokens", "1"), ("t", "1")]),
+    ("nantok", &[("tokens", "nan"), ("ts", "1")]),
+    ("spacetok", &[("tokens", " 1"), ("ts", "1")]),
+    ("hexts", &[("tokens", "1"), ("ts", "0x10")]),
+    ("plusts", &[("tokens", "1"), ("ts", "+10")]),
+    ("longts", &[("tokens", "1"), ("ts", "12345678901234567")]),
+];
+
 /// Keys the error cases use, none of them a valid bucket.
 fn broken_keys(c: &mut redis::Connection) {
     let mut p = redis::pipe();
@@ -411,20 +404,27 @@ fn broken_keys(c: &mut redis::Connection) {
     p.cmd("RPUSH").arg("list").arg("1");
     p.cmd("SADD").arg("set").arg("1");
     p.cmd("ZADD").arg("zset").arg(1).arg("1");
-    let hashes: [(&str, &[(&str, &str)]); 8] = [
-        ("three", &[("tokens", "1"), ("ts", "1"), ("x", "1")]),
-        ("one", &[("tokens", "1")]),
-        ("nots", &[("tokens", "1"), ("t", "1")]),
-        ("nantok", &[("tokens", "nan"), ("ts", "1")]),
-        ("spacetok", &[("tokens", " 1"), ("ts", "1")]),
-        ("hexts", &[("tokens", "1"), ("ts", "0x10")]),
-        ("plusts", &[("tokens", "1"), ("ts", "+10")]),
-        ("longts", &[("tokens", "1"), ("ts", "12345678901234567")]),
-    ];
-    for (k, fields) in hashes {
+    for (k, fields) in BROKEN_HASHES {
         p.cmd("HSET").arg(k).arg(fields);
     }
     let _: () = p.query(c).unwrap();
+}
+
+/// The error a call gets for one of `broken_keys`, by tb-core's rule
+/// (`group`: TB.MCONSUME's group number).
+fn key_error(key: &str, group: Option<usize>) -> String {
+    let hash = BROKEN_HASHES
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, fields)| {
+            fields
+                .iter()
+                .map(|&(f, v)| (f.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        });
+    let view = hash.as_ref().map_or(KeyView::Other, KeyView::Hash);
+    let e = view.load().expect_err("a broken key");
+    e.message(group)
 }
 
 #[test]

@@ -2,18 +2,18 @@
 //!
 //! The same file drives `tests/lua_vectors.rs` (the Lua library, the EVAL
 //! scripts and the module on a real server), so the pure functions, the
-//! module and the fallback are held to one list of expectations. The key
-//! handling of `src/keyspace.rs` and `src/commands.rs` (type check, field
-//! count, save-or-delete, what is written when) is repeated here in a few
-//! lines so that whole commands can be checked without a server.
+//! module and the fallback are held to one list of expectations. Keys are
+//! read by tb-core's rule (`state::load`, as `src/keyspace.rs` does); what
+//! `src/commands.rs` does around it (save-or-delete, what is written when)
+//! is repeated here in a few lines so that whole commands can be checked
+//! without a server.
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
 use tb_core::bucket::{consume_all, Effect, Outcome, Stored};
-use tb_core::state::{decode, encode_tokens, StateError};
-
-const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+use tb_core::state::{encode_tokens, StateError, WRONGTYPE};
+use testkit::KeyView;
 
 #[derive(Deserialize)]
 struct Vectors {
@@ -80,19 +80,15 @@ fn argv(case: &Case) -> Vec<String> {
     argv
 }
 
-/// `BucketKey::load`: missing, wrong type, or a decoded two-field hash.
-fn load_key(case: &Case, key: &str) -> Result<Option<Stored>, String> {
-    match case.state.get(key) {
-        None => Ok(None),
-        Some(Value::String(_)) => Err(WRONGTYPE.to_string()),
-        Some(Value::Hash(h)) if h.len() != 2 => Err(StateError::Fields.message().to_string()),
-        Some(Value::Hash(h)) => decode(
-            h.get("tokens").map(|s| s.as_bytes()),
-            h.get("ts").map(|s| s.as_bytes()),
-        )
-        .map(Some)
-        .map_err(|e| e.message().to_string()),
-    }
+/// The key read by tb-core's rule; errors worded as the reply (`group`:
+/// TB.MCONSUME's group number).
+fn load_key(case: &Case, key: &str, group: Option<usize>) -> Result<Option<Stored>, String> {
+    let view = match case.state.get(key) {
+        None => KeyView::Missing,
+        Some(Value::Hash(h)) => KeyView::Hash(h),
+        Some(Value::String(_)) => KeyView::Other,
+    };
+    view.load().map_err(|e| e.message(group))
 }
 
 /// `BucketKey::apply`: the outcome's effect on the key.
@@ -151,7 +147,7 @@ fn run(case: &Case, now: i64) -> Run {
             .map_err(bad_args)?;
             let key = &argv[1];
             let l = call.limits;
-            let stored = load_key(case, key)?;
+            let stored = load_key(case, key, None)?;
             let o = match case.command.as_str() {
                 "peek" => l.peek(stored, now, call.amount),
                 "adjust" => l.adjust(stored, now, call.amount),
@@ -164,13 +160,7 @@ fn run(case: &Case, now: i64) -> Run {
             let groups = parse_mconsume(argv.as_slice()).map_err(bad_args)?;
             let mut buckets = Vec::new();
             for (i, g) in groups.iter().enumerate() {
-                let stored = load_key(case, &argv[g.key_index]).map_err(|e| {
-                    if e == WRONGTYPE {
-                        e
-                    } else {
-                        format!("{e} (group {})", i + 1)
-                    }
-                })?;
+                let stored = load_key(case, &argv[g.key_index], Some(i + 1))?;
                 buckets.push((g.limits, stored, g.cost));
             }
             let (all, retry, outcomes) = consume_all(&buckets, now);

@@ -20,6 +20,7 @@
 //! * `TB_REDIS_SERVER`: the server binary (default: `redis-server`), so the
 //!   same suite runs against Redis 7.0, Redis 8.2 and Valkey.
 
+pub mod key;
 pub mod oracles;
 pub mod pypi;
 mod rng;
@@ -35,6 +36,7 @@ mod lua;
 #[cfg(feature = "server")]
 mod server;
 
+pub use key::KeyView;
 pub use pypi::{pypi_server, Pypi};
 pub use rng::Rng;
 

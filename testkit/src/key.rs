@@ -1,0 +1,80 @@
+//! A key as a test holds it (a snapshot, a vectors case), read by
+//! tb-core's one rule, `tb_core::state::load`, so no test restates it.
+
+use std::collections::BTreeMap;
+use tb_core::bucket::Stored;
+use tb_core::state::{load, BucketFields, KeyKind, LoadError, TOKENS_FIELD, TS_FIELD};
+
+/// What a key holds: nothing, a hash (field → value), or another type.
+#[derive(Debug)]
+pub enum KeyView<'a, K, V> {
+    Missing,
+    Hash(&'a BTreeMap<K, V>),
+    Other,
+}
+
+impl<K: AsRef<[u8]>, V: AsRef<[u8]>> KeyView<'_, K, V> {
+    pub fn kind(&self) -> KeyKind {
+        match self {
+            KeyView::Missing => KeyKind::Missing,
+            KeyView::Hash(h) => KeyKind::Hash(h.len()),
+            KeyView::Other => KeyKind::Other,
+        }
+    }
+
+    /// The bucket (`None`: missing, a full bucket), or why the key is
+    /// none; `LoadError::message` words it as the commands reply it.
+    pub fn load(&self) -> Result<Option<Stored>, LoadError> {
+        load(self.kind(), self)
+    }
+}
+
+impl<K: AsRef<[u8]>, V: AsRef<[u8]>> BucketFields for KeyView<'_, K, V> {
+    fn with_fields<R>(&self, f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R) -> R {
+        let field = |name: &str| match self {
+            KeyView::Hash(h) => h
+                .iter()
+                .find(|(k, _)| k.as_ref() == name.as_bytes())
+                .map(|(_, v)| v.as_ref()),
+            _ => None,
+        };
+        f(field(TOKENS_FIELD), field(TS_FIELD))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tb_core::state::{StateError, WRONGTYPE};
+
+    fn hash(fields: &[(&str, &str)]) -> BTreeMap<Vec<u8>, Vec<u8>> {
+        fields
+            .iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn reads_by_the_rule() {
+        let fine = hash(&[("tokens", "2.5"), ("ts", "7")]);
+        let stored = Stored {
+            tokens: 2.5,
+            ts_us: 7,
+        };
+        assert_eq!(KeyView::Hash(&fine).load(), Ok(Some(stored)));
+        let none: KeyView<'_, String, String> = KeyView::Missing;
+        assert_eq!(none.load(), Ok(None));
+        let other: KeyView<'_, String, String> = KeyView::Other;
+        assert_eq!(other.load().unwrap_err().message(Some(2)), WRONGTYPE);
+        let extra = hash(&[("tokens", "1"), ("ts", "1"), ("x", "1")]);
+        assert_eq!(
+            KeyView::Hash(&extra).load(),
+            Err(LoadError::State(StateError::Fields))
+        );
+        let bad_ts = hash(&[("tokens", "1"), ("ts", "1.5")]);
+        assert_eq!(
+            KeyView::Hash(&bad_ts).load(),
+            Err(LoadError::State(StateError::Ts))
+        );
+    }
+}
