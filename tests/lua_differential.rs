@@ -16,6 +16,7 @@
 
 use redis::Value;
 use std::collections::BTreeMap;
+use testkit::vectors::module_args;
 use testkit::{hgetall, int, load_library, run, snapshot, FakeClock, Rng, Server};
 
 const T0: i64 = 1_893_456_000_000_000; // 2030-01-01T00:00:00Z in µs
@@ -54,22 +55,9 @@ impl Op {
     /// The TB.* command on `prefix`-ed keys (MCONSUME interleaves the keys
     /// with their groups of three numbers).
     fn module(&self, prefix: &str) -> redis::Cmd {
+        let keys: Vec<String> = self.keys.iter().map(|k| format!("{prefix}{k}")).collect();
         let mut cmd = redis::cmd(&format!("TB.{}", self.kind.to_uppercase()));
-        if self.kind == "mconsume" {
-            let mut args = self.args.iter();
-            for k in &self.keys {
-                cmd.arg(format!("{prefix}{k}"));
-                for a in args.by_ref().take(3) {
-                    cmd.arg(a);
-                }
-            }
-            cmd.arg(args.collect::<Vec<_>>());
-        } else {
-            for k in &self.keys {
-                cmd.arg(format!("{prefix}{k}"));
-            }
-            cmd.arg(&self.args);
-        }
+        cmd.arg(module_args(self.kind, &keys, &self.args));
         cmd
     }
 

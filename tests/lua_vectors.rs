@@ -11,56 +11,11 @@
 //! the call are compared with the file.
 
 use redis::Value;
-use serde::Deserialize;
-use std::collections::BTreeMap;
+use testkit::vectors::{vectors, After, Before, Case};
 use testkit::{
     hgetall, info_field, int, load_eval_script, load_library, pypi_server, run, Config, FakeClock,
     Pypi, Server,
 };
-
-#[derive(Deserialize)]
-struct Vectors {
-    base_ts_us: i64,
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize, Debug)]
-struct Case {
-    name: String,
-    command: String,
-    keys: Vec<String>,
-    args: Vec<String>,
-    state: BTreeMap<String, Stored>,
-    elapsed_us: i64,
-    reply: Option<serde_json::Value>,
-    error: Option<String>,
-    after: Option<BTreeMap<String, After>>,
-}
-
-#[derive(Deserialize, Debug)]
-#[serde(rename_all = "lowercase")]
-enum Stored {
-    Hash(BTreeMap<String, String>),
-    String(String),
-}
-
-#[derive(Deserialize, Debug)]
-#[serde(untagged)]
-enum After {
-    /// "unchanged" or "absent".
-    Same(String),
-    Bucket {
-        tokens: String,
-        ts: String,
-        expire_at_ms: i64,
-    },
-}
-
-fn vectors() -> Vectors {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors.json"))
-        .expect("read tests/vectors.json");
-    serde_json::from_str(&text).expect("parse tests/vectors.json")
-}
 
 /// How a case is sent to the server.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -109,17 +64,7 @@ impl Target {
         match form {
             Form::Module => {
                 let mut cmd = redis::cmd(&format!("TB.{}", case.command.to_uppercase()));
-                let per_key = if case.command == "mconsume" {
-                    3
-                } else {
-                    case.args.len()
-                };
-                let mut args = case.args.iter();
-                for key in &case.keys {
-                    cmd.arg(key);
-                    cmd.arg(args.by_ref().take(per_key).collect::<Vec<_>>());
-                }
-                cmd.arg(args.collect::<Vec<_>>());
+                cmd.arg(case.module_args());
                 cmd
             }
             Form::Library | Form::Eval => {
@@ -152,8 +97,8 @@ impl Target {
         let _: () = redis::cmd("FLUSHALL").arg("SYNC").query(c).unwrap();
         for (key, value) in &case.state {
             let _: () = match value {
-                Stored::Hash(h) => redis::cmd("HSET").arg(key).arg(h).query(c),
-                Stored::String(s) => redis::cmd("SET").arg(key).arg(s).query(c),
+                Before::Hash(h) => redis::cmd("HSET").arg(key).arg(h).query(c),
+                Before::String(s) => redis::cmd("SET").arg(key).arg(s).query(c),
             }
             .unwrap();
         }
@@ -212,8 +157,8 @@ impl Target {
     fn check_unchanged(&mut self, case: &Case, key: &str, ctx: &str) {
         let c = &mut self.conn;
         match case.state.get(key) {
-            Some(Stored::Hash(h)) => assert_eq!(&hgetall(c, key), h, "{ctx}: {key}"),
-            Some(Stored::String(s)) => {
+            Some(Before::Hash(h)) => assert_eq!(&hgetall(c, key), h, "{ctx}: {key}"),
+            Some(Before::String(s)) => {
                 let v: String = redis::cmd("GET").arg(key).query(c).unwrap();
                 assert_eq!(&v, s, "{ctx}: {key}");
             }

@@ -8,88 +8,11 @@
 //! is repeated here in a few lines so that whole commands can be checked
 //! without a server.
 
-use serde::Deserialize;
 use std::collections::BTreeMap;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
-use tb_core::bucket::{consume_all, Effect, Outcome, Stored};
+use tb_core::bucket::{consume_all, Effect, Outcome};
 use tb_core::state::{encode_tokens, StateError, WRONGTYPE};
-use testkit::KeyView;
-
-#[derive(Deserialize)]
-struct Vectors {
-    base_ts_us: i64,
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    command: String,
-    keys: Vec<String>,
-    args: Vec<String>,
-    state: BTreeMap<String, Value>,
-    elapsed_us: i64,
-    reply: Option<serde_json::Value>,
-    error: Option<String>,
-    after: Option<BTreeMap<String, After>>,
-}
-
-/// A key's value before the call.
-#[derive(Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum Value {
-    Hash(BTreeMap<String, String>),
-    /// Any non-hash: only its type matters.
-    String(serde::de::IgnoredAny),
-}
-
-/// A key after the call.
-#[derive(Deserialize, Debug, PartialEq)]
-#[serde(untagged)]
-enum After {
-    /// "unchanged" or "absent".
-    Same(String),
-    Bucket {
-        tokens: String,
-        ts: String,
-        expire_at_ms: i64,
-    },
-}
-
-fn load() -> Vectors {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/vectors.json");
-    let text = std::fs::read_to_string(path).expect("read tests/vectors.json");
-    serde_json::from_str(&text).expect("parse tests/vectors.json")
-}
-
-/// The module's argv: the command, then each key followed by its arguments
-/// (MCONSUME groups of three; arguments left over go at the end).
-fn argv(case: &Case) -> Vec<String> {
-    let mut argv = vec![format!("tb.{}", case.command)];
-    let per_key = if case.command == "mconsume" {
-        3
-    } else {
-        case.args.len()
-    };
-    let mut args = case.args.iter();
-    for key in &case.keys {
-        argv.push(key.clone());
-        argv.extend(args.by_ref().take(per_key).cloned());
-    }
-    argv.extend(args.cloned());
-    argv
-}
-
-/// The key read by tb-core's rule; errors worded as the reply (`group`:
-/// TB.MCONSUME's group number).
-fn load_key(case: &Case, key: &str, group: Option<usize>) -> Result<Option<Stored>, String> {
-    let view = match case.state.get(key) {
-        None => KeyView::Missing,
-        Some(Value::Hash(h)) => KeyView::Hash(h),
-        Some(Value::String(_)) => KeyView::Other,
-    };
-    view.load().map_err(|e| e.message(group))
-}
+use testkit::vectors::{vectors, After, Case};
 
 /// `BucketKey::apply`: the outcome's effect on the key.
 fn save(after: &mut BTreeMap<String, After>, key: &str, o: &Outcome) {
@@ -121,7 +44,10 @@ type Run = Result<(serde_json::Value, BTreeMap<String, After>), String>;
 
 /// One command as the module runs it (`src/commands.rs`).
 fn run(case: &Case, now: i64) -> Run {
-    let argv = argv(case);
+    let argv: Vec<String> = [format!("tb.{}", case.command)]
+        .into_iter()
+        .chain(case.module_args())
+        .collect();
     let command = argv[0].clone();
     let bad_args = |e: tb_core::args::ArgError| e.message(&command);
     // Keys the call does not write stay as they were.
@@ -147,7 +73,7 @@ fn run(case: &Case, now: i64) -> Run {
             .map_err(bad_args)?;
             let key = &argv[1];
             let l = call.limits;
-            let stored = load_key(case, key, None)?;
+            let stored = case.key(key).load().map_err(|e| e.message(None))?;
             let o = match case.command.as_str() {
                 "peek" => l.peek(stored, now, call.amount),
                 "adjust" => l.adjust(stored, now, call.amount),
@@ -160,7 +86,10 @@ fn run(case: &Case, now: i64) -> Run {
             let groups = parse_mconsume(argv.as_slice()).map_err(bad_args)?;
             let mut buckets = Vec::new();
             for (i, g) in groups.iter().enumerate() {
-                let stored = load_key(case, &argv[g.key_index], Some(i + 1))?;
+                let stored = case
+                    .key(&argv[g.key_index])
+                    .load()
+                    .map_err(|e| e.message(Some(i + 1)))?;
                 buckets.push((g.limits, stored, g.cost));
             }
             let (all, retry, outcomes) = consume_all(&buckets, now);
@@ -177,7 +106,7 @@ fn run(case: &Case, now: i64) -> Run {
 
 #[test]
 fn every_vector_holds_for_tb_core() {
-    let v = load();
+    let v = vectors();
     assert!(v.cases.len() >= 30, "only {} cases", v.cases.len());
     for case in &v.cases {
         let now = v.base_ts_us + case.elapsed_us;
@@ -198,7 +127,7 @@ fn every_vector_holds_for_tb_core() {
 
 #[test]
 fn vectors_cover_every_error_message() {
-    let v = load();
+    let v = vectors();
     let errors: Vec<&str> = v.cases.iter().filter_map(|c| c.error.as_deref()).collect();
     for fragment in [
         "wrong number of arguments for 'tb.consume'",

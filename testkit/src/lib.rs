@@ -24,6 +24,8 @@ pub mod key;
 pub mod oracles;
 pub mod pypi;
 mod rng;
+#[cfg(feature = "vectors")]
+pub mod vectors;
 
 #[cfg(feature = "server")]
 mod client;

@@ -1,0 +1,116 @@
+//! `tests/vectors.json`: the contract cases that `core/tests/vectors.rs`
+//! checks against tb-core and `tests/lua_vectors.rs` on real servers
+//! (the module, the Lua library, the EVAL script), so that every form is
+//! held to one list of expectations.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+#[derive(Deserialize, Debug)]
+pub struct Vectors {
+    pub base_ts_us: i64,
+    pub cases: Vec<Case>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct Case {
+    pub name: String,
+    /// `consume`, `peek`, `adjust` or `mconsume`.
+    pub command: String,
+    pub keys: Vec<String>,
+    /// In the library's layout: the keys' arguments, in order.
+    pub args: Vec<String>,
+    pub state: BTreeMap<String, Before>,
+    /// The call's clock, from `base_ts_us`.
+    pub elapsed_us: i64,
+    /// Either `reply` and `after`, or `error`.
+    pub reply: Option<serde_json::Value>,
+    pub error: Option<String>,
+    pub after: Option<BTreeMap<String, After>>,
+}
+
+/// A key's value before the call.
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "lowercase")]
+pub enum Before {
+    Hash(BTreeMap<String, String>),
+    /// A key of another type: only the type matters to the commands.
+    String(String),
+}
+
+/// A key after the call.
+#[derive(Deserialize, Debug, PartialEq)]
+#[serde(untagged)]
+pub enum After {
+    /// "unchanged" or "absent".
+    Same(String),
+    Bucket {
+        tokens: String,
+        ts: String,
+        expire_at_ms: i64,
+    },
+}
+
+/// Reads `tests/vectors.json`.
+pub fn vectors() -> Vectors {
+    let path = crate::root().join("tests/vectors.json");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_json::from_str(&text).expect("parse tests/vectors.json")
+}
+
+impl Case {
+    /// The module's arguments after the command name.
+    pub fn module_args(&self) -> Vec<String> {
+        module_args(&self.command, &self.keys, &self.args)
+    }
+
+    /// The key as the case stores it, for tb-core's rule.
+    pub fn key(&self, key: &str) -> crate::KeyView<'_, String, String> {
+        match self.state.get(key) {
+            None => crate::KeyView::Missing,
+            Some(Before::Hash(h)) => crate::KeyView::Hash(h),
+            Some(Before::String(_)) => crate::KeyView::Other,
+        }
+    }
+}
+
+/// The module's arguments (after the command name) for `keys` and `args`
+/// in the library's layout: each key followed by its arguments (TB.MCONSUME
+/// interleaves its keys with groups of three), arguments left over at the
+/// end.
+pub fn module_args(command: &str, keys: &[String], args: &[String]) -> Vec<String> {
+    let per_key = if command == "mconsume" { 3 } else { args.len() };
+    let mut args = args.iter();
+    let mut out = Vec::new();
+    for key in keys {
+        out.push(key.clone());
+        out.extend(args.by_ref().take(per_key).cloned());
+    }
+    out.extend(args.cloned());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(xs: &[&str]) -> Vec<String> {
+        xs.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn mconsume_interleaves_groups_of_three_and_keeps_what_is_left() {
+        let keys = strings(&["a", "b"]);
+        let args = strings(&["1", "2", "3", "4", "5", "6", "7"]);
+        assert_eq!(
+            module_args("mconsume", &keys, &args),
+            strings(&["a", "1", "2", "3", "b", "4", "5", "6", "7"])
+        );
+        assert_eq!(
+            module_args("consume", &keys[..1], &args[..3]),
+            strings(&["a", "1", "2", "3"])
+        );
+        assert_eq!(module_args("mconsume", &[], &args[..1]), strings(&["1"]));
+    }
+}
