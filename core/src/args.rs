@@ -397,16 +397,13 @@ mod tests {
 
     #[test]
     fn a_positive_cost_always_charges() {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut rng = testkit::Rng(0x9E37_79B9_7F4A_7C15);
         let mut maxes = vec![1e12, 10.0, 1.0, 0.5, 3.0, f64::MIN_POSITIVE, 5e-324];
         // Just above a power of two: there the gap below max is twice the
         // gap below the next balance.
         maxes.extend([1.0f64.next_up(), 1024.0f64.next_up(), 0.5f64.next_up()]);
         for _ in 0..100_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            maxes.push(f64::from_bits(x >> 2).min(MAX_CAPACITY));
+            maxes.push(f64::from_bits(rng.next() >> 2).min(MAX_CAPACITY));
         }
         for max in maxes {
             let l = Limits { max, rate: 1.0 };

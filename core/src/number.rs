@@ -260,11 +260,9 @@ mod tests {
         .collect();
         // Random strings over the grammar's alphabet.
         let alphabet = b"0123456789.-+e";
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut rng = testkit::Rng(0x2545_F491_4F6C_DD1D);
         for _ in 0..200_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next();
             let len = (x % 19) as usize;
             let mut y = x;
             cases.push(
@@ -294,11 +292,8 @@ mod tests {
         }
         // Every digit count up to 19, with the point anywhere: the integer
         // path near 2^53 and 10^19, both sides of each boundary.
-        let mut y: u64 = 0x9E37_79B9_7F4A_7C15;
         for _ in 0..200_000 {
-            y ^= y << 13;
-            y ^= y >> 7;
-            y ^= y << 17;
+            let y = rng.next();
             let digits = 1 + (y % 19) as usize;
             let m = y % 10u64.pow(digits as u32);
             let text = format!("{m:0digits$}");

@@ -387,11 +387,9 @@ mod tests {
             -0.000012345678901234567,
         ];
         // A deterministic spread over magnitudes and fractions.
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut rng = testkit::Rng(0x9E37_79B9_7F4A_7C15);
         for _ in 0..20_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next();
             let f = f64::from_bits(x);
             if f.is_finite() {
                 values.push(f);
@@ -453,12 +451,10 @@ mod tests {
     fn dyadic_fractions_write_what_display_writes() {
         // n / 2^j has j binary fraction bits: the values where a shortest
         // decimal can tie, in every magnitude up to 2^53.
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut rng = testkit::Rng(0x2545_F491_4F6C_DD1D);
         let mut ties = 0;
         for _ in 0..400_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next();
             let j = (x >> 58) as i32 + 1; // 1..=64
             let n = (x & ((1u64 << 53) - 1)) >> (x % 53);
             let t = n as f64 / 2f64.powi(j);
