@@ -7,6 +7,7 @@
 use redis::Value;
 use std::path::PathBuf;
 use std::process::Command;
+use tb_core::state::{StateError, WRONGTYPE};
 use testkit::{
     error_of, hgetall, int, load_eval_script, load_library, pypi_server, run, snapshot,
     start_replica, tb_counter, wait_replicas, Config, FakeClock, Pypi, Server,
@@ -385,11 +386,7 @@ fn keys_redis_cell_left_are_read_and_converted() {
                 &mut c,
                 &throttle_cmd(form, &sha, key.as_bytes(), &["15", "30", "60"]),
             );
-            assert_eq!(
-                reply.unwrap_err(),
-                "WRONGTYPE Operation against a key holding the wrong kind of value",
-                "{form:?} {text:?}"
-            );
+            assert_eq!(reply.unwrap_err(), WRONGTYPE, "{form:?} {text:?}");
             assert_eq!(dump(&mut c, &key), before);
         }
         let _: () = redis::cmd("DEL").arg(&key).query(&mut c).unwrap();
@@ -407,6 +404,9 @@ fn keys_redis_cell_left_are_read_and_converted() {
     wait_replicas(&mut c, 1);
     assert_eq!(snapshot(&mut r), snapshot(&mut c));
 }
+
+/// A call that must fail: key, arguments, error.
+type ErrorCase<'a> = (&'a [u8], Vec<&'a [u8]>, String);
 
 /// Bad arguments and keys are errors that name what is wrong, with the
 /// key untouched and the server serving, in every form.
@@ -427,7 +427,7 @@ fn hostile_input_is_an_error_and_touches_nothing() {
     let before = dumps(&mut c);
     let errors_before = tb_counter(&mut c, "tb_errors");
     let arity = "ERR wrong number of arguments for 'cl.throttle' command".to_string();
-    let cases: Vec<(&[u8], Vec<&[u8]>, String)> = vec![
+    let cases: Vec<ErrorCase> = vec![
         (b"fresh", vec![b"1", b"1"], arity.clone()),
         (b"fresh", vec![b"1", b"1", b"1", b"1", b"1"], arity),
         (b"fresh", vec![b"1.5", b"1", b"1"], "ERR max_burst must be an integer".into()),
@@ -447,12 +447,8 @@ fn hostile_input_is_an_error_and_touches_nothing() {
             vec![b"999999", b"1", b"100000"],
             "ERR count/period is too low for max_burst: (max_burst+1)*period/count must be <= 1e10 seconds".into(),
         ),
-        (b"list", vec![b"1", b"1", b"1"], "WRONGTYPE Operation against a key holding the wrong kind of value".into()),
-        (
-            b"other",
-            vec![b"1", b"1", b"1"],
-            "ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts".into(),
-        ),
+        (b"list", vec![b"1", b"1", b"1"], WRONGTYPE.into()),
+        (b"other", vec![b"1", b"1", b"1"], StateError::Fields.message().into()),
     ];
     let mut module_errors = 0;
     for form in FORMS {
