@@ -11,6 +11,23 @@ fn getkeys(c: &mut redis::Connection, args: &[&str]) -> Vec<String> {
         .expect("COMMAND GETKEYS")
 }
 
+/// TB.MCONSUME over three buckets: rl:u, rl:k and rl:i.
+const MCONSUME: [&str; 13] = [
+    "TB.MCONSUME",
+    "rl:u",
+    "10",
+    "1",
+    "1",
+    "rl:k",
+    "5",
+    "1",
+    "1",
+    "rl:i",
+    "9",
+    "2",
+    "0",
+];
+
 #[test]
 fn getkeys_finds_every_key() {
     let s = Server::start();
@@ -28,27 +45,7 @@ fn getkeys_finds_every_key() {
         getkeys(&mut c, &["TB.ADJUST", "rl:c", "10", "1", "-3"]),
         ["rl:c"]
     );
-    assert_eq!(
-        getkeys(
-            &mut c,
-            &[
-                "TB.MCONSUME",
-                "rl:u",
-                "10",
-                "1",
-                "1",
-                "rl:k",
-                "5",
-                "1",
-                "1",
-                "rl:i",
-                "9",
-                "2",
-                "0"
-            ]
-        ),
-        ["rl:u", "rl:k", "rl:i"]
-    );
+    assert_eq!(getkeys(&mut c, &MCONSUME), ["rl:u", "rl:k", "rl:i"]);
 }
 
 #[test]
@@ -174,24 +171,7 @@ fn key_specs_say_peek_reads_and_the_writers_update() {
             "{args:?}"
         );
     }
-    let m = flags_of(
-        &mut c,
-        &[
-            "TB.MCONSUME",
-            "rl:u",
-            "10",
-            "1",
-            "1",
-            "rl:k",
-            "5",
-            "1",
-            "1",
-            "rl:i",
-            "9",
-            "2",
-            "0",
-        ],
-    );
+    let m = flags_of(&mut c, &MCONSUME);
     assert_eq!(
         m,
         ["rl:u", "rl:k", "rl:i"].map(|k| (k.to_string(), update.clone()))
