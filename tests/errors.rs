@@ -12,6 +12,12 @@ fn cmd(parts: &[&[u8]]) -> redis::Cmd {
     c
 }
 
+/// An argv written as one byte string, split at each space (two spaces
+/// make an empty argument).
+fn words(line: &[u8]) -> Vec<&[u8]> {
+    line.split(|&b| b == b' ').collect()
+}
+
 /// Runs `parts`, expects an error containing `expected`, and checks that
 /// neither `k` (an existing bucket) nor `new` (a missing key) changed.
 fn assert_rejected(c: &mut redis::Connection, parts: &[&[u8]], expected: &str) {
@@ -38,127 +44,48 @@ fn argument_errors_name_the_argument_and_write_nothing() {
     consume(&mut c, "k", "10", "1", "3");
 
     let arity = "wrong number of arguments";
+    let max_nan = "max must be a finite decimal number";
+    let max_range = "max must be > 0 and <= 1e12";
+    let rate_nan = "rate must be a finite decimal number";
+    let rate_range = "rate must be > 0 and <= 1e12";
+    let cost_nan = "cost must be a finite decimal number";
+    let above_max = "cost must not exceed max";
+    let delta_nan = "delta must be a finite decimal number";
     let cases: Vec<(Vec<&[u8]>, &str)> = vec![
-        (vec![b"TB.CONSUME", b"k", b"10"], arity),
-        (vec![b"TB.CONSUME", b"k", b"10", b"1", b"1", b"1"], arity),
-        (vec![b"TB.PEEK", b"k"], arity),
-        (vec![b"TB.ADJUST", b"k", b"10", b"1"], arity),
-        (vec![b"TB.MCONSUME", b"k", b"10", b"1"], arity),
-        (vec![b"TB.MCONSUME", b"k", b"10", b"1", b"1", b"new"], arity),
+        (words(b"TB.CONSUME k 10"), arity),
+        (words(b"TB.CONSUME k 10 1 1 1"), arity),
+        (words(b"TB.PEEK k"), arity),
+        (words(b"TB.ADJUST k 10 1"), arity),
+        (words(b"TB.MCONSUME k 10 1"), arity),
+        (words(b"TB.MCONSUME k 10 1 1 new"), arity),
+        (words(b"TB.CONSUME new abc 1"), max_nan),
+        (words(b"TB.CONSUME new nan 1"), max_nan),
+        (words(b"TB.CONSUME new inf 1"), max_nan),
+        (words(b"TB.CONSUME new -inf 1"), max_nan),
+        (words(b"TB.CONSUME new 0x10 1"), max_nan),
+        (vec![b"TB.CONSUME", b"new", b" 10", b"1"], max_nan),
+        (words(b"TB.CONSUME new  1"), max_nan),
+        (words(b"TB.CONSUME new 1e999 1"), max_nan),
+        (words(b"TB.CONSUME new \xff 1"), max_nan),
+        (words(b"TB.CONSUME new 0 1"), max_range),
+        (words(b"TB.CONSUME new -5 1"), max_range),
+        (words(b"TB.CONSUME new 2e12 1"), max_range),
+        (words(b"TB.CONSUME k 10 NaN"), rate_nan),
+        (words(b"TB.CONSUME k 10 0"), rate_range),
+        (words(b"TB.CONSUME k 10 1e13"), rate_range),
+        (words(b"TB.CONSUME k 1e11 1"), "rate is too low for max"),
+        (words(b"TB.CONSUME k 10 1 x"), cost_nan),
+        (words(b"TB.CONSUME k 10 1 -1"), "cost must be >= 0"),
+        (words(b"TB.CONSUME k 10 1 11"), above_max),
+        (words(b"TB.CONSUME k 0.5 1"), above_max),
+        (words(b"TB.PEEK k 10 1 10.5"), above_max),
+        (words(b"TB.ADJUST k 10 1 inf"), delta_nan),
         (
-            vec![b"TB.CONSUME", b"new", b"abc", b"1"],
-            "max must be a finite decimal number",
-        ),
-        (
-            vec![b"TB.CONSUME", b"new", b"nan", b"1"],
-            "max must be a finite decimal number",
-        ),
-        (
-            vec![b"TB.CONSUME", b"new", b"inf", b"1"],
-            "max must be a finite decimal number",
-        ),
-        (
-            vec![b"TB.CONSUME", b"new", b"-inf", b"1"],
-            "max must be a finite decimal number",
-        ),
-        (
-            vec![b"TB.CONSUME", b"new", b"0x10", b"1"],
-            "max must be a finite decimal number",
-        ),
-        (
-            vec![b"TB.CONSUME", b"new", b" 10", b"1"],
-            "max must be a finite decimal number",
-        ),
-        (
-            vec![b"TB.CONSUME", b"new", b"", b"1"],
-            "max must be a finite decimal number",
-        ),
-        (
-            vec![b"TB.CONSUME", b"new", b"1e999", b"1"],
-            "max must be a finite decimal number",
-        ),
-        (
-            vec![b"TB.CONSUME", b"new", b"\xff", b"1"],
-            "max must be a finite decimal number",
-        ),
-        (
-            vec![b"TB.CONSUME", b"new", b"0", b"1"],
-            "max must be > 0 and <= 1e12",
-        ),
-        (
-            vec![b"TB.CONSUME", b"new", b"-5", b"1"],
-            "max must be > 0 and <= 1e12",
-        ),
-        (
-            vec![b"TB.CONSUME", b"new", b"2e12", b"1"],
-            "max must be > 0 and <= 1e12",
-        ),
-        (
-            vec![b"TB.CONSUME", b"k", b"10", b"NaN"],
-            "rate must be a finite decimal number",
-        ),
-        (
-            vec![b"TB.CONSUME", b"k", b"10", b"0"],
-            "rate must be > 0 and <= 1e12",
-        ),
-        (
-            vec![b"TB.CONSUME", b"k", b"10", b"1e13"],
-            "rate must be > 0 and <= 1e12",
-        ),
-        (
-            vec![b"TB.CONSUME", b"k", b"1e11", b"1"],
-            "rate is too low for max",
-        ),
-        (
-            vec![b"TB.CONSUME", b"k", b"10", b"1", b"x"],
-            "cost must be a finite decimal number",
-        ),
-        (
-            vec![b"TB.CONSUME", b"k", b"10", b"1", b"-1"],
-            "cost must be >= 0",
-        ),
-        (
-            vec![b"TB.CONSUME", b"k", b"10", b"1", b"11"],
-            "cost must not exceed max",
-        ),
-        (
-            vec![b"TB.CONSUME", b"k", b"0.5", b"1"],
-            "cost must not exceed max",
-        ),
-        (
-            vec![b"TB.PEEK", b"k", b"10", b"1", b"10.5"],
-            "cost must not exceed max",
-        ),
-        (
-            vec![b"TB.ADJUST", b"k", b"10", b"1", b"inf"],
-            "delta must be a finite decimal number",
-        ),
-        (
-            vec![
-                b"TB.MCONSUME",
-                b"k",
-                b"10",
-                b"1",
-                b"1",
-                b"new",
-                b"10",
-                b"x",
-                b"1",
-            ],
+            words(b"TB.MCONSUME k 10 1 1 new 10 x 1"),
             "rate must be a finite decimal number (group 2)",
         ),
         (
-            vec![
-                b"TB.MCONSUME",
-                b"k",
-                b"10",
-                b"1",
-                b"1",
-                b"k",
-                b"10",
-                b"1",
-                b"1",
-            ],
+            words(b"TB.MCONSUME k 10 1 1 k 10 1 1"),
             "duplicate key: group 2 repeats the key of group 1",
         ),
     ];
