@@ -82,7 +82,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     assert!(!script.contains("register_function") && !script.contains("#!lua"));
     // Every operation the library registers, the script dispatches to: one
     // list in the block serves both.
-    for op in ["consume", "peek", "mconsume", "adjust"] {
+    for op in ["consume", "peek", "mconsume", "adjust", "cl_throttle"] {
         assert!(
             block.contains(&format!("{{ name = '{op}', fn = tb_{op},")),
             "{op}"
@@ -139,7 +139,7 @@ fn the_eval_script_refuses_an_unknown_operation() {
         let err = error_of(&mut c, redis::cmd("EVALSHA").arg(&sha).arg(args));
         assert!(
             err.contains("unknown operation")
-                && err.ends_with("one of consume, peek, mconsume, adjust"),
+                && err.ends_with("one of consume, peek, mconsume, adjust, cl_throttle"),
             "{err}"
         );
     }
