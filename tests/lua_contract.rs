@@ -148,7 +148,7 @@ fn the_eval_script_refuses_an_unknown_operation() {
 // ---- the library -----------------------------------------------------------
 
 #[test]
-fn library_registers_four_functions_and_peek_is_read_only() {
+fn library_registers_its_functions_and_peek_is_read_only() {
     let s = Server::with(Config::without_module());
     let mut c = s.conn();
     load_library(&mut c);
@@ -161,7 +161,7 @@ fn library_registers_four_functions_and_peek_is_read_only() {
         .query(&mut c)
         .unwrap();
     let text = format!("{list:?}");
-    for f in ["tb_consume", "tb_peek", "tb_mconsume", "tb_adjust"] {
+    for f in ["tb_consume", "tb_peek", "tb_mconsume", "tb_adjust", "tb_cl_throttle"] {
         assert!(text.contains(f), "{f} in {text}");
     }
     assert_eq!(text.matches("no-writes").count(), 1, "{text}");
