@@ -161,7 +161,13 @@ fn library_registers_its_functions_and_peek_is_read_only() {
         .query(&mut c)
         .unwrap();
     let text = format!("{list:?}");
-    for f in ["tb_consume", "tb_peek", "tb_mconsume", "tb_adjust", "tb_cl_throttle"] {
+    for f in [
+        "tb_consume",
+        "tb_peek",
+        "tb_mconsume",
+        "tb_adjust",
+        "tb_cl_throttle",
+    ] {
         assert!(text.contains(f), "{f} in {text}");
     }
     assert_eq!(text.matches("no-writes").count(), 1, "{text}");
