@@ -21,6 +21,7 @@ fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {
             "+tb.peek",
             "+tb.mconsume",
             "+tb.adjust",
+            "+cl.throttle",
         ])
         .query(&mut admin)
         .unwrap();
@@ -35,8 +36,9 @@ fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {
 
     assert_eq!(consume(&mut c, "rl:ok", "10", "0.01", "1")[0], 1);
     let before = snapshot(&mut admin);
-    let denied: [&[&str]; 6] = [
+    let denied: [&[&str]; 7] = [
         &["TB.CONSUME", "secret:new", "10", "1"],
+        &["CL.THROTTLE", "secret:bucket", "9", "1", "1"],
         &["TB.PEEK", "secret:bucket", "10", "1"],
         &["TB.ADJUST", "secret:bucket", "10", "1", "5"],
         &[
@@ -80,7 +82,13 @@ fn read_only_key_permission_allows_peek_and_nothing_else() {
     let user = |admin: &mut redis::Connection, name: &str, keys: &str| {
         let _: String = redis::cmd("ACL")
             .arg(&["SETUSER", name, "on", ">pw", keys, "resetchannels", "-@all"])
-            .arg(&["+tb.consume", "+tb.peek", "+tb.mconsume", "+tb.adjust"])
+            .arg(&[
+                "+tb.consume",
+                "+tb.peek",
+                "+tb.mconsume",
+                "+tb.adjust",
+                "+cl.throttle",
+            ])
             .query(admin)
             .unwrap();
         redis::Client::open(format!("redis://{name}:pw@127.0.0.1:{}/", s.port))
@@ -95,10 +103,11 @@ fn read_only_key_permission_allows_peek_and_nothing_else() {
     let before = snapshot(&mut admin);
 
     assert_eq!(peek(&mut reader, "rl:k", "10", "1", "1")[..2], [1, 7]);
-    let writes: [&[&str]; 3] = [
+    let writes: [&[&str]; 4] = [
         &["TB.CONSUME", "rl:k", "10", "1"],
         &["TB.ADJUST", "rl:k", "10", "1", "1"],
         &["TB.MCONSUME", "rl:k", "10", "1", "1"],
+        &["CL.THROTTLE", "rl:k", "9", "1", "1"],
     ];
     for c in [&mut reader, &mut writer] {
         for args in writes {
@@ -147,13 +156,13 @@ fn acl_categories_where_the_server_supports_them() {
     let write = categories(&mut c, "write");
     let read = categories(&mut c, "read");
     let fast = categories(&mut c, "fast");
-    for cmd in ["tb.consume", "tb.mconsume", "tb.adjust"] {
+    for cmd in ["tb.consume", "tb.mconsume", "tb.adjust", "cl.throttle"] {
         assert!(write.contains(&cmd.to_string()), "{cmd} in @write");
         assert!(!read.contains(&cmd.to_string()), "{cmd} not in @read");
     }
     assert!(read.contains(&"tb.peek".to_string()));
     assert!(!write.contains(&"tb.peek".to_string()));
-    for cmd in ["tb.consume", "tb.peek", "tb.adjust"] {
+    for cmd in ["tb.consume", "tb.peek", "tb.adjust", "cl.throttle"] {
         assert!(fast.contains(&cmd.to_string()), "{cmd} in @fast");
     }
     assert!(
