@@ -1,10 +1,11 @@
 //! The Lua library against the module, on one server with a fake clock.
 //!
 //! * `random_sequence_matches_the_module`: one seeded random sequence of
-//!   operations goes through TB.* on `m:` keys and through FCALL on `l:`
-//!   keys, with the clock stepped between operations and, now and then,
-//!   a random stored state planted on both sides (its `ts` often ahead of
-//!   the clock, as a clock step or a failover leaves it). Replies, errors and
+//!   operations goes through TB.* and CL.THROTTLE on `m:` keys and
+//!   through FCALL (tb_cl_throttle too) on `l:` keys, with the clock
+//!   stepped between operations and, now and then, a random stored state
+//!   planted on both sides (its `ts` often ahead of the clock, as a clock
+//!   step or a failover leaves it), or a key redis-cell left (its TAT). Replies, errors and
 //!   stored states must be identical: same keys, bit-identical balances,
 //!   same `ts`, same PEXPIRETIME.
 //! * `module_and_library_share_keys`: one key served alternately by both
@@ -56,7 +57,11 @@ impl Op {
     /// with their groups of three numbers).
     fn module(&self, prefix: &str) -> redis::Cmd {
         let keys: Vec<String> = self.keys.iter().map(|k| format!("{prefix}{k}")).collect();
-        let mut cmd = redis::cmd(&format!("TB.{}", self.kind.to_uppercase()));
+        let name = match self.kind {
+            "cl_throttle" => "CL.THROTTLE".to_string(),
+            kind => format!("TB.{}", kind.to_uppercase()),
+        };
+        let mut cmd = redis::cmd(&name);
         cmd.arg(module_args(self.kind, &keys, &self.args));
         cmd
     }
@@ -177,7 +182,8 @@ fn random_op(rng: &mut Rng) -> Op {
         0..=39 => "consume",
         40..=54 => "peek",
         55..=69 => "adjust",
-        70..=96 => "mconsume",
+        70..=89 => "mconsume",
+        90..=96 => return throttle_op(rng),
         _ => return arity_op(rng),
     };
     if kind == "mconsume" {
@@ -217,6 +223,28 @@ fn random_op(rng: &mut Rng) -> Op {
     }
     Op {
         kind,
+        keys: vec![key],
+        args,
+    }
+}
+
+/// A CL.THROTTLE on a bucket key: integer limits (sometimes bad ones), a
+/// quantity that is omitted, 0, fits, is above the limit or is garbage.
+fn throttle_op(rng: &mut Rng) -> Op {
+    let key = rng.pick(POOL).0.to_string();
+    let burst = *rng.pick(&["0", "1", "2", "9", "15", "99", "999999", "-1", "1.5"]);
+    let count = *rng.pick(&["1", "2", "30", "1000", "7", "0"]);
+    let period = *rng.pick(&["1", "2", "60", "3600", "x"]);
+    let mut args: Vec<String> = [burst, count, period].map(String::from).to_vec();
+    match rng.below(8) {
+        0 => {}
+        1 => args.push("0".into()),
+        2 => args.push("1000001".into()),
+        3 => args.push(rng.pick(&["-1", "1e3", "x"]).to_string()),
+        _ => args.push((1 + rng.below(3)).to_string()),
+    }
+    Op {
+        kind: "cl_throttle",
         keys: vec![key],
         args,
     }
@@ -272,9 +300,15 @@ fn step(rng: &mut Rng) -> i64 {
 }
 
 /// A bucket's stored state: `tokens` as the f64's bits, `ts`, expire time.
+/// A redis-cell key (a string) shows as bits 0 and `tat:<its text>`.
 type State = Option<(u64, String, i64)>;
 
 fn state(c: &mut redis::Connection, key: &str) -> State {
+    let kind: String = redis::cmd("TYPE").arg(key).query(c).unwrap();
+    if kind == "string" {
+        let text: String = redis::cmd("GET").arg(key).query(c).unwrap();
+        return Some((0, format!("tat:{text}"), int(c, "PEXPIRETIME", key)));
+    }
     let h = hgetall(c, key);
     if h.is_empty() {
         assert_eq!(int(c, "EXISTS", key), 0, "{key} is an empty hash?");
@@ -331,6 +365,21 @@ fn plant(c: &mut redis::Connection, rng: &mut Rng, key: &str, now: i64) -> i64 {
     ahead
 }
 
+/// Writes the same key redis-cell would have left to `key` under both
+/// prefixes: its TAT, in ns, up to an hour either side of `now`.
+fn plant_cell(c: &mut redis::Connection, rng: &mut Rng, key: &str, now: i64) {
+    let reach = *rng.pick(&[1_000i64, 1_000_000, 60_000_000, 3_600_000_000]);
+    let tat_us = now + (reach as f64 * (2.0 * rng.unit() - 0.5)) as i64;
+    let tat = (tat_us * 1000 + rng.below(1000) as i64).to_string();
+    for p in ["m:", "l:"] {
+        let _: () = redis::cmd("SET")
+            .arg(format!("{p}{key}"))
+            .arg(&tat)
+            .query(c)
+            .unwrap();
+    }
+}
+
 /// Buckets and non-buckets, identical under both prefixes.
 fn setup_keys(c: &mut redis::Connection) {
     for p in ["m:", "l:"] {
@@ -363,6 +412,9 @@ struct Tally {
     backwards: usize,
     mconsume_denied: usize,
     planted_ahead: usize,
+    cl_ops: usize,
+    cl_limited: usize,
+    cl_converted: usize,
     ops_on_future_ts: usize,
     too_small: usize,
 }
@@ -406,6 +458,10 @@ fn random_sequence_matches_the_module() {
                 tally.planted_ahead += 1;
             }
         }
+        if rng.chance(0.02) {
+            let key = rng.pick(POOL).0;
+            plant_cell(&mut c, &mut rng, key, now);
+        }
         let op = random_op(&mut rng);
         let ctx = || format!("op {i} (seed {seed:#x}, clock T0{:+}us): {op:?}", now - T0);
         let before: Vec<State> = op
@@ -441,6 +497,10 @@ fn random_sequence_matches_the_module() {
                 let kind = e.split(':').next().unwrap_or(e).to_string();
                 *tally.errors.entry(kind).or_default() += 1;
             }
+            Ok(Value::Array(r)) if op.kind == "cl_throttle" => {
+                tally.cl_ops += 1;
+                tally.cl_limited += usize::from(r.first() == Some(&Value::Int(1)));
+            }
             Ok(Value::Array(r)) => {
                 if r.first() == Some(&Value::Int(1)) {
                     tally.admitted += 1;
@@ -471,6 +531,25 @@ fn random_sequence_matches_the_module() {
             .zip(&after)
             .filter(|(b, a)| b.is_some() && a.is_none())
             .count();
+        let is_cell = |s: &State| s.as_ref().is_some_and(|(_, ts, _)| ts.starts_with("tat:"));
+        tally.cl_converted += before
+            .iter()
+            .zip(&after)
+            .filter(|(b, a)| is_cell(b) && a.is_some() && !is_cell(a))
+            .count();
+    }
+    // Keys redis-cell left that no call converted: the same on both sides.
+    for (k, _, _) in POOL {
+        let (m, l) = (
+            state(&mut c, &format!("m:{k}")),
+            state(&mut c, &format!("l:{k}")),
+        );
+        assert_eq!(l, m, "{k} at the end");
+        if m.as_ref().is_some_and(|(_, ts, _)| ts.starts_with("tat:")) {
+            for p in ["m:", "l:"] {
+                assert_eq!(int(&mut c, "DEL", format!("{p}{k}")), 1);
+            }
+        }
     }
 
     // The non-buckets were never written; then drop them, and compare the
@@ -520,6 +599,8 @@ fn random_sequence_matches_the_module() {
     assert!(tally.planted_ahead > 50, "{tally:?}");
     assert!(tally.ops_on_future_ts > 200, "{tally:?}");
     assert!(tally.too_small >= 3, "{tally:?}");
+    assert!(tally.cl_ops > 60 && tally.cl_limited > 20, "{tally:?}");
+    assert!(tally.cl_converted >= 3, "{tally:?}");
 }
 
 /// Alternates the module and the library on `shared:k`, and runs the same
