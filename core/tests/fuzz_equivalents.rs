@@ -309,3 +309,26 @@ fn found_by_the_fuzzer() {
     };
     oracles::check_bucket(&case);
 }
+
+/// Every seed checked in under fuzz/corpus/, through its target's
+/// property, so the seeds are exercised on every machine, nightly or not.
+#[test]
+fn every_checked_in_seed_holds() {
+    let corpus = testkit::root().join("fuzz/corpus");
+    for (target, check) in oracles::TARGETS {
+        let dir = corpus.join(target);
+        let mut seeds = 0;
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("a corpus entry").path();
+            let data = std::fs::read(&path).expect("a seed");
+            let replay = std::panic::catch_unwind(|| check(&data));
+            assert!(replay.is_ok(), "{target}: seed {} fails", path.display());
+            seeds += 1;
+        }
+        assert!(
+            seeds >= 10,
+            "{target}: only {seeds} seeds in {}",
+            dir.display()
+        );
+    }
+}

@@ -5,6 +5,4 @@
 use libfuzzer_sys::fuzz_target;
 use testkit::oracles;
 
-fuzz_target!(|data: &[u8]| {
-    oracles::check_args(&oracles::argv_from_bytes(data));
-});
+fuzz_target!(|data: &[u8]| oracles::args_target(data));

@@ -21,6 +21,37 @@
 //!   not), and a schedule of calls (with keys expiring at the time the
 //!   module sets) never admits more than burst plus refill plus refunds.
 
+/// What each fuzz target does with its bytes: the libFuzzer targets and the
+/// replay of the checked-in seeds (`core/tests/fuzz_equivalents.rs`) both
+/// call these, so a seed means the same thing to both.
+pub const TARGETS: [(&str, fn(&[u8])); 3] = [
+    ("args", args_target),
+    ("state", state_target),
+    ("bucket", bucket_target),
+];
+
+/// The `args` target: fuzzer bytes as an argv, property (a).
+pub fn args_target(data: &[u8]) {
+    check_args(&argv_from_bytes(data));
+}
+
+/// The `state` target: fuzzer bytes as two hash fields, and their first
+/// eight bytes as a balance and a timestamp to round-trip, property (b).
+pub fn state_target(data: &[u8]) {
+    let (tokens, ts) = fields_from_bytes(data);
+    check_state(tokens, ts);
+    let mut word = [0u8; 8];
+    let n = data.len().min(8);
+    word[..n].copy_from_slice(&data[..n]);
+    check_tokens_round_trip(f64::from_le_bytes(word));
+    check_ts_round_trip(i64::from_le_bytes(word));
+}
+
+/// The `bucket` target: fuzzer bytes as a bucket case, property (c).
+pub fn bucket_target(data: &[u8]) {
+    check_bucket(&bucket_case_from_bytes(data));
+}
+
 use tb_core::args::{
     parse_adjust, parse_consume, parse_mconsume, Arg, ArgError, Argv, MAX_CAPACITY,
     MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE,
