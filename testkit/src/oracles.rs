@@ -21,10 +21,14 @@
 //!   not), and a schedule of calls (with keys expiring at the time the
 //!   module sets) never admits more than burst plus refill plus refunds.
 
+/// A fuzz target: its name (its directory under fuzz/corpus/) and what it
+/// does with the bytes it is given.
+pub type Target = (&'static str, fn(&[u8]));
+
 /// What each fuzz target does with its bytes: the libFuzzer targets and the
 /// replay of the checked-in seeds (`core/tests/fuzz_equivalents.rs`) both
 /// call these, so a seed means the same thing to both.
-pub const TARGETS: [(&str, fn(&[u8])); 3] = [
+pub const TARGETS: [Target; 3] = [
     ("args", args_target),
     ("state", state_target),
     ("bucket", bucket_target),
