@@ -329,26 +329,26 @@ local function single_args(name, keys, args)
   return l, cost
 end
 
--- tb_consume: a denied call, or one of cost 0, writes nothing.
-local function tb_consume(keys, args)
-  local l, cost, failed = single_args('tb_consume', keys, args)
+-- tb_consume (`charging`) and tb_peek: parse, load, charge or look, and
+-- save what changed. A denied call, one of cost 0, or a peek writes nothing.
+local function consume_or_peek(name, keys, args, charging)
+  local l, cost, failed = single_args(name, keys, args)
   if not l then return failed end
   local now = clock()
   local stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local o = charge(l, stored, now, current(l, stored, now), cost, true)
+  local o = charge(l, stored, now, current(l, stored, now), cost, charging)
   if o.writes then save(keys[1], stored, l, o, now) end
   return reply(o)
 end
 
--- tb_peek: read-only (registered no-writes).
+local function tb_consume(keys, args)
+  return consume_or_peek('tb_consume', keys, args, true)
+end
+
+-- Read-only (registered no-writes): a peek never writes.
 local function tb_peek(keys, args)
-  local l, cost, failed = single_args('tb_peek', keys, args)
-  if not l then return failed end
-  local now = clock()
-  local stored, err = load(keys[1])
-  if stored == nil then return redis.error_reply(err) end
-  return reply(charge(l, stored, now, current(l, stored, now), cost, false))
+  return consume_or_peek('tb_peek', keys, args, false)
 end
 
 -- tb_adjust: refund (delta > 0) or late charge (delta < 0); always saves.

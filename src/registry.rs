@@ -58,33 +58,46 @@ const fn one_key(summary: &'static CStr, read_only: bool, args: &'static [ArgDoc
     }
 }
 
+/// A command on one key (argument 1), owned by this module.
+const fn single(
+    name: &'static CStr,
+    handler: crate::ffi::RawHandler,
+    flags: &'static CStr,
+    acl: &'static CStr,
+    read_only: bool,
+    summary: &'static CStr,
+    args: &'static [ArgDoc],
+) -> CommandDef {
+    CommandDef {
+        name,
+        handler,
+        flags,
+        keys: (1, 1, 1),
+        acl,
+        yield_to_existing: false,
+        docs: one_key(summary, read_only, args),
+    }
+}
+
 pub const COMMANDS: &[CommandDef] = &[
-    CommandDef {
-        name: c"tb.consume",
-        handler: handler!(commands::consume),
-        flags: c"write deny-oom fast",
-        keys: (1, 1, 1),
-        acl: c"write fast",
-        yield_to_existing: false,
-        docs: one_key(
-            c"Charges cost (default 1) to a token bucket if it holds that many tokens; replies [allowed, remaining, retry_after_ms, reset_after_ms].",
-            false,
-            &[KEY, MAX, RATE, OPTIONAL_COST],
-        ),
-    },
-    CommandDef {
-        name: c"tb.peek",
-        handler: handler!(commands::peek),
-        flags: c"readonly fast",
-        keys: (1, 1, 1),
-        acl: c"read fast",
-        yield_to_existing: false,
-        docs: one_key(
-            c"Replies what TB.CONSUME would, without charging or writing anything.",
-            true,
-            &[KEY, MAX, RATE, OPTIONAL_COST],
-        ),
-    },
+    single(
+        c"tb.consume",
+        handler!(commands::consume),
+        c"write deny-oom fast",
+        c"write fast",
+        false,
+        c"Charges cost (default 1) to a token bucket if it holds that many tokens; replies [allowed, remaining, retry_after_ms, reset_after_ms].",
+        &[KEY, MAX, RATE, OPTIONAL_COST],
+    ),
+    single(
+        c"tb.peek",
+        handler!(commands::peek),
+        c"readonly fast",
+        c"read fast",
+        true,
+        c"Replies what TB.CONSUME would, without charging or writing anything.",
+        &[KEY, MAX, RATE, OPTIONAL_COST],
+    ),
     CommandDef {
         name: c"tb.mconsume",
         handler: handler!(commands::mconsume),
@@ -105,31 +118,27 @@ pub const COMMANDS: &[CommandDef] = &[
             }],
         },
     },
+    single(
+        c"tb.adjust",
+        handler!(commands::adjust),
+        c"write deny-oom fast",
+        c"write fast",
+        false,
+        c"Refunds (delta > 0) or charges (delta < 0, down to -max) a token bucket after the fact.",
+        &[KEY, MAX, RATE, DELTA],
+    ),
+    // redis-cell may own CL.THROTTLE: then it keeps it.
     CommandDef {
-        name: c"tb.adjust",
-        handler: handler!(commands::adjust),
-        flags: c"write deny-oom fast",
-        keys: (1, 1, 1),
-        acl: c"write fast",
-        yield_to_existing: false,
-        docs: one_key(
-            c"Refunds (delta > 0) or charges (delta < 0, down to -max) a token bucket after the fact.",
-            false,
-            &[KEY, MAX, RATE, DELTA],
-        ),
-    },
-    CommandDef {
-        name: c"cl.throttle",
-        handler: handler!(commands::cl_throttle),
-        flags: c"write deny-oom fast",
-        keys: (1, 1, 1),
-        acl: c"write fast",
         yield_to_existing: true,
-        docs: one_key(
-            c"redis-cell's command on a token bucket: charges quantity (default 1); replies [limited, limit, remaining, retry_after_s, reset_after_s].",
+        ..single(
+            c"cl.throttle",
+            handler!(commands::cl_throttle),
+            c"write deny-oom fast",
+            c"write fast",
             false,
+            c"redis-cell's command on a token bucket: charges quantity (default 1); replies [limited, limit, remaining, retry_after_s, reset_after_s].",
             &[KEY, MAX_BURST, COUNT, PERIOD, OPTIONAL_QUANTITY],
-        ),
+        )
     },
     #[cfg(feature = "test-hooks")]
     test_hook(

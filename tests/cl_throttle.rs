@@ -68,44 +68,21 @@ fn throttle(
 
 #[test]
 fn the_readme_examples_of_redis_cell() {
+    let examples: [(&str, &[&str], [i64; 5]); 4] = [
+        // "CL.THROTTLE user123 15 30 60", and with its quantity of 1 spelt out.
+        ("user123", &["15", "30", "60"], [0, 16, 15, -1, 2]),
+        ("user", &["15", "30", "60", "1"], [0, 16, 15, -1, 2]),
+        // "Multiple Rate Limits": one key per kind of action; 10 per 60 s
+        // is one token every 6 s.
+        ("user123-read-rate", &["15", "30", "60"], [0, 16, 15, -1, 2]),
+        ("user123-write-rate", &["5", "10", "60"], [0, 6, 5, -1, 6]),
+    ];
     let (_s, mut c, sha) = all_forms(Config::default());
     for form in FORMS {
-        let p = format!("{form:?}:");
-        // "CL.THROTTLE user123 15 30 60" and its explicit quantity of 1.
-        let r = throttle(
-            &mut c,
-            form,
-            &sha,
-            &format!("{p}user123"),
-            &["15", "30", "60"],
-        );
-        assert_eq!(r, [0, 16, 15, -1, 2], "{form:?}");
-        let r = throttle(
-            &mut c,
-            form,
-            &sha,
-            &format!("{p}user"),
-            &["15", "30", "60", "1"],
-        );
-        assert_eq!(r, [0, 16, 15, -1, 2], "{form:?}");
-        // "Multiple Rate Limits": one key per kind of action.
-        let r = throttle(
-            &mut c,
-            form,
-            &sha,
-            &format!("{p}user123-read-rate"),
-            &["15", "30", "60"],
-        );
-        assert_eq!(r, [0, 16, 15, -1, 2], "{form:?}");
-        // 10 per 60 s: one token every 6 s.
-        let r = throttle(
-            &mut c,
-            form,
-            &sha,
-            &format!("{p}user123-write-rate"),
-            &["5", "10", "60"],
-        );
-        assert_eq!(r, [0, 6, 5, -1, 6], "{form:?}");
+        for (key, args, want) in examples {
+            let r = throttle(&mut c, form, &sha, &format!("{form:?}:{key}"), args);
+            assert_eq!(r, want, "{form:?} {key} {args:?}");
+        }
     }
 }
 
