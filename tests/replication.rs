@@ -1,9 +1,7 @@
 //! Effects replication: after thousands of mixed calls a replica, with or
 //! without the module, holds the primary's exact hashes and expire times.
 
-use testkit::{
-    info_field, repl_offset, snapshot, start_replica, wait_replicas, Config, Rng, Server,
-};
+use testkit::{info_field, snapshot, start_replica, wait_replicas, Config, Rng, Server};
 
 fn mixed_traffic(c: &mut redis::Connection, seed: u64, calls: usize) {
     let mut rng = Rng(seed);
@@ -98,17 +96,6 @@ fn replica_attached_mid_traffic_ends_identical() {
         ) == "0"
     );
     let primary = snapshot(&mut p);
-    eprintln!(
-        "P {}\nR {}",
-        info_field(&mut p, "replication", "role"),
-        info_field(&mut replica.conn(), "replication", "role")
-    );
-    eprintln!(
-        "P {} R {}",
-        repl_offset(&mut p),
-        repl_offset(&mut replica.conn())
-    );
-    eprintln!("P {:?}", redis::cmd("TIME").query::<Vec<String>>(&mut p));
     assert!(primary.len() > 10);
     assert_eq!(snapshot(&mut replica.conn()), primary);
 }
