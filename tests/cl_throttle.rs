@@ -103,6 +103,8 @@ fn gcra_cases_worked_out_by_hand() {
         [i64; 5],
         bool,
     );
+    // One case a line: the columns read as the type above.
+    #[rustfmt::skip]
     let cases: &[Case] = &[
         // Limit 5 at 1/s. A fresh key: one token used, full again in 1 s.
         (0, "a", "4", "1", "1", None, [0, 5, 4, -1, 1], true),
@@ -118,85 +120,22 @@ fn gcra_cases_worked_out_by_hand() {
         // After the retry time: allowed, 0 left again, full in 5 s.
         (1_000_000, "a", "4", "1", "1", None, [0, 5, 0, -1, 5], true),
         // Quantity 0 checks and writes nothing.
-        (
-            3_500_000,
-            "a",
-            "4",
-            "1",
-            "1",
-            Some("0"),
-            [0, 5, 2, -1, 3],
-            false,
-        ),
+        (3_500_000, "a", "4", "1", "1", Some("0"), [0, 5, 2, -1, 3], false),
         // A quantity above the limit never passes: limited, retry -1.
-        (
-            3_500_000,
-            "a",
-            "4",
-            "1",
-            "1",
-            Some("6"),
-            [1, 5, 2, -1, 3],
-            false,
-        ),
+        (3_500_000, "a", "4", "1", "1", Some("6"), [1, 5, 2, -1, 3], false),
         // A quantity that fits the limit but not the bucket: how long
         // until 4 tokens are there (2.5 -> 4 at 1/s: 1.5 s, rounded up).
-        (
-            3_500_000,
-            "a",
-            "4",
-            "1",
-            "1",
-            Some("4"),
-            [1, 5, 2, 2, 3],
-            false,
-        ),
+        (3_500_000, "a", "4", "1", "1", Some("4"), [1, 5, 2, 2, 3], false),
         // Taking 2 of the 2.5: 0.5 left, 4.5 s to full, rounded up.
-        (
-            3_500_000,
-            "a",
-            "4",
-            "1",
-            "1",
-            Some("2"),
-            [0, 5, 0, -1, 5],
-            true,
-        ),
+        (3_500_000, "a", "4", "1", "1", Some("2"), [0, 5, 0, -1, 5], true),
         // 30 per 60 s: 0.5 per second, limit 16.
         (0, "b", "15", "30", "60", None, [0, 16, 15, -1, 2], true),
-        (
-            0,
-            "b",
-            "15",
-            "30",
-            "60",
-            Some("15"),
-            [0, 16, 0, -1, 32],
-            true,
-        ),
+        (0, "b", "15", "30", "60", Some("15"), [0, 16, 0, -1, 32], true),
         // Empty: a token takes 2 s.
         (0, "b", "15", "30", "60", None, [1, 16, 0, 2, 32], false),
         // 0.5 s on: 0.25 tokens, 1.5 s to go, rounded up to 2.
-        (
-            500_000,
-            "b",
-            "15",
-            "30",
-            "60",
-            None,
-            [1, 16, 0, 2, 32],
-            false,
-        ),
-        (
-            2_000_000,
-            "b",
-            "15",
-            "30",
-            "60",
-            None,
-            [0, 16, 0, -1, 32],
-            true,
-        ),
+        (500_000, "b", "15", "30", "60", None, [1, 16, 0, 2, 32], false),
+        (2_000_000, "b", "15", "30", "60", None, [0, 16, 0, -1, 32], true),
         // A fresh key asking for the whole limit at once.
         (0, "c", "2", "3", "1", Some("3"), [0, 3, 0, -1, 1], true),
     ];

@@ -219,61 +219,24 @@ mod tests {
         );
         assert_eq!(parse(&["c", "k", "0", "1", "1", "0"]).unwrap().quantity, 0);
         assert_eq!(parse(&["c", "k", "+3", "1", "1"]).unwrap().limit, 4);
-        for (args, e) in [
+        #[rustfmt::skip]
+        let cases = [
             (vec!["c", "k", "1", "1"], ThrottleError::Arity),
-            (
-                vec!["c", "k", "1", "1", "1", "1", "1"],
-                ThrottleError::Arity,
-            ),
-            (
-                vec!["c", "k", "1.5", "1", "1"],
-                ThrottleError::NotAnInteger("max_burst"),
-            ),
-            (
-                vec!["c", "k", "-1", "1", "1"],
-                ThrottleError::TooSmall("max_burst"),
-            ),
-            (
-                vec!["c", "k", "1", "0", "1"],
-                ThrottleError::TooSmall("count"),
-            ),
-            (
-                vec!["c", "k", "1", "1", "0"],
-                ThrottleError::TooSmall("period"),
-            ),
-            (
-                vec!["c", "k", "1", "x", "1"],
-                ThrottleError::NotAnInteger("count"),
-            ),
-            (
-                vec!["c", "k", "1", "1", " 1"],
-                ThrottleError::NotAnInteger("period"),
-            ),
-            (
-                vec!["c", "k", "1", "1", "1", "-1"],
-                ThrottleError::TooSmall("quantity"),
-            ),
-            (
-                vec!["c", "k", "1", "1", "1", "1e3"],
-                ThrottleError::NotAnInteger("quantity"),
-            ),
-            (
-                vec!["c", "k", "1000000000000", "1", "1"],
-                ThrottleError::BurstTooLarge,
-            ),
-            (
-                vec!["c", "k", "9223372036854775807", "1", "1"],
-                ThrottleError::BurstTooLarge,
-            ),
-            (
-                vec!["c", "k", "1", "9223372036854775807", "1"],
-                ThrottleError::RateTooHigh,
-            ),
-            (
-                vec!["c", "k", "999999", "1", "100000"],
-                ThrottleError::FillTooSlow,
-            ),
-        ] {
+            (vec!["c", "k", "1", "1", "1", "1", "1"], ThrottleError::Arity),
+            (vec!["c", "k", "1.5", "1", "1"], ThrottleError::NotAnInteger("max_burst")),
+            (vec!["c", "k", "-1", "1", "1"], ThrottleError::TooSmall("max_burst")),
+            (vec!["c", "k", "1", "0", "1"], ThrottleError::TooSmall("count")),
+            (vec!["c", "k", "1", "1", "0"], ThrottleError::TooSmall("period")),
+            (vec!["c", "k", "1", "x", "1"], ThrottleError::NotAnInteger("count")),
+            (vec!["c", "k", "1", "1", " 1"], ThrottleError::NotAnInteger("period")),
+            (vec!["c", "k", "1", "1", "1", "-1"], ThrottleError::TooSmall("quantity")),
+            (vec!["c", "k", "1", "1", "1", "1e3"], ThrottleError::NotAnInteger("quantity")),
+            (vec!["c", "k", "1000000000000", "1", "1"], ThrottleError::BurstTooLarge),
+            (vec!["c", "k", "9223372036854775807", "1", "1"], ThrottleError::BurstTooLarge),
+            (vec!["c", "k", "1", "9223372036854775807", "1"], ThrottleError::RateTooHigh),
+            (vec!["c", "k", "999999", "1", "100000"], ThrottleError::FillTooSlow),
+        ];
+        for (args, e) in cases {
             assert_eq!(parse(&args), Err(e), "{args:?}");
         }
         assert_eq!(
