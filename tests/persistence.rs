@@ -1,7 +1,9 @@
 //! State survives restarts: AOF after kill -9, and it is a plain hash that a
 //! server without the module still loads.
 
-use testkit::{consume, eventually, hgetall, info_field, peek, snapshot, Config, Server};
+use testkit::{
+    consume, eventually, hgetall, info_field, peek, server_time_us, snapshot, Config, Server,
+};
 
 fn aof() -> Config {
     Config::default()
@@ -60,11 +62,31 @@ fn data_loads_without_the_module_and_back() {
     s.restart_with(aof());
     let mut c = s.conn();
     assert_eq!(snapshot(&mut c), before);
-    // ...and the module carries on from that state: 50 - cost(1) = 49.
-    assert_eq!(peek(&mut c, "rl:user:1", "50", "0.01", "1")[0], 1);
+    // ...and the module carries on from that state: rl:user:1 was charged
+    // 2 of 50 (then refilled at 0.01/s, under 1 token in the seconds this
+    // test runs), so it holds 48, not a fresh bucket's 50, and a charge of
+    // 1 leaves 47.
+    let stored = &before[&b"rl:user:1".to_vec()].0;
+    assert_eq!(stored["tokens"], "48");
+    let ts: i64 = stored["ts"].parse().unwrap();
+    let r = peek(&mut c, "rl:user:1", "50", "0.01", "1");
+    let now_us = server_time_us(&mut c);
+    assert_eq!(r[..3], [1, 48, 0], "{r:?}");
+    // Full again when the 2 missing tokens are back: 200 s after ts, less
+    // what has refilled by the peek (it ran before `now_us`).
+    let since_ts_ms = (now_us - ts) / 1000;
+    assert!(
+        r[3] <= 200_000 && r[3] >= 200_000 - since_ts_ms - 1,
+        "{r:?}, {since_ts_ms} ms after the write"
+    );
     assert_eq!(
         hgetall(&mut c, "rl:user:1"),
-        before[&b"rl:user:1".to_vec()].0
+        *stored,
+        "a peek writes nothing"
+    );
+    assert_eq!(
+        consume(&mut c, "rl:user:1", "50", "0.01", "1")[..3],
+        [1, 47, 0]
     );
 }
 

@@ -56,6 +56,12 @@ pub fn error_of(c: &mut redis::Connection, cmd: &redis::Cmd) -> String {
     }
 }
 
+/// The server's clock (`TIME`) in microseconds since the epoch.
+pub fn server_time_us(c: &mut redis::Connection) -> i64 {
+    let t: Vec<i64> = redis::cmd("TIME").query(c).expect("TIME");
+    t[0] * 1_000_000 + t[1]
+}
+
 pub fn dbsize(c: &mut redis::Connection) -> i64 {
     redis::cmd("DBSIZE").query(c).expect("DBSIZE")
 }
