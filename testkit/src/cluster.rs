@@ -11,11 +11,14 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// `config` may set its own `cluster-node-timeout` (3 s otherwise).
     pub fn start(primaries: usize, replicas: usize, config: Config) -> Cluster {
-        let config = config
+        let mut config = config
             .arg("cluster-enabled", "yes")
-            .arg("cluster-config-file", "nodes.conf")
-            .arg("cluster-node-timeout", "3000");
+            .arg("cluster-config-file", "nodes.conf");
+        if !config.args.iter().any(|a| a == "--cluster-node-timeout") {
+            config = config.arg("cluster-node-timeout", "3000");
+        }
         let nodes: Vec<Server> = (0..primaries * (1 + replicas))
             .map(|_| Server::with(config.clone()))
             .collect();
