@@ -1,5 +1,6 @@
-//! State survives restarts: AOF after kill -9, and it is a plain hash that a
-//! server without the module still loads.
+//! State survives restarts: AOF after kill -9, SAVE and BGSAVE (a BGSAVE
+//! holds the state at fork time), and it is a plain hash that a server
+//! without the module still loads.
 
 use testkit::{
     consume, eventually, hgetall, info_field, peek, server_time_us, snapshot, Config, Server,
@@ -121,4 +122,90 @@ fn rdb_save_then_restart_is_identical() {
     s.kill9();
     s.restart_with(Config::default());
     assert_eq!(snapshot(&mut s.conn()), before);
+}
+
+fn config_set(c: &mut redis::Connection, name: &str, value: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", name, value])
+        .query(c)
+        .unwrap();
+}
+
+/// Waits for the running BGSAVE to end, and checks it succeeded.
+fn wait_bgsave(c: &mut redis::Connection) {
+    assert!(eventually(std::time::Duration::from_secs(60), || {
+        info_field(c, "persistence", "rdb_bgsave_in_progress") == "0"
+    }));
+    assert_eq!(info_field(c, "persistence", "rdb_last_bgsave_status"), "ok");
+}
+
+/// BGSAVE writes the dataset as it was when the server forked: a bucket
+/// charged, and one created, while the child is still writing are not in
+/// that file (a restart from it restores the state at fork time exactly),
+/// and are in the next one (a restart from it restores them exactly).
+/// `rdb-key-save-delay` (µs per key, slept by the child) keeps the child
+/// busy for at least 4 s, so the writes land while it runs, as INFO checks.
+#[test]
+fn bgsave_holds_the_state_at_fork_time_and_the_next_one_the_writes_during_it() {
+    let mut s = Server::start();
+    let mut c = s.conn();
+    some_buckets(&mut c);
+    let at_fork = snapshot(&mut c);
+    config_set(&mut c, "rdb-key-save-delay", "20000");
+    let started: String = redis::cmd("BGSAVE").query(&mut c).unwrap();
+    assert!(started.contains("started"), "{started}");
+
+    // rl:user:1 held 48 of 50: charged 5 more. rl:during is new.
+    assert_eq!(
+        consume(&mut c, "rl:user:1", "50", "0.01", "5")[..3],
+        [1, 43, 0]
+    );
+    assert_eq!(
+        consume(&mut c, "rl:during", "9", "0.01", "4")[..3],
+        [1, 5, 0]
+    );
+    assert_eq!(
+        info_field(&mut c, "persistence", "rdb_bgsave_in_progress"),
+        "1",
+        "the writes ran while the child was saving"
+    );
+    let after_writes = snapshot(&mut c);
+    assert_eq!(after_writes.len(), at_fork.len() + 1);
+    assert_ne!(
+        after_writes[&b"rl:user:1".to_vec()],
+        at_fork[&b"rl:user:1".to_vec()]
+    );
+    wait_bgsave(&mut c);
+    let rdb = s.dir.join("dump.rdb");
+    let fork_rdb = s.dir.join("fork-time.rdb");
+    std::fs::copy(&rdb, &fork_rdb).expect("keep the first dump");
+
+    // The next BGSAVE, with nothing written meanwhile, holds the writes.
+    config_set(&mut c, "rdb-key-save-delay", "0");
+    let _: String = redis::cmd("BGSAVE").query(&mut c).unwrap();
+    wait_bgsave(&mut c);
+    drop(c);
+    s.kill9();
+    s.restart_with(Config::default());
+    assert_eq!(
+        snapshot(&mut s.conn()),
+        after_writes,
+        "restart from the BGSAVE after the writes"
+    );
+
+    // The first one holds the dataset at fork time, and nothing later.
+    s.kill9();
+    std::fs::copy(&fork_rdb, &rdb).expect("put the first dump back");
+    s.restart_with(Config::default());
+    let mut c = s.conn();
+    assert_eq!(
+        snapshot(&mut c),
+        at_fork,
+        "restart from the BGSAVE that forked before the writes"
+    );
+    // ...and the module carries on from it: 48 left, not 43.
+    assert_eq!(
+        consume(&mut c, "rl:user:1", "50", "0.01", "1")[..3],
+        [1, 47, 0]
+    );
 }
