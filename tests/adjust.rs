@@ -1,9 +1,10 @@
 //! TB.ADJUST: refunds capped at max, debt floored at -max, and how CONSUME
 //! behaves in debt.
 
+use std::time::Duration;
 use testkit::{
-    consume, hgetall, int, peek, repl_offset, snapshot, start_replica, wait_replicas, Config,
-    Server,
+    back_to_back, consume, hgetall, int, peek, repl_offset, snapshot, start_replica, wait_replicas,
+    Config, Server,
 };
 
 fn adjust(c: &mut redis::Connection, key: &str, max: &str, rate: &str, delta: &str) -> Vec<i64> {
@@ -36,25 +37,33 @@ fn refund_is_capped_at_max() {
 fn debt_is_floored_at_minus_max() {
     let s = Server::start();
     let mut c = s.conn();
-    // 100 tokens at 10/s; one settlement of 1,000,000 stops at -100.
-    let r = adjust(&mut c, "k", "100", "10", "-1000000");
+    // 100 tokens at 10/s; one settlement of 1,000,000 stops at -100, then
+    // CONSUME and PEEK: all within the 10 s refill takes back to 0.
+    let (key, (r, h, at, d, p), took) = back_to_back(Duration::from_secs(10), |key| {
+        let r = adjust(&mut c, key, "100", "10", "-1000000");
+        let (h, at) = (hgetall(&mut c, key), int(&mut c, "PEXPIRETIME", key));
+        let d = consume(&mut c, key, "100", "10", "1");
+        let p = peek(&mut c, key, "100", "10", "0");
+        (r, h, at, d, p)
+    });
     assert_eq!(r[0..2], [1, -100]);
     // Cost 1 needs 101 tokens of refill: 10.1 s. Full after 20 s = 2*max/rate.
     assert!(r[2] > 10_000 && r[2] <= 10_100, "{r:?}");
     assert!(r[3] > 19_900 && r[3] <= 20_000, "{r:?}");
-    assert_eq!(hgetall(&mut c, "k")["tokens"], "-100");
-    let pttl = int(&mut c, "PTTL", "k");
-    assert!(pttl > 19_800 && pttl <= 20_001, "{pttl}");
+    assert_eq!(h["tokens"], "-100");
+    // Expires when full: 20 s after ts (rounded up to the ms).
+    let ts: i64 = h["ts"].parse().unwrap();
+    assert_eq!(at, (ts + 999) / 1000 + r[3]);
 
-    // In debt, CONSUME and PEEK deny; refill pays the debt back first.
-    let d = consume(&mut c, "k", "100", "10", "1");
-    assert_eq!(d[0], 0);
-    assert!(d[1] <= -99);
-    assert_eq!(
-        peek(&mut c, "k", "100", "10", "0")[0],
-        0,
-        "even cost 0 waits for 0"
+    // In debt, CONSUME and PEEK deny; refill pays the debt back first:
+    // at most `took` ms of it, 10 tokens a second.
+    assert_eq!(d[0], 0, "{d:?}");
+    assert!(
+        d[1] >= -100 && d[1] as f64 <= -100.0 + 10.0 * took as f64 / 1000.0,
+        "{d:?}, {took} ms"
     );
+    assert_eq!(p[0], 0, "even cost 0 waits for 0: {p:?}");
+    assert_eq!(hgetall(&mut c, &key), h, "the denials wrote nothing");
 }
 
 #[test]

@@ -3,9 +3,17 @@
 
 use std::time::Duration;
 use testkit::{
-    consume, error_of, eventually, exec_survives, hgetall, info_field, int, repl_offset,
-    start_replica, Config, Server,
+    back_to_back, consume, error_of, exec_survives, hgetall, info_field, int, repl_offset,
+    server_time_us, start_replica, Config, Server,
 };
+
+/// Waits until the server's clock is past `ms` (ms since the epoch): a key
+/// whose PEXPIRETIME is `ms` or earlier has expired by then.
+fn wait_for_server_ms(c: &mut redis::Connection, ms: i64) {
+    while server_time_us(c) / 1000 <= ms {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
 
 #[test]
 fn fresh_bucket_replies_and_stores_state() {
@@ -14,27 +22,32 @@ fn fresh_bucket_replies_and_stores_state() {
     let _replica = start_replica(&s, Config::default());
     let mut c = s.conn();
     let before = repl_offset(&mut c);
-    let now_ms: i64 = {
-        let t: Vec<i64> = redis::cmd("TIME").query(&mut c).unwrap();
-        t[0] * 1000 + t[1] / 1000
-    };
+    let t0 = server_time_us(&mut c);
     assert_eq!(consume(&mut c, "k", "10", "1", "1"), vec![1, 9, 0, 1000]);
+    let t1 = server_time_us(&mut c);
 
     let h = hgetall(&mut c, "k");
     assert_eq!(h.len(), 2, "{h:?}");
     assert_eq!(h["tokens"], "9");
     let ts: i64 = h["ts"].parse().expect("ts is an integer");
     assert!(
-        (ts / 1000 - now_ms).abs() < 1000,
-        "ts {ts} is server time in µs"
+        t0 <= ts && ts <= t1,
+        "ts {ts} is the server's clock in µs, read between {t0} and {t1}"
     );
 
     // Expires exactly when full again: ceil(ts/1000) + reset_after_ms.
     let at = int(&mut c, "PEXPIRETIME", "k");
     assert_eq!(at, (ts + 999) / 1000 + 1000);
-    let pttl = int(&mut c, "PTTL", "k");
-    // PTTL counts from the current (floored) millisecond; expiry rounds up.
-    assert!(pttl > 900 && pttl <= 1001, "pttl {pttl}");
+    // PTTL counts from the server's current (floored) millisecond.
+    let (t2, pttl, t3) = (
+        server_time_us(&mut c) / 1000,
+        int(&mut c, "PTTL", "k"),
+        server_time_us(&mut c) / 1000,
+    );
+    assert!(
+        at - t3 <= pttl && pttl <= at - t2,
+        "pttl {pttl}, expiry at {at}, read between {t2} and {t3}"
+    );
     assert!(
         repl_offset(&mut c) > before,
         "an admitted call is replicated"
@@ -45,16 +58,28 @@ fn fresh_bucket_replies_and_stores_state() {
 fn draining_then_denial_gives_sub_second_retry() {
     let s = Server::start();
     let mut c = s.conn();
-    // 3 burst, 0.5 tokens/s: a token every 2000 ms.
-    for left in [2, 1, 0] {
-        let r = consume(&mut c, "k", "3", "0.5", "1");
-        assert_eq!(r[0..3], [1, left, 0]);
+    // 3 burst, 0.5 tokens/s: a token every 2000 ms. Four calls within
+    // those 2000 ms: three admitted, then a denial.
+    let (_, replies, took) = back_to_back(Duration::from_millis(2000), |key| {
+        (0..4)
+            .map(|_| consume(&mut c, key, "3", "0.5", "1"))
+            .collect::<Vec<_>>()
+    });
+    for (r, left) in replies.iter().zip([2, 1, 0]) {
+        assert_eq!(r[0..3], [1, left, 0], "{replies:?}");
     }
-    let r = consume(&mut c, "k", "3", "0.5", "1");
-    assert_eq!(r[0], 0);
-    assert_eq!(r[1], 0);
-    assert!(r[2] > 1900 && r[2] <= 2000, "retry {r:?}");
-    assert!(r[3] > 5900 && r[3] <= 6000, "reset {r:?}");
+    let r = &replies[3];
+    assert_eq!(r[0..2], [0, 0], "{replies:?}");
+    // Less than `took` ms of refill since the first call: the token is
+    // 2000 ms away less that, and the full bucket 6000 ms.
+    assert!(
+        r[2] <= 2000 && r[2] >= 2000 - took,
+        "retry {r:?}, {took} ms"
+    );
+    assert!(
+        r[3] <= 6000 && r[3] >= 6000 - took,
+        "reset {r:?}, {took} ms"
+    );
 
     // Fractional cost and rate: 10 at 4/s, cost 2.5 → retry in 625 ms steps.
     let r = consume(&mut c, "f", "10", "4", "2.5");
@@ -66,14 +91,17 @@ fn draining_then_denial_gives_sub_second_retry() {
 fn retry_after_is_when_the_request_passes() {
     let s = Server::start();
     let mut c = s.conn();
-    // 2 burst at 5/s: after draining, a cost-1 request passes after 200 ms.
-    consume(&mut c, "k", "2", "5", "2");
-    let r = consume(&mut c, "k", "2", "5", "1");
+    // 2 burst at 5/s: after draining, a cost-1 request passes after 200 ms,
+    // less what refilled between the two calls.
+    let (key, r, took) = back_to_back(Duration::from_millis(200), |key| {
+        assert_eq!(consume(&mut c, key, "2", "5", "2")[..2], [1, 0]);
+        consume(&mut c, key, "2", "5", "1")
+    });
     assert_eq!(r[0], 0);
     let wait = r[2];
-    assert!(wait > 150 && wait <= 200, "{r:?}");
+    assert!(wait <= 200 && wait >= 200 - took, "{r:?}, {took} ms");
     std::thread::sleep(Duration::from_millis(wait as u64 + 5));
-    assert_eq!(consume(&mut c, "k", "2", "5", "1")[0], 1);
+    assert_eq!(consume(&mut c, &key, "2", "5", "1")[0], 1);
 }
 
 #[test]
@@ -118,11 +146,12 @@ fn lowered_max_clamps_stored_tokens() {
 fn bucket_that_expired_is_full_again() {
     let s = Server::start();
     let mut c = s.conn();
-    // 2 tokens at 20/s: full again 100 ms after being drained.
-    consume(&mut c, "k", "2", "20", "2");
-    assert!(eventually(Duration::from_secs(3), || int(
-        &mut c, "EXISTS", "k"
-    ) == 0));
+    // 2 tokens at 20/s: full again, and expired, 100 ms after being
+    // drained (by the server's clock, read after the call).
+    assert_eq!(consume(&mut c, "k", "2", "20", "2"), [1, 0, 0, 100]);
+    let after = server_time_us(&mut c);
+    wait_for_server_ms(&mut c, (after + 999) / 1000 + 100);
+    assert_eq!(int(&mut c, "EXISTS", "k"), 0);
     assert_eq!(consume(&mut c, "k", "2", "20", "2")[0..2], [1, 0]);
 }
 
@@ -253,11 +282,12 @@ fn writes_raise_the_keyspace_events_of_hset_and_pexpireat() {
 fn lowering_the_rate_after_a_write_lets_the_key_expire_early() {
     let s = Server::start();
     let mut c = s.conn();
-    // 5 of 10 tokens at 1000/s: full again, and expired, 5 ms later.
+    // 5 of 10 tokens at 1000/s: full again, and expired, 5 ms later (by
+    // the server's clock, read after the call).
     assert_eq!(consume(&mut c, "k", "10", "1000", "5"), [1, 5, 0, 5]);
-    assert!(eventually(Duration::from_secs(3), || int(
-        &mut c, "EXISTS", "k"
-    ) == 0));
+    let after = server_time_us(&mut c);
+    wait_for_server_ms(&mut c, (after + 999) / 1000 + 5);
+    assert_eq!(int(&mut c, "EXISTS", "k"), 0);
     // At 1/s the bucket would still hold about 5: the new tier gets a full one.
     assert_eq!(consume(&mut c, "k", "10", "1", "1")[..2], [1, 9]);
 }

@@ -1,9 +1,11 @@
 //! TB.MCONSUME: several buckets, all-or-nothing.
 
 use redis::Value;
+use std::time::Duration;
 use testkit::{
-    bad_then_expired, consume, dbsize, error_of, exec_survives, expired_keys, hgetall, int,
-    lazy_expiry_only, repl_offset, snapshot, start_replica, wait_replicas, Config, Server,
+    back_to_back, bad_then_expired, consume, dbsize, error_of, exec_survives, expired_keys,
+    hgetall, int, lazy_expiry_only, repl_offset, snapshot, start_replica, wait_replicas, Config,
+    Server,
 };
 
 fn mconsume(c: &mut redis::Connection, args: &[&str]) -> (i64, i64, Vec<Vec<i64>>) {
@@ -48,22 +50,30 @@ fn one_short_bucket_writes_nothing_anywhere() {
     let _replica = start_replica(&s, Config::default());
     let mut c = s.conn();
     consume(&mut c, "u", "10", "0.01", "4");
-    consume(&mut c, "ip", "2", "0.01", "2");
-    let before = snapshot(&mut c);
-    let offset = repl_offset(&mut c);
-
-    let (ok, retry, b) = mconsume(
-        &mut c,
-        &[
-            "u", "10", "0.01", "1", "key", "5", "1", "1", "ip", "2", "0.01", "1",
-        ],
-    );
+    // ip drained, then the call: ip is short as long as they come within
+    // the 100 s a token takes at 0.01/s.
+    let mut before = Default::default();
+    let mut offset = 0;
+    let (ip, (ok, retry, b), took) = back_to_back(Duration::from_secs(100), |ip| {
+        consume(&mut c, ip, "2", "0.01", "2");
+        before = snapshot(&mut c);
+        offset = repl_offset(&mut c);
+        mconsume(
+            &mut c,
+            &[
+                "u", "10", "0.01", "1", "key", "5", "1", "1", ip, "2", "0.01", "1",
+            ],
+        )
+    });
     assert_eq!(ok, 0);
     assert_eq!(b[0][0..2], [1, 6], "user could pay, untouched");
     assert_eq!(b[1], vec![1, 5, 0, 0], "missing key: full, untouched");
     assert_eq!(b[2][0..2], [0, 0]);
     assert_eq!(retry, b[2][2]);
-    assert!(retry > 99_000 && retry <= 100_000, "{retry}");
+    assert!(
+        retry <= 100_000 && retry >= 100_000 - took,
+        "{retry}, {took} ms after {ip} was drained"
+    );
 
     assert_eq!(snapshot(&mut c), before, "nothing written");
     assert_eq!(int(&mut c, "EXISTS", "key"), 0);
@@ -74,20 +84,32 @@ fn one_short_bucket_writes_nothing_anywhere() {
 fn the_worst_retry_wins() {
     let s = Server::start();
     let mut c = s.conn();
-    consume(&mut c, "a", "1", "1", "1"); // ~1000 ms to pass again
-    consume(&mut c, "b", "1", "0.25", "1"); // ~4000 ms
-    consume(&mut c, "c", "1", "0.5", "1"); // ~2000 ms
-    let (ok, retry, b) = mconsume(
-        &mut c,
-        &[
-            "a", "1", "1", "1", "b", "1", "0.25", "1", "c", "1", "0.5", "1",
-        ],
-    );
+    // Three drained buckets, then one call on all three, within the
+    // 1000 ms a's token takes.
+    let (_, (ok, retry, b), took) = back_to_back(Duration::from_millis(1000), |k| {
+        let (a, bb, cc) = (format!("{k}:a"), format!("{k}:b"), format!("{k}:c"));
+        consume(&mut c, &a, "1", "1", "1"); // 1000 ms to pass again
+        consume(&mut c, &bb, "1", "0.25", "1"); // 4000 ms
+        consume(&mut c, &cc, "1", "0.5", "1"); // 2000 ms
+        mconsume(
+            &mut c,
+            &[
+                &a, "1", "1", "1", &bb, "1", "0.25", "1", &cc, "1", "0.5", "1",
+            ],
+        )
+    });
     assert_eq!(ok, 0);
+    // Each bucket's wait, less at most `took` ms of refill.
+    for (bucket, full_wait) in b.iter().zip([1000, 4000, 2000]) {
+        assert_eq!(bucket[..2], [0, 0], "{b:?}");
+        assert!(
+            bucket[2] <= full_wait && bucket[2] >= full_wait - took,
+            "{b:?}, {took} ms"
+        );
+    }
     let worst = b.iter().map(|x| x[2]).max().unwrap();
     assert_eq!(retry, worst);
     assert_eq!(retry, b[1][2]);
-    assert!(retry > 3900 && retry <= 4000);
 }
 
 #[test]

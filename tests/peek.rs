@@ -1,9 +1,10 @@
 //! TB.PEEK: the same reply as TB.CONSUME without charging, never a write,
 //! and it runs on a read-only replica.
 
+use std::time::Duration;
 use testkit::{
-    consume, error_of, hgetall, int, peek, repl_offset, start_replica, wait_replicas, Config,
-    Server,
+    back_to_back, consume, error_of, hgetall, int, peek, repl_offset, start_replica, wait_replicas,
+    Config, Server,
 };
 
 #[test]
@@ -14,13 +15,22 @@ fn peek_reports_without_charging() {
     assert_eq!(peek(&mut c, "k", "10", "1", "3"), vec![1, 10, 0, 0]);
     assert_eq!(int(&mut c, "EXISTS", "k"), 0);
 
-    consume(&mut c, "k", "10", "0.001", "8");
-    let r = peek(&mut c, "k", "10", "0.001", "3");
+    // 1 token short at 0.001/s → 1000 s, and full again in 8000 s, less
+    // what refilled between the two calls.
+    let (key, r, took) = back_to_back(Duration::from_secs(1000), |key| {
+        consume(&mut c, key, "10", "0.001", "8");
+        peek(&mut c, key, "10", "0.001", "3")
+    });
     assert_eq!(r[0..2], [0, 2]);
-    // 1 token short at 0.001/s → just under 1000 s; full again in ~8000 s.
-    assert!(r[2] > 999_000 && r[2] <= 1_000_000, "{r:?}");
-    assert!(r[3] > 7_999_000 && r[3] <= 8_000_000, "{r:?}");
-    assert_eq!(peek(&mut c, "k", "10", "0.001", "2")[0..3], [1, 2, 0]);
+    assert!(
+        r[2] <= 1_000_000 && r[2] >= 1_000_000 - took,
+        "{r:?}, {took} ms"
+    );
+    assert!(
+        r[3] <= 8_000_000 && r[3] >= 8_000_000 - took,
+        "{r:?}, {took} ms"
+    );
+    assert_eq!(peek(&mut c, &key, "10", "0.001", "2")[0..3], [1, 2, 0]);
 }
 
 #[test]

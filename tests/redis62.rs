@@ -3,9 +3,10 @@
 //! absolute expire times, FUNCTION for the Lua library), so on 6.2 this
 //! file checks what can be checked without them.
 
+use std::time::Instant;
 use testkit::{
-    consume, error_of, hgetall, info_field, int, peek, pypi_server, start_replica, wait_replicas,
-    Config, Pypi, Server,
+    consume, error_of, hgetall, info_field, int, peek, pypi_server, server_time_us, start_replica,
+    wait_replicas, Config, Pypi, Server,
 };
 
 fn redis62(module: bool) -> Config {
@@ -24,8 +25,20 @@ fn commands_keep_the_contract_on_redis_6_2() {
     assert_eq!(consume(&mut c, "k", "10", "1", "1"), vec![1, 9, 0, 1000]);
     let h = hgetall(&mut c, "k");
     assert_eq!(h["tokens"], "9");
-    let pttl = int(&mut c, "PTTL", "k");
-    assert!(pttl > 900 && pttl <= 1001, "{pttl}");
+    // No PEXPIRETIME on 6.2: the key expires at ceil(ts / 1000) + 1000, so
+    // PTTL, read between two readings of the server's clock, is that less
+    // the clock's (floored) millisecond.
+    let ts: i64 = h["ts"].parse().unwrap();
+    let at = (ts + 999) / 1000 + 1000;
+    let (t0, pttl, t1) = (
+        server_time_us(&mut c) / 1000,
+        int(&mut c, "PTTL", "k"),
+        server_time_us(&mut c) / 1000,
+    );
+    assert!(
+        at - t1 <= pttl && pttl <= at - t0,
+        "pttl {pttl}, expiry at {at}, read between {t0} and {t1}"
+    );
     assert_eq!(peek(&mut c, "k", "10", "1", "9")[0..2], [1, 9]);
     let r: Vec<redis::Value> = redis::cmd("TB.MCONSUME")
         .arg(&["k", "10", "1", "1", "j", "2", "1", "2"])
@@ -82,9 +95,14 @@ fn replicas_on_redis_6_2_hold_the_same_hashes() {
     for i in 0..40 {
         let key = format!("rl:{i}");
         assert_eq!(hgetall(&mut r, &key), hgetall(&mut c, &key));
-        // No PEXPIRETIME on 6.2: the TTLs agree to within the gap between
-        // the two reads.
+        // No PEXPIRETIME on 6.2: the TTLs agree to within the time between
+        // the two reads (+1 for each server's floored millisecond).
+        let start = Instant::now();
         let (p, q) = (int(&mut c, "PTTL", &key), int(&mut r, "PTTL", &key));
-        assert!(p > 0 && (p - q).abs() <= 50, "{key}: {p} vs {q}");
+        let gap = start.elapsed().as_micros().div_ceil(1000) as i64;
+        assert!(
+            p > 0 && (p - q).abs() <= gap + 1,
+            "{key}: {p} vs {q}, read {gap} ms apart"
+        );
     }
 }
