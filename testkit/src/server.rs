@@ -508,4 +508,14 @@ mod tests {
         let _holder = TcpListener::bind(("127.0.0.1", port)).expect("hold the port");
         assert!(Server::on_port(port, Config::without_module()).is_err());
     }
+
+    #[test]
+    fn a_taken_cluster_bus_port_is_a_taken_port() {
+        // The Cluster harness starts its nodes through Server::with, so a
+        // node whose bus port (+10000) was taken moves to another port too.
+        let port = free_port();
+        let _bus = TcpListener::bind(("127.0.0.1", port + 10_000)).expect("hold the bus port");
+        let config = Config::without_module().arg("cluster-enabled", "yes");
+        assert!(Server::on_port(port, config).is_err());
+    }
 }
