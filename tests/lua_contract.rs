@@ -14,7 +14,7 @@ use std::process::Command;
 use testkit::{
     bad_then_expired, dbsize, error_of, eval_script, expired_keys, hgetall, info_field, int,
     lazy_expiry_only, load_eval_script, load_library, out_of_memory, pypi_server, repl_offset, run,
-    start_replica, wait_replicas, Config, KeyView, Pypi, Server, LIBRARY,
+    server_time_us, start_replica, wait_replicas, Config, KeyView, Pypi, Server, LIBRARY,
 };
 
 const SHARED_BEGIN: &str = "-- >>> shared: begin\n";
@@ -519,11 +519,6 @@ fn denials_zero_costs_peeks_and_errors_write_nothing() {
 
 /// Builds a call of a library function (`tb_x`) on keys with arguments.
 type CmdOf = fn(&str, &[&[u8]], &[&str]) -> redis::Cmd;
-
-fn server_time_us(c: &mut redis::Connection) -> i64 {
-    let t: Vec<i64> = redis::cmd("TIME").query(c).unwrap();
-    t[0] * 1_000_000 + t[1]
-}
 
 /// A bucket whose `ts` is a minute ahead of the server clock (a clock step
 /// back, a failover to a node whose clock is behind) refills nothing until
