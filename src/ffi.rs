@@ -15,6 +15,10 @@
 //! the table holds every function the commands call (`Api::resolve`), and a
 //! `Ctx` exists only inside the command call Redis made (`Ctx::from_raw`).
 
+// The one module where raw calls compile: Cargo.toml denies `unsafe_code`
+// for the rest of the crate.
+#![allow(unsafe_code)]
+
 use redis_module::raw::{
     self, RedisModuleCallReply, RedisModuleCmdFunc, RedisModuleCommand, RedisModuleCtx,
     RedisModuleKey, RedisModuleString,

@@ -5,17 +5,14 @@
 //! * `commands`: the TB.* handlers (open key, compute, write, reply);
 //! * `keyspace`: bucket hashes and effects replication;
 //! * `ffi`: the wall around the module API (function table, keys, strings,
-//!   replies, clock, registration), the one module allowed raw calls;
+//!   replies, clock, registration), the one module allowed raw calls
+//!   (Cargo.toml denies them everywhere else);
 //! * `guard`: panic containment;
 //! * `stats`: the `INFO tb` counters;
 //! * `hooks`: TB.PANIC and TB.FAULT, in `test-hooks` builds only;
 //! * `tb_core` (crate in `core/`): arithmetic, argument parsing, encoding.
 
-// Raw calls live behind one wall: the compiler refuses them anywhere else.
-#![deny(unsafe_code)]
-
 mod commands;
-#[allow(unsafe_code)]
 mod ffi;
 mod guard;
 #[cfg(feature = "test-hooks")]
