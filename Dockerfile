@@ -8,6 +8,9 @@ RUN apt-get update \
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY core ./core
+# A workspace member: cargo reads every member's manifest, even to build
+# the module alone.
+COPY testkit ./testkit
 COPY src ./src
 RUN cargo build --release --locked
 
