@@ -1,5 +1,6 @@
-"""Build hook: puts the repository's Lua library, and the EVAL script built
-from it, into the package.
+"""Build hooks: the package's version is the project's, from the
+repository's Cargo.toml; and the repository's Lua library, and the EVAL
+script built from it, go into the package.
 
 The Lua library has one source, `lua/tb.lua` at the repository root; the
 EVAL script is never committed but generated from it by `lua/gen_eval.py`.
@@ -20,11 +21,38 @@ from pathlib import Path
 from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+from hatchling.metadata.plugin.interface import MetadataHookInterface
 
 LIBRARY = "tb.lua"
 GENERATOR = "gen_eval.py"
 # The name `make` gives it too (target/lua/tb-eval.lua).
 EVAL_SCRIPT = "tb-eval.lua"
+
+
+def repository_file(root: Path, name: str) -> Path:
+    """`name` at the repository's root, or beside this file in an unpacked
+    sdist, which carries its own copy."""
+    here = root / name
+    return here if here.exists() else root.parent.parent / name
+
+
+class CargoVersionHook(MetadataHookInterface):
+    """The version of Cargo.toml's [package]: one version for the module,
+    its releases and this package."""
+
+    PLUGIN_NAME = "custom"
+
+    def update(self, metadata: dict[str, Any]) -> None:
+        cargo = repository_file(Path(self.root), "Cargo.toml")
+        section = ""
+        for line in cargo.read_text(encoding="utf-8").splitlines():
+            line = line.strip()
+            if line.startswith("["):
+                section = line
+            elif section == "[package]" and line.startswith("version"):
+                metadata["version"] = line.split("=", 1)[1].strip().strip('"')
+                return
+        raise RuntimeError(f"no [package] version in {cargo}")
 
 
 class LuaFilesHook(BuildHookInterface):  # type: ignore[type-arg]
@@ -41,6 +69,7 @@ class LuaFilesHook(BuildHookInterface):  # type: ignore[type-arg]
         if self.target_name != "wheel":
             for name in (LIBRARY, GENERATOR):
                 include[str(source / name)] = f"lua/{name}"
+            include[str(repository_file(root, "Cargo.toml"))] = "Cargo.toml"
             return
         # Written outside the tree, so a build leaves no stray copy behind.
         self._scratch = Path(tempfile.mkdtemp(prefix="redis-tokenbucket-lua-"))

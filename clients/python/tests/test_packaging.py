@@ -41,6 +41,17 @@ def test_imported_from_the_installed_package_not_the_source_tree():
     assert ROOT / "clients" / "python" / "src" not in where.parents
 
 
+def test_the_version_is_the_projects_one_in_cargo_toml():
+    package = ""
+    for line in (ROOT / "Cargo.toml").read_text(encoding="utf-8").splitlines():
+        if line.startswith("["):
+            package = line.strip()
+        elif package == "[package]" and line.startswith("version"):
+            assert metadata.version("redis-tokenbucket") == line.split("=", 1)[1].strip().strip('"')
+            return
+    pytest.fail("no [package] version in Cargo.toml")
+
+
 def test_the_package_carries_the_library_and_the_eval_script(packaged_lua: Path):
     assert sorted(p.name for p in packaged_lua.iterdir()) == [_scripts.EVAL_FILE, _scripts.LIBRARY_FILE]
 
