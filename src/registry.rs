@@ -46,18 +46,6 @@ const OPTIONAL_QUANTITY: ArgDoc = ArgDoc {
     ..arg(c"quantity", ArgKind::Integer)
 };
 
-/// Docs of a command on one key (argument 1).
-const fn one_key(summary: &'static CStr, read_only: bool, args: &'static [ArgDoc]) -> Docs {
-    Docs {
-        summary,
-        complexity: c"O(1)",
-        since: SINCE,
-        read_only,
-        key_range: Some((0, 1)),
-        args,
-    }
-}
-
 /// A command on one key (argument 1), owned by this module.
 const fn single(
     name: &'static CStr,
@@ -75,7 +63,14 @@ const fn single(
         keys: (1, 1, 1),
         acl,
         yield_to_existing: false,
-        docs: one_key(summary, read_only, args),
+        docs: Docs {
+            summary,
+            complexity: c"O(1)",
+            since: SINCE,
+            read_only,
+            key_range: Some((0, 1)),
+            args,
+        },
     }
 }
 

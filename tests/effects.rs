@@ -63,6 +63,18 @@ fn fault(c: &mut redis::Connection, step: &str) {
 
 const FAILED: &str = "ERR tb could not write the bucket:";
 
+/// Arms `step`, sends `args` (command first), and checks the call fails
+/// naming `failed` and is the `count`th error the module counted.
+fn fails_at(c: &mut redis::Connection, step: &str, args: &[&str], failed: &str, count: u64) {
+    fault(c, step);
+    let err = error_of(c, redis::cmd(args[0]).arg(&args[1..]));
+    assert!(
+        err.starts_with(&format!("{FAILED} {failed} failed")),
+        "{step}: {err}"
+    );
+    assert_eq!(errors(c), count, "{step}");
+}
+
 #[test]
 fn a_failed_write_is_an_error_counted_and_the_same_on_the_replica() {
     let primary = Server::with(test_hooks_config());
@@ -75,29 +87,15 @@ fn a_failed_write_is_an_error_counted_and_the_same_on_the_replica() {
     let written = snapshot(&mut p);
 
     // HashSet fails: nothing changes anywhere.
-    fault(&mut p, "hashset");
-    let err = error_of(
-        &mut p,
-        redis::cmd("TB.CONSUME").arg(&["k", "10", "0.001", "1"]),
-    );
-    assert!(err.starts_with(&format!("{FAILED} HSET failed")), "{err}");
-    assert_eq!(errors(&mut p), 1);
+    let consume_k = ["TB.CONSUME", "k", "10", "0.001", "1"];
+    fails_at(&mut p, "hashset", &consume_k, "HSET", 1);
     assert_eq!(snapshot(&mut p), written);
     wait_replicas(&mut p, 1);
     assert_eq!(snapshot(&mut r), written);
 
     // The expire fails after the hash was written: the replica gets the
     // HSET alone, so both keep the old expire time.
-    fault(&mut p, "expire");
-    let err = error_of(
-        &mut p,
-        redis::cmd("TB.CONSUME").arg(&["k", "10", "0.001", "1"]),
-    );
-    assert!(
-        err.starts_with(&format!("{FAILED} PEXPIREAT failed")),
-        "{err}"
-    );
-    assert_eq!(errors(&mut p), 2);
+    fails_at(&mut p, "expire", &consume_k, "PEXPIREAT", 2);
     let now = snapshot(&mut p);
     let (hash, expire_at) = &now[b"k".as_slice()];
     assert_eq!(
@@ -114,29 +112,16 @@ fn a_failed_write_is_an_error_counted_and_the_same_on_the_replica() {
     assert_eq!(snapshot(&mut r), now);
 
     // A refund to full deletes the key; the delete fails: nothing changes.
-    fault(&mut p, "delete");
-    let err = error_of(
-        &mut p,
-        redis::cmd("TB.ADJUST").arg(&["k", "10", "0.001", "100"]),
-    );
-    assert!(err.starts_with(&format!("{FAILED} DEL failed")), "{err}");
-    assert_eq!(errors(&mut p), 3);
+    let refund = ["TB.ADJUST", "k", "10", "0.001", "100"];
+    fails_at(&mut p, "delete", &refund, "DEL", 3);
     assert_eq!(snapshot(&mut p), now);
     wait_replicas(&mut p, 1);
     assert_eq!(snapshot(&mut r), now);
 
     // Replicate fails only for a command the server lacks, which refuses
     // the load; forced here, it is still reported, counted and logged.
-    fault(&mut p, "replicate");
-    let err = error_of(
-        &mut p,
-        redis::cmd("TB.CONSUME").arg(&["fresh", "10", "0.001", "1"]),
-    );
-    assert!(
-        err.starts_with(&format!("{FAILED} replicate HSET failed")),
-        "{err}"
-    );
-    assert_eq!(errors(&mut p), 4);
+    let fresh = ["TB.CONSUME", "fresh", "10", "0.001", "1"];
+    fails_at(&mut p, "replicate", &fresh, "replicate HSET", 4);
     assert!(
         primary
             .log()
@@ -164,13 +149,8 @@ fn a_failed_write_in_mconsume_is_an_error_and_counted() {
     let s = Server::with(test_hooks_config());
     let mut c = s.conn();
     let before = snapshot(&mut c);
-    fault(&mut c, "hashset");
-    let err = error_of(
-        &mut c,
-        redis::cmd("TB.MCONSUME").arg(&["a", "10", "1", "1", "b", "10", "1", "1"]),
-    );
-    assert!(err.starts_with(&format!("{FAILED} HSET failed")), "{err}");
-    assert_eq!(errors(&mut c), 1);
+    let mconsume = ["TB.MCONSUME", "a", "10", "1", "1", "b", "10", "1", "1"];
+    fails_at(&mut c, "hashset", &mconsume, "HSET", 1);
     // The first group's write failed, so the call stopped before the second.
     assert_eq!(snapshot(&mut c), before);
 }

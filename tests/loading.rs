@@ -5,24 +5,11 @@
 //! exactly as without them. (MODULE LIST's name and version are checked in
 //! registration.rs.)
 
-use testkit::{consume, hgetall, module_path, peek, Config, Server};
+use testkit::{consume, hgetall, module_path, peek, tb_module_field, Config, Server};
 
 /// The `args` MODULE LIST shows for the module named `tb`.
 fn listed_args(c: &mut redis::Connection) -> Vec<String> {
-    let list: Vec<Vec<redis::Value>> = redis::cmd("MODULE").arg("LIST").query(c).unwrap();
-    let field = |entry: &[redis::Value], name: &str| {
-        entry
-            .chunks(2)
-            .find(|kv| redis::from_redis_value::<String>(&kv[0]).ok().as_deref() == Some(name))
-            .map(|kv| kv[1].clone())
-            .unwrap_or_else(|| panic!("no {name} in {entry:?}"))
-    };
-    let tb: Vec<&Vec<redis::Value>> = list
-        .iter()
-        .filter(|e| redis::from_redis_value::<String>(&field(e, "name")).unwrap() == "tb")
-        .collect();
-    assert_eq!(tb.len(), 1, "{list:?}");
-    redis::from_redis_value(&field(tb[0], "args")).unwrap()
+    redis::from_redis_value(&tb_module_field(c, "args")).unwrap()
 }
 
 /// The module answers as it does when loaded without arguments.

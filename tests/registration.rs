@@ -1,7 +1,9 @@
 //! How the commands present themselves: key positions (GETKEYS, Cluster,
 //! ACL), flags, and the INFO section.
 
-use testkit::{consume, error_of, info_field, out_of_memory, peek, tb_counter, Server};
+use testkit::{
+    consume, error_of, info_field, out_of_memory, peek, tb_counter, tb_module_field, Server,
+};
 
 fn getkeys(c: &mut redis::Connection, args: &[&str]) -> Vec<String> {
     redis::cmd("COMMAND")
@@ -132,31 +134,12 @@ fn info_counts_decisions_and_errors() {
 fn module_list_reports_the_name_and_version() {
     let s = Server::start();
     let mut c = s.conn();
-    let list: Vec<Vec<redis::Value>> = redis::cmd("MODULE").arg("LIST").query(&mut c).unwrap();
-    let get = |entry: &[redis::Value], name: &str| {
-        entry
-            .chunks(2)
-            .find(|kv| redis::from_redis_value::<String>(&kv[0]).ok().as_deref() == Some(name))
-            .map(|kv| kv[1].clone())
-            .unwrap_or_else(|| panic!("no {name}: {list:?}"))
-    };
-    // Redis 8.2 and Valkey list modules of their own too.
-    let named_tb: Vec<&Vec<redis::Value>> = list
-        .iter()
-        .filter(|e| {
-            redis::from_redis_value::<String>(&get(e, "name"))
-                .ok()
-                .as_deref()
-                == Some("tb")
-        })
-        .collect();
-    assert_eq!(named_tb.len(), 1, "{list:?}");
-    let field = |name: &str| get(named_tb[0], name);
     let parts: Vec<i64> = env!("CARGO_PKG_VERSION")
         .split('.')
         .map(|p| p.parse().unwrap())
         .collect();
-    let ver: i64 = redis::from_redis_value(&field("ver")).unwrap();
+    // Exactly one entry is named tb (the helper checks), with this version.
+    let ver: i64 = redis::from_redis_value(&tb_module_field(&mut c, "ver")).unwrap();
     assert_eq!(ver, parts[0] * 10_000 + parts[1] * 100 + parts[2]);
     assert_eq!(
         info_field(&mut c, "tb", "tb_version"),

@@ -62,6 +62,34 @@ pub fn server_time_us(c: &mut redis::Connection) -> i64 {
     t[0] * 1_000_000 + t[1]
 }
 
+/// One field of the `MODULE LIST` entry of the module named `tb` (Redis
+/// 8.2 and Valkey list modules of their own too); fails the test unless
+/// exactly one entry has that name.
+pub fn tb_module_field(c: &mut redis::Connection, field: &str) -> Value {
+    let list: Vec<Vec<Value>> = redis::cmd("MODULE")
+        .arg("LIST")
+        .query(c)
+        .expect("MODULE LIST");
+    let get = |entry: &[Value], name: &str| {
+        entry
+            .chunks(2)
+            .find(|kv| redis::from_redis_value::<String>(&kv[0]).ok().as_deref() == Some(name))
+            .map(|kv| kv[1].clone())
+            .unwrap_or_else(|| panic!("no {name} in {entry:?}"))
+    };
+    let tb: Vec<&Vec<Value>> = list
+        .iter()
+        .filter(|e| {
+            redis::from_redis_value::<String>(&get(e, "name"))
+                .ok()
+                .as_deref()
+                == Some("tb")
+        })
+        .collect();
+    assert_eq!(tb.len(), 1, "{list:?}");
+    get(tb[0], field)
+}
+
 pub fn dbsize(c: &mut redis::Connection) -> i64 {
     redis::cmd("DBSIZE").query(c).expect("DBSIZE")
 }
