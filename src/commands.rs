@@ -6,18 +6,20 @@
 use crate::ffi::{log_warning, Args, Ctx, KeyName};
 use crate::keyspace::BucketKey;
 use crate::stats;
-use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, ArgError, Single};
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Single};
 use tb_core::bucket::{consume_all, Limits, Outcome, Stored};
 use tb_core::cell::{self as cl, parse_throttle};
+use tb_core::error::Error;
 
 /// Carries out `outcome`'s effect on `key`. A step that fails is logged
 /// and becomes the call's error reply (counted in `tb_errors`).
-fn apply(key: &mut BucketKey, outcome: &Outcome) -> Result<(), String> {
+fn apply(key: &mut BucketKey, outcome: &Outcome) -> Result<(), Error> {
     key.apply(&outcome.effect).map_err(|step| {
         log_warning(&format!(
-            "tb: a write failed at {step}; the call replied an error instead of its outcome"
+            "tb: a write failed at {}; the call replied an error instead of its outcome",
+            step.name()
         ));
-        format!("ERR tb could not write the bucket: {step} failed, see the server log")
+        Error::WriteFailed(step)
     })
 }
 
@@ -35,9 +37,8 @@ fn reply_outcome(ctx: &Ctx, outcome: &Outcome) {
 }
 
 /// The key at `argv[i]`, which the parser has already found there.
-fn key_at<'a>(args: &Args<'a>, i: usize) -> Result<KeyName<'a>, String> {
-    args.key(i)
-        .ok_or_else(|| "ERR tb internal error: no key argument".to_string())
+fn key_at<'a>(args: &Args<'a>, i: usize) -> Result<KeyName<'a>, Error> {
+    args.key(i).ok_or(Error::Internal("no key argument"))
 }
 
 /// A single-key call after its shared first steps: arguments parsed, key
@@ -46,14 +47,13 @@ fn key_at<'a>(args: &Args<'a>, i: usize) -> Result<KeyName<'a>, String> {
 fn open_single<'c>(
     ctx: &'c Ctx,
     args: &Args<'c>,
-    command: &str,
-    parse: fn(&Args<'c>) -> Result<Single, ArgError>,
+    parse: fn(&Args<'c>) -> Result<Single, Error>,
     write: bool,
-) -> Result<(Single, BucketKey<'c>, i64, Option<Stored>), String> {
-    let call = parse(args).map_err(|e| e.message(command))?;
+) -> Result<(Single, BucketKey<'c>, i64, Option<Stored>), Error> {
+    let call = parse(args)?;
     let key = BucketKey::open(ctx, key_at(args, 1)?, write);
     let now = ctx.now_us();
-    let stored = key.load().map_err(|e| e.message(None))?;
+    let stored = key.load()?;
     Ok((call, key, now, stored))
 }
 
@@ -63,7 +63,7 @@ fn finish(
     key: &mut BucketKey,
     outcome: &Outcome,
     counter: &stats::Counter,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     apply(key, outcome)?;
     counter.incr();
     reply_outcome(ctx, outcome);
@@ -72,8 +72,8 @@ fn finish(
 
 /// `TB.CONSUME key max rate [cost]`. A denied call, or one with cost 0,
 /// writes and replicates nothing.
-pub fn consume(ctx: &Ctx, args: &Args) -> Result<(), String> {
-    let (call, mut key, now, stored) = open_single(ctx, args, "tb.consume", parse_consume, true)?;
+pub fn consume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
+    let (call, mut key, now, stored) = open_single(ctx, args, parse_consume, true)?;
     let outcome = call.limits.consume(stored, now, call.amount);
     let counter = if outcome.allowed {
         &stats::ADMITTED
@@ -84,8 +84,8 @@ pub fn consume(ctx: &Ctx, args: &Args) -> Result<(), String> {
 }
 
 /// `TB.PEEK key max rate [cost]`: read-only, runs on replicas.
-pub fn peek(ctx: &Ctx, args: &Args) -> Result<(), String> {
-    let (call, _key, now, stored) = open_single(ctx, args, "tb.peek", parse_consume, false)?;
+pub fn peek(ctx: &Ctx, args: &Args) -> Result<(), Error> {
+    let (call, _key, now, stored) = open_single(ctx, args, parse_consume, false)?;
     stats::PEEKS.incr();
     reply_outcome(ctx, &call.limits.peek(stored, now, call.amount));
     Ok(())
@@ -93,16 +93,16 @@ pub fn peek(ctx: &Ctx, args: &Args) -> Result<(), String> {
 
 /// `TB.ADJUST key max rate delta`: refund (delta > 0) or charge after the
 /// fact (delta < 0, down to -max). Always applies.
-pub fn adjust(ctx: &Ctx, args: &Args) -> Result<(), String> {
-    let (call, mut key, now, stored) = open_single(ctx, args, "tb.adjust", parse_adjust, true)?;
+pub fn adjust(ctx: &Ctx, args: &Args) -> Result<(), Error> {
+    let (call, mut key, now, stored) = open_single(ctx, args, parse_adjust, true)?;
     let outcome = call.limits.adjust(stored, now, call.amount);
     finish(ctx, &mut key, &outcome, &stats::ADJUSTS)
 }
 
 /// `TB.MCONSUME key max rate cost [key max rate cost ...]`: all buckets are
 /// charged, or none is.
-pub fn mconsume(ctx: &Ctx, args: &Args) -> Result<(), String> {
-    let groups = parse_mconsume(args).map_err(|e| e.message("tb.mconsume"))?;
+pub fn mconsume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
+    let groups = parse_mconsume(args)?;
     let now = ctx.now_us();
     // Group by group: open, read, check. Opening a key whose TTL has passed
     // deletes it (lazy expiry), so a bad group stops the call before any
@@ -111,7 +111,7 @@ pub fn mconsume(ctx: &Ctx, args: &Args) -> Result<(), String> {
     let mut buckets: Vec<(Limits, Option<Stored>, f64)> = Vec::with_capacity(groups.len());
     for (i, group) in groups.iter().enumerate() {
         let key = BucketKey::open(ctx, key_at(args, group.key_index)?, true);
-        let stored = key.load().map_err(|e| e.message(Some(i + 1)))?;
+        let stored = key.load().map_err(|e| e.in_group(i + 1))?;
         keys.push(key);
         buckets.push((group.limits, stored, group.cost));
     }
@@ -138,13 +138,11 @@ pub fn mconsume(ctx: &Ctx, args: &Args) -> Result<(), String> {
 /// `max_burst + 1`, `count / period` per second). A key redis-cell left is
 /// read as that bucket and converted on the next write. A denial, a
 /// quantity of 0 or one above the limit writes nothing.
-pub fn cl_throttle(ctx: &Ctx, args: &Args) -> Result<(), String> {
-    let call = parse_throttle(args).map_err(|e| e.message())?;
+pub fn cl_throttle(ctx: &Ctx, args: &Args) -> Result<(), Error> {
+    let call = parse_throttle(args)?;
     let mut key = BucketKey::open(ctx, key_at(args, 1)?, true);
     let now = ctx.now_us();
-    let stored = key
-        .load_cell(&call.limits, now)
-        .map_err(|e| e.message(None))?;
+    let stored = key.load_cell(&call.limits, now)?;
     let (outcome, charged) = match call.cost() {
         Some(cost) => (call.limits.consume(stored, now, cost), true),
         // Above the limit: never passes; the bucket as it stands.

@@ -7,10 +7,7 @@
 use crate::ffi::{log_warning, Ctx};
 use crate::stats;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-
-/// The reply a client gets when its command panicked.
-pub const PANIC_REPLY: &str =
-    "ERR tb internal error: the command failed and was contained, see the server log";
+use tb_core::error::Error;
 
 /// Routes panic messages to the Redis log (stderr may go nowhere).
 pub fn install_panic_hook() {
@@ -19,20 +16,18 @@ pub fn install_panic_hook() {
     }));
 }
 
-/// Runs a handler body. `Err(message)` becomes an error reply; so does a
+/// Runs a handler body. `Err(error)` becomes an error reply; so does a
 /// panic. Handlers reply only after all fallible work, so a panic can't
 /// leave a half-written reply behind.
-pub fn run(ctx: &Ctx, body: impl FnOnce() -> Result<(), String>) {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => {}
-        Ok(Err(message)) => {
-            stats::ERRORS.incr();
-            ctx.reply_error(&message);
-        }
+pub fn run(ctx: &Ctx, body: impl FnOnce() -> Result<(), Error>) {
+    let error = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => return,
+        Ok(Err(error)) => error,
         Err(_) => {
-            stats::ERRORS.incr();
             stats::PANICS.incr();
-            ctx.reply_error(PANIC_REPLY);
+            Error::Panic
         }
-    }
+    };
+    stats::ERRORS.incr();
+    ctx.reply_error(&error);
 }

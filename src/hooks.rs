@@ -3,51 +3,65 @@
 //! contained; `TB.FAULT step` makes one step of the next write fail, so a
 //! test can prove a failed effect is reported, counted and never leaves a
 //! replica different from its primary.
+//!
+//! The write path (`keyspace`) knows nothing of this file: `install` hands
+//! it the injector at load.
 
 use crate::ffi::{Args, Ctx};
-use crate::keyspace::Step;
+use crate::keyspace::{self, Fault};
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use tb_core::args::Argv;
+use tb_core::error::{Arg, Error};
 
 /// The armed step, 0 for none. Commands run on Redis's main thread.
 static ARMED: AtomicU8 = AtomicU8::new(0);
 
-const STEPS: [(&[u8], Step); 4] = [
-    (b"hashset", Step::HashSet),
-    (b"expire", Step::Expire),
-    (b"delete", Step::Delete),
-    (b"replicate", Step::Replicate),
+const STEPS: [(&[u8], Fault); 4] = [
+    (b"hashset", Fault::HashSet),
+    (b"expire", Fault::Expire),
+    (b"delete", Fault::Delete),
+    (b"replicate", Fault::Replicate),
 ];
 
-fn code(step: Step) -> u8 {
+fn code(fault: Fault) -> u8 {
     STEPS
         .iter()
-        .position(|(_, s)| *s == step)
+        .position(|(_, f)| *f == fault)
         .map_or(0, |i| i as u8 + 1)
 }
 
-/// True, once, when `step` was armed: the caller then behaves as if the
+/// Gives the write path its injector.
+pub fn install() {
+    keyspace::set_fault_injector(injected);
+}
+
+/// True, once, when `fault` was armed: the caller then behaves as if the
 /// server's API call had failed.
-pub fn injected(step: Step) -> bool {
+fn injected(fault: Fault) -> bool {
     ARMED
-        .compare_exchange(code(step), 0, Relaxed, Relaxed)
+        .compare_exchange(code(fault), 0, Relaxed, Relaxed)
         .is_ok()
 }
 
 /// `TB.PANIC`: panics inside a handler.
-pub fn panic(_ctx: &Ctx, _args: &Args) -> Result<(), String> {
+pub fn panic(_ctx: &Ctx, _args: &Args) -> Result<(), Error> {
     panic!("TB.PANIC was called (test-hooks build)")
 }
 
 /// `TB.FAULT hashset|expire|delete|replicate`: arms a one-shot failure;
 /// replies 1.
-pub fn fault(ctx: &Ctx, args: &Args) -> Result<(), String> {
-    let step = STEPS
+pub fn fault(ctx: &Ctx, args: &Args) -> Result<(), Error> {
+    if args.count() != 2 {
+        return Err(Error::Arity(args.command()));
+    }
+    let (_, fault) = STEPS
         .iter()
-        .find(|(name, _)| args.count() == 2 && args.arg(1) == *name)
-        .map(|(_, step)| *step)
-        .ok_or("ERR usage: TB.FAULT hashset|expire|delete|replicate")?;
-    ARMED.store(code(step), Relaxed);
+        .find(|(name, _)| args.arg(1) == *name)
+        .ok_or(Error::OneOf(
+            Arg::Step,
+            "hashset, expire, delete, replicate",
+        ))?;
+    ARMED.store(code(*fault), Relaxed);
     ctx.reply_int(1);
     Ok(())
 }

@@ -5,29 +5,46 @@
 //! the module, then ends with the primary's exact hash and expire time
 //! instead of recomputing with its own clock.
 
-use crate::ffi::{Ctx, Interned, Key, KeyName, Load};
+use crate::ffi::{Ctx, Interned, Key, KeyName, Load, RString};
 use std::ffi::CStr;
 use std::sync::OnceLock;
 use tb_core::bucket::{Effect, Limits, Stored};
 use tb_core::cell;
-use tb_core::state::{self, BucketFields, LoadError, Text};
+use tb_core::contract::{TOKENS_FIELD, TS_FIELD};
+use tb_core::error::{Error, Step};
+use tb_core::state::{self, BucketFields, Text};
 
-/// The steps of a write that can fail.
+/// The points of a write where a test can make the server's call fail
+/// (`test-hooks` builds: TB.FAULT).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Step {
+pub enum Fault {
     HashSet,
     Expire,
     Delete,
+    /// Any Replicate call.
     Replicate,
 }
 
+/// The test hooks' injector, set at load in `test-hooks` builds: the
+/// write path asks it without knowing who answers.
 #[cfg(feature = "test-hooks")]
-use crate::hooks::injected;
+static INJECTOR: OnceLock<fn(Fault) -> bool> = OnceLock::new();
 
-/// Release builds never fail a step on purpose (`test-hooks` builds can).
-#[cfg(not(feature = "test-hooks"))]
+/// Lets `injector` make write steps fail (`test-hooks` builds only).
+#[cfg(feature = "test-hooks")]
+pub fn set_fault_injector(injector: fn(Fault) -> bool) {
+    let _ = INJECTOR.set(injector);
+}
+
+/// Whether the step at `fault` should fail now, as if the server's call
+/// had: never in a release build.
 #[inline(always)]
-fn injected(_: Step) -> bool {
+fn injected(fault: Fault) -> bool {
+    #[cfg(feature = "test-hooks")]
+    if let Some(injector) = INJECTOR.get() {
+        return injector(fault);
+    }
+    let _ = fault;
     false
 }
 
@@ -52,7 +69,7 @@ pub fn init(load: &Load) -> Result<(), String> {
         ));
     }
     let intern = |name: &str| load.intern(name).ok_or("could not make a Redis string");
-    let fields = [intern(state::TOKENS_FIELD)?, intern(state::TS_FIELD)?];
+    let fields = [intern(TOKENS_FIELD)?, intern(TS_FIELD)?];
     // A second MODULE LOAD in the same process keeps the first strings.
     let _ = FIELDS.set(fields);
     Ok(())
@@ -100,7 +117,7 @@ impl<'c> BucketKey<'c> {
     }
 
     /// The stored bucket, `None` for a missing key (a full bucket).
-    pub fn load(&self) -> Result<Option<Stored>, LoadError> {
+    pub fn load(&self) -> Result<Option<Stored>, Error> {
         state::load(self.key.kind(), &Fields(&self.key))
     }
 
@@ -108,11 +125,15 @@ impl<'c> BucketKey<'c> {
     /// string holding its TAT stands for the bucket of these `limits` at
     /// `now_us`, and the next write converts it (`apply`). Any other string
     /// is WRONGTYPE.
-    pub fn load_cell(&mut self, limits: &Limits, now_us: i64) -> Result<Option<Stored>, LoadError> {
-        let Some(text) = self.key.string_value() else {
+    pub fn load_cell(&mut self, limits: &Limits, now_us: i64) -> Result<Option<Stored>, Error> {
+        if !self.key.is_string() {
             return self.load();
-        };
-        let tat = cell::parse_tat(text).ok_or(LoadError::WrongType)?;
+        }
+        let text = self.ctx.string_value(self.key.name());
+        let tat = text
+            .as_deref()
+            .and_then(cell::parse_tat)
+            .ok_or(Error::WrongType)?;
         self.cell_string = true;
         Ok(cell::stored_from_tat(tat, limits, now_us))
     }
@@ -125,7 +146,7 @@ impl<'c> BucketKey<'c> {
     /// SetAbsExpire replicates the HSET alone. Replicate fails only for an
     /// unknown command, which `init` rules out; its result is checked all
     /// the same.
-    pub fn apply(&mut self, effect: &Effect) -> Result<(), &'static str> {
+    pub fn apply(&mut self, effect: &Effect) -> Result<(), Step> {
         match *effect {
             Effect::Nothing => return Ok(()),
             Effect::Save {
@@ -139,7 +160,7 @@ impl<'c> BucketKey<'c> {
         Ok(())
     }
 
-    fn write(&mut self, tokens: f64, ts_us: i64, expire_at_ms: i64) -> Result<(), &'static str> {
+    fn write(&mut self, tokens: f64, ts_us: i64, expire_at_ms: i64) -> Result<(), Step> {
         let (ctx, name) = (self.ctx, self.key.name());
         // A redis-cell key (only CL.THROTTLE reads one) becomes a bucket
         // hash: the string goes first, on the replicas too.
@@ -147,51 +168,55 @@ impl<'c> BucketKey<'c> {
             self.delete()?;
             self.cell_string = false;
         }
-        let [tokens_field, ts_field] = FIELDS.get().ok_or("HSET")?;
-        let tok = ctx.string(Text::tokens(tokens).as_bytes()).ok_or("HSET")?;
-        let ts = ctx.string(Text::int(ts_us).as_bytes()).ok_or("HSET")?;
+        let [tokens_field, ts_field] = FIELDS.get().ok_or(Step::HashSet)?;
+        let tok = ctx
+            .string(Text::tokens(tokens).as_bytes())
+            .ok_or(Step::HashSet)?;
+        let ts = ctx
+            .string(Text::int(ts_us).as_bytes())
+            .ok_or(Step::HashSet)?;
         // Format `l` would build this with two allocations, not one.
         let at = ctx
             .string(Text::int(expire_at_ms).as_bytes())
-            .ok_or("HSET")?;
-        if injected(Step::HashSet) || !self.key.hash_set(tokens_field, &tok, ts_field, &ts) {
-            return Err("HSET");
+            .ok_or(Step::HashSet)?;
+        if injected(Fault::HashSet) || !self.key.hash_set(tokens_field, &tok, ts_field, &ts) {
+            return Err(Step::HashSet);
         }
         // The events a plain HSET + PEXPIREAT would raise, as replicas and
         // the Lua fallback raise them.
         ctx.notify(true, c"hset", &name);
-        let expired = !injected(Step::Expire) && self.key.set_abs_expire(expire_at_ms);
+        let expired = !injected(Fault::Expire) && self.key.set_abs_expire(expire_at_ms);
         if !self.replicate(c"HSET", &[&name, tokens_field, &tok, ts_field, &ts]) {
-            return Err("replicate HSET");
+            return Err(Step::ReplicateHashSet);
         }
         if !expired {
             // The hash changed here and, through the HSET above, on the
             // replicas: both keep the old expire time.
-            return Err("PEXPIREAT");
+            return Err(Step::Expire);
         }
         ctx.notify(false, c"expire", &name);
         if !self.replicate(c"PEXPIREAT", &[&name, &at]) {
-            return Err("replicate PEXPIREAT");
+            return Err(Step::ReplicateExpire);
         }
         Ok(())
     }
 
-    fn delete(&mut self) -> Result<(), &'static str> {
+    fn delete(&mut self) -> Result<(), Step> {
         let name = self.key.name();
-        if injected(Step::Delete) || !self.key.delete() {
-            return Err("DEL");
+        if injected(Fault::Delete) || !self.key.delete() {
+            return Err(Step::Delete);
         }
         self.ctx.notify(false, c"del", &name);
         if !self.replicate(c"DEL", &[&name]) {
-            return Err("replicate DEL");
+            return Err(Step::ReplicateDelete);
         }
         Ok(())
     }
 
     /// `Ctx::replicate`; a test build can name a command that does not
     /// exist, which is how Replicate really fails.
-    fn replicate(&self, command: &CStr, args: &[&dyn crate::ffi::RString]) -> bool {
-        let command = if injected(Step::Replicate) {
+    fn replicate(&self, command: &CStr, args: &[&dyn RString]) -> bool {
+        let command = if injected(Fault::Replicate) {
             c"TB-NO-SUCH-COMMAND"
         } else {
             command

@@ -4,13 +4,15 @@
 //! * `registry`: the command table (flags, keys, ACL categories, docs);
 //! * `commands`: the TB.* handlers (open key, compute, write, reply);
 //! * `keyspace`: bucket hashes and effects replication;
-//! * `ffi`: the wall around the module API (function table, keys, strings,
-//!   replies, clock, registration), the one module allowed raw calls
-//!   (Cargo.toml denies them everywhere else);
+//! * `options`: the load arguments (`cl-throttle auto|off`);
 //! * `guard`: panic containment;
 //! * `stats`: the `INFO tb` counters;
+//! * `version`: the version, as Redis shows it;
 //! * `hooks`: TB.PANIC and TB.FAULT, in `test-hooks` builds only;
-//! * `tb_core` (crate in `core/`): arithmetic, argument parsing, encoding.
+//! * `ffi/`: the wall around the module API, the one folder allowed raw
+//!   calls (Cargo.toml denies them everywhere else);
+//! * `tb_core` (crate in `core/`): arithmetic, argument parsing, encoding,
+//!   the error type and the contract's numbers and messages.
 
 mod commands;
 mod ffi;
@@ -18,62 +20,54 @@ mod guard;
 #[cfg(feature = "test-hooks")]
 mod hooks;
 mod keyspace;
+mod options;
 mod registry;
 mod stats;
+mod version;
 
-use redis_module::{redis_module, Context, RedisString, Status};
+use ffi::{log_warning, Load};
+use options::ClThrottle;
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    let load = match ffi::Load::start(ctx) {
-        Ok(load) => load,
-        Err(e) => {
-            ctx.log_warning(&format!("tb: {e}; not loading"));
-            return Status::Err;
-        }
-    };
-    if let Err(e) = keyspace::init(&load) {
-        ctx.log_warning(&format!("tb: {e}"));
-        return Status::Err;
-    }
-    guard::install_panic_hook();
-    load.no_implicit_signal_modified();
-    for cmd in registry::COMMANDS {
-        if let Err(e) = load.register(cmd) {
-            ctx.log_warning(&e);
-            return Status::Err;
-        }
-    }
-    Status::Ok
+ffi::module! {
+    name: c"tb",
+    version: version::NUMBER,
+    init: init,
 }
 
-/// The version in Cargo.toml as `MODULE LIST` shows it: major * 10000 +
-/// minor * 100 + patch (0.1.0 is 100).
-const VERSION: i32 = {
-    const fn part(s: &[u8], index: usize) -> i32 {
-        let (mut i, mut n, mut v) = (0, 0, 0);
-        while i < s.len() {
-            match s[i] {
-                b'.' | b'-' | b'+' => {
-                    if n == index {
-                        return v;
-                    }
-                    n += 1;
-                    v = 0;
-                }
-                c => v = v * 10 + (c - b'0') as i32,
+fn init(load: &Load) -> Result<(), String> {
+    let options = options::parse(load.args()).map_err(|e| {
+        let shown: Vec<_> = load
+            .args()
+            .iter()
+            .map(|a| String::from_utf8_lossy(a))
+            .collect();
+        let e = e.to_string();
+        format!(
+            "{} (given: {}); not loading",
+            e.trim_start_matches("ERR "),
+            shown.join(" ")
+        )
+    })?;
+    keyspace::init(load)?;
+    guard::install_panic_hook();
+    #[cfg(feature = "test-hooks")]
+    hooks::install();
+    load.no_implicit_signal_modified();
+    for cmd in registry::COMMANDS {
+        if cmd.redis_cell {
+            let name = cmd.name.to_string_lossy();
+            if options.cl_throttle == ClThrottle::Off {
+                log_warning(&format!("tb: {name} not registered (cl-throttle off)"));
+                continue;
             }
-            i += 1;
+            if load.has_command(cmd.name) {
+                log_warning(&format!(
+                    "tb: {name} is already registered (redis-cell?); tb leaves it to that module"
+                ));
+                continue;
+            }
         }
-        v
+        load.register(cmd)?;
     }
-    let v = env!("CARGO_PKG_VERSION").as_bytes();
-    part(v, 0) * 10_000 + part(v, 1) * 100 + part(v, 2)
-};
-
-redis_module! {
-    name: "tb",
-    version: VERSION,
-    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
-    data_types: [],
-    init: init,
+    load.register_info(stats::info)
 }

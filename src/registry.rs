@@ -9,15 +9,10 @@
 //! for the writers.
 
 use crate::commands;
-use crate::ffi::{handler, ArgDoc, ArgKind, CommandDef, Docs};
+use crate::ffi::{handler, ArgDoc, ArgKind, CommandDef, Docs, RawHandler};
+use crate::version::TEXT as SINCE;
 use std::ffi::CStr;
-
-/// The module's version, for `since` in the command docs.
-const SINCE: &CStr =
-    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
-        Ok(s) => s,
-        Err(_) => c"0.0.0",
-    };
+use tb_core::contract::{ADJUST, CL_THROTTLE, CONSUME, MCONSUME, PEEK};
 
 const fn arg(name: &'static CStr, kind: ArgKind) -> ArgDoc {
     ArgDoc {
@@ -49,7 +44,7 @@ const OPTIONAL_QUANTITY: ArgDoc = ArgDoc {
 /// A command on one key (argument 1), owned by this module.
 const fn single(
     name: &'static CStr,
-    handler: crate::ffi::RawHandler,
+    handler: RawHandler,
     flags: &'static CStr,
     acl: &'static CStr,
     read_only: bool,
@@ -62,7 +57,7 @@ const fn single(
         flags,
         keys: (1, 1, 1),
         acl,
-        yield_to_existing: false,
+        redis_cell: false,
         docs: Docs {
             summary,
             complexity: c"O(1)",
@@ -76,8 +71,8 @@ const fn single(
 
 pub const COMMANDS: &[CommandDef] = &[
     single(
-        c"tb.consume",
-        handler!(commands::consume),
+        CONSUME,
+        handler!(CONSUME, commands::consume),
         c"write deny-oom fast",
         c"write fast",
         false,
@@ -85,8 +80,8 @@ pub const COMMANDS: &[CommandDef] = &[
         &[KEY, MAX, RATE, OPTIONAL_COST],
     ),
     single(
-        c"tb.peek",
-        handler!(commands::peek),
+        PEEK,
+        handler!(PEEK, commands::peek),
         c"readonly fast",
         c"read fast",
         true,
@@ -94,12 +89,12 @@ pub const COMMANDS: &[CommandDef] = &[
         &[KEY, MAX, RATE, OPTIONAL_COST],
     ),
     CommandDef {
-        name: c"tb.mconsume",
-        handler: handler!(commands::mconsume),
+        name: MCONSUME,
+        handler: handler!(MCONSUME, commands::mconsume),
         flags: c"write deny-oom",
         keys: (1, -1, 4),
         acl: c"write",
-        yield_to_existing: false,
+        redis_cell: false,
         docs: Docs {
             summary: c"Charges several token buckets all-or-nothing; replies [allowed, retry_after_ms, bucket replies...].",
             complexity: c"O(N) where N is the number of buckets",
@@ -114,8 +109,8 @@ pub const COMMANDS: &[CommandDef] = &[
         },
     },
     single(
-        c"tb.adjust",
-        handler!(commands::adjust),
+        ADJUST,
+        handler!(ADJUST, commands::adjust),
         c"write deny-oom fast",
         c"write fast",
         false,
@@ -124,10 +119,10 @@ pub const COMMANDS: &[CommandDef] = &[
     ),
     // redis-cell may own CL.THROTTLE: then it keeps it.
     CommandDef {
-        yield_to_existing: true,
+        redis_cell: true,
         ..single(
-            c"cl.throttle",
-            handler!(commands::cl_throttle),
+            CL_THROTTLE,
+            handler!(CL_THROTTLE, commands::cl_throttle),
             c"write deny-oom fast",
             c"write fast",
             false,
@@ -137,32 +132,33 @@ pub const COMMANDS: &[CommandDef] = &[
     },
     #[cfg(feature = "test-hooks")]
     test_hook(
-        c"tb.panic",
-        handler!(crate::hooks::panic),
+        TB_PANIC,
+        handler!(TB_PANIC, crate::hooks::panic),
         c"Panics on purpose (test-hooks builds only).",
     ),
     #[cfg(feature = "test-hooks")]
     test_hook(
-        c"tb.fault",
-        handler!(crate::hooks::fault),
+        TB_FAULT,
+        handler!(TB_FAULT, crate::hooks::fault),
         c"Makes one step of the next write fail (test-hooks builds only).",
     ),
 ];
 
+#[cfg(feature = "test-hooks")]
+const TB_PANIC: &CStr = c"tb.panic";
+#[cfg(feature = "test-hooks")]
+const TB_FAULT: &CStr = c"tb.fault";
+
 /// A keyless command of a test-hooks build.
 #[cfg(feature = "test-hooks")]
-const fn test_hook(
-    name: &'static CStr,
-    handler: crate::ffi::RawHandler,
-    summary: &'static CStr,
-) -> CommandDef {
+const fn test_hook(name: &'static CStr, handler: RawHandler, summary: &'static CStr) -> CommandDef {
     CommandDef {
         name,
         handler,
         flags: c"readonly",
         keys: (0, 0, 0),
         acl: c"read",
-        yield_to_existing: false,
+        redis_cell: false,
         docs: Docs {
             summary,
             complexity: c"O(1)",

@@ -1,8 +1,8 @@
-//! Counters shown by `INFO tb` as `tb_*` fields (scraped by redis_exporter),
-//! with the module's version.
+//! Counters shown by `INFO tb` as `tb_*` fields, with the module's version.
 
-use redis_module::{InfoContext, RedisResult};
-use redis_module_macros::info_command_handler;
+use crate::ffi::Info;
+use crate::version;
+use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// One counter per INFO field. Atomics only because statics must be Sync;
@@ -21,9 +21,9 @@ impl Counter {
     }
 }
 
-/// Calls (TB.CONSUME or TB.MCONSUME) that were admitted.
+/// Calls (TB.CONSUME, TB.MCONSUME or CL.THROTTLE) that were admitted.
 pub static ADMITTED: Counter = Counter::new();
-/// Calls (TB.CONSUME or TB.MCONSUME) that were denied.
+/// Calls (TB.CONSUME, TB.MCONSUME or CL.THROTTLE) that were denied.
 pub static DENIED: Counter = Counter::new();
 /// TB.PEEK calls answered.
 pub static PEEKS: Counter = Counter::new();
@@ -34,20 +34,22 @@ pub static ERRORS: Counter = Counter::new();
 /// Panics caught in a handler (each also counts as an error).
 pub static PANICS: Counter = Counter::new();
 
-/// The `INFO tb` section. Its empty name makes the section the module's
-/// own (`# tb`), and Redis prefixes each field with `tb_`.
-#[info_command_handler]
-fn info(ctx: &InfoContext, _for_crash_report: bool) -> RedisResult<()> {
-    ctx.builder()
-        .add_section("")
-        .field("version", env!("CARGO_PKG_VERSION"))?
-        .field("admitted", ADMITTED.get())?
-        .field("denied", DENIED.get())?
-        .field("peeks", PEEKS.get())?
-        .field("adjusts", ADJUSTS.get())?
-        .field("errors", ERRORS.get())?
-        .field("panics", PANICS.get())?
-        .build_section()?
-        .build_info()?;
-    Ok(())
+/// The fields, in the order INFO shows them.
+const COUNTERS: [(&CStr, &Counter); 6] = [
+    (c"admitted", &ADMITTED),
+    (c"denied", &DENIED),
+    (c"peeks", &PEEKS),
+    (c"adjusts", &ADJUSTS),
+    (c"errors", &ERRORS),
+    (c"panics", &PANICS),
+];
+
+/// The `INFO tb` section: the module's own (`# tb`), and Redis prefixes
+/// each field with `tb_`.
+pub fn info(info: &mut Info) {
+    info.section();
+    info.text(c"version", version::TEXT);
+    for (name, counter) in COUNTERS {
+        info.count(name, counter.get());
+    }
 }

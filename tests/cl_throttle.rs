@@ -5,9 +5,8 @@
 //! input, replication and the AOF.
 
 use redis::Value;
-use std::path::PathBuf;
-use std::process::Command;
-use tb_core::state::{StateError, WRONGTYPE};
+use tb_core::contract::msg::WRONGTYPE;
+use tb_core::error::{Error, StateError};
 use testkit::{
     error_of, hgetall, int, load_eval_script, load_library, pypi_server, run, snapshot,
     start_replica, tb_counter, wait_replicas, Config, FakeClock, Pypi, Server,
@@ -269,6 +268,12 @@ fn keys_redis_cell_left_are_read_and_converted() {
             [1, 16, 13, 2, 6]
         );
         assert_eq!(dump(&mut c, &key), string, "{form:?}: read, not written");
+        // Nor re-encoded: reading a value in place would have made it raw.
+        let encoding: String = redis::cmd("OBJECT")
+            .arg(&["ENCODING", &key])
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(encoding, "int", "{form:?}");
         // TB.* don't read redis-cell strings.
         let err = error_of(
             &mut c,
@@ -364,7 +369,7 @@ fn hostile_input_is_an_error_and_touches_nothing() {
             "ERR count/period is too low for max_burst: (max_burst+1)*period/count must be <= 1e10 seconds".into(),
         ),
         (b"list", vec![b"1", b"1", b"1"], WRONGTYPE.into()),
-        (b"other", vec![b"1", b"1", b"1"], StateError::Fields.message().into()),
+        (b"other", vec![b"1", b"1", b"1"], Error::NotABucket(StateError::Fields, None).to_string()),
     ];
     let mut module_errors = 0;
     for form in FORMS {
@@ -434,7 +439,7 @@ fn replicas_and_the_aof_hold_the_primarys_buckets() {
 /// the name redis-cell.)
 #[test]
 fn a_loaded_redis_cell_keeps_cl_throttle() {
-    let fixture = fake_redis_cell();
+    let fixture = testkit::fake_redis_cell();
     let s = Server::with(
         Config::without_module()
             .arg("loadmodule", &fixture.to_string_lossy())
@@ -460,19 +465,4 @@ fn a_loaded_redis_cell_keeps_cl_throttle() {
         1,
         "{log}"
     );
-}
-
-/// Builds tests/fixtures/fake_redis_cell.c (a C compiler is on every
-/// machine the project builds on: cargo needs one to link).
-fn fake_redis_cell() -> PathBuf {
-    let src = testkit::root().join("tests/fixtures/fake_redis_cell.c");
-    let out = std::env::temp_dir().join(format!("tb-fake-redis-cell-{}.so", std::process::id()));
-    let built = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(built.success(), "cc {}", src.display());
-    out
 }

@@ -18,8 +18,9 @@
 use redis::Value;
 use std::collections::BTreeMap;
 use std::time::Instant;
-use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, ArgError};
-use tb_core::state::{LoadError, WRONGTYPE};
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
+use tb_core::contract::msg::WRONGTYPE;
+use tb_core::error::Error;
 use testkit::{
     consume, dbsize, error_of, error_text, hgetall, tb_counter, Config, KeyView, Rng, Server,
 };
@@ -310,7 +311,7 @@ impl KeyState {
 }
 
 /// Why a key is not usable as a bucket.
-fn key_error(s: &KeyState) -> Option<LoadError> {
+fn key_error(s: &KeyState) -> Option<Error> {
     s.view().load().err()
 }
 
@@ -323,7 +324,7 @@ struct Parsed {
 /// The reply a call must get: `Err(message)` or `Ok(parsed call)`.
 fn predict(argv: &[Vec<u8>], state: &Snap) -> Result<Parsed, String> {
     let name = String::from_utf8_lossy(&argv[0]).to_lowercase();
-    let msg = |e: ArgError| e.message(&name);
+    let msg = |e: Error| e.to_string();
     let (command, keys) = match name.as_str() {
         "tb.consume" | "tb.peek" => {
             let s = parse_consume(argv).map_err(msg)?;
@@ -350,7 +351,8 @@ fn predict(argv: &[Vec<u8>], state: &Snap) -> Result<Parsed, String> {
         let Some(e) = state.get(k).and_then(key_error) else {
             continue;
         };
-        return Err(e.message((command == 3).then_some(i + 1)));
+        let e = if command == 3 { e.in_group(i + 1) } else { e };
+        return Err(e.to_string());
     }
     Ok(Parsed { command, keys })
 }

@@ -167,10 +167,29 @@ fn library_registers_its_functions_and_peek_is_read_only() {
         "tb_mconsume",
         "tb_adjust",
         "tb_cl_throttle",
+        "tb_version",
     ] {
         assert!(text.contains(f), "{f} in {text}");
     }
-    assert_eq!(text.matches("no-writes").count(), 1, "{text}");
+    // tb_peek and tb_version.
+    assert_eq!(text.matches("no-writes").count(), 2, "{text}");
+    // The version contract/gen.py stamped into the library: the package's,
+    // then a hash of the library's code.
+    let version: String = redis::cmd("FCALL_RO")
+        .arg(&["tb_version", "0"])
+        .query(&mut c)
+        .unwrap();
+    let source = std::fs::read_to_string(testkit::root().join("lua/tb.lua")).unwrap();
+    assert!(
+        source.contains(&format!("local LIBRARY_VERSION = '{version}'\n")),
+        "{version}"
+    );
+    let (package, hash) = version.split_once('+').expect("version+hash");
+    assert_eq!(package, env!("CARGO_PKG_VERSION"));
+    assert!(
+        hash.len() == 12 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{hash}"
+    );
 
     let mut ro = redis::cmd("FCALL_RO");
     ro.arg("tb_consume").arg(1).arg("k").arg(10).arg(1);
@@ -430,7 +449,7 @@ fn key_error(key: &str, group: Option<usize>) -> String {
         });
     let view = hash.as_ref().map_or(KeyView::Other, KeyView::Hash);
     let e = view.load().expect_err("a broken key");
-    e.message(group)
+    group.map_or(e, |g| e.in_group(g)).to_string()
 }
 
 #[test]

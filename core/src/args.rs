@@ -7,18 +7,10 @@
 //! `cost`/`delta`), then duplicate keys.
 
 use crate::bucket::Limits;
+use crate::contract::{COMMANDS, CONSUME, MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE};
+use crate::error::{Arg, Error};
 use crate::number::parse_decimal;
-
-/// Largest `max` accepted.
-pub const MAX_CAPACITY: f64 = 1e12;
-/// Largest `rate` accepted (tokens per second).
-pub const MAX_RATE: f64 = 1e12;
-/// Largest `max / rate`: the seconds an empty bucket takes to fill. Keeps
-/// every reply time below 2e13 ms and keeps one millisecond of refill far
-/// above float rounding, so retry times are exact to the millisecond.
-pub const MAX_FILL_SECONDS: f64 = 1e10;
-/// Most buckets in one TB.MCONSUME: bounds the time one call holds Redis.
-pub const MAX_GROUPS: usize = 10_000;
+use std::ffi::CStr;
 
 /// Whether a positive `cost` is too small to charge a bucket of this `max`:
 /// subtracting it from some balance an admitted call can see (one in
@@ -36,6 +28,16 @@ pub fn charges_nothing(cost: f64, max: f64) -> bool {
 pub trait Argv {
     fn count(&self) -> usize;
     fn arg(&self, i: usize) -> &[u8];
+    /// The command, as registered: what an arity error names. The module
+    /// knows it from its command table; this default finds `argv[0]`
+    /// among the contract's commands (any case), else names TB.CONSUME.
+    fn command(&self) -> &'static CStr {
+        let name = if self.count() > 0 { self.arg(0) } else { &[] };
+        COMMANDS
+            .into_iter()
+            .find(|c| c.to_bytes().eq_ignore_ascii_case(name))
+            .unwrap_or(CONSUME)
+    }
 }
 
 impl<T: AsRef<[u8]>> Argv for [T] {
@@ -63,95 +65,12 @@ pub struct Group {
     pub cost: f64,
 }
 
-/// Which argument an error is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arg {
-    Max,
-    Rate,
-    Cost,
-    Delta,
-}
-
-impl Arg {
-    fn name(self) -> &'static str {
-        match self {
-            Arg::Max => "max",
-            Arg::Rate => "rate",
-            Arg::Cost => "cost",
-            Arg::Delta => "delta",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ArgError {
-    Arity,
-    TooManyGroups,
-    /// Not a finite decimal (garbage, NaN, infinity, hex, spaces...).
-    NotANumber(Arg, Option<usize>),
-    OutOfRange(Arg, Option<usize>),
-    CostAboveMax(Option<usize>),
-    /// Positive, but too small to change a balance near `max`.
-    CostTooSmall(Option<usize>),
-    FillTooSlow(Option<usize>),
-    DuplicateKey {
-        group: usize,
-        first: usize,
-    },
-}
-
-impl ArgError {
-    /// The error reply, for `command` as the client spelled it in lower case.
-    pub fn message(&self, command: &str) -> String {
-        let group = |g: &Option<usize>| g.map(|g| format!(" (group {g})")).unwrap_or_default();
-        match self {
-            ArgError::Arity => format!("ERR wrong number of arguments for '{command}' command"),
-            ArgError::TooManyGroups => {
-                format!("ERR too many buckets: at most {MAX_GROUPS} groups per call")
-            }
-            ArgError::NotANumber(a, g) => {
-                format!(
-                    "ERR {} must be a finite decimal number{}",
-                    a.name(),
-                    group(g)
-                )
-            }
-            ArgError::OutOfRange(a, g) => {
-                let bound = match a {
-                    Arg::Max => "must be > 0 and <= 1e12",
-                    Arg::Rate => "must be > 0 and <= 1e12",
-                    Arg::Cost => "must be >= 0",
-                    Arg::Delta => "must be finite",
-                };
-                format!("ERR {} {bound}{}", a.name(), group(g))
-            }
-            ArgError::CostAboveMax(g) => {
-                format!(
-                    "ERR cost must not exceed max, it could never pass{}",
-                    group(g)
-                )
-            }
-            ArgError::CostTooSmall(g) => format!(
-                "ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53{}",
-                group(g)
-            ),
-            ArgError::FillTooSlow(g) => format!(
-                "ERR rate is too low for max: max/rate must be <= 1e10 seconds{}",
-                group(g)
-            ),
-            ArgError::DuplicateKey { group, first } => {
-                format!("ERR duplicate key: group {group} repeats the key of group {first}")
-            }
-        }
-    }
-}
-
-fn number(bytes: &[u8], arg: Arg, group: Option<usize>) -> Result<f64, ArgError> {
-    parse_decimal(bytes).ok_or(ArgError::NotANumber(arg, group))
+fn number(bytes: &[u8], arg: Arg, group: Option<usize>) -> Result<f64, Error> {
+    parse_decimal(bytes).ok_or(Error::NotANumber(arg, group))
 }
 
 /// `max` and `rate` at `argv[i]`, `argv[i + 1]`.
-fn limits(argv: &(impl Argv + ?Sized), i: usize, g: Option<usize>) -> Result<Limits, ArgError> {
+fn limits(argv: &(impl Argv + ?Sized), i: usize, g: Option<usize>) -> Result<Limits, Error> {
     let (max, rate) = (argv.arg(i), argv.arg(i + 1));
     if let Some(limits) = LastLimits::get(max, rate) {
         return Ok(limits);
@@ -211,47 +130,47 @@ impl LastLimits {
 }
 
 /// `max` and `rate` checked in the contract's order.
-fn validate_limits(max: &[u8], rate: &[u8], g: Option<usize>) -> Result<Limits, ArgError> {
+fn validate_limits(max: &[u8], rate: &[u8], g: Option<usize>) -> Result<Limits, Error> {
     let max = number(max, Arg::Max, g)?;
     if !(max > 0.0 && max <= MAX_CAPACITY) {
-        return Err(ArgError::OutOfRange(Arg::Max, g));
+        return Err(Error::MaxOutOfRange(g));
     }
     let rate = number(rate, Arg::Rate, g)?;
     if !(rate > 0.0 && rate <= MAX_RATE) {
-        return Err(ArgError::OutOfRange(Arg::Rate, g));
+        return Err(Error::RateOutOfRange(g));
     }
     if max / rate > MAX_FILL_SECONDS {
-        return Err(ArgError::FillTooSlow(g));
+        return Err(Error::FillTooSlow(g));
     }
     Ok(Limits { max, rate })
 }
 
-fn cost(bytes: &[u8], limits: &Limits, g: Option<usize>) -> Result<f64, ArgError> {
+fn cost(bytes: &[u8], limits: &Limits, g: Option<usize>) -> Result<f64, Error> {
     let cost = number(bytes, Arg::Cost, g)?;
     if cost < 0.0 {
-        return Err(ArgError::OutOfRange(Arg::Cost, g));
+        return Err(Error::CostNegative(g));
     }
     if cost > limits.max {
-        return Err(ArgError::CostAboveMax(g));
+        return Err(Error::CostAboveMax(g));
     }
     if charges_nothing(cost, limits.max) {
-        return Err(ArgError::CostTooSmall(g));
+        return Err(Error::CostTooSmall(g));
     }
     Ok(cost)
 }
 
 /// `TB.CONSUME key max rate [cost]` and `TB.PEEK`, same shape.
-pub fn parse_consume(argv: &(impl Argv + ?Sized)) -> Result<Single, ArgError> {
+pub fn parse_consume(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
     let n = argv.count();
     if !(4..=5).contains(&n) {
-        return Err(ArgError::Arity);
+        return Err(Error::Arity(argv.command()));
     }
     let limits = limits(argv, 2, None)?;
     let amount = if n == 5 {
         cost(argv.arg(4), &limits, None)?
     } else if limits.max < 1.0 {
         // The default cost of 1 could never pass a bucket this small.
-        return Err(ArgError::CostAboveMax(None));
+        return Err(Error::CostAboveMax(None));
     } else {
         1.0
     };
@@ -259,9 +178,9 @@ pub fn parse_consume(argv: &(impl Argv + ?Sized)) -> Result<Single, ArgError> {
 }
 
 /// `TB.ADJUST key max rate delta`.
-pub fn parse_adjust(argv: &(impl Argv + ?Sized)) -> Result<Single, ArgError> {
+pub fn parse_adjust(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
     if argv.count() != 5 {
-        return Err(ArgError::Arity);
+        return Err(Error::Arity(argv.command()));
     }
     let limits = limits(argv, 2, None)?;
     let amount = number(argv.arg(4), Arg::Delta, None)?;
@@ -269,14 +188,14 @@ pub fn parse_adjust(argv: &(impl Argv + ?Sized)) -> Result<Single, ArgError> {
 }
 
 /// `TB.MCONSUME key max rate cost [key max rate cost ...]`.
-pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, ArgError> {
+pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, Error> {
     let n = argv.count();
     if n < 5 || !(n - 1).is_multiple_of(4) {
-        return Err(ArgError::Arity);
+        return Err(Error::Arity(argv.command()));
     }
     let count = (n - 1) / 4;
     if count > MAX_GROUPS {
-        return Err(ArgError::TooManyGroups);
+        return Err(Error::TooManyGroups);
     }
     let mut groups = Vec::with_capacity(count);
     for g in 0..count {
@@ -291,7 +210,7 @@ pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, ArgErro
         });
     }
     if let Some((group, first)) = first_duplicate(argv, &groups) {
-        return Err(ArgError::DuplicateKey { group, first });
+        return Err(Error::DuplicateKey { group, first });
     }
     Ok(groups)
 }
@@ -317,6 +236,7 @@ fn first_duplicate(argv: &(impl Argv + ?Sized), groups: &[Group]) -> Option<(usi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::{ADJUST, MCONSUME};
 
     fn argv(s: &[&str]) -> Vec<Vec<u8>> {
         s.iter().map(|a| a.as_bytes().to_vec()).collect()
@@ -335,62 +255,44 @@ mod tests {
         assert_eq!(a.amount, 1.0);
         assert_eq!(
             parse_consume(argv(&["tb.consume", "k", "0.5", "1"]).as_slice()),
-            Err(ArgError::CostAboveMax(None))
+            Err(Error::CostAboveMax(None))
         );
     }
 
     #[test]
     fn errors_name_the_argument() {
         let cases = [
-            (vec!["c", "k", "10"], ArgError::Arity),
-            (vec!["c", "k", "10", "1", "1", "1"], ArgError::Arity),
-            (
-                vec!["c", "k", "x", "1"],
-                ArgError::NotANumber(Arg::Max, None),
-            ),
+            (vec!["c", "k", "10"], Error::Arity(CONSUME)),
+            (vec!["c", "k", "10", "1", "1", "1"], Error::Arity(CONSUME)),
+            (vec!["c", "k", "x", "1"], Error::NotANumber(Arg::Max, None)),
             (
                 vec!["c", "k", "nan", "1"],
-                ArgError::NotANumber(Arg::Max, None),
+                Error::NotANumber(Arg::Max, None),
             ),
-            (
-                vec!["c", "k", "0", "1"],
-                ArgError::OutOfRange(Arg::Max, None),
-            ),
-            (
-                vec!["c", "k", "1e13", "1"],
-                ArgError::OutOfRange(Arg::Max, None),
-            ),
+            (vec!["c", "k", "0", "1"], Error::MaxOutOfRange(None)),
+            (vec!["c", "k", "1e13", "1"], Error::MaxOutOfRange(None)),
             (
                 vec!["c", "k", "10", "inf"],
-                ArgError::NotANumber(Arg::Rate, None),
+                Error::NotANumber(Arg::Rate, None),
             ),
-            (
-                vec!["c", "k", "10", "-1"],
-                ArgError::OutOfRange(Arg::Rate, None),
-            ),
-            (vec!["c", "k", "1e12", "1"], ArgError::FillTooSlow(None)),
+            (vec!["c", "k", "10", "-1"], Error::RateOutOfRange(None)),
+            (vec!["c", "k", "1e12", "1"], Error::FillTooSlow(None)),
             (
                 vec!["c", "k", "10", "1", "0x1"],
-                ArgError::NotANumber(Arg::Cost, None),
+                Error::NotANumber(Arg::Cost, None),
             ),
-            (
-                vec!["c", "k", "10", "1", "-1"],
-                ArgError::OutOfRange(Arg::Cost, None),
-            ),
-            (
-                vec!["c", "k", "10", "1", "11"],
-                ArgError::CostAboveMax(None),
-            ),
+            (vec!["c", "k", "10", "1", "-1"], Error::CostNegative(None)),
+            (vec!["c", "k", "10", "1", "11"], Error::CostAboveMax(None)),
             (
                 vec!["c", "k", "1e12", "1000", "0.00001"],
-                ArgError::CostTooSmall(None),
+                Error::CostTooSmall(None),
             ),
         ];
         for (a, e) in cases {
             assert_eq!(parse_consume(argv(&a).as_slice()), Err(e), "{a:?}");
         }
         assert_eq!(
-            ArgError::NotANumber(Arg::Rate, Some(2)).message("tb.mconsume"),
+            Error::NotANumber(Arg::Rate, Some(2)).to_string(),
             "ERR rate must be a finite decimal number (group 2)"
         );
     }
@@ -429,7 +331,7 @@ mod tests {
                 if unchanged {
                     assert_eq!(
                         parsed,
-                        Err(ArgError::CostTooSmall(None)),
+                        Err(Error::CostTooSmall(None)),
                         "max {max:e} cost {c:e}"
                     );
                 } else {
@@ -443,9 +345,13 @@ mod tests {
                 assert_eq!(cost(format!("{advice:e}").as_bytes(), &l, None), Ok(advice));
             }
         }
-        assert_eq!(1e12 - 0.00001, 1e12, "the issue's example charges nothing");
         assert_eq!(
-            ArgError::CostTooSmall(Some(3)).message("tb.mconsume"),
+            1e12 - 0.00001,
+            1e12,
+            "a cost of 1e-5 charges nothing at max 1e12"
+        );
+        assert_eq!(
+            Error::CostTooSmall(Some(3)).to_string(),
             "ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53 (group 3)"
         );
     }
@@ -478,7 +384,7 @@ mod tests {
         let a = argv(&["c", "k", &long, "1e-30"]);
         assert_eq!(
             limits(a.as_slice(), 2, None),
-            Err(ArgError::OutOfRange(Arg::Max, None))
+            Err(Error::MaxOutOfRange(None))
         );
     }
 
@@ -488,11 +394,11 @@ mod tests {
         assert_eq!(a.amount, -25.5);
         assert_eq!(
             parse_adjust(argv(&["a", "k", "10", "1", "nan"]).as_slice()),
-            Err(ArgError::NotANumber(Arg::Delta, None))
+            Err(Error::NotANumber(Arg::Delta, None))
         );
         assert_eq!(
-            parse_adjust(argv(&["a", "k", "10", "1"]).as_slice()),
-            Err(ArgError::Arity)
+            parse_adjust(argv(&["TB.ADJUST", "k", "10", "1"]).as_slice()),
+            Err(Error::Arity(ADJUST))
         );
     }
 
@@ -504,11 +410,14 @@ mod tests {
         assert_eq!(g[1].key_index, 5);
         assert_eq!(g[1].cost, 0.0);
         for bad in [
-            vec!["m"],
-            vec!["m", "a", "1", "1"],
-            vec!["m", "a", "1", "1", "1", "b"],
+            vec!["tb.mconsume"],
+            vec!["tb.mconsume", "a", "1", "1"],
+            vec!["Tb.MConsume", "a", "1", "1", "1", "b"],
         ] {
-            assert_eq!(parse_mconsume(argv(&bad).as_slice()), Err(ArgError::Arity));
+            assert_eq!(
+                parse_mconsume(argv(&bad).as_slice()),
+                Err(Error::Arity(MCONSUME))
+            );
         }
         let dup = argv(&[
             "m", "b", "1", "1", "1", "a", "1", "1", "1", "c", "1", "1", "1", "a", "1", "1", "1",
@@ -516,12 +425,12 @@ mod tests {
         ]);
         assert_eq!(
             parse_mconsume(dup.as_slice()),
-            Err(ArgError::DuplicateKey { group: 4, first: 2 })
+            Err(Error::DuplicateKey { group: 4, first: 2 })
         );
         let bad_cost = argv(&["m", "a", "1", "1", "1", "b", "1", "1", "2"]);
         assert_eq!(
             parse_mconsume(bad_cost.as_slice()),
-            Err(ArgError::CostAboveMax(Some(2)))
+            Err(Error::CostAboveMax(Some(2)))
         );
     }
 
@@ -531,7 +440,7 @@ mod tests {
         for i in 0..=MAX_GROUPS {
             a.extend([format!("k{i}"), "1".into(), "1".into(), "1".into()]);
         }
-        assert_eq!(parse_mconsume(a.as_slice()), Err(ArgError::TooManyGroups));
+        assert_eq!(parse_mconsume(a.as_slice()), Err(Error::TooManyGroups));
         a.truncate(a.len() - 4);
         assert_eq!(
             parse_mconsume(a.as_slice()).map(|g| g.len()),

@@ -67,10 +67,10 @@ impl Outcome {
     }
 }
 
-/// The longest wait `ms_until` reports, in ms (about 3,170 years). Valid
-/// limits never need it: the fill time is at most 2e13 ms from `-max`, and
-/// a 16-digit `ts` lies at most 1e13 ms ahead. It only bounds the search.
-pub const MAX_WAIT_MS: i64 = 100_000_000_000_000;
+// `ms_until` reports at most MAX_WAIT_MS (the contract): valid limits
+// never need it (the fill time is at most 2e13 ms from `-max`, and a
+// 16-digit `ts` lies at most 1e13 ms ahead); it only bounds the search.
+pub use crate::contract::MAX_WAIT_MS;
 
 impl Limits {
     /// Adds `elapsed_us` of refill to `tokens`, capped at `max`.
@@ -360,8 +360,9 @@ mod tests {
 
     #[test]
     fn retry_is_measured_from_the_stored_state_not_the_balance_now() {
-        // The example: refilling -0.453 for `e` and then for m ms
-        // in two steps rounds differently from the next call's one step.
+        // A bucket in debt (-0.453) written `e` us ago: refilling it for
+        // `e` and then for m ms in two steps rounds differently from the
+        // one step the next call takes, so only the latter is the truth.
         let l = Limits {
             max: 1.0,
             rate: 0.1,
@@ -377,8 +378,8 @@ mod tests {
                 !l.consume(stored, NOW + 1000 * (m - 1), 0.5).allowed,
                 "e {e}"
             );
-            // What the times were before: refill the balance now, then
-            // refill that for m ms (two roundings).
+            // Two-step times: refill the balance now, then refill that
+            // for m ms (two roundings).
             let current = l.current(stored, NOW);
             let two_steps = |m: i64| l.refill(current, m as f64 * 1_000_000.0 / 1000.0) >= 0.5;
             if two_steps(m) != l.consume(stored, NOW + 1000 * m, 0.5).allowed
@@ -387,7 +388,7 @@ mod tests {
                 misleading += 1;
             }
         }
-        // The old two-step times were wrong for some of these states.
+        // Two-step times would be wrong for some of these states.
         assert!(misleading > 0);
     }
 

@@ -8,8 +8,10 @@
 //! reads a key redis-cell left behind (a string holding its theoretical
 //! arrival time, TAT, in nanoseconds), and shapes the reply.
 
-use crate::args::{Argv, MAX_CAPACITY, MAX_FILL_SECONDS, MAX_RATE};
+use crate::args::Argv;
 use crate::bucket::{Limits, Outcome, Stored};
+use crate::contract::{MAX_CAPACITY, MAX_FILL_SECONDS, MAX_RATE};
+use crate::error::{Arg, Error};
 
 /// A validated CL.THROTTLE call; its key is `argv[1]`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -30,62 +32,18 @@ impl Throttle {
     }
 }
 
-/// Why a CL.THROTTLE call is refused before any key is read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ThrottleError {
-    Arity,
-    /// Not an integer (`max_burst`, `count`, `period`, `quantity`).
-    NotAnInteger(&'static str),
-    /// Below the argument's least value (0 for max_burst and quantity, 1
-    /// for count and period).
-    TooSmall(&'static str),
-    /// `max_burst + 1` above the largest capacity (1e12).
-    BurstTooLarge,
-    /// `count / period` above the largest rate (1e12 per second).
-    RateTooHigh,
-    /// The bucket would take more than 1e10 seconds to fill.
-    FillTooSlow,
-}
-
-impl ThrottleError {
-    pub fn message(&self) -> String {
-        match self {
-            ThrottleError::Arity => {
-                "ERR wrong number of arguments for 'cl.throttle' command".to_string()
-            }
-            ThrottleError::NotAnInteger(a) => format!("ERR {a} must be an integer"),
-            ThrottleError::TooSmall(a) => {
-                let least = if matches!(*a, "count" | "period") {
-                    1
-                } else {
-                    0
-                };
-                format!("ERR {a} must be >= {least}")
-            }
-            ThrottleError::BurstTooLarge => "ERR max_burst must be < 1e12".to_string(),
-            ThrottleError::RateTooHigh => {
-                "ERR count/period must be <= 1e12 per second".to_string()
-            }
-            ThrottleError::FillTooSlow => {
-                "ERR count/period is too low for max_burst: (max_burst+1)*period/count must be <= 1e10 seconds"
-                    .to_string()
-            }
-        }
-    }
-}
-
 /// An integer as Rust's `i64` parser reads it (what redis-cell uses): an
 /// optional sign and decimal digits, within range.
-fn integer(bytes: &[u8], name: &'static str) -> Result<i64, ThrottleError> {
+fn integer(bytes: &[u8], arg: Arg) -> Result<i64, Error> {
     std::str::from_utf8(bytes)
         .ok()
         .and_then(|s| s.parse::<i64>().ok())
-        .ok_or(ThrottleError::NotAnInteger(name))
+        .ok_or(Error::NotAnInteger(arg))
 }
 
-fn at_least(v: i64, least: i64, name: &'static str) -> Result<i64, ThrottleError> {
+fn at_least(v: i64, least: i64, arg: Arg) -> Result<i64, Error> {
     if v < least {
-        Err(ThrottleError::TooSmall(name))
+        Err(Error::TooSmall(arg, least))
     } else {
         Ok(v)
     }
@@ -94,28 +52,28 @@ fn at_least(v: i64, least: i64, name: &'static str) -> Result<i64, ThrottleError
 /// `CL.THROTTLE key max_burst count period [quantity]`, checked left to
 /// right: arity, `max_burst`, `count`, `period`, the bounds the TB commands
 /// have (capacity, rate, fill time), then `quantity`.
-pub fn parse_throttle(argv: &(impl Argv + ?Sized)) -> Result<Throttle, ThrottleError> {
+pub fn parse_throttle(argv: &(impl Argv + ?Sized)) -> Result<Throttle, Error> {
     let n = argv.count();
     if !(5..=6).contains(&n) {
-        return Err(ThrottleError::Arity);
+        return Err(Error::Arity(argv.command()));
     }
-    let burst = at_least(integer(argv.arg(2), "max_burst")?, 0, "max_burst")?;
-    let count = at_least(integer(argv.arg(3), "count")?, 1, "count")?;
-    let period = at_least(integer(argv.arg(4), "period")?, 1, "period")?;
-    let limit = burst.checked_add(1).ok_or(ThrottleError::BurstTooLarge)?;
+    let burst = at_least(integer(argv.arg(2), Arg::MaxBurst)?, 0, Arg::MaxBurst)?;
+    let count = at_least(integer(argv.arg(3), Arg::Count)?, 1, Arg::Count)?;
+    let period = at_least(integer(argv.arg(4), Arg::Period)?, 1, Arg::Period)?;
+    let limit = burst.checked_add(1).ok_or(Error::BurstTooLarge)?;
     let max = limit as f64;
     if max > MAX_CAPACITY {
-        return Err(ThrottleError::BurstTooLarge);
+        return Err(Error::BurstTooLarge);
     }
     let rate = count as f64 / period as f64;
     if rate > MAX_RATE {
-        return Err(ThrottleError::RateTooHigh);
+        return Err(Error::ThrottleRateTooHigh);
     }
     if max / rate > MAX_FILL_SECONDS {
-        return Err(ThrottleError::FillTooSlow);
+        return Err(Error::ThrottleFillTooSlow);
     }
     let quantity = match n {
-        6 => at_least(integer(argv.arg(5), "quantity")?, 0, "quantity")?,
+        6 => at_least(integer(argv.arg(5), Arg::Quantity)?, 0, Arg::Quantity)?,
         _ => 1,
     };
     Ok(Throttle {
@@ -194,12 +152,13 @@ pub fn reply(call: &Throttle, outcome: &Outcome, charged: bool) -> [i64; 5] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::CL_THROTTLE;
 
     fn argv(s: &[&str]) -> Vec<Vec<u8>> {
         s.iter().map(|a| a.as_bytes().to_vec()).collect()
     }
 
-    fn parse(s: &[&str]) -> Result<Throttle, ThrottleError> {
+    fn parse(s: &[&str]) -> Result<Throttle, Error> {
         parse_throttle(argv(s).as_slice())
     }
 
@@ -221,28 +180,24 @@ mod tests {
         assert_eq!(parse(&["c", "k", "+3", "1", "1"]).unwrap().limit, 4);
         #[rustfmt::skip]
         let cases = [
-            (vec!["c", "k", "1", "1"], ThrottleError::Arity),
-            (vec!["c", "k", "1", "1", "1", "1", "1"], ThrottleError::Arity),
-            (vec!["c", "k", "1.5", "1", "1"], ThrottleError::NotAnInteger("max_burst")),
-            (vec!["c", "k", "-1", "1", "1"], ThrottleError::TooSmall("max_burst")),
-            (vec!["c", "k", "1", "0", "1"], ThrottleError::TooSmall("count")),
-            (vec!["c", "k", "1", "1", "0"], ThrottleError::TooSmall("period")),
-            (vec!["c", "k", "1", "x", "1"], ThrottleError::NotAnInteger("count")),
-            (vec!["c", "k", "1", "1", " 1"], ThrottleError::NotAnInteger("period")),
-            (vec!["c", "k", "1", "1", "1", "-1"], ThrottleError::TooSmall("quantity")),
-            (vec!["c", "k", "1", "1", "1", "1e3"], ThrottleError::NotAnInteger("quantity")),
-            (vec!["c", "k", "1000000000000", "1", "1"], ThrottleError::BurstTooLarge),
-            (vec!["c", "k", "9223372036854775807", "1", "1"], ThrottleError::BurstTooLarge),
-            (vec!["c", "k", "1", "9223372036854775807", "1"], ThrottleError::RateTooHigh),
-            (vec!["c", "k", "999999", "1", "100000"], ThrottleError::FillTooSlow),
+            (vec!["cl.throttle", "k", "1", "1"], Error::Arity(CL_THROTTLE)),
+            (vec!["CL.THROTTLE", "k", "1", "1", "1", "1", "1"], Error::Arity(CL_THROTTLE)),
+            (vec!["c", "k", "1.5", "1", "1"], Error::NotAnInteger(Arg::MaxBurst)),
+            (vec!["c", "k", "-1", "1", "1"], Error::TooSmall(Arg::MaxBurst, 0)),
+            (vec!["c", "k", "1", "0", "1"], Error::TooSmall(Arg::Count, 1)),
+            (vec!["c", "k", "1", "1", "0"], Error::TooSmall(Arg::Period, 1)),
+            (vec!["c", "k", "1", "x", "1"], Error::NotAnInteger(Arg::Count)),
+            (vec!["c", "k", "1", "1", " 1"], Error::NotAnInteger(Arg::Period)),
+            (vec!["c", "k", "1", "1", "1", "-1"], Error::TooSmall(Arg::Quantity, 0)),
+            (vec!["c", "k", "1", "1", "1", "1e3"], Error::NotAnInteger(Arg::Quantity)),
+            (vec!["c", "k", "1000000000000", "1", "1"], Error::BurstTooLarge),
+            (vec!["c", "k", "9223372036854775807", "1", "1"], Error::BurstTooLarge),
+            (vec!["c", "k", "1", "9223372036854775807", "1"], Error::ThrottleRateTooHigh),
+            (vec!["c", "k", "999999", "1", "100000"], Error::ThrottleFillTooSlow),
         ];
         for (args, e) in cases {
             assert_eq!(parse(&args), Err(e), "{args:?}");
         }
-        assert_eq!(
-            ThrottleError::TooSmall("period").message(),
-            "ERR period must be >= 1"
-        );
     }
 
     #[test]

@@ -284,9 +284,9 @@ mod tests {
         for i in 0..100_000u64 {
             let v = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 2_000_000_000_000) as f64 / 1e6
                 - 1_000_000.0;
-            cases.push(crate::state::Text::tokens(v).as_str().as_bytes().to_vec());
+            cases.push(crate::state::Text::tokens(v).as_bytes().to_vec());
             let w = f64::from_bits(i.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 2) % 1e12;
-            cases.push(crate::state::Text::tokens(w).as_str().as_bytes().to_vec());
+            cases.push(crate::state::Text::tokens(w).as_bytes().to_vec());
             cases.push(format!("{w:.17}").into_bytes());
             cases.push(format!("{:.18}", v / 1e6).into_bytes());
         }

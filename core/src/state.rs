@@ -7,40 +7,9 @@
 //! the Lua library, and by RDB/AOF tooling.
 
 use crate::bucket::Stored;
+use crate::error::{Error, StateError};
 use crate::number::{parse_decimal, parse_int16};
 use std::fmt::Write;
-
-pub const TOKENS_FIELD: &str = "tokens";
-pub const TS_FIELD: &str = "ts";
-
-/// Why a key that holds a hash is not a usable bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StateError {
-    /// The hash has other fields than exactly `tokens` and `ts`.
-    Fields,
-    Tokens,
-    Ts,
-}
-
-impl StateError {
-    pub fn message(&self) -> &'static str {
-        match self {
-            StateError::Fields => {
-                "ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts"
-            }
-            StateError::Tokens => {
-                "ERR key is not a token bucket: field tokens is not a finite decimal number"
-            }
-            StateError::Ts => {
-                "ERR key is not a token bucket: field ts is not an integer of microseconds"
-            }
-        }
-    }
-}
-
-/// Redis's own reply for a key of the wrong type, which the commands
-/// repeat word for word for a key that holds no hash.
-pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
 /// What a key holds, as far as reading a bucket goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,25 +19,6 @@ pub enum KeyKind {
     Hash(usize),
     /// A string, list, set, ...: anything but a hash.
     Other,
-}
-
-/// Why a key can't be read as a bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LoadError {
-    WrongType,
-    State(StateError),
-}
-
-impl LoadError {
-    /// The error reply. In TB.MCONSUME (`group` given) a state error names
-    /// its group; WRONGTYPE never does, since it is Redis's own text.
-    pub fn message(&self, group: Option<usize>) -> String {
-        match (self, group) {
-            (LoadError::WrongType, _) => WRONGTYPE.to_string(),
-            (LoadError::State(s), None) => s.message().to_string(),
-            (LoadError::State(s), Some(g)) => format!("{} (group {g})", s.message()),
-        }
-    }
 }
 
 /// A hash whose two bucket fields can be read, however it is stored (a key
@@ -82,12 +32,15 @@ pub trait BucketFields {
 /// key is a full bucket (`None`); anything but a hash is WRONGTYPE; a hash
 /// must hold exactly the two fields, and both must decode. Only a hash of
 /// two fields is read.
-pub fn load(kind: KeyKind, hash: &impl BucketFields) -> Result<Option<Stored>, LoadError> {
+pub fn load(kind: KeyKind, hash: &impl BucketFields) -> Result<Option<Stored>, Error> {
     match kind {
         KeyKind::Missing => Ok(None),
-        KeyKind::Other => Err(LoadError::WrongType),
-        KeyKind::Hash(2) => hash.with_fields(decode).map(Some).map_err(LoadError::State),
-        KeyKind::Hash(_) => Err(LoadError::State(StateError::Fields)),
+        KeyKind::Other => Err(Error::WrongType),
+        KeyKind::Hash(2) => hash
+            .with_fields(decode)
+            .map(Some)
+            .map_err(|why| Error::NotABucket(why, None)),
+        KeyKind::Hash(_) => Err(Error::NotABucket(StateError::Fields, None)),
     }
 }
 
@@ -101,19 +54,6 @@ pub fn decode(tokens: Option<&[u8]>, ts: Option<&[u8]>) -> Result<Stored, StateE
         tokens: parse_decimal(tokens).ok_or(StateError::Tokens)?,
         ts_us: parse_int16(ts).ok_or(StateError::Ts)?,
     })
-}
-
-/// Shortest decimal that parses back to exactly `tokens`. Writes `0` for
-/// negative zero so equal balances always look the same.
-pub fn encode_tokens(tokens: f64, out: &mut String) {
-    out.clear();
-    out.push_str(Text::tokens(tokens).as_str());
-}
-
-/// `ts` as a plain integer.
-pub fn encode_ts(ts_us: i64, out: &mut String) {
-    out.clear();
-    out.push_str(Text::int(ts_us).as_str());
 }
 
 /// The text of one field value, on the stack: encoding a bucket on the
@@ -155,12 +95,8 @@ impl Text {
         }
     }
 
-    pub fn as_str(&self) -> &str {
-        // Only whole UTF-8 strs are ever appended, so this cannot fail.
-        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
-    }
-
-    /// What `encode_tokens` writes.
+    /// The shortest decimal that parses back to exactly `tokens`, `0`
+    /// for negative zero so equal balances always look the same.
     pub fn tokens(tokens: f64) -> Self {
         let t = if tokens == 0.0 { 0.0 } else { tokens };
         // Integral balances (every fresh bucket's first charge) print as
@@ -313,10 +249,14 @@ impl std::fmt::Write for Text {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::{TOKENS_FIELD, TS_FIELD};
+
+    fn string(text: Text) -> String {
+        String::from_utf8(text.as_bytes().to_vec()).unwrap()
+    }
 
     #[test]
     fn tokens_round_trip_exactly() {
-        let mut s = String::new();
         for t in [
             0.0,
             -0.0,
@@ -331,7 +271,7 @@ mod tests {
             5e-324,
             123456.789012345,
         ] {
-            encode_tokens(t, &mut s);
+            let s = string(Text::tokens(t));
             let back = decode(Some(s.as_bytes()), Some(b"0")).unwrap().tokens;
             assert_eq!(
                 back.to_bits(),
@@ -339,10 +279,8 @@ mod tests {
                 "{t} -> {s}"
             );
         }
-        encode_tokens(-0.0, &mut s);
-        assert_eq!(s, "0");
-        encode_tokens(9.0, &mut s);
-        assert_eq!(s, "9");
+        assert_eq!(string(Text::tokens(-0.0)), "0");
+        assert_eq!(string(Text::tokens(9.0)), "9");
     }
 
     /// The encoders before the stack-buffer fast paths, kept as the oracle.
@@ -357,7 +295,6 @@ mod tests {
 
     #[test]
     fn fast_paths_write_what_display_writes() {
-        let mut s = String::new();
         let mut values = vec![
             0.0,
             -0.0,
@@ -398,8 +335,7 @@ mod tests {
             values.push((x % 10_000_000) as f64);
         }
         for t in values {
-            encode_tokens(t, &mut s);
-            assert_eq!(s, display(t), "{t:?}");
+            assert_eq!(string(Text::tokens(t)), display(t), "{t:?}");
         }
         for v in [
             0,
@@ -416,11 +352,10 @@ mod tests {
             -100,
             1_000_000_000,
         ] {
-            encode_ts(v, &mut s);
-            assert_eq!(s, v.to_string());
+            assert_eq!(string(Text::int(v)), v.to_string());
         }
         for v in (-100_000..100_000).chain((0..64).map(|b| 1i64 << b)) {
-            assert_eq!(Text::int(v).as_str(), v.to_string());
+            assert_eq!(string(Text::int(v)), v.to_string());
         }
     }
 
@@ -435,7 +370,7 @@ mod tests {
         for t in [near_2_pow_50, near_2_pow_39, -near_2_pow_39] {
             let raw = ryu::Buffer::new().format_finite(t).to_string();
             assert!(may_tie(t, &raw), "{t:?}");
-            assert_eq!(Text::tokens(t).as_str(), display(t), "{t:?}");
+            assert_eq!(string(Text::tokens(t)), display(t), "{t:?}");
         }
         // The first one is where ryu and Display disagree: the fallback is
         // what keeps the stored text.
@@ -460,7 +395,7 @@ mod tests {
             let t = n as f64 / 2f64.powi(j);
             let t = if x & 1 == 1 { -t } else { t };
             let text = Text::tokens(t);
-            assert_eq!(text.as_str(), display(t), "{t:?}");
+            assert_eq!(string(text), display(t), "{t:?}");
             if t != t.trunc() && may_tie(t, ryu::Buffer::new().format_finite(t)) {
                 ties += 1;
             }
@@ -508,25 +443,24 @@ mod tests {
                 ts_us: 7
             }))
         );
-        assert_eq!(load(KeyKind::Other, &fine), Err(LoadError::WrongType));
+        assert_eq!(load(KeyKind::Other, &fine), Err(Error::WrongType));
         let three = Map(&[("tokens", "1"), ("ts", "1"), ("x", "1")]);
         assert_eq!(
             load(KeyKind::Hash(3), &three),
-            Err(LoadError::State(StateError::Fields))
+            Err(Error::NotABucket(StateError::Fields, None))
         );
         let renamed = Map(&[("tokens", "1"), ("t", "1")]);
         assert_eq!(
             load(KeyKind::Hash(2), &renamed),
-            Err(LoadError::State(StateError::Fields))
+            Err(Error::NotABucket(StateError::Fields, None))
         );
         let nan = Map(&[("tokens", "nan"), ("ts", "1")]);
         let e = load(KeyKind::Hash(2), &nan).unwrap_err();
-        assert_eq!(e.message(None), StateError::Tokens.message());
+        assert_eq!(e, Error::NotABucket(StateError::Tokens, None));
         assert_eq!(
-            e.message(Some(2)),
-            format!("{} (group 2)", StateError::Tokens.message())
+            e.in_group(2),
+            Error::NotABucket(StateError::Tokens, Some(2))
         );
-        assert_eq!(LoadError::WrongType.message(Some(2)), WRONGTYPE);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 use std::collections::BTreeMap;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
 use tb_core::bucket::{consume_all, Effect, Outcome};
-use tb_core::state::{encode_tokens, StateError, WRONGTYPE};
+use tb_core::error::{Error, StateError};
+use tb_core::state::Text;
 use testkit::vectors::{vectors, After, Case};
 
 /// `BucketKey::apply`: the outcome's effect on the key.
@@ -23,15 +24,11 @@ fn save(after: &mut BTreeMap<String, After>, key: &str, o: &Outcome) {
             tokens,
             ts_us,
             expire_at_ms,
-        } => {
-            let mut text = String::new();
-            encode_tokens(tokens, &mut text);
-            After::Bucket {
-                tokens: text,
-                ts: ts_us.to_string(),
-                expire_at_ms,
-            }
-        }
+        } => After::Bucket {
+            tokens: String::from_utf8_lossy(Text::tokens(tokens).as_bytes()).into_owned(),
+            ts: ts_us.to_string(),
+            expire_at_ms,
+        },
     };
     after.insert(key.to_string(), state);
 }
@@ -48,8 +45,7 @@ fn run(case: &Case, now: i64) -> Run {
         .into_iter()
         .chain(case.module_args())
         .collect();
-    let command = argv[0].clone();
-    let bad_args = |e: tb_core::args::ArgError| e.message(&command);
+    let bad_args = |e: Error| e.to_string();
     // Keys the call does not write stay as they were.
     let mut after: BTreeMap<String, After> = case
         .keys
@@ -73,7 +69,7 @@ fn run(case: &Case, now: i64) -> Run {
             .map_err(bad_args)?;
             let key = &argv[1];
             let l = call.limits;
-            let stored = case.key(key).load().map_err(|e| e.message(None))?;
+            let stored = case.key(key).load().map_err(|e| e.to_string())?;
             let o = match case.command.as_str() {
                 "peek" => l.peek(stored, now, call.amount),
                 "adjust" => l.adjust(stored, now, call.amount),
@@ -89,7 +85,7 @@ fn run(case: &Case, now: i64) -> Run {
                 let stored = case
                     .key(&argv[g.key_index])
                     .load()
-                    .map_err(|e| e.message(Some(i + 1)))?;
+                    .map_err(|e| e.in_group(i + 1).to_string())?;
                 buckets.push((g.limits, stored, g.cost));
             }
             let (all, retry, outcomes) = consume_all(&buckets, now);
@@ -146,11 +142,20 @@ fn vectors_cover_every_error_message() {
         "ERR delta must be a finite decimal number",
         "ERR duplicate key",
         "(group 2)",
-        WRONGTYPE,
-        StateError::Fields.message(),
-        StateError::Tokens.message(),
-        StateError::Ts.message(),
-    ] {
+    ]
+    .into_iter()
+    .map(str::to_string)
+    .chain(
+        [
+            Error::WrongType,
+            Error::NotABucket(StateError::Fields, None),
+            Error::NotABucket(StateError::Tokens, None),
+            Error::NotABucket(StateError::Ts, None),
+        ]
+        .iter()
+        .map(Error::to_string),
+    ) {
+        let fragment = fragment.as_str();
         assert!(
             errors.iter().any(|e| e.contains(fragment)),
             "no case for {fragment:?}"

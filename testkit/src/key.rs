@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 use tb_core::bucket::Stored;
-use tb_core::state::{load, BucketFields, KeyKind, LoadError, TOKENS_FIELD, TS_FIELD};
+use tb_core::contract::{TOKENS_FIELD, TS_FIELD};
+use tb_core::error::Error;
+use tb_core::state::{load, BucketFields, KeyKind};
 
 /// What a key holds: nothing, a hash (field → value), or another type.
 #[derive(Debug)]
@@ -23,8 +25,8 @@ impl<K: AsRef<[u8]>, V: AsRef<[u8]>> KeyView<'_, K, V> {
     }
 
     /// The bucket (`None`: missing, a full bucket), or why the key is
-    /// none; `LoadError::message` words it as the commands reply it.
-    pub fn load(&self) -> Result<Option<Stored>, LoadError> {
+    /// none, as the commands reply it.
+    pub fn load(&self) -> Result<Option<Stored>, Error> {
         load(self.kind(), self)
     }
 }
@@ -45,7 +47,7 @@ impl<K: AsRef<[u8]>, V: AsRef<[u8]>> BucketFields for KeyView<'_, K, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tb_core::state::{StateError, WRONGTYPE};
+    use tb_core::error::StateError;
 
     fn hash(fields: &[(&str, &str)]) -> BTreeMap<Vec<u8>, Vec<u8>> {
         fields
@@ -65,16 +67,16 @@ mod tests {
         let none: KeyView<'_, String, String> = KeyView::Missing;
         assert_eq!(none.load(), Ok(None));
         let other: KeyView<'_, String, String> = KeyView::Other;
-        assert_eq!(other.load().unwrap_err().message(Some(2)), WRONGTYPE);
+        assert_eq!(other.load(), Err(Error::WrongType));
         let extra = hash(&[("tokens", "1"), ("ts", "1"), ("x", "1")]);
         assert_eq!(
             KeyView::Hash(&extra).load(),
-            Err(LoadError::State(StateError::Fields))
+            Err(Error::NotABucket(StateError::Fields, None))
         );
         let bad_ts = hash(&[("tokens", "1"), ("ts", "1.5")]);
         assert_eq!(
             KeyView::Hash(&bad_ts).load(),
-            Err(LoadError::State(StateError::Ts))
+            Err(Error::NotABucket(StateError::Ts, None))
         );
     }
 }

@@ -56,13 +56,12 @@ pub fn bucket_target(data: &[u8]) {
     check_bucket(&bucket_case_from_bytes(data));
 }
 
-use tb_core::args::{
-    parse_adjust, parse_consume, parse_mconsume, Arg, ArgError, Argv, MAX_CAPACITY,
-    MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE,
-};
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Argv};
 use tb_core::bucket::{consume_all, Effect, Limits, Outcome, Stored};
+use tb_core::contract::{MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE};
+use tb_core::error::{Arg, Error, StateError};
 use tb_core::number::parse_decimal;
-use tb_core::state::{decode, encode_tokens, encode_ts, StateError};
+use tb_core::state::{decode, Text};
 
 // ---- (a) argument parsing --------------------------------------------------
 
@@ -108,35 +107,35 @@ pub fn reference_number(bytes: &[u8]) -> Option<f64> {
     v.is_finite().then_some(v)
 }
 
-fn reference_limits(max: &[u8], rate: &[u8], g: Option<usize>) -> Result<Limits, ArgError> {
-    let max = reference_number(max).ok_or(ArgError::NotANumber(Arg::Max, g))?;
-    if max <= 0.0 || max > 1e12 {
-        return Err(ArgError::OutOfRange(Arg::Max, g));
+fn reference_limits(max: &[u8], rate: &[u8], g: Option<usize>) -> Result<Limits, Error> {
+    let max = reference_number(max).ok_or(Error::NotANumber(Arg::Max, g))?;
+    if max <= 0.0 || max > MAX_CAPACITY {
+        return Err(Error::MaxOutOfRange(g));
     }
-    let rate = reference_number(rate).ok_or(ArgError::NotANumber(Arg::Rate, g))?;
-    if rate <= 0.0 || rate > 1e12 {
-        return Err(ArgError::OutOfRange(Arg::Rate, g));
+    let rate = reference_number(rate).ok_or(Error::NotANumber(Arg::Rate, g))?;
+    if rate <= 0.0 || rate > MAX_RATE {
+        return Err(Error::RateOutOfRange(g));
     }
-    if max / rate > 1e10 {
-        return Err(ArgError::FillTooSlow(g));
+    if max / rate > MAX_FILL_SECONDS {
+        return Err(Error::FillTooSlow(g));
     }
     Ok(Limits { max, rate })
 }
 
-fn reference_cost(cost: &[u8], max: f64, g: Option<usize>) -> Result<f64, ArgError> {
-    let cost = reference_number(cost).ok_or(ArgError::NotANumber(Arg::Cost, g))?;
+fn reference_cost(cost: &[u8], max: f64, g: Option<usize>) -> Result<f64, Error> {
+    let cost = reference_number(cost).ok_or(Error::NotANumber(Arg::Cost, g))?;
     if cost < 0.0 {
-        return Err(ArgError::OutOfRange(Arg::Cost, g));
+        return Err(Error::CostNegative(g));
     }
     if cost > max {
-        return Err(ArgError::CostAboveMax(g));
+        return Err(Error::CostAboveMax(g));
     }
     // A positive cost must lower each of the five largest balances up to
     // max that it fits in (rounding keeps the most at the top).
     let mut b = max;
     for _ in 0..5 {
         if cost > 0.0 && b >= cost && b - cost == b {
-            return Err(ArgError::CostTooSmall(g));
+            return Err(Error::CostTooSmall(g));
         }
         b = b.next_down();
     }
@@ -144,36 +143,36 @@ fn reference_cost(cost: &[u8], max: f64, g: Option<usize>) -> Result<f64, ArgErr
 }
 
 /// What TB.CONSUME/TB.PEEK must answer: `(limits, cost)` or the first error.
-pub fn reference_consume(argv: &[&[u8]]) -> Result<(Limits, f64), ArgError> {
+pub fn reference_consume(argv: &[&[u8]]) -> Result<(Limits, f64), Error> {
     if argv.len() != 4 && argv.len() != 5 {
-        return Err(ArgError::Arity);
+        return Err(Error::Arity(argv.command()));
     }
     let l = reference_limits(argv[2], argv[3], None)?;
     let cost = match argv.get(4) {
         Some(c) => reference_cost(c, l.max, None)?,
-        None if l.max < 1.0 => return Err(ArgError::CostAboveMax(None)),
+        None if l.max < 1.0 => return Err(Error::CostAboveMax(None)),
         None => 1.0,
     };
     Ok((l, cost))
 }
 
-pub fn reference_adjust(argv: &[&[u8]]) -> Result<(Limits, f64), ArgError> {
+pub fn reference_adjust(argv: &[&[u8]]) -> Result<(Limits, f64), Error> {
     if argv.len() != 5 {
-        return Err(ArgError::Arity);
+        return Err(Error::Arity(argv.command()));
     }
     let l = reference_limits(argv[2], argv[3], None)?;
-    let delta = reference_number(argv[4]).ok_or(ArgError::NotANumber(Arg::Delta, None))?;
+    let delta = reference_number(argv[4]).ok_or(Error::NotANumber(Arg::Delta, None))?;
     Ok((l, delta))
 }
 
 /// `(key_index, limits, cost)` per group, or the first error; duplicates by
 /// a plain left-to-right scan.
-pub fn reference_mconsume(argv: &[&[u8]]) -> Result<Vec<(usize, Limits, f64)>, ArgError> {
+pub fn reference_mconsume(argv: &[&[u8]]) -> Result<Vec<(usize, Limits, f64)>, Error> {
     if argv.len() < 5 || !(argv.len() - 1).is_multiple_of(4) {
-        return Err(ArgError::Arity);
+        return Err(Error::Arity(argv.command()));
     }
-    if (argv.len() - 1) / 4 > 10_000 {
-        return Err(ArgError::TooManyGroups);
+    if (argv.len() - 1) / 4 > MAX_GROUPS {
+        return Err(Error::TooManyGroups);
     }
     let mut groups = Vec::new();
     for (g, chunk) in argv[1..].chunks(4).enumerate() {
@@ -185,7 +184,7 @@ pub fn reference_mconsume(argv: &[&[u8]]) -> Result<Vec<(usize, Limits, f64)>, A
     for g in 1..groups.len() {
         let key = argv[groups[g].0];
         if let Some(first) = (0..g).find(|&f| argv[groups[f].0] == key) {
-            return Err(ArgError::DuplicateKey {
+            return Err(Error::DuplicateKey {
                 group: g + 1,
                 first: first + 1,
             });
@@ -316,8 +315,7 @@ pub fn check_tokens_round_trip(tokens: f64) {
     if !tokens.is_finite() {
         return;
     }
-    let mut text = String::new();
-    encode_tokens(tokens, &mut text);
+    let text = String::from_utf8_lossy(Text::tokens(tokens).as_bytes()).into_owned();
     let back = decode(Some(text.as_bytes()), Some(b"0"))
         .unwrap_or_else(|e| panic!("{tokens:e} encoded as {text:?}: {e:?}"))
         .tokens;
@@ -339,8 +337,7 @@ pub fn check_tokens_round_trip(tokens: f64) {
 /// A `ts` of at most 16 digits (every real clock until the year 2286)
 /// round-trips; longer ones are refused by the decoder, never misread.
 pub fn check_ts_round_trip(ts_us: i64) {
-    let mut text = String::new();
-    encode_ts(ts_us, &mut text);
+    let text = String::from_utf8_lossy(Text::int(ts_us).as_bytes()).into_owned();
     let back = decode(Some(b"0"), Some(text.as_bytes())).map(|s| s.ts_us);
     if ts_us.unsigned_abs() < 10_000_000_000_000_000 {
         assert_eq!(back, Ok(ts_us), "{text}");
@@ -764,9 +761,7 @@ fn check_schedule(l: &Limits, mut stored: Option<Stored>, start: i64, steps: &[(
                 expire_at_ms: at,
             } => {
                 // Through the hash encoding, as the module stores it.
-                let (mut tok, mut ts) = (String::new(), String::new());
-                encode_tokens(tokens, &mut tok);
-                encode_ts(ts_us, &mut ts);
+                let (tok, ts) = (Text::tokens(tokens), Text::int(ts_us));
                 let back = decode(Some(tok.as_bytes()), Some(ts.as_bytes()));
                 if now.unsigned_abs() < 10_000_000_000_000_000 {
                     assert_eq!(back.map(|s| s.tokens), Ok(tokens));

@@ -493,6 +493,28 @@ pub fn wait_replicas(primary: &mut redis::Connection, replicas: i64) {
     assert!(caught_up, "replicas did not reach offset {target}");
 }
 
+/// Builds tests/fixtures/fake_redis_cell.c, a stand-in for redis-cell (a
+/// C compiler is on every machine the project builds on: cargo needs one
+/// to link), once per test process.
+pub fn fake_redis_cell() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let src = crate::root().join("tests/fixtures/fake_redis_cell.c");
+            let out =
+                std::env::temp_dir().join(format!("tb-fake-redis-cell-{}.so", std::process::id()));
+            let built = Command::new("cc")
+                .args(["-shared", "-fPIC", "-O1", "-o"])
+                .arg(&out)
+                .arg(&src)
+                .status()
+                .expect("run cc");
+            assert!(built.success(), "cc {}", src.display());
+            out
+        })
+        .clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

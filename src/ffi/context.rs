@@ -1,0 +1,244 @@
+//! A command's context and arguments, made only by the `handler!`
+//! trampoline inside the call Redis made: replies, replication, keyspace
+//! events, the clock, keys and strings.
+
+use super::api::{Api, ERR, OK};
+use super::call;
+use super::key::Key;
+use super::string::{string_bytes, KeyName, OwnedString, RString};
+use redis_module::raw::{self, RedisModuleCmdFunc, RedisModuleCtx, RedisModuleString};
+use std::ffi::{CStr, CString};
+use std::marker::PhantomData;
+use std::os::raw::{c_int, c_long};
+use std::ptr::NonNull;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A command's context. Only `Ctx::from_raw` makes one, inside the call
+/// Redis made, and handlers only ever borrow it, so it can't outlive the
+/// call.
+pub struct Ctx {
+    raw: *mut RedisModuleCtx,
+    api: &'static Api,
+}
+
+/// A command's arguments, read in place (no copies into `String`s), and
+/// the command's name as the command table registered it.
+pub struct Args<'a> {
+    argv: &'a [*mut RedisModuleString],
+    api: &'static Api,
+    command: &'static CStr,
+}
+
+/// The signature Redis calls a command with.
+pub type RawHandler = RedisModuleCmdFunc;
+
+/// Turns a safe handler, `fn(&Ctx, &Args) -> Result<(), Error>`, into the
+/// `extern "C"` function Redis calls for the command `$name` (a `&CStr`
+/// of the contract), run under `guard::run`, which turns an error or a
+/// panic into an error reply.
+macro_rules! handler {
+    ($name:expr, $body:path) => {{
+        #[allow(unsafe_code)]
+        extern "C" fn handler(
+            ctx: *mut redis_module::raw::RedisModuleCtx,
+            argv: *mut *mut redis_module::raw::RedisModuleString,
+            argc: std::os::raw::c_int,
+        ) -> std::os::raw::c_int {
+            // SAFETY: Redis calls a command handler with its live context
+            // and `argc` argument strings, valid until the handler returns.
+            let call = unsafe { $crate::ffi::Ctx::from_raw(ctx, argv, argc, $name) };
+            $crate::ffi::context::run(call, |ctx, args| {
+                $crate::guard::run(ctx, || $body(ctx, args))
+            })
+        }
+        let f: unsafe extern "C" fn(
+            *mut redis_module::raw::RedisModuleCtx,
+            *mut *mut redis_module::raw::RedisModuleString,
+            std::os::raw::c_int,
+        ) -> std::os::raw::c_int = handler;
+        Some(f)
+    }};
+}
+pub(crate) use handler;
+
+/// What a trampoline returns to Redis: OK once the handler ran (it has
+/// replied), ERR if the module never loaded.
+pub fn run(call: Option<(Ctx, Args)>, body: impl FnOnce(&Ctx, &Args)) -> c_int {
+    match call {
+        Some((ctx, args)) => {
+            body(&ctx, &args);
+            OK
+        }
+        None => ERR,
+    }
+}
+
+impl Ctx {
+    /// The context and arguments of a call of `command`, `None` if the
+    /// module did not load (no table).
+    ///
+    /// # Safety
+    /// `raw` must be the live context Redis passed to a command handler,
+    /// and `argv` must point to `argc` strings that stay valid for `'a`,
+    /// which must not outlive the call.
+    pub unsafe fn from_raw<'a>(
+        raw: *mut RedisModuleCtx,
+        argv: *mut *mut RedisModuleString,
+        argc: c_int,
+        command: &'static CStr,
+    ) -> Option<(Ctx, Args<'a>)> {
+        let api = Api::get()?;
+        let len = usize::try_from(argc).unwrap_or(0);
+        let argv = if argv.is_null() || len == 0 {
+            &[][..]
+        } else {
+            // SAFETY: the caller's promise about argv and argc.
+            unsafe { std::slice::from_raw_parts(argv, len) }
+        };
+        Some((Ctx { raw, api }, Args { argv, api, command }))
+    }
+
+    /// Microseconds since the Unix epoch, from the server's own clock.
+    ///
+    /// Redis >= 7.2 and Valkey export `CachedMicroseconds`: the time the
+    /// server took when the command started, so every key of one command
+    /// sees the same instant. Redis 7.0 lacks it (and `Microseconds`), so
+    /// there the module reads the wall clock itself; inside redis-server
+    /// that is the same clock. (Not under LD_PRELOAD time fakers: Redis
+    /// loads modules with RTLD_DEEPBIND, so only the server's own calls are
+    /// faked, which is why the clock-step tests run on servers that have
+    /// the API.) A clock before 1970 reads as 0.
+    pub fn now_us(&self) -> i64 {
+        if let Some(cached) = self.api.cached_microseconds {
+            // SAFETY: a plain read of the server's cached time.
+            return unsafe { cached() }.max(0);
+        }
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+            .unwrap_or(0)
+    }
+
+    /// Opens `name` for reading, and for writing too if `write`.
+    pub fn open_key<'c>(&'c self, name: KeyName<'c>, write: bool) -> Key<'c> {
+        let mode = if write {
+            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
+        } else {
+            raw::REDISMODULE_READ
+        };
+        // SAFETY: a live context and a key name from this call's argv.
+        let key = unsafe { (self.api.open_key)(self.raw, name.ptr(), mode as c_int) };
+        Key {
+            key: NonNull::new(key),
+            name,
+            ctx: self.raw,
+            api: self.api,
+        }
+    }
+
+    /// The value of the string key `name`, read through `GET` so its
+    /// encoding stays as it is; `None` if it holds no string.
+    pub fn string_value(&self, name: KeyName) -> Option<Vec<u8>> {
+        call::get(self.raw, self.api, name)
+    }
+
+    /// A new string holding `bytes`, freed when dropped.
+    pub fn string(&self, bytes: &[u8]) -> Option<OwnedString<'_>> {
+        // SAFETY: CreateString copies `len` bytes from `ptr`.
+        let s = unsafe { (self.api.create_string)(self.raw, bytes.as_ptr().cast(), bytes.len()) };
+        OwnedString::own(s, self.raw, self.api)
+    }
+
+    /// Replicates `command` with one, two or five string arguments as an
+    /// effect of this call. False if Redis refused (an unknown command) or
+    /// another argument count was given.
+    pub fn replicate(&self, command: &CStr, args: &[&dyn RString]) -> bool {
+        let (ctx, c) = (self.raw, command.as_ptr());
+        let f = self.api.replicate;
+        // `s` only takes a reference to each string; `c` would copy it.
+        // SAFETY: each format letter matches one live Redis string.
+        let rc = unsafe {
+            match *args {
+                [a] => f(ctx, c, c"s".as_ptr(), a.ptr()),
+                [a, b] => f(ctx, c, c"ss".as_ptr(), a.ptr(), b.ptr()),
+                [a, b, d, e, g] => f(
+                    ctx,
+                    c,
+                    c"sssss".as_ptr(),
+                    a.ptr(),
+                    b.ptr(),
+                    d.ptr(),
+                    e.ptr(),
+                    g.ptr(),
+                ),
+                _ => ERR,
+            }
+        };
+        rc == OK
+    }
+
+    /// A keyspace event for `key`, of the hash or the generic class (a
+    /// no-op unless `notify-keyspace-events` asks for it).
+    pub fn notify(&self, hash_class: bool, event: &CStr, key: &dyn RString) {
+        let class = if hash_class {
+            raw::REDISMODULE_NOTIFY_HASH
+        } else {
+            raw::REDISMODULE_NOTIFY_GENERIC
+        };
+        // SAFETY: a live context, a NUL-terminated event, a live key name.
+        unsafe { (self.api.notify)(self.raw, class as c_int, event.as_ptr(), key.ptr()) };
+    }
+
+    /// Aborts WATCHes of `key` and invalidates client-side caches: what
+    /// closing a written key does without NO_IMPLICIT_SIGNAL_MODIFIED.
+    pub fn signal_modified(&self, key: &dyn RString) {
+        // SAFETY: a live context and key name.
+        unsafe { (self.api.signal_modified_key)(self.raw, key.ptr()) };
+    }
+
+    pub fn reply_array(&self, len: usize) {
+        let len = c_long::try_from(len).unwrap_or(c_long::MAX);
+        // SAFETY: a live context.
+        unsafe { (self.api.reply_with_array)(self.raw, len) };
+    }
+
+    pub fn reply_int(&self, v: i64) {
+        // SAFETY: a live context.
+        unsafe { (self.api.reply_with_long_long)(self.raw, v) };
+    }
+
+    /// An error reply: `error`'s text, which starts with its code (`ERR`,
+    /// `WRONGTYPE`).
+    pub fn reply_error(&self, error: &impl std::fmt::Display) {
+        // An interior NUL would truncate the message; none of ours has one.
+        let text = CString::new(error.to_string().replace('\0', " ")).unwrap_or_default();
+        // SAFETY: a live context and a NUL-terminated message.
+        unsafe { (self.api.reply_with_error)(self.raw, text.as_ptr()) };
+    }
+}
+
+impl<'a> Args<'a> {
+    /// The argument at `i` as a key name, `None` past the end.
+    pub fn key(&self, i: usize) -> Option<KeyName<'a>> {
+        let ptr = NonNull::new(*self.argv.get(i)?)?;
+        Some(KeyName {
+            ptr,
+            _argv: PhantomData,
+        })
+    }
+}
+
+impl tb_core::args::Argv for Args<'_> {
+    fn count(&self) -> usize {
+        self.argv.len()
+    }
+    fn arg(&self, i: usize) -> &[u8] {
+        match self.argv.get(i) {
+            Some(&s) if !s.is_null() => string_bytes(self.api, s),
+            _ => &[],
+        }
+    }
+    fn command(&self) -> &'static CStr {
+        self.command
+    }
+}
