@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import promql_parser
+
 from promstack import DASHBOARD
 
 # Grafana's own variables, with values a Prometheus query can take.

@@ -15,8 +15,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[3]
 CONTRIB = ROOT / "contrib" / "prometheus"
@@ -34,7 +35,7 @@ PROMTOOL_BIN = "promtool"
 sys.path.append(str(ROOT / "clients" / "python" / "tests"))
 from tbservers import Server, free_port  # noqa: E402
 
-__all__ = ["Server", "Exporter", "Prometheus", "wait_for"]
+__all__ = ["Exporter", "Prometheus", "Server", "wait_for"]
 
 T = TypeVar("T")
 
@@ -71,7 +72,7 @@ class Process:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.port = 0
-        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
@@ -193,7 +194,7 @@ class Prometheus(Process):
         """An instant query's values by one label."""
         return {s["metric"].get(label, ""): float(s["value"][1]) for s in self.query(expr)}
 
-    def value(self, expr: str) -> Optional[float]:
+    def value(self, expr: str) -> float | None:
         """The value of a query that selects at most one series."""
         samples = self.query(expr)
         if len(samples) > 1:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import dashboard
 import promql_parser
 import pytest
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
+
+import dashboard
 
 GRID_WIDTH = 24
 
@@ -28,9 +29,15 @@ def dropped_keys(original: Any, decoded: Any, path: str = "") -> list[str]:
     """Keys of `original` that `decoded` lacks: what the models don't know."""
     if isinstance(original, dict) and isinstance(decoded, dict):
         lost = [f"{path}/{k}" for k in original if k not in decoded]
-        return lost + [x for k in original if k in decoded for x in dropped_keys(original[k], decoded[k], f"{path}/{k}")]
+        for k in original.keys() & decoded.keys():
+            lost += dropped_keys(original[k], decoded[k], f"{path}/{k}")
+        return lost
     if isinstance(original, list) and isinstance(decoded, list) and len(original) == len(decoded):
-        return [x for i, (a, b) in enumerate(zip(original, decoded)) for x in dropped_keys(a, b, f"{path}[{i}]")]
+        return [
+            x
+            for i, (a, b) in enumerate(zip(original, decoded, strict=True))
+            for x in dropped_keys(a, b, f"{path}[{i}]")
+        ]
     return []
 
 
@@ -98,7 +105,8 @@ def test_the_issues_panels_are_there(board: dict[str, Any]) -> None:
     exprs = {title: " ".join(t["expr"] for t in p.get("targets", [])) for title, p in by_title.items()}
     assert 'tb_admitted"' in exprs["Admitted and denied per second"]
     assert 'tb_denied"' in exprs["Admitted and denied per second"]
-    assert "tb_denied" in exprs["Denied share"] and by_title["Denied share"]["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    assert "tb_denied" in exprs["Denied share"]
+    assert by_title["Denied share"]["fieldConfig"]["defaults"]["unit"] == "percentunit"
     assert "redis_commands_total" in exprs["Calls per second"]
     assert "redis_commands_duration_seconds_total" in exprs["Mean latency per call"]
     assert "redis_latency_percentiles_usec" in exprs["Latency percentiles since the server started"]

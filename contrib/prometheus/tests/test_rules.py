@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from promstack import PROMTOOL_BIN, RULES
 
 UNIT_TESTS = Path(__file__).with_name("tb-rules.test.yml")
