@@ -124,18 +124,19 @@ P = TypeVar("P", bound=Process)
 
 
 class Exporter(Process):
-    """redis_exporter for one Redis, with a -script."""
+    """redis_exporter for one Redis, with a -script or none."""
 
     name = "redis_exporter"
 
-    def __init__(self, workdir: Path, redis_port: int, script: Path = COLLECT_SCRIPT) -> None:
+    def __init__(self, workdir: Path, redis_port: int, script: Path | None = COLLECT_SCRIPT) -> None:
         super().__init__(workdir)
         self.redis_port = redis_port
         self.script = script
 
     def command(self) -> list[str]:
+        script = ["-script", str(self.script)] if self.script else []
         return [EXPORTER_BIN, "-redis.addr", f"redis://127.0.0.1:{self.redis_port}",
-                "-web.listen-address", self.address, "-script", str(self.script)]  # fmt: skip
+                "-web.listen-address", self.address, *script]  # fmt: skip
 
     def ready_url(self) -> str:
         # /health answers without scraping Redis: waiting on it sends Redis nothing.
