@@ -236,3 +236,32 @@ lint: build-deps
 clean:
 	cargo clean
 	rm -rf $(VENV)
+
+# ---- prometheus additions ----
+# Issue 27: contrib/prometheus/ (redis_exporter's collect script, alert
+# rules, Grafana dashboard), tested with Debian's redis_exporter and
+# Prometheus. The test tools go into $(VENV): test-only, nothing ships them.
+PROM_PKGS  := prometheus prometheus-redis-exporter
+PROM_TOOLS := promql-parser==0.12.0 'grafana-foundation-sdk==1769699379!11.6.0' \
+              pyyaml==6.0.3 types-PyYAML==6.0.12.20261122
+PROM_TESTS := contrib/prometheus/tests
+
+.PHONY: prometheus-deps test-prometheus lint-prometheus bench-prometheus
+
+$(VENV)/.prometheus-tools: $(VENV)/.installed
+	$(VENV)/bin/pip install -q --disable-pip-version-check $(PROM_TOOLS)
+	touch $@
+
+prometheus-deps: deps venv $(VENV)/.prometheus-tools ## Debian's prometheus and prometheus-redis-exporter, and the test tools
+	$(call apt_install,$(PROM_PKGS))
+
+test-prometheus: prometheus-deps build ## The collect script, rules and dashboard, live with redis_exporter and Prometheus (module and Lua library)
+	servers="$$($(PYPI_SERVERS))" && env $$servers $(VENV)/bin/pytest -q $(PROM_TESTS)
+
+lint-prometheus: python-tools $(VENV)/.prometheus-tools ## ruff and mypy --strict on the Prometheus tests
+	$(VENV)/bin/ruff check $(PROM_TESTS)
+	$(VENV)/bin/ruff format --check $(PROM_TESTS)
+	$(VENV)/bin/mypy --config-file $(PROM_TESTS)/pyproject.toml $(PROM_TESTS)
+
+bench-prometheus: prometheus-deps build ## What tb-collect.lua costs Redis per scrape; writes contrib/prometheus/scrape-cost.md
+	$(PY) $(PROM_TESTS)/scrape_cost.py --out contrib/prometheus/scrape-cost.md
