@@ -202,6 +202,16 @@ class Prometheus(Process):
             raise ValueError(f"{expr}: {len(samples)} series, expected at most one")
         return float(samples[0]["value"][1]) if samples else None
 
+    def settles(self, expr: str, expected: float) -> None:
+        """Waits until the query's one value is `expected`. Polled, also for
+        values already there: on a loaded machine a scrape can time out, and
+        Prometheus then marks the target's series stale until the next one."""
+        wait_for(expr, lambda: self.value(expr), lambda v: v == expected)
+
+    def settles_on_labels(self, expr: str, label: str, expected: set[str]) -> None:
+        """Waits until the query's series carry exactly these values of `label`."""
+        wait_for(f"{expr} by {label}", lambda: set(self.values(expr, label)), lambda v: v == expected)
+
     def series(self, selector: str) -> list[dict[str, str]]:
         """Every series the selector matched in the last hour."""
         result: list[dict[str, str]] = self.api("series", **{"match[]": selector, "start": str(time.time() - 3600)})

@@ -46,7 +46,7 @@ def start_stack(workdir: Path, module: bool) -> Stack:
         exporter = Exporter(workdir / "exporter", server.port).start()
         prometheus = Prometheus(workdir / "prometheus", [exporter.address]).start()
         # The first scrape: from here on, what Redis counts reaches Prometheus.
-        wait_for("redis_up in Prometheus", lambda: prometheus.value("redis_up"), lambda v: v == 1)
+        prometheus.settles("redis_up", 1)
         return Stack(server, exporter, prometheus)
     except BaseException:
         for p in (prometheus, exporter, server):
@@ -106,16 +106,17 @@ def test_module_counters_reach_prometheus_exactly(module_stack: Stack) -> None:
 
     # ... reaches Prometheus as redis_script_values, every field, exactly.
     wait_for("redis_script_values by key", lambda: prom.values("redis_script_values", "key"), lambda v: v == counters)
-    assert prom.value('redis_script_values{key="tb_admitted"}') == ADMITTED
-    assert prom.value('redis_script_values{key="tb_denied"}') == DENIED
+    prom.settles('redis_script_values{key="tb_admitted"}', ADMITTED)
+    prom.settles('redis_script_values{key="tb_denied"}', DENIED)
     # The exporter's own series for the module's commands (INFO commandstats).
     calls = ADMITTED + DENIED + ERRORS
-    wait_for("TB.CONSUME calls", lambda: prom.value('redis_commands_total{cmd="tb.consume"}'), lambda v: v == calls)
-    assert prom.value('redis_commands_failed_calls_total{cmd="tb.consume"}') == ERRORS
-    assert prom.value('redis_commands_total{cmd="tb.peek"}') == PEEKS
-    assert prom.value('redis_commands_total{cmd="tb.adjust"}') == ADJUSTS
-    assert (prom.value('redis_commands_duration_seconds_total{cmd="tb.consume"}') or 0) > 0
-    assert prom.values('redis_latency_percentiles_usec{cmd="tb.consume"}', "quantile").keys() == {"50", "99", "99.9"}
+    prom.settles('redis_commands_total{cmd="tb.consume"}', calls)
+    prom.settles('redis_commands_failed_calls_total{cmd="tb.consume"}', ERRORS)
+    prom.settles('redis_commands_total{cmd="tb.peek"}', PEEKS)
+    prom.settles('redis_commands_total{cmd="tb.adjust"}', ADJUSTS)
+    wait_for("TB.CONSUME's time", lambda: prom.value('redis_commands_duration_seconds_total{cmd="tb.consume"}'),
+             lambda v: v is not None and v > 0)  # fmt: skip
+    prom.settles_on_labels('redis_latency_percentiles_usec{cmd="tb.consume"}', "quantile", {"50", "99", "99.9"})
     # INFO ALL, which the exporter sends, has no module sections: no tb_*
     # reaches Prometheus but through the script.
     names = prom.api("label/__name__/values")
@@ -134,7 +135,7 @@ def test_module_counters_reach_prometheus_exactly(module_stack: Stack) -> None:
 
     # Redis gone: redis_up 0, and TokenBucketRedisDown pending (for: 1m).
     module_stack.redis.stop()
-    wait_for("redis_up after Redis stopped", lambda: prom.value("redis_up"), lambda v: v == 0)
+    prom.settles("redis_up", 0)
     wait_for("TokenBucketRedisDown", lambda: alert_states(prom, "TokenBucketRedisDown"), lambda s: s == ["pending"])
     assert alert_states(prom, "TokenBucketPanics") == []
 
@@ -157,16 +158,16 @@ def test_lua_library_shows_as_fcall_and_the_script_does_not_fail(lua_stack: Stac
 
     # FCALL counts every function call on the server, the limiter's here.
     calls = ADMITTED + DENIED + ERRORS
-    wait_for("FCALL calls", lambda: prom.value('redis_commands_total{cmd="fcall"}'), lambda v: v == calls)
-    wait_for("FCALL_RO calls", lambda: prom.value('redis_commands_total{cmd="fcall_ro"}'), lambda v: v == PEEKS)
-    assert prom.value('redis_commands_failed_calls_total{cmd="fcall"}') == ERRORS
-    assert prom.values('redis_latency_percentiles_usec{cmd="fcall"}', "quantile").keys() == {"50", "99", "99.9"}
+    prom.settles('redis_commands_total{cmd="fcall"}', calls)
+    prom.settles('redis_commands_total{cmd="fcall_ro"}', PEEKS)
+    prom.settles('redis_commands_failed_calls_total{cmd="fcall"}', ERRORS)
+    prom.settles_on_labels('redis_latency_percentiles_usec{cmd="fcall"}', "quantile", {"50", "99", "99.9"})
 
     # No module: no tb_* series at all, and the script did not fail the
     # scrapes (the exporter would report redis_up 0 and a scrape error).
     assert prom.series("redis_script_values") == []
-    assert prom.value("min_over_time(redis_up[1h])") == 1
-    assert prom.value("max_over_time(redis_exporter_last_scrape_error[1h])") == 0
-    assert prom.value('redis_commands_failed_calls_total{cmd="eval"}') == 0
+    prom.settles("min_over_time(redis_up[1h])", 1)
+    prom.settles("max_over_time(redis_exporter_last_scrape_error[1h])", 0)
+    prom.settles('redis_commands_failed_calls_total{cmd="eval"}', 0)
 
     check_dashboard(prom, module=False)
