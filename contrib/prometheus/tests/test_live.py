@@ -87,15 +87,21 @@ def check_dashboard(prom: Prometheus, module: bool) -> None:
 def test_module_counters_reach_prometheus_exactly(module_stack: Stack) -> None:
     prom, key = module_stack.prometheus, "rl:e2e"
     with module_stack.redis.client() as c:
-        replies = [c.execute_command("TB.CONSUME", key, ADMITTED, SLOW) for _ in range(ADMITTED + DENIED)]
-        assert [r[0] for r in replies] == [1] * ADMITTED + [0] * DENIED
+        # One admitted TB.MCONSUME and one admitted CL.THROTTLE (0: allowed),
+        # then a bucket of ADMITTED - 2 tokens: ADMITTED admitted in all.
+        assert c.execute_command("TB.MCONSUME", "rl:m", 10, SLOW, 1)[0] == 1
+        assert c.execute_command("CL.THROTTLE", "rl:c", 10, 10, 60)[0] == 0
+        size = ADMITTED - 2
+        consumes = size + DENIED
+        replies = [c.execute_command("TB.CONSUME", key, size, SLOW) for _ in range(consumes)]
+        assert [r[0] for r in replies] == [1] * size + [0] * DENIED
         for _ in range(PEEKS):
-            c.execute_command("TB.PEEK", key, ADMITTED, SLOW)
+            c.execute_command("TB.PEEK", key, size, SLOW)
         for _ in range(ADJUSTS):
-            c.execute_command("TB.ADJUST", key, ADMITTED, SLOW, 1)
+            c.execute_command("TB.ADJUST", key, size, SLOW, 1)
         for _ in range(ERRORS):
             with pytest.raises(redis.ResponseError, match="rate"):
-                c.execute_command("TB.CONSUME", key, ADMITTED, "fast")
+                c.execute_command("TB.CONSUME", key, size, "fast")
         info = c.info("tb")
 
     # What the module counted: INFO tb, every numeric field of it.
@@ -109,8 +115,9 @@ def test_module_counters_reach_prometheus_exactly(module_stack: Stack) -> None:
     prom.settles('redis_script_values{key="tb_admitted"}', ADMITTED)
     prom.settles('redis_script_values{key="tb_denied"}', DENIED)
     # The exporter's own series for the module's commands (INFO commandstats).
-    calls = ADMITTED + DENIED + ERRORS
-    prom.settles('redis_commands_total{cmd="tb.consume"}', calls)
+    prom.settles('redis_commands_total{cmd="tb.consume"}', consumes + ERRORS)
+    prom.settles('redis_commands_total{cmd="tb.mconsume"}', 1)
+    prom.settles('redis_commands_total{cmd="cl.throttle"}', 1)
     prom.settles('redis_commands_failed_calls_total{cmd="tb.consume"}', ERRORS)
     prom.settles('redis_commands_total{cmd="tb.peek"}', PEEKS)
     prom.settles('redis_commands_total{cmd="tb.adjust"}', ADJUSTS)
