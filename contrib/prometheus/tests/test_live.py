@@ -140,6 +140,21 @@ def test_module_counters_reach_prometheus_exactly(module_stack: Stack) -> None:
     wait_for("tb:denied_share:rate5m", lambda: prom.value("tb:denied_share:rate5m"),
              lambda v: v is not None and abs(v - share) < 1e-9)  # fmt: skip
 
+    # Calls Redis refuses before the module runs: rejected, not the module's
+    # errors. Out of memory, the scrapes go on (the script only reads).
+    with module_stack.redis.client() as c:
+        c.acl_setuser("nolimiter", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-tb.consume"])
+        user = redis.Redis(port=module_stack.redis.port, username="nolimiter", password="pw")
+        with user, pytest.raises(redis.exceptions.NoPermissionError):
+            user.execute_command("TB.CONSUME", key, size, SLOW)
+        c.config_set("maxmemory-policy", "noeviction")
+        c.config_set("maxmemory", 1)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            c.execute_command("TB.CONSUME", "rl:new", size, SLOW)
+    prom.settles('redis_commands_rejected_calls_total{cmd="tb.consume"}', 2)
+    prom.settles('redis_script_values{key="tb_errors"}', ERRORS)
+    prom.settles("redis_up", 1)
+
     # Redis gone: redis_up 0, and TokenBucketRedisDown pending (for: 1m).
     module_stack.redis.stop()
     prom.settles("redis_up", 0)
