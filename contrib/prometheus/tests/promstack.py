@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import redis
+
 ROOT = Path(__file__).resolve().parents[3]
 CONTRIB = ROOT / "contrib" / "prometheus"
 COLLECT_SCRIPT = CONTRIB / "tb-collect.lua"
@@ -55,6 +57,14 @@ def wait_for(what: str, probe: Callable[[], T], done: Callable[[T], bool], deadl
         if time.monotonic() > end:
             raise AssertionError(f"{what}: still {value!r} after {deadline:.0f} s")
         time.sleep(0.2)
+
+
+def raw_info(client: redis.Redis, section: str) -> str:
+    """INFO <section> as the server wrote it (redis-py would parse it into a dict)."""
+    client.response_callbacks.pop("INFO", None)
+    raw = client.execute_command("INFO", section)
+    assert isinstance(raw, bytes)
+    return raw.decode()
 
 
 def http_get(url: str, timeout: float = 10.0) -> bytes:

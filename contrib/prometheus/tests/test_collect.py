@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from promstack import COLLECT_SCRIPT, Server
+from promstack import COLLECT_SCRIPT, Server, raw_info
 
 # The fields src/stats.rs defines today. The script has no list of its own:
 # the comparison below is with every numeric tb_* field INFO tb shows, so
@@ -52,17 +52,9 @@ def collect(client: redis.Redis) -> list[str]:
     return [item.decode() if isinstance(item, bytes) else str(item) for item in reply]
 
 
-def info_tb(client: redis.Redis) -> str:
-    """INFO tb as the server wrote it (redis-py would parse it into a dict)."""
-    client.response_callbacks.pop("INFO", None)
-    raw = client.execute_command("INFO", "tb")
-    assert isinstance(raw, bytes)
-    return raw.decode()
-
-
 def numeric_tb_fields(client: redis.Redis) -> dict[str, str]:
     """Every tb_* field of INFO tb whose value is a number, as INFO prints it."""
-    raw = info_tb(client)
+    raw = raw_info(client, "tb")
     fields = dict(line.split(":", 1) for line in raw.splitlines() if line.startswith("tb_"))
     return {name: value for name, value in fields.items() if PLAIN_NUMBER.fullmatch(value)}
 
@@ -78,7 +70,7 @@ def test_every_numeric_tb_field_of_info_tb_and_nothing_else(server_of: Any, kind
             c.execute_command("TB.CONSUME", "rl:a", 2, "fast")
         reply = collect(c)
         expected = numeric_tb_fields(c)
-        info = info_tb(c)
+        info = raw_info(c, "tb")
 
     assert len(reply) % 2 == 0, reply
     exported = dict(zip(reply[::2], reply[1::2], strict=True))
@@ -97,7 +89,7 @@ def test_every_numeric_tb_field_of_info_tb_and_nothing_else(server_of: Any, kind
 def test_without_the_module_the_script_answers_an_empty_list(server_of: Any, kind: str) -> None:
     server = server_of(kind, module=False)
     with server.client() as c:
-        assert info_tb(c).strip() == ""
+        assert raw_info(c, "tb").strip() == ""
         assert collect(c) == []
 
 
