@@ -1,5 +1,5 @@
-//! Counters shown by `INFO tb` as `tb_*` fields (scraped by redis_exporter),
-//! with the module's version.
+//! Counters shown by `INFO tb` as `tb_*` fields (redis_exporter exports them
+//! through contrib/prometheus/tb-collect.lua), with the module's version.
 
 use redis_module::{InfoContext, RedisResult};
 use redis_module_macros::info_command_handler;
