@@ -108,7 +108,8 @@ def report() -> str:
             calls, usec = stats[cmd]
             return f"{calls / SCRAPES:g} | {usec / calls:.1f}"
 
-        return f"| `{cmd}` | {cell(base)} | {cell(full)} |"
+        # Subcommands are named command|sub: escaped, a table cell holds them.
+        return f"| `{cmd.replace('|', chr(92) + '|')}` | {cell(base)} | {cell(full)} |"
 
     lines = [
         "# What tb-collect.lua costs per scrape",
