@@ -47,7 +47,8 @@ def test_it_sends_info_all_and_exports_no_tb_field_without_the_script(tmp_path: 
         while not any(cmd.upper().startswith("INFO") for cmd in seen):
             seen.append(monitor.next_command()["command"])
         assert seen[-1].upper() == "INFO ALL"
-        assert "# tb" not in raw_info(c, "all") and "# tb" in raw_info(c, "everything")
+        assert "# tb" not in raw_info(c, "all") and "# tb" not in raw_info(c, "default")
+        assert "# tb" in raw_info(c, "everything") and "# tb" in raw_info(c, "modules")
     assert metric(text, "redis_up") == {"": 1}
     assert "tb_" not in text
     assert metric(text, "redis_commands_total")['{cmd="tb.consume"}'] == 1
