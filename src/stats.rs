@@ -1,4 +1,5 @@
-//! Counters shown by `INFO tb` as `tb_*` fields, with the module's version.
+//! Counters shown by `INFO tb` as `tb_*` fields (redis_exporter exports them
+//! through contrib/prometheus/tb-collect.lua), with the module's version.
 
 use crate::ffi::Info;
 use crate::version;

@@ -1,0 +1,117 @@
+"""../tb-dashboard.json without Grafana (which can't be installed here):
+its structure through Grafana's own generated models (the
+grafana-foundation-sdk package), the layout and references by hand, and
+every PromQL query through a parser. That the queries run on a real
+Prometheus and name series it has is test_live.py's part."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import promql_parser
+import pytest
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.cog.plugins import register_default_plugins
+from grafana_foundation_sdk.models.dashboard import Dashboard
+
+import dashboard
+
+GRID_WIDTH = 24
+
+
+@pytest.fixture
+def board() -> dict[str, Any]:
+    return dashboard.load()
+
+
+def dropped_keys(original: Any, decoded: Any, path: str = "") -> list[str]:
+    """Keys of `original` that `decoded` lacks: what the models don't know."""
+    if isinstance(original, dict) and isinstance(decoded, dict):
+        lost = [f"{path}/{k}" for k in original if k not in decoded]
+        for k in original.keys() & decoded.keys():
+            lost += dropped_keys(original[k], decoded[k], f"{path}/{k}")
+        return lost
+    if isinstance(original, list) and isinstance(decoded, list) and len(original) == len(decoded):
+        return [
+            x
+            for i, (a, b) in enumerate(zip(original, decoded, strict=True))
+            for x in dropped_keys(a, b, f"{path}[{i}]")
+        ]
+    return []
+
+
+def test_grafanas_models_know_every_key(board: dict[str, Any]) -> None:
+    # The SDK's decoder keeps the keys its models (Grafana 11.6's schema,
+    # panel options of each panel type, Prometheus queries) define, and
+    # drops any other: a misspelled key anywhere shows up as dropped.
+    register_default_plugins()
+    decoded = json.loads(json.dumps(Dashboard.from_json(board), cls=JSONEncoder))
+    assert dropped_keys(board, decoded) == []
+    assert len(decoded["panels"]) == len(board["panels"])
+
+
+def test_panels_tile_the_grid_with_unique_ids(board: dict[str, Any]) -> None:
+    panels = list(dashboard.panels(board))
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert all(isinstance(g[k], int) and g[k] >= 0 for k in "xywh"), p["title"]
+        assert g["w"] > 0 and g["h"] > 0 and g["x"] + g["w"] <= GRID_WIDTH, p["title"]
+        if p["type"] == "row":
+            assert (g["x"], g["w"], g["h"]) == (0, GRID_WIDTH, 1), p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
+
+
+def test_queries_use_the_prometheus_datasource_variable(board: dict[str, Any]) -> None:
+    variables = dashboard.variables(board)
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    source = {"type": "prometheus", "uid": "${datasource}"}
+    for p in dashboard.panels(board):
+        if p["type"] in ("row", "text"):
+            assert "targets" not in p, p["title"]
+            continue
+        assert p["type"] in ("timeseries", "stat"), p["title"]
+        assert p["datasource"] == source, p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert refs and len(refs) == len(set(refs)), p["title"]
+        assert all(t["datasource"] == source and t["expr"].strip() for t in p["targets"]), p["title"]
+
+
+def test_every_query_parses_and_names_its_metrics(board: dict[str, Any]) -> None:
+    queries = dashboard.queries(board)
+    assert len(queries) == 11  # 10 panel queries and the $instance variable
+    for q in queries:
+        promql_parser.parse(q.expr)  # raises on a syntax error
+        assert q.metric_names(), q.where
+
+
+def test_an_undefined_variable_is_refused(board: dict[str, Any]) -> None:
+    with pytest.raises(KeyError, match="nosuch"):
+        dashboard.fill("rate(x{instance=~'$nosuch'}[$__rate_interval])", board)
+
+
+def test_the_issues_panels_are_there(board: dict[str, Any]) -> None:
+    """Issue 27's list: admitted and denied per second, the denied share,
+    TB.* calls and latency from redis_commands_*, errors and panics, and a
+    marked place for leases in flight."""
+    by_title = {p["title"]: p for p in dashboard.panels(board)}
+    exprs = {title: " ".join(t["expr"] for t in p.get("targets", [])) for title, p in by_title.items()}
+    assert 'tb_admitted"' in exprs["Admitted and denied per second"]
+    assert 'tb_denied"' in exprs["Admitted and denied per second"]
+    assert "tb_denied" in exprs["Denied share"]
+    assert by_title["Denied share"]["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    assert "redis_commands_total" in exprs["Calls per second"]
+    assert "redis_commands_duration_seconds_total" in exprs["Mean latency per call"]
+    assert "redis_latency_percentiles_usec" in exprs["Latency percentiles since the server started"]
+    assert "tb_errors" in exprs["Errors per second"]
+    assert "tb_panics" in exprs["Panics since the module loaded"]
+    placeholder = [p for p in board["panels"] if p["type"] == "row" and "Leases in flight" in p["title"]]
+    assert placeholder and "placeholder" in placeholder[0]["title"]
+    assert "Placeholder" in by_title["Leases in flight: placeholder"]["options"]["content"]
