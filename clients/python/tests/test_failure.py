@@ -18,7 +18,7 @@ import redis.asyncio
 from conftest import SLOW, Target, run
 from redis.backoff import AbstractBackoff
 from redis.retry import Retry
-from tbservers import Server, free_port
+from tbservers import Server
 
 import redis_tokenbucket.asyncio as tb_asyncio
 from redis_tokenbucket import Bucket, DecisionEvent, Limiter, LimiterError, MultiDecision
