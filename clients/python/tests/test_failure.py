@@ -53,7 +53,7 @@ def within(seconds: float, call: Callable[[], Any]) -> Any:
 def test_asyncio_pool_exhaustion_waits_instead_of_failing_open(module_target: Target):
     async def main() -> list[Any]:
         client = module_target.async_client(max_connections=10)
-        lim = tb_asyncio.Limiter(client, on_error="open")
+        lim = tb_asyncio.Limiter(client, on_error="open", timeout=5)
         try:
             return list(await asyncio.gather(*(lim.consume("rl:pool", B) for _ in range(300))))
         finally:
