@@ -59,6 +59,11 @@ ON_ERROR: tuple[OnError, ...] = ("raise", "open", "closed", "local")
 # The limiter's budget for Redis to answer a command, from when it is
 # written (seconds): a request path's, not a batch job's. None turns it off.
 DEFAULT_TIMEOUT = 0.1
+# While the backend is unknown (the first calls, or after a reply said it
+# is gone), a call may load the Lua library, which Redis compiles: many
+# gateways' first requests at once can keep it busy past a request-path
+# budget. Such calls get at least this budget (seconds).
+DETECT_TIMEOUT = 1.0
 # What a shed decision tells the client to wait (HTTP Retry-After: 1).
 SHED_RETRY_MS = 1000
 
@@ -555,6 +560,12 @@ class LimiterBase(Generic[C]):
         """The breaker is open: the policy at once, no network."""
         exc = CircuitOpenError(f"Redis failed {self.breaker.failures if self.breaker else 0} times lately")
         return self._policy(job, exc)
+
+    def _budget(self, job: Job[Any]) -> Optional[float]:
+        timeout = job.timeout
+        if timeout is not None and timeout < DETECT_TIMEOUT and self._engine.backend is None:
+            return DETECT_TIMEOUT
+        return timeout
 
     def _local_buckets(self) -> _local.LocalBuckets:
         if self._local is None:

@@ -142,7 +142,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         if mode == SKIP:
             return self._settled(job, self._open_circuit(job), started)
         try:
-            result = await drive(job.plan, self._send, job.timeout)
+            result = await drive(job.plan, self._send, self._budget(job))
         except Exception as exc:
             return self._settled(job, self._failed(exc, job, mode == PROBE), started)
         if breaker is not None and mode:
