@@ -243,3 +243,12 @@ clean:
 bench-gateway: deps venv build python-tools ## The example gateway under wrk (2 workers; 200/400/1000 connections; module and Lua): admitted vs budget, degraded, shed, into docs/benchmarks.md
 	$(MAKE) --no-print-directory -C examples/fastapi-gateway install
 	$(PY) examples/fastapi-gateway/bench/gateway.py --report docs/benchmarks.md
+
+# The peers table of issue 25 (limits sync and limits.aio, one interleaved
+# run); `limits` is a bench-only dependency of the repository's venv.
+.PHONY: bench-python-peers
+bench-python: bench-python-peers
+bench-python-peers: deps venv build python-tools ## The Python client against limits (sync, asyncio, retry loop) and its own share of a call, into docs/benchmarks.md
+	$(VENV)/bin/pip install -q --disable-pip-version-check limits==5.8.0
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./$(PY_CLIENT)
+	servers="$$($(PYPI_SERVERS))" && env $$servers $(PY) $(PY_CLIENT)/bench/peers.py --report docs/benchmarks.md
