@@ -323,16 +323,24 @@ class AsyncConnections:
             try:
                 if not conn.is_connected:
                     await self._connect(conn, budget)
-                await conn.send_packed_command(conn.pack_command(*args), check_health=False)
+                # Straight to the stream and the parser: a few-byte command
+                # never fills the socket (no drain to wait for), and the
+                # checks and retries of redis-py's wrappers are the
+                # limiter's own here.
+                conn._writer.writelines(conn.pack_command(*args))
                 deadline = _Deadline(budget, _no_reply, conn)
                 try:
-                    reply = await conn.read_response()
+                    reply = await conn._parser.read_response()
                 except asyncio.CancelledError:
                     if deadline.caught():
                         raise RedisTimeoutError(f"no reply from Redis within {budget} s of the command") from None
                     raise
+                except OSError as exc:
+                    raise ConnectionError(f"Error while reading from Redis: {exc}") from exc
                 finally:
                     deadline.cancel()
+                if isinstance(reply, ResponseError):
+                    raise reply
             except ResponseError:
                 self._idle.append(conn)
                 raise
