@@ -23,6 +23,7 @@ the asyncio limiter still bounds the call with its timer.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import select
 import sys
 import threading
@@ -48,6 +49,9 @@ from redis.retry import Retry
 from ._errors import LimiterError, NoBackendError
 
 Kind = Literal["failure", "shed", "usage"]
+
+# redis-py 7.1+ names the client to the server with a DriverInfo.
+_DRIVER_INFO = importlib.util.find_spec("redis.driver_info") is not None
 
 # A pool bigger than this is unbounded (redis-py 5's default is 2**31).
 _UNBOUNDED = 2**30
@@ -125,11 +129,27 @@ def _owned_settings(pool: Any, timeout: float, sync: bool) -> Optional[dict[str,
         socket_timeout=timeout if sync else None,
         socket_connect_timeout=min(connect, timeout) if sync else None,
         health_check_interval=0,
-        # No CLIENT SETINFO round trips on connect: without a password, a db
-        # or RESP3, connecting is then the TCP connect alone.
-        lib_name=None,
-        lib_version=None,
     )
+    # No CLIENT SETINFO round trips on connect: without a password, a db or
+    # RESP3, connecting is then the TCP connect alone (redis-py 7.1+ spells
+    # it driver_info=None, older ones lib_name/lib_version=None).
+    settings.pop("lib_name", None)
+    settings.pop("lib_version", None)
+    if settings.get("protocol") is None:
+        # RESP2 unless the client asked for 3: redis-py 8 defaults to 3,
+        # whose HELLO is a round trip on every connect; the replies the
+        # limiter reads (arrays of integers) are the same in both.
+        settings["protocol"] = 2
+    if "maint_notifications_config" in settings:
+        # redis-py 7+ probes with HELLO 3 on connect ("auto"): another round
+        # trip, and notifications the limiter has no use for.
+        from redis.maint_notifications import MaintNotificationsConfig  # type: ignore[import-not-found, unused-ignore]
+
+        settings["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    if _DRIVER_INFO:
+        settings["driver_info"] = None
+    else:
+        settings.update(lib_name=None, lib_version=None)
     return settings
 
 
