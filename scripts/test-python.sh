@@ -9,7 +9,7 @@ venv=$1
 shift
 rm -rf "$venv"
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check "$@" "$(ls "$PWD"/clients/python/dist/*.whl)[fastapi]"
+"$venv/bin/pip" install -q --disable-pip-version-check "$@" "$(ls "$PWD"/clients/python/dist/*.whl)[fastapi,local]"
 servers=$(cargo run -q --release -p testkit --no-default-features --bin tb-servers --)
 cd clients/python
 env $servers "$OLDPWD/$venv/bin/pytest" -q

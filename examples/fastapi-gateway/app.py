@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis, RedisCluster
-from redis_tokenbucket import Bucket, Decision, MultiDecision, rate_limit_headers
+from redis_tokenbucket import Breaker, Bucket, Decision, MultiDecision, rate_limit_headers
 from redis_tokenbucket.asyncio import Limiter
 from redis_tokenbucket.fastapi import client_ip
 
@@ -23,9 +23,12 @@ from llm import LLMBackend, LLMError, StubLLM, count_tokens
 
 log = logging.getLogger("gateway")
 
-# What a route does when Redis can't answer: admit unlimited, or refuse
-# with 503; either way the limiter logs it. Cheap reads fail open; what
-# spends inference budget fails closed.
+# What a route does when Redis fails (refused, reset, no answer in time,
+# or the breaker open after several such): admit unlimited, or refuse with
+# 503; either way the limiter logs it. Cheap reads fail open; what spends
+# inference budget fails closed. A busy gateway is not a failing Redis: a
+# call that can't get its answer in time for local reasons is shed (503,
+# Retry-After) under both policies, never admitted unchecked.
 Policy = Literal["fail_open", "fail_closed"]
 ON_ERROR = {"fail_open": "open", "fail_closed": "closed"}
 
@@ -72,9 +75,11 @@ async def enforce(
     decision = await limiter.consume_many(
         groups, atomic=False if settings.cluster_mode else None, on_error=ON_ERROR[policy]
     )
+    if decision.shed:
+        raise GatewayError(503, {"error": "overloaded"}, {"Retry-After": str(decision.retry_after)})
     if decision.degraded:
         if not decision.allowed:
-            raise GatewayError(503, {"error": "rate_limiter_unavailable"})
+            raise GatewayError(503, {"error": "rate_limiter_unavailable"}, {"Retry-After": "1"})
         return None
     if not decision.allowed:
         raise GatewayError(
@@ -115,12 +120,15 @@ async def healthz() -> dict:
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
     """Ready when Redis answers and TB.*, the Lua library or the EVAL
-    scripts work."""
+    scripts work; with the limiter's breaker state ("open": Redis failed
+    lately, the routes' policies answer without asking it)."""
+    limiter: Limiter = request.app.state.limiter
     try:
-        backend = await request.app.state.limiter.detect()
+        backend = await limiter.detect()
     except Exception as exc:  # whatever it is, this gateway can't limit
-        return JSONResponse({"ready": False, "reason": f"{type(exc).__name__}: {exc}"}, status_code=503)
-    return JSONResponse({"ready": True, "backend": backend})
+        body = {"ready": False, "reason": f"{type(exc).__name__}: {exc}", "breaker": limiter.breaker_state}
+        return JSONResponse(body, status_code=503)
+    return JSONResponse({"ready": True, "backend": backend, "breaker": limiter.breaker_state})
 
 
 @router.get("/v1/models")
@@ -187,7 +195,7 @@ def connect(settings: Settings) -> Redis | RedisCluster:
     timeouts = {"socket_timeout": settings.redis_timeout, "socket_connect_timeout": settings.redis_timeout}
     if settings.cluster_mode:
         return RedisCluster.from_url(settings.redis_url, **timeouts)
-    return Redis.from_url(settings.redis_url, **timeouts)
+    return Redis.from_url(settings.redis_url, max_connections=settings.redis_max_connections, **timeouts)
 
 
 def create_app(
@@ -202,10 +210,12 @@ def create_app(
         # Created here, on the server's event loop, which its connections
         # belong to. Redis may be down now: detection happens on first use.
         redis = redis_factory() if redis_factory else connect(settings)
-        app.state.limiter = Limiter(redis)
+        breaker = Breaker(settings.breaker_failures, settings.breaker_window, settings.breaker_cooldown)
+        app.state.limiter = Limiter(redis, timeout=settings.redis_timeout, breaker=breaker)
         try:
             yield
         finally:
+            await app.state.limiter.aclose()
             await redis.aclose()
 
     app = FastAPI(title="redis-tokenbucket gateway example", lifespan=lifespan)

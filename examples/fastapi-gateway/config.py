@@ -111,9 +111,19 @@ DEMO_API_KEYS = {
 
 class Settings(BaseModel):
     redis_url: str = "redis://127.0.0.1:6379/0"
-    # Connect and command timeout (s): a hung Redis must not hang requests,
-    # the route's fail-open/fail-closed policy takes over instead.
-    redis_timeout: float = Field(default=0.5, gt=0)
+    # The limiter's budget for Redis to answer a command, from when it is
+    # written, and the connect timeout (s): a hung Redis must not hang
+    # requests, the route's fail-open/fail-closed policy takes over instead.
+    redis_timeout: float = Field(default=0.1, gt=0)
+    # Connections per process (redis-py 6+'s default); when all are busy a
+    # request waits up to redis_timeout for one, then is shed (503).
+    redis_max_connections: int = Field(default=100, ge=1)
+    # The circuit breaker: after this many Redis failures within the
+    # window (s), routes answer by their policy without trying Redis, and
+    # probe it again after the cooldown (s).
+    breaker_failures: int = Field(default=5, ge=1)
+    breaker_window: float = Field(default=10.0, gt=0)
+    breaker_cooldown: float = Field(default=2.0, gt=0)
     # A Redis Cluster: a cluster client (unless one is injected), and the
     # buckets checked one by one (TB.CONSUME, refunds with TB.ADJUST)
     # instead of one TB.MCONSUME, since they live in different slots.
@@ -128,7 +138,8 @@ class Settings(BaseModel):
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         """GATEWAY_* variables; JSON for the structured ones."""
         raw: dict[str, object] = {}
-        for name in ("redis_url", "redis_timeout", "cluster_mode"):
+        for name in ("redis_url", "redis_timeout", "redis_max_connections", "cluster_mode", "breaker_failures",
+                     "breaker_window", "breaker_cooldown"):  # fmt: skip
             if (value := env.get(f"GATEWAY_{name.upper()}")) is not None:
                 raw[name] = value
         if proxies := env.get("GATEWAY_TRUSTED_PROXIES"):

@@ -60,7 +60,7 @@ def test_buckets_are_in_different_slots(rc):
 
 
 def test_ip_denial_is_refunded_across_slots(client, cluster, rc):
-    assert client.get("/readyz").json() == {"ready": True, "backend": backend(cluster)}
+    assert client.get("/readyz").json() == {"ready": True, "backend": backend(cluster), "breaker": "closed"}
     assert [client.get("/v1/models", headers=auth("k-free")).status_code for _ in range(2)] == [200, 200]
     denied = client.get("/v1/models", headers=auth("k-free2"))
     assert denied.status_code == 429 and denied.json()["dimension"] == "ip"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from conftest import auth
+from redis_tokenbucket import NoBackendError
 from tbservers import free_port
 
 CHAT = {"prompt": "hi", "max_tokens": 1}
@@ -41,7 +43,7 @@ def test_redis_down_from_the_start(make_client, caplog):
 def test_readyz_names_the_backend(make_client, server):
     res = make_client().get("/readyz")
     assert res.status_code == 200
-    assert res.json() == {"ready": True, "backend": server.backend}
+    assert res.json() == {"ready": True, "backend": server.backend, "breaker": "closed"}
 
 
 def test_readyz_unready_without_module_or_scripting(make_client, server, r):
@@ -51,11 +53,14 @@ def test_readyz_unready_without_module_or_scripting(make_client, server, r):
     client = make_client(url=f"redis://noscripts:pw@127.0.0.1:{server.port}/0")
     res = client.get("/readyz")
     if server.with_module:  # TB.* is not scripting
-        assert res.json() == {"ready": True, "backend": "module"}
+        assert res.json() == {"ready": True, "backend": "module", "breaker": "closed"}
     else:
         assert res.status_code == 503
         assert "no permissions to run" in res.json()["reason"]
-        assert client.get("/v1/models", headers=auth("k-free")).status_code == 200  # fail-open
+        # A deployment that can't limit is an error, not an outage: no
+        # policy hides it (docs/failure-model.md).
+        with pytest.raises(NoBackendError):
+            client.get("/v1/models", headers=auth("k-free"))
 
 
 def test_library_flushed_under_the_gateway_is_loaded_again(make_client, server, r):

@@ -12,20 +12,25 @@ awaitable twin; ``redis_tokenbucket.fastapi`` plugs it into FastAPI.
 
 from __future__ import annotations
 
+from ._breaker import Breaker
 from ._bucket import Bucket, InvalidArgument, KeyT
 from ._cache import DenialCache
 from ._core import BackendName, OnError
 from ._decision import Decision, MultiDecision
-from ._errors import CrossSlotError, LimiterError, NoBackendError
+from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError
+from ._events import DecisionEvent
 from ._keys import hash_tagged
 from ._sync import Limiter
 from .headers import rate_limit_headers
 
 __all__ = [
     "BackendName",
+    "Breaker",
     "Bucket",
+    "CircuitOpenError",
     "CrossSlotError",
     "Decision",
+    "DecisionEvent",
     "DenialCache",
     "InvalidArgument",
     "KeyT",

@@ -5,12 +5,12 @@ Redis commands to send and receives their replies (or has their errors
 thrown in). The sync Limiter runs a plan with blocking calls, the asyncio
 one with awaits; neither knows what the commands are. Argument checks,
 backend detection, Cluster routing and the Cluster fallback, the denial
-cache and the failure policy all live here.
+cache and the failure policy (with the breaker and the local fallback) all
+live here; how commands reach Redis is in _transport.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -20,13 +20,17 @@ from typing import Any, Callable, Generic, Literal, Optional, TypeVar, Union
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
+from . import _local
+from ._breaker import Breaker
 from ._bucket import MAX_GROUPS, Bucket, InvalidArgument, KeyT, check_cost, check_delta
 from ._cache import DenialCache
 from ._decision import Decision, MultiDecision
-from ._errors import CrossSlotError, NoBackendError
+from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError
+from ._events import DecisionEvent
 from ._scripts import Args, Group, Op, eval_args, eval_script, fcall_args, library_source, module_args
+from ._transport import Shed, classify
 
 log = logging.getLogger("redis_tokenbucket")
 
@@ -49,8 +53,21 @@ Plan = Generator[Command, Any, T]
 
 BackendName = Literal["module", "functions", "eval"]
 BACKENDS: tuple[BackendName, ...] = ("module", "functions", "eval")
-OnError = Literal["raise", "open", "closed"]
-ON_ERROR: tuple[OnError, ...] = ("raise", "open", "closed")
+OnError = Literal["raise", "open", "closed", "local"]
+ON_ERROR: tuple[OnError, ...] = ("raise", "open", "closed", "local")
+
+# The limiter's budget for Redis to answer a command, from when it is
+# written (seconds): a request path's, not a batch job's. None turns it off.
+DEFAULT_TIMEOUT = 0.1
+# While the backend is unknown (the first calls, or after a reply said it
+# is gone), a call may load the Lua library, which Redis compiles: many
+# gateways' first requests at once can keep it busy past a request-path
+# budget. Such calls get at least this budget (seconds).
+DETECT_TIMEOUT = 1.0
+# What a shed decision tells the client to wait (HTTP Retry-After: 1).
+SHED_RETRY_MS = 1000
+
+OnDecision = Callable[[DecisionEvent], None]
 
 GroupIn = Union[tuple[KeyT, Bucket], tuple[KeyT, Bucket, float]]
 
@@ -58,17 +75,6 @@ GroupIn = Union[tuple[KeyT, Bucket], tuple[KeyT, Bucket, float]]
 # ACL key pattern such as `~rl:*` covers it.
 PROBE_KEY = "rl:probe"
 _PROBE = Bucket(1, 1)
-
-# What the failure policy applies to: Redis or the network failing, not a
-# bad argument or a usage error.
-FAILURES: tuple[type[BaseException], ...] = (
-    RedisError,
-    RedisClusterException,
-    NoBackendError,
-    OSError,
-    TimeoutError,
-    asyncio.TimeoutError,
-)
 
 
 def refused(exc: BaseException) -> bool:
@@ -225,29 +231,46 @@ class ManyRequest:
 
 class Job(Generic[T]):
     """One call, ready to run: its plan, or `done`, its answer when it needs
-    no round trip (a cached denial); its timeout and failure policy; the
-    policy's answer instead (given allowed); and the request (for a log
-    line)."""
+    no round trip (a cached denial); its timeout and failure policy; how to
+    answer without Redis (`answers`); and the request (for a log line and
+    the decision event). `source` names who answered when it was not the
+    backend: "local" (the in-process buckets) or "" (the policy, a shed)."""
 
-    __slots__ = ("degraded", "done", "on_error", "plan", "req", "timeout")
+    __slots__ = ("answers", "done", "on_error", "plan", "req", "source", "timeout")
 
     def __init__(
         self,
         plan: Optional[Plan[T]],
         done: Optional[T],
-        degraded: Callable[[Any, bool], T],
+        answers: Answers[T],
         req: Union[OneRequest, ManyRequest, str],
         options: tuple[Optional[float], OnError],
     ) -> None:
-        self.plan, self.done, self.degraded, self.req = plan, done, degraded, req
+        self.plan, self.done, self.answers, self.req = plan, done, answers, req
         self.timeout, self.on_error = options
-
-    def fallback(self, allowed: bool) -> T:
-        return self.degraded(self.req, allowed)
+        self.source: Optional[str] = None
 
     @property
     def what(self) -> str:
         return describe(self.req)
+
+
+class Answers(Generic[T]):
+    """How a kind of call answers without Redis: by policy (admit or deny,
+    `degraded`), from the in-process buckets (`local`), or shed."""
+
+    __slots__ = ("local", "policy", "shed")
+
+    def __init__(
+        self,
+        policy: Callable[[Any, bool], T],
+        local: Callable[[_local.LocalBuckets, Any], T],
+        shed: Callable[[Any], T],
+    ) -> None:
+        self.policy, self.local, self.shed = policy, local, shed
+
+
+_OUTCOME = {"open": "admitted", "closed": "denied", "local": "local buckets", "raise": "raised"}
 
 
 class _ErrorLog:
@@ -273,7 +296,7 @@ class _ErrorLog:
         log.error(
             "rate limiter unavailable (fail-%s: %s) for %s: %s: %s%s",
             on_error,
-            "admitted" if on_error == "open" else "denied",
+            _OUTCOME[on_error],
             what,
             type(exc).__name__,
             exc,
@@ -283,7 +306,7 @@ class _ErrorLog:
 
 class LimiterBase(Generic[C]):
     """State and plans shared by `Limiter` and `asyncio.Limiter`; they add
-    only the I/O (`_run`, which runs a Job's plan through `_execute`) and
+    only the I/O (`_run`, which runs a Job's plan through `_send`) and
     the public methods' signatures."""
 
     def __init__(
@@ -291,14 +314,15 @@ class LimiterBase(Generic[C]):
         client: C,
         *,
         backend: Optional[BackendName] = None,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
         on_error: OnError = "raise",
         denial_cache: Union[int, DenialCache, None] = None,
+        breaker: Union[Breaker, bool] = True,
+        processes: int = 1,
+        on_decision: Optional[OnDecision] = None,
     ) -> None:
         self.client = client
         self._cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
-        # Made once: the hot path calls it directly.
-        self._execute = self._sender()
         self._engine = Engine(backend, client if self._cluster else None)
         self.timeout = _check_timeout(timeout)
         self.on_error = _check_on_error(on_error)
@@ -306,8 +330,27 @@ class LimiterBase(Generic[C]):
             self.denial_cache: Optional[DenialCache] = denial_cache
         else:
             self.denial_cache = DenialCache(denial_cache) if denial_cache else None
+        if isinstance(breaker, Breaker):
+            self.breaker: Optional[Breaker] = breaker
+        elif breaker is True or breaker is False:
+            self.breaker = Breaker() if breaker else None
+        else:
+            raise TypeError(f"breaker must be a Breaker, True (the default one) or False, got {breaker!r}")
+        if not (isinstance(processes, int) and not isinstance(processes, bool) and processes >= 1):
+            raise ValueError(f"processes must be an int >= 1, got {processes!r}")
+        self.processes = processes
+        if self.on_error == "local":
+            _local.require()
+        self._local: Optional[_local.LocalBuckets] = None
+        self.on_decision = on_decision
         self._errors = _ErrorLog()
-        self._pool: Any = None  # the sync Limiter's helper threads, made on first need
+        # Made once: the hot path calls it directly.
+        self._send = self._sender()
+
+    @property
+    def breaker_state(self) -> str:
+        """ "closed", "open" or "half_open" ("closed" without a breaker)."""
+        return self.breaker.state if self.breaker is not None else "closed"
 
     @property
     def backend(self) -> Optional[BackendName]:
@@ -351,10 +394,14 @@ class LimiterBase(Generic[C]):
             )
         return ManyRequest(tuple(checked), each=split or atomic is False)
 
-    def _sender(self) -> Callable[[Command], Any]:
-        """What sends a command a plan yields. It returns what the client's
-        execute_command returns (the reply, or from a redis.asyncio client
-        an awaitable of it), so one sender serves both limiters."""
+    def _sender(self) -> Callable[[Command, Optional[float]], Any]:
+        """What sends a command a plan yields, with its timeout: the sync
+        and asyncio limiters each make theirs (_transport)."""
+        raise NotImplementedError
+
+    def _client_sender(self) -> Callable[[Command], Any]:
+        """The client's own execute_command, for clients the limiter keeps
+        no connections of (Cluster, fakeredis, ..., or timeout=None)."""
         execute: Callable[..., Any] = self.client.execute_command  # type: ignore[attr-defined]
 
         def send(command: Command) -> Any:
@@ -384,8 +431,8 @@ class LimiterBase(Generic[C]):
         if self.denial_cache is not None:
             cached = self._cached_one(req)
             if cached is not None:
-                return Job(None, cached, _degraded_one, req, options)
-        return Job(self._plan_one(req), None, _degraded_one, req, options)
+                return Job(None, cached, ANSWER_ONE, req, options)
+        return Job(self._plan_one(req), None, ANSWER_ONE, req, options)
 
     def _job_many(
         self, groups: Iterable[GroupIn], atomic: Optional[bool], timeout: Optional[float], on_error: Optional[OnError]
@@ -394,11 +441,11 @@ class LimiterBase(Generic[C]):
         options = self._options(timeout, on_error)
         cached = self._cached_many(req)
         if cached is not None:
-            return Job(None, cached, _degraded_many, req, options)
-        return Job(self._plan_many(req), None, _degraded_many, req, options)
+            return Job(None, cached, ANSWER_MANY, req, options)
+        return Job(self._plan_many(req), None, ANSWER_MANY, req, options)
 
     def _job_detect(self, probe_key: KeyT, timeout: Optional[float]) -> Job[str]:
-        return Job(self._plan_detect(probe_key), None, _no_degraded_answer, "detect", self._options(timeout, "raise"))
+        return Job(self._plan_detect(probe_key), None, ANSWER_NONE, "detect", self._options(timeout, "raise"))
 
     # ---- plans -----------------------------------------------------------
 
@@ -479,12 +526,74 @@ class LimiterBase(Generic[C]):
 
     # ---- the failure policy ----------------------------------------------
 
-    def _failed(self, exc: Exception, job: Job[T]) -> T:
-        """Re-raises, or answers for Redis as the job's policy says, logged."""
-        if job.on_error == "raise" or not isinstance(exc, FAILURES):
+    def _failed(self, exc: Exception, job: Job[T], probe: bool) -> T:
+        """What an error of a call means (_transport.classify): a usage
+        error is raised, local overload sheds, a Redis failure counts for
+        the breaker and gets the job's policy."""
+        kind = classify(exc)
+        breaker = self.breaker
+        if kind == "usage":
+            if breaker is not None:
+                breaker.success(probe)  # Redis answered, if only to refuse
+            raise exc
+        if kind == "shed":
+            if breaker is not None:
+                breaker.release(probe)
+            job.source = ""
+            return job.answers.shed(job.req)
+        if breaker is not None:
+            breaker.failure(probe)
+        return self._policy(job, exc)
+
+    def _policy(self, job: Job[T], exc: Exception) -> T:
+        """The job's answer while Redis is failing (`exc`), logged."""
+        if job.on_error == "raise":
             raise exc
         self._errors.report(exc, job.on_error, job.what)
-        return job.fallback(job.on_error == "open")
+        if job.on_error == "local":
+            job.source = "local"
+            return job.answers.local(self._local_buckets(), job.req)
+        job.source = ""
+        return job.answers.policy(job.req, job.on_error == "open")
+
+    def _open_circuit(self, job: Job[T]) -> T:
+        """The breaker is open: the policy at once, no network."""
+        exc = CircuitOpenError(f"Redis failed {self.breaker.failures if self.breaker else 0} times lately")
+        return self._policy(job, exc)
+
+    def _budget(self, job: Job[Any]) -> Optional[float]:
+        timeout = job.timeout
+        if timeout is not None and timeout < DETECT_TIMEOUT and self._engine.backend is None:
+            return DETECT_TIMEOUT
+        return timeout
+
+    def _local_buckets(self) -> _local.LocalBuckets:
+        if self._local is None:
+            self._local = _local.LocalBuckets(self.processes)
+        return self._local
+
+    def _settled(self, job: Job[T], result: T, started: float) -> T:
+        """Reports a decision to the on_decision hook (never raising into the call)."""
+        hook = self.on_decision
+        if hook is None:
+            return result
+        latency = time.perf_counter() - started
+        req = job.req
+        op: str
+        if isinstance(req, OneRequest):
+            op, names = req.op, req.bucket.name or ""
+        elif isinstance(req, ManyRequest):
+            op, names = "consume_many", ",".join(b.name or "" for _, b, _ in req.groups).strip(",")
+        else:
+            return result  # detect(): not a decision
+        backend = job.source if job.source is not None else (self._engine.backend or "")
+        d: Any = result
+        event = DecisionEvent(op, names, d.allowed, d.degraded, d.shed, d.cached, backend, latency, self.breaker_state)
+        try:
+            hook(event)
+        except Exception:
+            log.exception("rate limiter: the on_decision hook raised; the decision stands")
+        return result
 
 
 def _degraded_one(req: OneRequest, allowed: bool) -> Decision:
@@ -496,8 +605,46 @@ def _degraded_many(req: ManyRequest, allowed: bool) -> MultiDecision:
     return MultiDecision(allowed, 0, decisions, atomic=not req.each, degraded=True)
 
 
-def _no_degraded_answer(req: object, allowed: bool) -> str:
-    raise AssertionError("detect() runs with on_error='raise'")
+def _shed_one(req: OneRequest) -> Decision:
+    return Decision(False, 0, SHED_RETRY_MS, 0, req.key, req.bucket, req.amount, shed=True)
+
+
+def _shed_many(req: ManyRequest) -> MultiDecision:
+    decisions = tuple(Decision(False, 0, SHED_RETRY_MS, 0, k, b, c, shed=True) for k, b, c in req.groups)
+    return MultiDecision(False, SHED_RETRY_MS, decisions, atomic=not req.each, shed=True)
+
+
+def _local_one(local: _local.LocalBuckets, req: OneRequest) -> Decision:
+    try:
+        reply = local.run(req.op, ((req.key, req.bucket, req.amount),))
+    except ResponseError:  # a cost above this process's share of max: it can't pass here
+        return _degraded_one(req, False)
+    allowed, remaining, retry_ms, reset_ms = reply
+    return Decision(bool(allowed), remaining, retry_ms, reset_ms, req.key, req.bucket, req.amount, degraded=True)
+
+
+def _local_many(local: _local.LocalBuckets, req: ManyRequest) -> MultiDecision:
+    try:
+        allowed, retry_ms, *replies = local.run("mconsume", req.groups)
+    except ResponseError:
+        return _degraded_many(req, False)
+    decisions = tuple(
+        Decision(bool(a), r, w, t, k, b, c, degraded=True) for (a, r, w, t), (k, b, c) in zip(replies, req.groups)
+    )
+    return MultiDecision(bool(allowed), retry_ms, decisions, atomic=not req.each, degraded=True)
+
+
+def _no_answer(req: object, *_: object) -> Any:
+    raise LimiterError("detect() has no answer without Redis")
+
+
+def _shed_detect(req: object) -> Any:
+    raise Shed("too busy to probe Redis in time")
+
+
+ANSWER_ONE: Answers[Decision] = Answers(_degraded_one, _local_one, _shed_one)
+ANSWER_MANY: Answers[MultiDecision] = Answers(_degraded_many, _local_many, _shed_many)
+ANSWER_NONE: Answers[Any] = Answers(_no_answer, _no_answer, _shed_detect)
 
 
 def _check_bucket(bucket: Any, group: Optional[int] = None) -> None:
@@ -507,9 +654,10 @@ def _check_bucket(bucket: Any, group: Optional[int] = None) -> None:
 
 
 def _check_timeout(timeout: Optional[float]) -> Optional[float]:
-    if timeout is not None and not timeout > 0:
-        raise ValueError("timeout must be > 0 seconds, or None for the client's own timeouts")
-    return timeout
+    number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+    if timeout is not None and not (number and 0 < timeout < 1e9):
+        raise ValueError("timeout must be > 0 seconds (and finite), or None for the client's own timeouts")
+    return None if timeout is None else float(timeout)
 
 
 def _check_on_error(on_error: str) -> OnError:

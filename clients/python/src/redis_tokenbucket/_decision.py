@@ -29,9 +29,12 @@ class Decision(_RetryAfter):
     retry_after_ms, reset_after_ms]` with the call that produced it.
 
     `degraded` marks an answer made up by the failure policy because Redis
-    could not answer (`allowed` is then the policy: open or closed, and the
-    numbers are 0). `cached` marks a denial answered from the local denial
-    cache without a round trip. For `adjust`, `cost` holds the delta.
+    failed (`allowed` is then the policy's: open or closed with numbers 0,
+    or the in-process bucket's for "local"). `shed` marks a refusal because
+    this process was too busy to get Redis's answer in time (never
+    admitted; `retry_after_ms` is a short back-off). `cached` marks a
+    denial answered from the local denial cache without a round trip. For
+    `adjust`, `cost` holds the delta.
     """
 
     allowed: bool
@@ -43,6 +46,7 @@ class Decision(_RetryAfter):
     cost: float
     degraded: bool = False
     cached: bool = False
+    shed: bool = False
 
     @property
     def wait_ms(self) -> int:
@@ -86,6 +90,7 @@ class MultiDecision(_RetryAfter):
     atomic: bool = True
     degraded: bool = False
     cached: bool = False
+    shed: bool = False
 
     @property
     def denied_by(self) -> tuple[Decision, ...]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 
 class LimiterError(Exception):
     """Base class of the limiter's own errors."""
@@ -24,3 +26,9 @@ class NoBackendError(LimiterError):
 class CrossSlotError(LimiterError):
     """`consume_many(..., atomic=True)` on a Redis Cluster with keys in
     more than one hash slot: one atomic call can't reach them all."""
+
+
+class CircuitOpenError(LimiterError, RedisConnectionError):
+    """Raised instead of calling Redis while the circuit breaker is open
+    (Redis failed several times lately) and the policy is "raise". A
+    redis ConnectionError too, so handlers of Redis being down catch it."""

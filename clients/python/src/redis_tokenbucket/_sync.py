@@ -2,29 +2,31 @@
 
 from __future__ import annotations
 
-import concurrent.futures
-import threading
+import time
 from collections.abc import Iterable
+from types import TracebackType
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from redis import Redis
 from redis.cluster import RedisCluster
 
+from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
 from ._core import PROBE_KEY, Command, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
+from ._errors import LimiterError
+from ._transport import SyncConnections, sync_connections
 
 T = TypeVar("T")
-_POOL_LOCK = threading.Lock()
 
 
-def drive(plan: Plan[T], execute: Callable[[Command], Any]) -> T:
+def drive(plan: Plan[T], send: Callable[[Command, Optional[float]], Any], timeout: Optional[float]) -> T:
     """Runs a plan with blocking calls."""
     try:
         command = next(plan)
         while True:
             try:
-                reply = execute(command)
+                reply = send(command, timeout)
             except Exception as exc:  # the plan decides what an error means
                 command = plan.throw(exc)
             else:
@@ -43,19 +45,33 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
       first call finds it (TB.* commands, else the Functions library,
       loaded if missing, else the EVAL script), and again whenever a reply
       says it is gone.
-    - ``timeout``: seconds a call may take, Redis round trips and backend
-      detection included. A blocking client can't abandon a command, so a
-      call with a timeout runs on a helper thread and the caller stops
-      waiting for it; the connection is freed when the reply or the
-      client's socket timeout comes. None: the client's own timeouts.
-    - ``on_error``: when Redis fails or times out, "raise" the error
-      (default), or answer for it: "open" admits, "closed" denies. Such
-      answers have ``degraded=True`` and are logged.
+    - ``timeout``: seconds Redis has to answer a command, counted from
+      when it is written (default 0.1). Over a ``redis.Redis`` the limiter
+      keeps its own connections, made from the client's settings, whose
+      socket timeout is this budget: no thread, no retries of redis-py's
+      on top; waiting for one of them (a bounded pool) is bounded by it
+      too, and running out of it sheds. Other clients (Cluster, ...) use
+      their own timeouts. None: the client's own connections and timeouts.
+    - ``on_error``: when Redis fails (refused, reset, no answer in time,
+      LOADING, READONLY, ...), "raise" the error (default), or answer for
+      it: "open" admits, "closed" denies, "local" answers from in-process
+      buckets of ``max/processes`` and ``rate/processes`` (the ``local``
+      extra). Such answers have ``degraded=True`` and are logged. Usage
+      errors (bad arguments, WRONGTYPE, no permission) always raise.
+      Local overload is never a Redis failure: the call is shed
+      (``allowed=False, shed=True``) under every policy.
+    - ``breaker``: the circuit breaker (``Breaker()``'s defaults: open
+      after 5 failures in 10 s, probe after 2 s); False for none.
+    - ``processes``: how many processes share each limit, for "local".
+    - ``on_decision``: called with a ``DecisionEvent`` for each decision.
     - ``denial_cache``: a number of entries (or a ``DenialCache``) to answer
       known denials locally until their retry time; off by default.
 
-    ``timeout`` and ``on_error`` can also be given per call.
+    ``timeout`` and ``on_error`` can also be given per call. ``close()``
+    (or ``with``) closes the limiter's own connections, not the client.
     """
+
+    _conns: Optional[SyncConnections] = None
 
     def consume(
         self,
@@ -117,26 +133,44 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         (readiness checks); raises if Redis can't serve any."""
         return self._run(self._job_detect(probe_key, timeout))
 
-    def _run(self, job: Job[T]) -> T:
-        if job.plan is None:
-            return cast(T, job.done)  # answered without a round trip
-        try:
-            if job.timeout is None:
-                return drive(job.plan, self._execute)
-            # A blocking command can't be abandoned: run it on a helper
-            # thread and stop waiting for it.
-            future = self._helper().submit(drive, job.plan, self._execute)
-            try:
-                return future.result(job.timeout)
-            except concurrent.futures.TimeoutError:
-                future.cancel()
-                raise TimeoutError(f"no answer from Redis within {job.timeout} s") from None
-        except Exception as exc:
-            return self._failed(exc, job)
+    def close(self) -> None:
+        """Closes the limiter's own connections (not the client, which is
+        yours); later calls raise LimiterError."""
+        self._send = _closed
+        if self._conns is not None:
+            self._conns.close()
 
-    def _helper(self) -> concurrent.futures.ThreadPoolExecutor:
-        with _POOL_LOCK:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="redis-tokenbucket")
-            pool: concurrent.futures.ThreadPoolExecutor = self._pool
-            return pool
+    def __enter__(self) -> Limiter:
+        return self
+
+    def __exit__(
+        self, kind: Optional[type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
+        self.close()
+
+    def _sender(self) -> Callable[[Command, Optional[float]], Any]:
+        self._conns = sync_connections(self.client, self.timeout)
+        if self._conns is not None:
+            return self._conns.call  # type: ignore[return-value]
+        execute = self._client_sender()
+        return lambda command, timeout: execute(command)
+
+    def _run(self, job: Job[T]) -> T:
+        started = time.perf_counter()
+        if job.plan is None:
+            return self._settled(job, cast(T, job.done), started)  # answered without a round trip
+        breaker = self.breaker
+        mode = breaker.enter() if breaker is not None else 0
+        if mode == SKIP:
+            return self._settled(job, self._open_circuit(job), started)
+        try:
+            result = drive(job.plan, self._send, self._budget(job))
+        except Exception as exc:
+            return self._settled(job, self._failed(exc, job, mode == PROBE), started)
+        if breaker is not None and mode:
+            breaker.success(True)
+        return self._settled(job, result, started)
+
+
+def _closed(command: Command, timeout: Optional[float]) -> Any:
+    raise LimiterError("the limiter is closed")

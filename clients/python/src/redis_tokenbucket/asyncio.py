@@ -6,29 +6,33 @@ same plans (``_core``), only the I/O differs.
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections.abc import Iterable
+from types import TracebackType
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
 from ._core import PROBE_KEY, Command, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
+from ._errors import LimiterError
+from ._transport import AsyncConnections, async_connections, bounded
 
 __all__ = ["Limiter"]
 
 T = TypeVar("T")
 
 
-async def drive(plan: Plan[T], execute: Callable[[Command], Any]) -> T:
+async def drive(plan: Plan[T], send: Callable[[Command, Optional[float]], Any], timeout: Optional[float]) -> T:
     """Runs a plan with awaited calls."""
     try:
         command = next(plan)
         while True:
             try:
-                reply = await execute(command)
+                reply = await send(command, timeout)
             except Exception as exc:  # the plan decides what an error means
                 command = plan.throw(exc)
             else:
@@ -40,8 +44,12 @@ async def drive(plan: Plan[T], execute: Callable[[Command], Any]) -> T:
 
 class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     """Token buckets in Redis, awaitable. See ``redis_tokenbucket.Limiter``
-    for the options; here ``timeout`` cancels the pending command
-    (``asyncio.wait_for``) and needs no helper thread."""
+    for the options. Here the budget is one timer per command, armed when
+    it is written; on a client the limiter keeps no connections of (a
+    Cluster, ...) the timer bounds the client's whole call. ``aclose()``
+    (or ``async with``) closes the limiter's own connections."""
+
+    _conns: Optional[AsyncConnections] = None
 
     async def consume(
         self,
@@ -97,12 +105,50 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         (readiness checks); raises if Redis can't serve any."""
         return await self._run(self._job_detect(probe_key, timeout))
 
+    async def aclose(self) -> None:
+        """Closes the limiter's own connections (not the client, which is
+        yours); later calls raise LimiterError."""
+        self._send = _closed
+        if self._conns is not None:
+            await self._conns.aclose()
+
+    async def __aenter__(self) -> Limiter:
+        return self
+
+    async def __aexit__(
+        self, kind: Optional[type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
+        await self.aclose()
+
+    def _sender(self) -> Callable[[Command, Optional[float]], Any]:
+        self._conns = async_connections(self.client, self.timeout)
+        if self._conns is not None:
+            return self._conns.call  # type: ignore[return-value]
+        execute = self._client_sender()
+
+        def send(command: Command, timeout: Optional[float]) -> Any:
+            if timeout is None:
+                return execute(command)
+            return bounded(execute(command), timeout)
+
+        return send
+
     async def _run(self, job: Job[T]) -> T:
+        started = time.perf_counter()
         if job.plan is None:
-            return cast(T, job.done)  # answered without a round trip
+            return self._settled(job, cast(T, job.done), started)  # answered without a round trip
+        breaker = self.breaker
+        mode = breaker.enter() if breaker is not None else 0
+        if mode == SKIP:
+            return self._settled(job, self._open_circuit(job), started)
         try:
-            if job.timeout is None:
-                return await drive(job.plan, self._execute)
-            return await asyncio.wait_for(drive(job.plan, self._execute), job.timeout)
+            result = await drive(job.plan, self._send, self._budget(job))
         except Exception as exc:
-            return self._failed(exc, job)
+            return self._settled(job, self._failed(exc, job, mode == PROBE), started)
+        if breaker is not None and mode:
+            breaker.success(True)
+        return self._settled(job, result, started)
+
+
+async def _closed(command: Command, timeout: Optional[float]) -> Any:
+    raise LimiterError("the limiter is closed")

@@ -179,18 +179,24 @@ def problem_response(decision: MultiDecision, *, legacy_headers: bool = False) -
         "violated-policies": violated,
     }
     headers = rate_limit_headers(decision, legacy=legacy_headers)
+    # A degraded denial (on_error="local") has no RateLimit fields, but its wait.
+    headers.setdefault("Retry-After", str(decision.retry_after))
     return JSONResponse(body, status_code=429, headers=headers, media_type=PROBLEM_JSON)
 
 
-def unavailable_response() -> JSONResponse:
-    """The 503 of a fail-closed limiter whose Redis could not answer."""
+def unavailable_response(decision: Optional[MultiDecision] = None) -> JSONResponse:
+    """The 503 of a fail-closed limiter whose Redis could not answer, or of
+    a shed decision (this process too busy to get Redis's answer in time),
+    with Retry-After."""
+    shed = decision is not None and decision.shed
     body = {
         "type": "about:blank",
         "title": "Service Unavailable",
         "status": 503,
-        "detail": "The rate limiter is unavailable.",
+        "detail": "The server is overloaded." if shed else "The rate limiter is unavailable.",
     }
-    return JSONResponse(body, status_code=503, media_type=PROBLEM_JSON)
+    retry = decision.retry_after if decision is not None and decision.retry_after > 0 else 1
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(retry)}, media_type=PROBLEM_JSON)
 
 
 class RateLimitRefused(HTTPException):
@@ -253,8 +259,10 @@ class RateLimit:
         """The refusal to send, or None to let the request through."""
         if decision.allowed:
             return None
-        if decision.degraded:
-            return unavailable_response()
+        # A denial with numbers is a bucket's (Redis's, or the in-process
+        # one of on_error="local"): 429. Without: shed or failing closed.
+        if decision.shed or (decision.degraded and decision.retry_after_ms == 0):
+            return unavailable_response(decision)
         return problem_response(decision, legacy_headers=self.legacy_headers)
 
     def headers(self, decision: MultiDecision) -> dict[str, str]:

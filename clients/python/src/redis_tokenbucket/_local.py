@@ -1,0 +1,175 @@
+"""The bounded fail-open of ``on_error="local"``: while Redis is failing,
+each process answers from token buckets of its own, with `max` and `rate`
+divided by the number of processes that share the limit.
+
+The arithmetic is not written again here: these buckets run the package's
+own Lua library (the `tb.lua` that Redis runs as Functions), in process,
+on lupa's Lua 5.1, the Lua of Redis. What this file adds is the part of
+Redis that library touches: eight commands (TIME, TYPE, HLEN, HMGET, HSET,
+DEL, PEXPIREAT, GET) over a dict. Needs the extra: ``pip install
+"redis-tokenbucket[local]"``.
+
+Approximate by design: each process sees only its own traffic, so the
+whole fleet admits about the limit only while load spreads evenly over
+`processes` processes, and a bucket starts full in each process when the
+breaker opens (what a client already spent in Redis is not known here).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from redis.exceptions import ResponseError
+
+from ._bucket import Bucket
+from ._scripts import Group, Op, library_source
+
+try:  # Redis runs Lua 5.1; lupa ships it next to newer ones.
+    from lupa.lua51 import LuaRuntime  # type: ignore[import-untyped, import-not-found, unused-ignore]
+except ImportError:  # an older lupa, or none
+    try:
+        from lupa import LuaRuntime  # type: ignore[import-untyped, import-not-found, no-redef, unused-ignore]
+    except ImportError:
+        LuaRuntime = None
+
+MISSING = 'on_error="local" needs lupa: pip install "redis-tokenbucket[local]"'
+
+_FUNCTIONS: dict[Op, bytes] = {
+    "consume": b"tb_consume",
+    "peek": b"tb_peek",
+    "adjust": b"tb_adjust",
+    "mconsume": b"tb_mconsume",
+}
+
+# The library's entry points, registered as Redis would (redis.register_function).
+_PRELUDE = """
+function(call)
+  local functions = {}
+  redis = {
+    call = call,
+    error_reply = function(message) return { err = message } end,
+    status_reply = function(message) return { ok = message } end,
+    register_function = function(f) functions[f.function_name] = f.callback end,
+  }
+  return functions
+end
+"""
+
+# Sweep out expired buckets after this many writes (buckets also expire
+# when next read), so memory follows the live keys.
+_SWEEP_EVERY = 4096
+
+
+def available() -> bool:
+    return LuaRuntime is not None
+
+
+def require() -> None:
+    if LuaRuntime is None:
+        raise ImportError(MISSING)
+
+
+@functools.lru_cache(maxsize=4096)
+def share(bucket: Bucket, processes: int) -> Bucket:
+    """This process's part of a bucket."""
+    if processes == 1:
+        return bucket
+    return Bucket(bucket.max / processes, bucket.rate / processes, bucket.name)
+
+
+class LocalBuckets:
+    """Token buckets in this process, run by the package's Lua library."""
+
+    def __init__(self, processes: int) -> None:
+        require()
+        assert LuaRuntime is not None
+        self.processes = processes
+        self._lua = LuaRuntime(encoding=None, unpack_returned_tuples=False)
+        self._data: dict[bytes, list[Any]] = {}  # key -> [fields, expires at (ms) or None]
+        self._writes = 0
+        self._lock = threading.Lock()
+        functions = self._lua.eval(_PRELUDE)(self._call)
+        source = library_source()
+        if source.startswith(b"#!"):  # the shebang line is Redis's, not Lua's
+            source = source.split(b"\n", 1)[1]
+        self._lua.execute(source)
+        self._functions = {op: functions[name] for op, name in _FUNCTIONS.items()}
+
+    def run(self, op: Op, groups: Sequence[Group]) -> Any:
+        """What FCALL tb_<op> would answer for `groups`, here; buckets are
+        this process's share. A cost that can't fit a share is a denial."""
+        local = [(k, share(b, self.processes), c) for k, b, c in groups]
+        keys = [k.encode() if isinstance(k, str) else bytes(k) for k, _, _ in local]
+        args = [a.encode() for _, b, c in local for a in (*b._args, repr(c))]
+        with self._lock:
+            reply = self._functions[op](self._lua.table_from(keys), self._lua.table_from(args))
+            return _python(reply)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    # ---- the Redis the library sees -------------------------------------
+
+    def _call(self, command: bytes, *args: Any) -> Any:
+        name = command.upper()
+        now_ms = time.time() * 1000
+        if name == b"TIME":
+            us = time.time_ns() // 1000
+            return self._lua.table_from([str(us // 1_000_000).encode(), str(us % 1_000_000).encode()])
+        key = bytes(args[0])
+        entry = self._live(key, now_ms)
+        if name == b"TYPE":
+            kind = b"none" if entry is None else (b"hash" if isinstance(entry[0], dict) else b"string")
+            return self._lua.table_from({b"ok": kind})
+        if name == b"HLEN":
+            return 0 if entry is None else len(entry[0])
+        if name == b"HMGET":
+            fields = entry[0] if entry is not None else {}
+            return self._lua.table_from([fields.get(bytes(f), False) for f in args[1:]])
+        if name == b"HSET":
+            if entry is None:
+                entry = self._data[key] = [{}, None]
+            pairs = args[1:]
+            for i in range(0, len(pairs), 2):
+                entry[0][bytes(pairs[i])] = bytes(pairs[i + 1])
+            self._wrote(now_ms)
+            return len(pairs) // 2
+        if name == b"PEXPIREAT":
+            if entry is None:
+                return 0
+            entry[1] = int(args[1])
+            return 1
+        if name == b"DEL":
+            return 0 if self._data.pop(key, None) is None else 1
+        if name == b"GET":
+            return False  # no key here ever holds a string
+        raise ResponseError(f"ERR the local fallback does not run {command!r}")
+
+    def _live(self, key: bytes, now_ms: float) -> Optional[list[Any]]:
+        entry = self._data.get(key)
+        if entry is not None and entry[1] is not None and entry[1] <= now_ms:
+            del self._data[key]
+            return None
+        return entry
+
+    def _wrote(self, now_ms: float) -> None:
+        self._writes += 1
+        if self._writes % _SWEEP_EVERY == 0:
+            for key in [k for k, (_, at) in self._data.items() if at is not None and at <= now_ms]:
+                del self._data[key]
+
+
+def _python(value: Any) -> Any:
+    """A Lua reply as Redis would send it: integers, lists, errors raised."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    if value is None or isinstance(value, (bool, bytes)):
+        return value
+    err = value[b"err"]
+    if err is not None:
+        raise ResponseError(err.decode())
+    return [_python(v) for v in value.values()]

@@ -1,0 +1,289 @@
+"""The failure model (docs/failure-model.md): only Redis failing is
+subject to on_error; local overload sheds and is never admitted; the
+budget runs from the write; a default budget, no helper threads, close()."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+import redis
+import redis.asyncio
+from conftest import SLOW, Target, run
+from redis.backoff import AbstractBackoff
+from redis.retry import Retry
+from tbservers import Server
+
+import redis_tokenbucket.asyncio as tb_asyncio
+from redis_tokenbucket import Bucket, DecisionEvent, Limiter, LimiterError, MultiDecision
+from redis_tokenbucket.fastapi import RateLimit, Rule, user_id
+
+B = Bucket(50, SLOW, name="user")
+
+
+def blocking(seconds: float) -> Any:
+    """A task that holds the event loop, as a CPU-bound request does."""
+
+    async def hold() -> None:
+        time.sleep(seconds)
+
+    return hold()
+
+
+def within(seconds: float, call: Callable[[], Any]) -> Any:
+    """call() on a daemon thread; fails the test if it has not returned
+    after `seconds` (a liveness guard, generous: not a timing assertion)."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert out, f"no answer after {seconds} s"
+    return out[0]
+
+
+# ---- a full pool is back-pressure, not an outage -----------------------------
+
+
+def test_asyncio_pool_exhaustion_waits_instead_of_failing_open(module_target: Target):
+    async def main() -> list[Any]:
+        client = module_target.async_client(max_connections=10)
+        lim = tb_asyncio.Limiter(client, on_error="open", timeout=5)
+        try:
+            return list(await asyncio.gather(*(lim.consume("rl:pool", B) for _ in range(300))))
+        finally:
+            await lim.aclose()
+            await client.aclose()
+
+    decisions = run(main())
+    assert sum(d.allowed for d in decisions) == 50
+    assert not any(d.degraded or d.shed for d in decisions)
+
+
+def test_sync_pool_exhaustion_waits_instead_of_failing_open(module_target: Target):
+    client = module_target.client(max_connections=4)
+    lim = Limiter(client, on_error="open", timeout=5)
+    out: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: out.extend(lim.consume("rl:pool", B) for _ in range(10))) for _ in range(30)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == 300 and sum(d.allowed for d in out) == 50
+    assert not any(d.degraded or d.shed for d in out)
+    lim.close()
+
+
+def test_no_free_connection_in_time_sheds_never_admits(module_target: Target):
+    """One connection, a budget of 50 ms, and an event loop held for 300 ms:
+    the call holding the connection gets Redis's answer (already in its
+    socket), the ones waiting for a connection are shed, under every policy."""
+
+    async def main(policy: Any) -> list[Any]:
+        client = module_target.async_client(max_connections=1)
+        lim = tb_asyncio.Limiter(client, timeout=0.05, on_error=policy)
+        try:
+            await lim.peek("rl:shed", B)  # connected
+            out = await asyncio.gather(*(lim.consume("rl:shed", B) for _ in range(20)), blocking(0.3))
+            return [*out[:-1], lim.breaker_state]
+        finally:
+            await lim.aclose()
+            await client.aclose()
+
+    for policy in ("open", "closed", "raise", "local"):
+        first, *rest, state = run(main(policy))
+        assert first.allowed and not first.degraded and not first.shed
+        assert all(not d.allowed and d.shed and not d.degraded and d.retry_after == 1 for d in rest)
+        assert state == "closed"  # shedding is not a Redis failure
+
+
+def test_a_reply_that_came_while_the_loop_was_busy_is_read_not_failed(module_target: Target):
+    """The budget runs from the write; a reply sitting in the socket when
+    the timer finally runs is Redis's answer, not a timeout."""
+
+    async def main() -> list[Any]:
+        client = module_target.async_client()
+        lim = tb_asyncio.Limiter(client, timeout=0.05, on_error="open")
+        try:
+            await lim.peek("rl:late", B)
+            one = await asyncio.gather(lim.consume("rl:late", B), blocking(0.3))
+            many = await asyncio.gather(lim.consume_many([("rl:late2", B)]), blocking(0.3))
+            return [one[0], many[0]]
+        finally:
+            await lim.aclose()
+            await client.aclose()
+
+    one, many = run(main())
+    assert (one.allowed, one.degraded, one.remaining) == (True, False, 49)
+    assert isinstance(many, MultiDecision) and (many.allowed, many.degraded) == (True, False)
+
+
+# ---- the default budget; redis-py's retries don't multiply it ----------------
+
+
+def test_readme_setup_fails_open_in_time_on_a_frozen_redis(own_server: Server):
+    """No timeout given: the limiter's own default budget applies."""
+    own_server.pause()
+
+    async def main() -> Any:
+        client = redis.asyncio.Redis(port=own_server.port)
+        lim = tb_asyncio.Limiter(client, on_error="open")
+        try:
+            return await asyncio.wait_for(lim.consume("k", B), 5)  # a liveness guard
+        finally:
+            await lim.aclose()
+
+    d = run(main())
+    assert d.allowed and d.degraded
+    sync = Limiter(redis.Redis(port=own_server.port), on_error="closed")
+    d = within(5, lambda: sync.consume("k", B))
+    assert not d.allowed and d.degraded
+    sync.close()
+
+
+class CountingBackoff(AbstractBackoff):
+    """Counts on the class: redis-py deep-copies a client's Retry."""
+
+    calls = 0
+
+    def compute(self, failures: int) -> float:
+        CountingBackoff.calls += 1
+        return 0.01
+
+
+# What redis-py 6+ retries by default (redis-py 5 needs to be told).
+RETRY_ON: list[type[Exception]] = [redis.ConnectionError, redis.TimeoutError]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_the_clients_retries_do_not_multiply_the_budget(flavour: str, own_server: Server):
+    """A client that retries on timeouts (redis-py 6+ does by default, 3
+    times with backoff) would pay the budget once per try on a frozen
+    Redis; the limiter's command is tried once, and the breaker decides
+    when to try again."""
+    settings: dict[str, Any] = {"port": own_server.port, "socket_timeout": 0.05, "retry_on_error": RETRY_ON}
+    if flavour == "sync":
+        lim = Limiter(redis.Redis(retry=Retry(CountingBackoff(), 3), **settings), timeout=0.3, on_error="open")
+        assert not lim.consume("k", B).degraded  # connected
+        own_server.pause()
+        CountingBackoff.calls = 0
+        d = lim.consume("k", B)
+    else:
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        async def main() -> Any:
+            client = redis.asyncio.Redis(retry=AsyncRetry(CountingBackoff(), 3), **settings)
+            alim = tb_asyncio.Limiter(client, timeout=0.3, on_error="open")
+            assert not (await alim.consume("k", B)).degraded
+            own_server.pause()
+            CountingBackoff.calls = 0
+            return await alim.consume("k", B)
+
+        d = run(main())
+    assert d.allowed and d.degraded
+    assert CountingBackoff.calls == 0
+
+
+# ---- usage errors always raise --------------------------------------------------
+
+
+def test_a_key_that_is_not_a_bucket_raises_under_every_policy(target: Target):
+    with target.admin() as admin:
+        admin.set("rl:string", "x")
+        admin.hset("rl:hash", mapping={"a": "1"})
+    lim = Limiter(target.client())
+    for policy in ("open", "closed", "local"):
+        for key in ("rl:string", "rl:hash"):
+            with pytest.raises(redis.ResponseError):
+                lim.consume(key, B, on_error=policy)
+            with pytest.raises(redis.ResponseError):
+                lim.consume_many([(key, B, 1), ("rl:other", B, 1)], on_error=policy)
+    assert lim.breaker_state == "closed"
+
+
+def test_a_wrong_password_raises_under_every_policy(module_target: Target):
+    lim = Limiter(module_target.client(username="nobody", password="wrong"), on_error="open")
+    with pytest.raises(redis.AuthenticationError):
+        lim.consume("k", B)
+
+
+# ---- decision events ----------------------------------------------------------------
+
+
+def test_on_decision_sees_each_decision_once(module_target: Target, own_server: Server):
+    events: list[DecisionEvent] = []
+    lim = Limiter(module_target.client(), on_decision=events.append, denial_cache=100)
+    lim.consume("rl:ev", Bucket(1, SLOW, name="user"))
+    lim.consume("rl:ev", Bucket(1, SLOW, name="user"))  # denied by Redis
+    lim.consume("rl:ev", Bucket(1, SLOW, name="user"))  # denied from the cache
+    lim.consume_many([("rl:ev2", Bucket(5, SLOW, name="key")), ("rl:ev3", Bucket(5, SLOW))])
+    assert [(e.op, e.policy, e.allowed, e.degraded, e.shed, e.cached, e.backend, e.breaker) for e in events] == [
+        ("consume", "user", True, False, False, False, "module", "closed"),
+        ("consume", "user", False, False, False, False, "module", "closed"),
+        ("consume", "user", False, False, False, True, "module", "closed"),
+        ("consume_many", "key", True, False, False, False, "module", "closed"),
+    ]
+    assert all(e.latency_s >= 0 for e in events)
+
+    own_server.stop()
+    dead: list[DecisionEvent] = []
+    lim = Limiter(own_server.client(), on_error="closed", on_decision=dead.append)
+    lim.consume("k", B)
+    with pytest.raises(redis.ConnectionError):
+        lim.consume("k", B, on_error="raise")  # raised: not a decision
+    assert [(e.allowed, e.degraded, e.backend) for e in dead] == [(False, True, "")]
+
+
+def test_a_failing_hook_never_breaks_the_call(module_target: Target, caplog: pytest.LogCaptureFixture):
+    def hook(event: DecisionEvent) -> None:
+        raise RuntimeError("metrics down")
+
+    d = Limiter(module_target.client(), on_decision=hook).consume("k", B)
+    assert d.allowed and "on_decision hook raised" in caplog.text
+
+
+# ---- shed answers over HTTP ------------------------------------------------------------
+
+
+def test_fastapi_answers_a_shed_decision_with_503_and_retry_after():
+    limit = RateLimit(tb_asyncio.Limiter(redis.asyncio.Redis()), Rule(B, user_id()))
+    shed = MultiDecision(False, 1000, (), shed=True)
+    res = limit.answer(shed)
+    assert res is not None and res.status_code == 503 and res.headers["Retry-After"] == "1"
+
+
+# ---- close(), and a frozen Redis can't hold the interpreter ------------------------
+
+
+def test_close_and_context_managers(module_target: Target):
+    with Limiter(module_target.client()) as lim:
+        assert lim.consume("k", B).allowed
+    with pytest.raises(LimiterError, match="closed"):
+        lim.consume("k", B)
+
+    async def main() -> None:
+        async with tb_asyncio.Limiter(module_target.async_client()) as alim:
+            assert (await alim.consume("k", B)).allowed
+        with pytest.raises(LimiterError, match="closed"):
+            await alim.consume("k", B)
+
+    run(main())
+
+
+def test_a_frozen_redis_does_not_keep_the_interpreter_alive(own_server: Server):
+    own_server.pause()
+    script = textwrap.dedent(f"""
+        import redis
+        from redis_tokenbucket import Bucket, Limiter
+        lim = Limiter(redis.Redis(port={own_server.port}), timeout=0.2, on_error="open")
+        print(lim.consume("k", Bucket(5, 1)).degraded)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr
