@@ -30,6 +30,9 @@ local MAX_RATE = 1e12
 local MAX_FILL_SECONDS = 1e10
 local MAX_GROUPS = 10000
 local MAX_WAIT_MS = 100000000000000
+local MAX_LEASE_LIMIT = 1000000
+local MAX_LEASE_MS = 86400000
+local MAX_LEASE_ID_BYTES = 256
 -- Error reply templates; msg() fills in the {name} marks.
 local MSG = {
   arity = "ERR wrong number of arguments for '{command}' command",
@@ -52,12 +55,18 @@ local MSG = {
   bad_fields = 'ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}',
   bad_tokens = 'ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}',
   bad_ts = 'ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}',
+  int_out_of_range = 'ERR {arg} must be >= {least} and <= {most}',
+  weight_above_limit = 'ERR weight must not exceed limit, it could never fit',
+  bad_id = 'ERR id must be 1 to 256 bytes',
+  expected_bucket = 'ERR syntax error at argument {position}: expected BUCKET',
+  bucket_is_lease_key = 'ERR the key of group {group} is the lease key',
+  not_a_lease_key = 'ERR key is not a lease key: each field must hold <expires_at_us>:<weight>',
   write_failed = 'ERR tb could not write the bucket: {step} failed, see the server log',
   panic = 'ERR tb internal error: the command failed and was contained, see the server log',
   one_of = 'ERR {arg} must be one of {values}',
   internal = 'ERR tb internal error: {what}',
 }
-local LIBRARY_VERSION = '0.1.0+cec5e285b270'
+local LIBRARY_VERSION = '0.1.0+e66d4bd09548'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
