@@ -8,6 +8,7 @@ library, for servers that cannot load the module (managed Redis/Valkey).
   FCALL    tb_mconsume N key1..keyN max1 rate1 cost1 ... maxN rateN costN
   FCALL    tb_adjust   1 key max rate delta
   FCALL    tb_cl_throttle 1 key max_burst count period [quantity]
+  FCALL_RO tb_version  0                  -> the library's version
 
 Load with: redis-cli -x FUNCTION LOAD REPLACE < lua/tb.lua
 
@@ -543,3 +544,13 @@ for i = 1, #OPERATIONS do
   local op = OPERATIONS[i]
   redis.register_function { function_name = 'tb_' .. op.name, callback = op.fn, flags = op.flags }
 end
+
+-- The library's version, the project's (Cargo.toml's): FCALL_RO tb_version 0.
+-- A client compares it with the copy it ships, and loads its own when they
+-- differ, so an upgraded client never runs on an older or foreign library.
+local TB_VERSION = '0.1.0'
+redis.register_function {
+  function_name = 'tb_version',
+  callback = function() return TB_VERSION end,
+  flags = { 'no-writes' },
+}

@@ -167,10 +167,18 @@ fn library_registers_its_functions_and_peek_is_read_only() {
         "tb_mconsume",
         "tb_adjust",
         "tb_cl_throttle",
+        "tb_version",
     ] {
         assert!(text.contains(f), "{f} in {text}");
     }
-    assert_eq!(text.matches("no-writes").count(), 1, "{text}");
+    // tb_peek and tb_version.
+    assert_eq!(text.matches("no-writes").count(), 2, "{text}");
+    let version: String = redis::cmd("FCALL_RO")
+        .arg("tb_version")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(version, env!("CARGO_PKG_VERSION"));
 
     let mut ro = redis::cmd("FCALL_RO");
     ro.arg("tb_consume").arg(1).arg("k").arg(10).arg(1);
