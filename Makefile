@@ -129,7 +129,7 @@ python-wheel: python-tools
 lint-python: python-tools
 	$(VENV)/bin/ruff check $(PY_CLIENT)
 	$(VENV)/bin/ruff format --check $(PY_CLIENT)
-	$(VENV)/bin/mypy --strict $(PY_CLIENT)/src
+	$(VENV)/bin/mypy --strict --config-file $(PY_CLIENT)/pyproject.toml $(PY_CLIENT)/src
 
 test-python: deps venv build python-wheel lint-python
 	rm -rf $(PY_WHEEL_VENV)

@@ -109,7 +109,7 @@ def assert_same(a: Sequence[Any], b: Sequence[Any], slack: float, where: str = "
         assert a[0] == b[0], where
         assert abs(a[1] - b[1]) <= slack, where
         assert len(a[2]) == len(b[2]), where
-        for x, y in zip(a[2], b[2]):
+        for x, y in zip(a[2], b[2], strict=True):
             assert_same(x, y, slack, where)
         return
     assert a[:2] == b[:2], where
@@ -133,7 +133,7 @@ def test_every_backend_answers_like_the_module(module_target: Target, target: Ta
         assert lim.backend == target.backend
     else:
         replies, took = run_async(target, "t:")
-    for i, (a, b) in enumerate(zip(reference, replies)):
+    for i, (a, b) in enumerate(zip(reference, replies, strict=True)):
         assert_same(a, b, ref_took + took + 1, f"step {i} {SCENARIO[i][0]}")
 
 
@@ -147,5 +147,5 @@ def test_the_three_backends_on_the_same_keys(module_target: Target):
         runs[backend] = run_sync(Limiter(module_target.client(), backend=backend), "same:")  # type: ignore[arg-type]
     (ref, ref_took) = runs.pop("module")
     for backend, (replies, took) in runs.items():
-        for i, (a, b) in enumerate(zip(ref, replies)):
+        for i, (a, b) in enumerate(zip(ref, replies, strict=True)):
             assert_same(a, b, ref_took + took + 1, f"{backend} step {i}")

@@ -94,7 +94,7 @@ def test_sdist_carries_the_library_and_its_generator():
 
 def test_distribution_metadata():
     dist = metadata.distribution("redis-tokenbucket")
-    assert dist.metadata["Requires-Python"] == ">=3.9"
+    assert dist.metadata["Requires-Python"] == ">=3.10"
     requires = dist.requires or []
     assert any(r.startswith("redis>=5") for r in requires)
     assert any(r.startswith("fastapi>=") and "extra == " in r for r in requires)

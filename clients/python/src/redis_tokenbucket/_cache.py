@@ -13,9 +13,9 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Optional
 
 from ._bucket import Bucket, KeyT
 from ._decision import Decision
@@ -77,7 +77,7 @@ class DenialCache:
                 self.misses += 1
                 return None
             # Another bucket size or a cheaper request may pass: ask Redis.
-            if entry.limits != _limits(buckets) or any(c < old for c, old in zip(costs, entry.costs)):
+            if entry.limits != _limits(buckets) or any(c < old for c, old in zip(costs, entry.costs, strict=True)):
                 self.misses += 1
                 return None
             self._entries.move_to_end(keys)

@@ -14,9 +14,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Generic, Literal, Optional, TypeVar, Union
+from typing import Any, Generic, Literal, Optional, TypeVar, Union
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
@@ -436,7 +436,7 @@ class LimiterBase(Generic[C]):
             result = yield from self._plan_each(req.groups)
         else:
             allowed, retry_ms, *replies = yield from self._engine.call("mconsume", req.groups)
-            decisions = tuple(Decision.from_reply(r, *g) for r, g in zip(replies, req.groups))
+            decisions = tuple(Decision.from_reply(r, *g) for r, g in zip(replies, req.groups, strict=True))
             result = MultiDecision(bool(allowed), int(retry_ms), decisions)
         if cache is not None and not result.allowed:
             cache.remember(sent, result.retry_after_ms, result.decisions)

@@ -115,7 +115,8 @@ class LuaMissing(RuntimeError):
 def lua_source(name: str) -> bytes:
     """A packaged Lua file, from the package's lua/ folder."""
     try:
-        return resources.files(__package__).joinpath("lua", name).read_bytes()
+        # One name per joinpath: Traversable.joinpath takes one before Python 3.11.
+        return resources.files(__package__).joinpath("lua").joinpath(name).read_bytes()
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise LuaMissing(f"redis_tokenbucket has no lua/{name}: install it from a built wheel") from exc
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Iterable
-from typing import Any, Callable, Optional, TypeVar, Union, cast
+from collections.abc import Callable, Iterable
+from typing import Any, Optional, TypeVar, Union, cast
 
 from redis import Redis
 from redis.cluster import RedisCluster

@@ -7,8 +7,8 @@ same plans (``_core``), only the I/O differs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from typing import Any, Callable, Optional, TypeVar, Union, cast
+from collections.abc import Callable, Iterable
+from typing import Any, Optional, TypeVar, Union, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster

@@ -27,9 +27,9 @@ import hashlib
 import inspect
 import ipaddress
 import json
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
