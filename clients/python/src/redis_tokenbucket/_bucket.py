@@ -9,7 +9,9 @@ import numbers
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Optional, Union
+from typing import Any, Optional
+
+from ._keys import KeyT as KeyT  # where the other modules have always imported it from
 
 # The module's bounds (docs/commands.md, Limits).
 MAX_CAPACITY = 1e12
@@ -23,9 +25,6 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)
 
 # From this on an int is no finite double (and float() would raise).
 _HUGE = 2**1024
-
-KeyT = Union[str, bytes]
-"""A Redis key: any string or binary string."""
 
 
 class InvalidArgument(ValueError):

@@ -26,6 +26,7 @@ from ._bucket import MAX_GROUPS, Bucket, InvalidArgument, KeyT, check_cost, chec
 from ._cache import DenialCache
 from ._decision import Decision, MultiDecision
 from ._errors import CrossSlotError, NoBackendError
+from ._keys import check_key, client_encoding, key_bytes
 from ._scripts import Args, Group, Op, eval_args, eval_script, fcall_args, library_source, module_args
 
 log = logging.getLogger("redis_tokenbucket")
@@ -297,6 +298,7 @@ class LimiterBase(Generic[C]):
     ) -> None:
         self.client = client
         self._cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
+        self._encoding = client_encoding(client)  # how str keys reach Redis
         # Made once: the hot path calls it directly.
         self._execute = self._sender()
         self._engine = Engine(backend, client if self._cluster else None)
@@ -317,6 +319,7 @@ class LimiterBase(Generic[C]):
     # ---- requests: checked before anything is sent -----------------------
 
     def _check_one(self, op: Op, key: KeyT, bucket: Bucket, amount: Any) -> OneRequest:
+        key = check_key(key)
         _check_bucket(bucket)
         value = check_delta(amount) if op == "adjust" else check_cost(amount, bucket)
         return OneRequest(op, key, bucket, value)
@@ -332,13 +335,14 @@ class LimiterBase(Generic[C]):
         checked: list[Group] = []
         for i, group in enumerate(given, 1):
             key, bucket, *cost = group
+            key = check_key(key, i)
             _check_bucket(bucket, i)
             if len(cost) > 1:
                 raise ValueError(f"group {i}: expected (key, bucket) or (key, bucket, cost)")
             checked.append((key, bucket, check_cost(cost[0] if cost else 1, bucket, i)))
         seen: dict[bytes, int] = {}
         for i, (key, _, _) in enumerate(checked, 1):
-            raw = key.encode() if isinstance(key, str) else bytes(key)
+            raw = key_bytes(key, self._encoding)
             if raw in seen:
                 raise InvalidArgument("key", f"duplicate key: group {i} repeats the key of group {seen[raw]}")
             seen[raw] = i
