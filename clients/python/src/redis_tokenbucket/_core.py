@@ -24,6 +24,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError, R
 
 from ._bucket import MAX_GROUPS, Bucket, InvalidArgument, KeyT, check_cost, check_delta
 from ._cache import DenialCache
+from ._cache import denial_cache as make_denial_cache
 from ._decision import Decision, MultiDecision
 from ._errors import CrossSlotError, NoBackendError
 from ._keys import check_key, client_encoding, key_bytes
@@ -294,7 +295,7 @@ class LimiterBase(Generic[C]):
         backend: Optional[BackendName] = None,
         timeout: Optional[float] = None,
         on_error: OnError = "raise",
-        denial_cache: Union[int, DenialCache, None] = None,
+        denial_cache: Union[bool, int, DenialCache, None] = None,
     ) -> None:
         self.client = client
         self._cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
@@ -304,10 +305,7 @@ class LimiterBase(Generic[C]):
         self._engine = Engine(backend, client if self._cluster else None)
         self.timeout = _check_timeout(timeout)
         self.on_error = _check_on_error(on_error)
-        if isinstance(denial_cache, DenialCache):
-            self.denial_cache: Optional[DenialCache] = denial_cache
-        else:
-            self.denial_cache = DenialCache(denial_cache) if denial_cache else None
+        self.denial_cache: Optional[DenialCache] = make_denial_cache(denial_cache, self._encoding)
         self._errors = _ErrorLog()
         self._pool: Any = None  # the sync Limiter's helper threads, made on first need
 
@@ -423,27 +421,36 @@ class LimiterBase(Generic[C]):
 
     def _plan_one(self, req: OneRequest) -> Plan[Decision]:
         cache = self.denial_cache
-        sent = cache.clock() if cache is not None else 0.0
-        reply = yield from self._engine.call(req.op, ((req.key, req.bucket, req.amount),))
+        # Before anything is sent: a denial's deadline counts from here.
+        ticket = cache.sent(req.op, (req.key,)) if cache is not None else None
+        try:
+            reply = yield from self._engine.call(req.op, ((req.key, req.bucket, req.amount),))
+        except BaseException:
+            if ticket is not None:
+                ticket.failed()
+            raise
         decision = Decision.from_reply(reply, req.key, req.bucket, req.amount)
-        if cache is not None:
-            if req.op == "adjust":
-                cache.forget(req.key)
-            elif not decision.allowed:
-                cache.remember(sent, decision.retry_after_ms, (decision,))
+        if ticket is not None:
+            ticket.answered(decision.allowed, decision.retry_after_ms, (decision,))
         return decision
 
     def _plan_many(self, req: ManyRequest) -> Plan[MultiDecision]:
         cache = self.denial_cache
-        sent = cache.clock() if cache is not None else 0.0
-        if req.each:
-            result = yield from self._plan_each(req.groups)
-        else:
-            allowed, retry_ms, *replies = yield from self._engine.call("mconsume", req.groups)
-            decisions = tuple(Decision.from_reply(r, *g) for r, g in zip(replies, req.groups, strict=True))
-            result = MultiDecision(bool(allowed), int(retry_ms), decisions)
-        if cache is not None and not result.allowed:
-            cache.remember(sent, result.retry_after_ms, result.decisions)
+        keys = [k for k, _, _ in req.groups]
+        ticket = cache.sent("each" if req.each else "mconsume", keys) if cache is not None else None
+        try:
+            if req.each:
+                result = yield from self._plan_each(req.groups)
+            else:
+                allowed, retry_ms, *replies = yield from self._engine.call("mconsume", req.groups)
+                decisions = tuple(Decision.from_reply(r, *g) for r, g in zip(replies, req.groups, strict=True))
+                result = MultiDecision(bool(allowed), int(retry_ms), decisions)
+        except BaseException:
+            if ticket is not None:
+                ticket.failed()
+            raise
+        if ticket is not None:
+            ticket.answered(result.allowed, result.retry_after_ms, result.decisions)
         return result
 
     def _plan_each(self, groups: Sequence[Group]) -> Plan[MultiDecision]:
