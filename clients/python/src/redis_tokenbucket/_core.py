@@ -429,7 +429,8 @@ class LimiterBase(Generic[C]):
             if ticket is not None:
                 ticket.failed()
             raise
-        decision = Decision.from_reply(reply, req.key, req.bucket, req.amount)
+        make = Decision.from_adjust if req.op == "adjust" else Decision.from_reply
+        decision = make(reply, req.key, req.bucket, req.amount)
         if ticket is not None:
             ticket.answered(decision.allowed, decision.retry_after_ms, (decision,))
         return decision

@@ -31,7 +31,13 @@ class Decision(_RetryAfter):
     `degraded` marks an answer made up by the failure policy because Redis
     could not answer (`allowed` is then the policy: open or closed, and the
     numbers are 0). `cached` marks a denial answered from the local denial
-    cache without a round trip. For `adjust`, `cost` holds the delta.
+    cache without a round trip. `shed` marks a call refused because this
+    process was overloaded, not because Redis said no.
+
+    For `adjust`, `cost` holds the delta, and `allowed` and
+    `retry_after_ms` are about the next request of cost 1 (or `max`, if
+    smaller): whether it would pass now, else when it will. So
+    `retry_after_ms` is 0 whenever `allowed` is True, on every call.
     """
 
     allowed: bool
@@ -43,6 +49,7 @@ class Decision(_RetryAfter):
     cost: float
     degraded: bool = False
     cached: bool = False
+    shed: bool = False
 
     @property
     def wait_ms(self) -> int:
@@ -66,7 +73,17 @@ class Decision(_RetryAfter):
             cost=cost,
             degraded=False,
             cached=False,
+            shed=False,
         )
+        return d
+
+    @classmethod
+    def from_adjust(cls, reply: Sequence[int], key: KeyT, bucket: Bucket, delta: float) -> Decision:
+        """TB.ADJUST's reply, whose `allowed` is always 1 and whose retry
+        time is for a request of cost 1 (or `max`): admitted is what that
+        request would be."""
+        d = cls.from_reply(reply, key, bucket, delta)
+        d.__dict__["allowed"] = d.retry_after_ms == 0
         return d
 
 
@@ -86,6 +103,7 @@ class MultiDecision(_RetryAfter):
     atomic: bool = True
     degraded: bool = False
     cached: bool = False
+    shed: bool = False
 
     @property
     def denied_by(self) -> tuple[Decision, ...]:
