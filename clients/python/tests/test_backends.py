@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 import redis
+import redis.asyncio
 from conftest import SLOW, TARGETS, Pool, Target, calls, make_target, run
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
 from tbservers import MODULE, Server
 
 import redis_tokenbucket.asyncio as tb_asyncio
@@ -134,3 +137,24 @@ def test_nothing_serves_a_user_without_scripting(pool):
 def test_bad_backend_name():
     with pytest.raises(ValueError, match="backend must be one of"):
         Limiter(redis.Redis(), backend="lua")  # type: ignore[arg-type]
+
+
+def test_a_client_of_the_other_kind_is_refused_at_construction(pool: Pool):
+    """A blocking Limiter can't await an asyncio client's coroutines (it
+    failed with "cannot unpack non-iterable coroutine"), and an asyncio
+    Limiter given a blocking client charged, then raised: both are refused
+    before any call."""
+    blocking = "redis_tokenbucket.Limiter needs a blocking client .* use redis_tokenbucket.asyncio.Limiter"
+    awaited = "redis_tokenbucket.asyncio.Limiter needs an asyncio client .* use redis_tokenbucket.Limiter"
+    with pytest.raises(TypeError, match=blocking):
+        Limiter(redis.asyncio.Redis())
+    with pytest.raises(TypeError, match=awaited):
+        tb_asyncio.Limiter(redis.Redis())
+    cluster = pool.cluster(module=False)
+    with RedisCluster(host="127.0.0.1", port=cluster.port) as rc, pytest.raises(TypeError, match=awaited):
+        tb_asyncio.Limiter(rc)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=blocking):
+        Limiter(AsyncRedisCluster(host="127.0.0.1", port=cluster.port))  # type: ignore[arg-type]
+    for not_a_client in (None, "redis://localhost", object()):
+        with pytest.raises(TypeError, match="expected a redis-py client"):
+            Limiter(not_a_client)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ cache and the failure policy all live here.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 import time
@@ -25,6 +26,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError, R
 from ._bucket import MAX_GROUPS, Bucket, InvalidArgument, KeyT, check_cost, check_delta
 from ._cache import DenialCache
 from ._cache import denial_cache as make_denial_cache
+from ._clients import check_client
 from ._decision import Decision, MultiDecision
 from ._errors import CrossSlotError, NoBackendError
 from ._keys import check_key, client_encoding, key_bytes
@@ -297,6 +299,8 @@ class LimiterBase(Generic[C]):
         on_error: OnError = "raise",
         denial_cache: Union[bool, int, DenialCache, None] = None,
     ) -> None:
+        # The asyncio Limiter's _run is a coroutine function: it awaits its client.
+        check_client(client, asyncio=inspect.iscoroutinefunction(getattr(self, "_run", None)))
         self.client = client
         self._cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
         self._encoding = client_encoding(client)  # how str keys reach Redis
