@@ -61,6 +61,12 @@ def test_packaged_library_is_the_repositorys(packaged_lua: Path):
     assert _scripts.library_source() == (LUA / "tb.lua").read_bytes()
 
 
+def test_the_library_states_the_packages_version():
+    """What the library's tb_version answers is the version the package
+    checks servers against: the project's."""
+    assert _scripts.library_version() == metadata.version("redis-tokenbucket")
+
+
 def test_packaged_eval_script_is_what_gen_eval_writes(packaged_lua: Path, tmp_path: Path):
     checked = gen_eval_check(packaged_lua / _scripts.EVAL_FILE)
     assert checked.returncode == 0, checked.stderr

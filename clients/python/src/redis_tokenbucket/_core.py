@@ -30,7 +30,18 @@ from ._clients import check_client
 from ._decision import Decision, MultiDecision
 from ._errors import CrossSlotError, NoBackendError
 from ._keys import check_key, client_encoding, key_bytes
-from ._scripts import Args, Group, Op, eval_args, eval_script, fcall_args, library_source, module_args
+from ._scripts import (
+    VERSION_ARGS,
+    Args,
+    Group,
+    Op,
+    eval_args,
+    eval_script,
+    fcall_args,
+    library_source,
+    library_version,
+    module_args,
+)
 
 log = logging.getLogger("redis_tokenbucket")
 
@@ -109,6 +120,9 @@ class Engine:
         # A cluster client (sync or asyncio), to send each FCALL to its key's node.
         self._cluster = cluster
         self._retryable: tuple[type[Exception], ...] = cluster.ERRORS_ALLOW_RETRY if cluster is not None else ()
+        # Whether the Functions library on the server (every primary of a
+        # Cluster) is known to be this package's copy.
+        self._library_checked = False
 
     def call(self, op: Op, groups: Sequence[Group]) -> Plan[Any]:
         backend = self.backend
@@ -149,6 +163,8 @@ class Engine:
         return (yield from self._eval(eval_args(op, groups)))
 
     def _fcall(self, args: Args, key: KeyT) -> Plan[Any]:
+        if not self._library_checked:
+            yield from self._check_library()
         try:
             return (yield from self._to_key_node(args, key))
         except Exception as exc:
@@ -156,6 +172,30 @@ class Engine:
                 raise _Unavailable("functions", exc) from exc
             if not function_missing(exc):
                 raise
+        yield from self._load_library()
+        return (yield from self._to_key_node(args, key))
+
+    def _check_library(self) -> Plan[None]:
+        """Before the first FCALL: the library loaded (on every primary of a
+        Cluster) must be this package's copy, as `tb_version` tells. None,
+        an older one, or a foreign one (no `tb_version`) is replaced by it."""
+        command: Command = ToNode(VERSION_ARGS, "primaries") if self._cluster is not None else VERSION_ARGS
+        try:
+            reply = yield command
+        except Exception as exc:
+            if refused(exc):
+                raise _Unavailable("functions", exc) from exc
+            if not function_missing(exc):
+                raise
+            reply = None
+        # A cluster client answers for several nodes with {node: reply}.
+        replies = reply.values() if isinstance(reply, dict) else [reply]
+        ours = library_version()
+        if any((r.decode() if isinstance(r, bytes) else r) != ours for r in replies):
+            yield from self._load_library()
+        self._library_checked = True
+
+    def _load_library(self) -> Plan[None]:
         try:
             # REPLACE: idempotent when gateways race, or some Cluster
             # primaries have it already. A cluster client sends it to all.
@@ -164,7 +204,7 @@ class Engine:
             # Refused (Redis 6.2, an ACL without FUNCTION, a managed service
             # that disables it): the EVAL script needs no loading.
             raise _Unavailable("functions", exc) from exc
-        return (yield from self._to_key_node(args, key))
+        self._library_checked = True
 
     def _to_key_node(self, args: Args, key: KeyT) -> Plan[Any]:
         """Sends an FCALL, on a cluster client straight to the node of its
