@@ -158,3 +158,29 @@ def test_a_client_of_the_other_kind_is_refused_at_construction(pool: Pool):
     for not_a_client in (None, "redis://localhost", object()):
         with pytest.raises(TypeError, match="expected a redis-py client"):
             Limiter(not_a_client)  # type: ignore[arg-type]
+
+
+def test_reset_deletes_the_bucket(target: Target):
+    lim = Limiter(target.client())
+    assert lim.consume("rl:r", B, 4).remaining == 6
+    assert lim.reset("rl:r") is True
+    assert lim.peek("rl:r", B).remaining == 10
+    assert lim.reset("rl:r") is False  # nothing to delete: full already
+    with target.admin() as admin:
+        assert admin.dbsize() == 0
+
+
+def test_reset_asyncio_and_redis_errors_raise(target: Target):
+    async def main() -> tuple[bool, int]:
+        client = target.async_client()
+        try:
+            lim = tb_asyncio.Limiter(client, on_error="open")
+            await lim.consume(7, B, 3)
+            deleted = await lim.reset("7")
+            return deleted, (await lim.peek(7, B)).remaining
+        finally:
+            await client.aclose()
+
+    assert run(main()) == (True, 10)
+    with pytest.raises(redis.ConnectionError):
+        Limiter(redis.Redis(port=1), on_error="open").reset("rl:r")

@@ -273,3 +273,13 @@ def test_a_write_whose_reply_is_lost_drops_the_entries_too(module_target: Target
         lim.adjust("rl:lost", B, 2)  # it did refund
     d = lim.consume("rl:lost", B)
     assert d.allowed and not d.cached
+
+
+def test_reset_drops_the_entry(module_target: Target, clock: FakeClock):
+    lim = cached_limiter(module_target, clock)
+    lim.consume("rl:reset", B, 2)
+    lim.consume("rl:reset", B)
+    assert lim.consume("rl:reset", B).cached
+    assert lim.reset(b"rl:reset")
+    d = lim.consume("rl:reset", B)
+    assert d.allowed and not d.cached

@@ -95,6 +95,15 @@ def test_across_slots_charges_bucket_by_bucket_and_refunds(cluster: Cluster, rc:
     )
 
 
+def test_reset_reaches_each_keys_node(cluster: Cluster, rc: RedisCluster):
+    keys = [f"rl:user:{i}" for i in range(12)]
+    lim = Limiter(rc)
+    for k in keys:
+        lim.consume(k, USER)
+    assert all(lim.reset(k) for k in keys)
+    assert sum(rc.exists(k) for k in keys) == 0  # one by one: the keys lie in several slots
+
+
 def test_atomic_across_slots_is_refused(cluster: Cluster, rc: RedisCluster):
     lim = Limiter(rc)
     with pytest.raises(CrossSlotError, match="one Cluster hash slot") as raised:

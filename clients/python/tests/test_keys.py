@@ -47,6 +47,7 @@ def test_anything_else_is_a_type_error_before_anything_is_sent(module_target: Ta
         lambda: lim.consume(key, B),
         lambda: lim.peek(key, B),
         lambda: lim.adjust(key, B, 1),
+        lambda: lim.reset(key),
         lambda: lim.consume_many([("a", B), (key, B)]),
     ):
         with pytest.raises(TypeError, match="key must be a str, bytes or int"):

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Generic, Literal, Optional, TypeVar, Union
+from typing import Any, Generic, Literal, NoReturn, Optional, TypeVar, Union
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
@@ -446,6 +446,10 @@ class LimiterBase(Generic[C]):
     def _job_detect(self, probe_key: KeyT, timeout: Optional[float]) -> Job[str]:
         return Job(self._plan_detect(probe_key), None, _no_degraded_answer, "detect", self._options(timeout, "raise"))
 
+    def _job_reset(self, key: KeyT, timeout: Optional[float]) -> Job[bool]:
+        plan = self._plan_reset(check_key(key))
+        return Job(plan, None, _no_degraded_answer, "reset", self._options(timeout, "raise"))
+
     # ---- plans -----------------------------------------------------------
 
     def _cached_one(self, req: OneRequest) -> Optional[Decision]:
@@ -529,6 +533,20 @@ class LimiterBase(Generic[C]):
             return MultiDecision(False, max(d.retry_after_ms for d in decisions), decisions, atomic=False)
         return MultiDecision(True, 0, tuple(charged), atomic=False)
 
+    def _plan_reset(self, key: KeyT) -> Plan[bool]:
+        cache = self.denial_cache
+        ticket = cache.sent("reset", (key,)) if cache is not None else None
+        try:
+            # No key is a full bucket. A cluster client routes DEL by its key.
+            deleted = yield ("DEL", key)
+        except BaseException:
+            if ticket is not None:
+                ticket.failed()
+            raise
+        if ticket is not None:
+            ticket.answered(True, 0, ())
+        return bool(deleted)
+
     def _plan_detect(self, probe_key: KeyT) -> Plan[str]:
         yield from self._engine.call("peek", ((probe_key, _PROBE, 1.0),))
         return self._engine.backend or ""
@@ -552,8 +570,8 @@ def _degraded_many(req: ManyRequest, allowed: bool) -> MultiDecision:
     return MultiDecision(allowed, 0, decisions, atomic=not req.each, degraded=True)
 
 
-def _no_degraded_answer(req: object, allowed: bool) -> str:
-    raise AssertionError("detect() runs with on_error='raise'")
+def _no_degraded_answer(req: object, allowed: bool) -> NoReturn:
+    raise AssertionError("detect() and reset() run with on_error='raise'")
 
 
 def _check_bucket(bucket: Any, group: Optional[int] = None) -> None:

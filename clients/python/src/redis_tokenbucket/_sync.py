@@ -112,6 +112,12 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         """
         return self._run(self._job_many(groups, atomic, timeout, on_error))
 
+    def reset(self, key: KeyT, *, timeout: Optional[float] = None) -> bool:
+        """Deletes the bucket at `key` (DEL: whatever the key holds), so it
+        is full again, and drops any denial the cache holds for it. True if
+        there was a key to delete. Redis errors raise, whatever `on_error`."""
+        return self._run(self._job_reset(key, timeout))
+
     def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
         """Finds the backend now with a read-only TB.PEEK of `probe_key`
         (readiness checks); raises if Redis can't serve any."""

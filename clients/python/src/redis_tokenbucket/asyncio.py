@@ -92,6 +92,12 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         ``redis_tokenbucket.Limiter.consume_many`` for Cluster slots."""
         return await self._run(self._job_many(groups, atomic, timeout, on_error))
 
+    async def reset(self, key: KeyT, *, timeout: Optional[float] = None) -> bool:
+        """Deletes the bucket at `key` (DEL: whatever the key holds), so it
+        is full again, and drops any denial the cache holds for it. True if
+        there was a key to delete. Redis errors raise, whatever `on_error`."""
+        return await self._run(self._job_reset(key, timeout))
+
     async def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
         """Finds the backend now with a read-only TB.PEEK of `probe_key`
         (readiness checks); raises if Redis can't serve any."""
