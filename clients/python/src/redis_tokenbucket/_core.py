@@ -179,7 +179,7 @@ class Engine:
         """Before the first FCALL: the library loaded (on every primary of a
         Cluster) must be this package's copy, as `tb_version` tells. None,
         an older one, or a foreign one (no `tb_version`) is replaced by it."""
-        command: Command = ToNode(VERSION_ARGS, "primaries") if self._cluster is not None else VERSION_ARGS
+        command: Command = ToNode(VERSION_ARGS, self._primaries()) if self._cluster is not None else VERSION_ARGS
         try:
             reply = yield command
         except Exception as exc:
@@ -194,6 +194,14 @@ class Engine:
         if any((r.decode() if isinstance(r, bytes) else r) != ours for r in replies):
             yield from self._load_library()
         self._library_checked = True
+
+    def _primaries(self) -> Any:
+        """Every primary, as nodes: redis-py 8 asks a server for the keys of
+        an FCALL sent to the "primaries" flag (COMMAND GETKEYS), not of one
+        sent to nodes. An asyncio cluster client knows no node before its
+        first command: the flag then."""
+        nodes = self._cluster.get_primaries()
+        return nodes or "primaries"
 
     def _load_library(self) -> Plan[None]:
         try:
