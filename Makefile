@@ -111,8 +111,11 @@ test-examples: deps venv build
 # $(VENV). The gateway example installs the package into $(VENV).
 PY_CLIENT     := clients/python
 PY_TOOL_PKGS  := build==1.6.1 hatchling==1.33.0 ruff==0.17.5 mypy==2.4.1
-PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4
-PY_WHEEL_VENV := $(PY_CLIENT)/.venv-wheel
+PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4 \
+                 fakeredis==2.41.0 lupa==2.8
+# And again with what `pip install` brings a user today: the newest versions
+# the package's bounds allow.
+PY_LATEST_PKGS := redis fastapi httpx pydantic pytest fakeredis lupa
 
 .PHONY: python-tools python-wheel lint-python test-python bench-python
 
@@ -132,11 +135,8 @@ lint-python: python-tools
 	$(VENV)/bin/mypy --strict --config-file $(PY_CLIENT)/pyproject.toml $(PY_CLIENT)/src
 
 test-python: deps venv build python-wheel lint-python
-	rm -rf $(PY_WHEEL_VENV)
-	python3 -m venv $(PY_WHEEL_VENV)
-	$(PY_WHEEL_VENV)/bin/pip install -q --disable-pip-version-check $(PY_TEST_PKGS) \
-	  "$$(ls $(CURDIR)/$(PY_CLIENT)/dist/*.whl)[fastapi]"
-	servers="$$($(PYPI_SERVERS))" && cd $(PY_CLIENT) && env $$servers .venv-wheel/bin/pytest -q
+	servers="$$($(PYPI_SERVERS))" && env $$servers bash $(PY_CLIENT)/test-wheel.sh pinned $(PY_TEST_PKGS) \
+	  && env $$servers bash $(PY_CLIENT)/test-wheel.sh latest $(PY_LATEST_PKGS)
 
 # The example installs the package with the pinned build backend.
 test-examples: python-tools
