@@ -167,8 +167,8 @@ class Rule:
         Rule(lambda request: TIERS[request.state.tier], user_id())
 
     Buckets of one rule that share a name share the key, so a caller who
-    changes tier keeps the tokens already spent. `cost` may be a function of
-    the request too.
+    changes tier keeps the balance it has (a higher max adds no tokens at
+    once). `cost` may be a function of the request too.
     """
 
     bucket: Union[Bucket, BucketFunc]
