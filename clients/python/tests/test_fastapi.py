@@ -325,5 +325,5 @@ def test_a_shed_call_is_a_503_with_retry_after(how: str):
     with TestClient(app) as client:
         res = client.get("/v1/models")
     assert res.status_code == 503 and res.headers["Retry-After"] == "3"
-    assert res.json()["detail"] == "The gateway is overloaded."
+    assert res.json()["detail"] == "The server is overloaded."
     assert "RateLimit" not in res.headers

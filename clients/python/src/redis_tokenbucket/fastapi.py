@@ -228,20 +228,18 @@ def problem_response(decision: MultiDecision, *, legacy_headers: bool = False) -
 
 
 def unavailable_response(decision: Optional[MultiDecision] = None) -> JSONResponse:
-    """The 503 of a call refused without Redis's word: a fail-closed
-    limiter whose Redis could not answer, or a call shed because this
-    process was overloaded. Retry-After is the decision's retry time, at
-    least a second."""
+    """The 503 of a fail-closed limiter whose Redis could not answer, or of
+    a shed decision (this process too busy to get Redis's answer in time),
+    with Retry-After."""
     shed = decision is not None and decision.shed
     body = {
         "type": "about:blank",
         "title": "Service Unavailable",
         "status": 503,
-        "detail": "The gateway is overloaded." if shed else "The rate limiter is unavailable.",
+        "detail": "The server is overloaded." if shed else "The rate limiter is unavailable.",
     }
-    retry_after = max(1, decision.retry_after) if decision is not None else 1
-    headers = {"Retry-After": str(retry_after)}
-    return JSONResponse(body, status_code=503, headers=headers, media_type=PROBLEM_JSON)
+    retry = decision.retry_after if decision is not None and decision.retry_after > 0 else 1
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(retry)}, media_type=PROBLEM_JSON)
 
 
 class RateLimitRefused(HTTPException):
@@ -332,12 +330,12 @@ class RateLimit:
         return await self.limiter.consume_many(groups, atomic=self.atomic, timeout=self.timeout, on_error=self.on_error)
 
     def answer(self, decision: MultiDecision) -> Optional[JSONResponse]:
-        """The refusal to send, or None to let the request through: a 429
-        when Redis denied, a 503 when the call was shed or the limiter
-        failed closed."""
+        """The refusal to send, or None to let the request through."""
         if decision.allowed:
             return None
-        if decision.degraded or decision.shed:
+        # A denial with numbers is a bucket's (Redis's, or the in-process
+        # one of on_error="local"): 429. Without: shed or failing closed.
+        if decision.shed or (decision.degraded and decision.retry_after_ms == 0):
             return unavailable_response(decision)
         return problem_response(decision, legacy_headers=self.legacy_headers)
 
