@@ -5,6 +5,8 @@ repository's Functions library byte for byte, and the EVAL script that
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -109,3 +111,21 @@ def test_distribution_metadata():
     assert any(r.startswith("fastapi>=") and "extra == " in r for r in requires)
     assert resources.files("redis_tokenbucket").joinpath("py.typed").is_file()
     assert redis_tokenbucket.asyncio.Limiter.__module__ == "redis_tokenbucket.asyncio"
+
+
+def test_the_installed_contract_is_the_repositorys():
+    """The package's bounds and messages are contract/contract.json's, as
+    contract/gen.py writes them: a copy that drifted fails here (and
+    `make lint` fails on the repository's copy)."""
+    contract = json.loads((ROOT / "contract" / "contract.json").read_text())
+    limits = {name: spec["value"] for name, spec in contract["limits"].items()}
+    for name, value in limits.items():
+        assert getattr(_contract, name.upper()) == float(value), name
+    for name, template in contract["errors"].items():
+        filled = re.sub(r"\{(\w+)\}", lambda m: limits.get(m.group(1), m.group(0)), template)
+        assert _contract.ERRORS[name] == filled, name
+    assert set(_contract.ERRORS) == set(contract["errors"])
+    # The Bucket's checks speak those messages.
+    with pytest.raises(redis_tokenbucket.InvalidArgument) as bad:
+        redis_tokenbucket.Bucket(0, 1)
+    assert "ERR " + str(bad.value) == _contract.message("max_out_of_range")

@@ -11,13 +11,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Optional
 
+from ._contract import MAX_CAPACITY, MAX_FILL_SECONDS, MAX_RATE, message
 from ._keys import KeyT as KeyT  # where the other modules have always imported it from
-
-# The module's bounds (docs/commands.md, Limits).
-MAX_CAPACITY = 1e12
-MAX_RATE = 1e12
-MAX_FILL_SECONDS = 1e10
-MAX_GROUPS = 10_000
 
 # [+-] (digits [. digits] | . digits) [(e|E) [+-] digits], ASCII digits only:
 # the grammar the module and the Lua library accept.
@@ -41,8 +36,10 @@ class InvalidArgument(ValueError):
         self.field = field
 
 
-def _group(group: Optional[int]) -> str:
-    return "" if group is None else f" (group {group})"
+def invalid(field: str, error: str, group: Optional[int] = None, **values: object) -> InvalidArgument:
+    """The module's reply `error` (contract/contract.json) as an
+    InvalidArgument about `field`: its text without the `ERR ` prefix."""
+    return InvalidArgument(field, message(error, group=group, **values).removeprefix("ERR "))
 
 
 def number(value: Any, name: str, group: Optional[int] = None) -> float:
@@ -65,7 +62,7 @@ def number(value: Any, name: str, group: Optional[int] = None) -> float:
             result = math.inf
         if math.isfinite(result):
             return result
-    raise InvalidArgument(name, f"{name} must be a finite decimal number{_group(group)}")
+    raise invalid(name, "not_a_number", group, arg=name)
 
 
 def encode(value: float) -> str:
@@ -77,13 +74,11 @@ def encode(value: float) -> str:
 def check_cost(cost: Any, bucket: Bucket, group: Optional[int] = None) -> float:
     value = number(cost, "cost", group)
     if value < 0:
-        raise InvalidArgument("cost", f"cost must be >= 0{_group(group)}")
+        raise invalid("cost", "cost_negative", group)
     if value > bucket.max:
-        raise InvalidArgument("cost", f"cost must not exceed max, it could never pass{_group(group)}")
+        raise invalid("cost", "cost_above_max", group)
     if charges_nothing(value, bucket.max):
-        raise InvalidArgument(
-            "cost", f"cost is too small to charge a bucket of this max: use 0 or at least max/2^53{_group(group)}"
-        )
+        raise invalid("cost", "cost_too_small", group)
     return value
 
 
@@ -111,8 +106,9 @@ def check_name(name: str) -> str:
 class Bucket:
     """`max` tokens of burst, refilled at `rate` tokens per second.
 
-    Checked when built, with the module's rules: `0 < max <= 1e12`,
-    `0 < rate <= 1e12`, `max / rate <= 1e10` seconds. `name` names the
+    Checked when built, with the module's rules and messages
+    (contract/contract.json): `0 < max <= 1e12`, `0 < rate <= 1e12`,
+    `max / rate <= 1e10` seconds. `name` names the
     policy in the RateLimit headers (`"user";q=10;w=59`).
     """
 
@@ -125,12 +121,12 @@ class Bucket:
     def __post_init__(self) -> None:
         max_ = number(self.max, "max")
         if not 0 < max_ <= MAX_CAPACITY:
-            raise InvalidArgument("max", "max must be > 0 and <= 1e12")
+            raise invalid("max", "max_out_of_range")
         rate = number(self.rate, "rate")
         if not 0 < rate <= MAX_RATE:
-            raise InvalidArgument("rate", "rate must be > 0 and <= 1e12")
+            raise invalid("rate", "rate_out_of_range")
         if max_ / rate > MAX_FILL_SECONDS:
-            raise InvalidArgument("rate", "rate is too low for max: max/rate must be <= 1e10 seconds")
+            raise invalid("rate", "fill_too_slow")
         if self.name is not None:
             check_name(self.name)
         object.__setattr__(self, "max", max_)

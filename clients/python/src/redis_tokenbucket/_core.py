@@ -25,10 +25,11 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from . import _local
 from ._breaker import Breaker
-from ._bucket import MAX_GROUPS, Bucket, InvalidArgument, KeyT, check_cost, check_delta
+from ._bucket import Bucket, InvalidArgument, KeyT, check_cost, check_delta, invalid
 from ._cache import DenialCache
 from ._cache import denial_cache as make_denial_cache
 from ._clients import check_client
+from ._contract import MAX_GROUPS
 from ._decision import Decision, MultiDecision
 from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError
 from ._events import DecisionEvent
@@ -424,7 +425,7 @@ class LimiterBase(Generic[C]):
         if not given:
             raise InvalidArgument("groups", "consume_many needs at least one (key, bucket, cost)")
         if len(given) > MAX_GROUPS:
-            raise InvalidArgument("groups", f"too many buckets: at most {MAX_GROUPS} groups per call")
+            raise invalid("groups", "too_many_groups")
         checked: list[Group] = []
         for i, group in enumerate(given, 1):
             key, bucket, *cost = group
@@ -437,7 +438,7 @@ class LimiterBase(Generic[C]):
         for i, (key, _, _) in enumerate(checked, 1):
             raw = key_bytes(key, self._encoding)
             if raw in seen:
-                raise InvalidArgument("key", f"duplicate key: group {i} repeats the key of group {seen[raw]}")
+                raise invalid("key", "duplicate_key", group=i, first=seen[raw])
             seen[raw] = i
         split = self._cluster and len(checked) > 1 and len({self._slot(k) for k, _, _ in checked}) > 1
         if split and atomic:
