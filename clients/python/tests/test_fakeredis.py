@@ -6,7 +6,6 @@ the answers a real server gives."""
 from __future__ import annotations
 
 import time
-from importlib import metadata
 from typing import Any
 
 import fakeredis
@@ -18,6 +17,7 @@ from test_differential import SCENARIO, Reply, assert_same, normal, run_sync, st
 
 import redis_tokenbucket.asyncio as tb_asyncio
 from redis_tokenbucket import Bucket, DenialCache, Limiter
+from redis_tokenbucket._scripts import library_version
 from redis_tokenbucket.fastapi import RateLimit, Rule, api_key, install
 
 B = Bucket(3, 0.001, name="user")
@@ -31,7 +31,7 @@ def test_sync_limiter_on_fakeredis():
     assert lim.consume("rl:u", B).cached
     assert lim.reset("rl:u") and lim.consume("rl:u", B).remaining == 2
     # The package's library, loaded and checked as on a server.
-    assert r.execute_command("FCALL_RO", "tb_version", 0) == metadata.version("redis-tokenbucket").encode()
+    assert r.execute_command("FCALL_RO", "tb_version", 0) == library_version().encode()
 
 
 def test_asyncio_limiter_on_fakeredis():
