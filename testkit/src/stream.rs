@@ -12,6 +12,9 @@ use std::time::Duration;
 /// The key `ReplicationStream::take` writes to mark where it stops.
 pub const STREAM_MARKER: &str = "tb-test:stream-marker";
 
+/// It acknowledges nothing past the snapshot: `WAIT` does not count it,
+/// and `wait_replicas`, which wants every replica caught up, would wait
+/// for it in vain.
 pub struct ReplicationStream {
     reader: BufReader<TcpStream>,
 }
