@@ -2,8 +2,8 @@
 //! without the module, holds the primary's exact hashes and expire times.
 
 use testkit::{
-    hgetall, info_field, int, run, server_time_us, snapshot, start_replica, wait_replicas, Config,
-    ReplicationStream, Rng, Server,
+    bucket_delete, bucket_write, hgetall, info_field, run, server_time_us, snapshot, start_replica,
+    wait_replicas, Config, ReplicationStream, Rng, Server,
 };
 
 fn mixed_traffic(c: &mut redis::Connection, seed: u64, calls: usize) {
@@ -103,21 +103,6 @@ fn replica_attached_mid_traffic_ends_identical() {
     assert_eq!(snapshot(&mut replica.conn()), primary);
 }
 
-/// The commands a replica must receive for a write of `key`: the hash and
-/// the expire time the primary holds now.
-fn written(c: &mut redis::Connection, key: &str) -> Vec<Vec<String>> {
-    let h = hgetall(c, key);
-    let at = int(c, "PEXPIRETIME", key).to_string();
-    vec![
-        words(&["HSET", key, "tokens", &h["tokens"], "ts", &h["ts"]]),
-        words(&["PEXPIREAT", key, &at]),
-    ]
-}
-
-fn words(w: &[&str]) -> Vec<String> {
-    w.iter().map(|s| s.to_string()).collect()
-}
-
 /// The stream replicas and the AOF receive, read as a replica reads it:
 /// each write is exactly `HSET key tokens <t> ts <ts>` and `PEXPIREAT key
 /// <ms>` with the text the primary stored (`DEL key` for a bucket that
@@ -129,75 +114,39 @@ fn the_stream_carries_exactly_the_stored_hash_and_expire_time() {
     let s = Server::start();
     let mut c = s.conn();
     let mut stream = ReplicationStream::attach(&s);
-    // The commands, without the SELECT and the MULTI/EXEC around them.
-    let mut sent = |c: &mut redis::Connection| -> Vec<Vec<String>> {
-        let mut all = stream.take(c);
-        all.retain(|cmd| !["SELECT", "MULTI", "EXEC"].contains(&cmd[0].to_uppercase().as_str()));
-        all
-    };
     let _: () = redis::cmd("SET")
         .arg("legacy")
         .arg(((server_time_us(&mut c) + 6_000_000) * 1000).to_string())
         .query(&mut c)
         .unwrap();
-    assert_eq!(sent(&mut c)[0][..2], ["SET", "legacy"]);
+    assert_eq!(stream.take_commands(&mut c)[0][..2], ["SET", "legacy"]);
     type Expected = fn(&mut redis::Connection) -> Vec<Vec<String>>;
     let nothing: Expected = |_| Vec::new();
+    // One call a line: its arguments, then what it must replicate.
+    #[rustfmt::skip]
     let cases: [(&[&str], Expected); 13] = [
-        (&["TB.CONSUME", "a", "10", "0.001", "3"], |c| {
-            written(c, "a")
-        }),
-        (&["TB.CONSUME", "a", "10", "0.001", "2.5"], |c| {
-            written(c, "a")
-        }),
+        (&["TB.CONSUME", "a", "10", "0.001", "3"], |c| bucket_write(c, "a")),
+        (&["TB.CONSUME", "a", "10", "0.001", "2.5"], |c| bucket_write(c, "a")),
         (&["TB.CONSUME", "a", "10", "0.001", "9"], nothing),
         (&["TB.CONSUME", "a", "10", "0.001", "0"], nothing),
         (&["TB.PEEK", "a", "10", "0.001"], nothing),
         (&["TB.CONSUME", "a", "x", "0.001"], nothing),
-        (&["TB.ADJUST", "a", "10", "0.001", "-1"], |c| {
-            written(c, "a")
-        }),
-        (&["TB.ADJUST", "a", "10", "0.001", "100"], |_| {
-            vec![words(&["DEL", "a"])]
-        }),
+        (&["TB.ADJUST", "a", "10", "0.001", "-1"], |c| bucket_write(c, "a")),
+        (&["TB.ADJUST", "a", "10", "0.001", "100"], |_| bucket_delete("a")),
         (&["TB.ADJUST", "a", "10", "0.001", "5"], nothing),
-        (
-            &[
-                "TB.MCONSUME",
-                "b",
-                "5",
-                "0.001",
-                "1",
-                "c",
-                "5",
-                "0.001",
-                "2",
-            ],
-            |c| [written(c, "b"), written(c, "c")].concat(),
-        ),
-        (
-            &[
-                "TB.MCONSUME",
-                "b",
-                "5",
-                "0.001",
-                "1",
-                "c",
-                "5",
-                "0.001",
-                "4",
-            ],
-            nothing,
-        ),
+        (&["TB.MCONSUME", "b", "5", "0.001", "1", "c", "5", "0.001", "2"], |c| {
+            [bucket_write(c, "b"), bucket_write(c, "c")].concat()
+        }),
+        (&["TB.MCONSUME", "b", "5", "0.001", "1", "c", "5", "0.001", "4"], nothing),
         (&["CL.THROTTLE", "legacy", "15", "30", "60", "0"], nothing),
         (&["CL.THROTTLE", "legacy", "15", "30", "60"], |c| {
-            [vec![words(&["DEL", "legacy"])], written(c, "legacy")].concat()
+            [bucket_delete("legacy"), bucket_write(c, "legacy")].concat()
         }),
     ];
     for (args, expected) in cases {
         let _ = run(&mut c, redis::cmd(args[0]).arg(&args[1..]));
         let want = expected(&mut c);
-        assert_eq!(sent(&mut c), want, "{args:?}");
+        assert_eq!(stream.take_commands(&mut c), want, "{args:?}");
     }
     assert_eq!(hgetall(&mut c, "b")["tokens"], "4", "the calls ran");
 }

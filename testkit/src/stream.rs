@@ -108,6 +108,14 @@ impl ReplicationStream {
         }
     }
 
+    /// `take` without the `SELECT`s and the `MULTI`/`EXEC` around a
+    /// command's effects: the commands alone.
+    pub fn take_commands(&mut self, c: &mut redis::Connection) -> Vec<Vec<String>> {
+        let mut all = self.take(c);
+        all.retain(|cmd| !["SELECT", "MULTI", "EXEC"].contains(&cmd[0].to_uppercase().as_str()));
+        all
+    }
+
     /// One command of the stream (a RESP array of bulk strings), each
     /// argument as text (bytes that are not UTF-8 replaced).
     fn next_command(&mut self) -> Vec<String> {
@@ -141,4 +149,25 @@ fn read_line(reader: &mut BufReader<TcpStream>) -> String {
         .expect("read from the replication stream");
     assert!(n > 0, "the server closed the replication stream");
     line.trim_end_matches(['\r', '\n']).to_string()
+}
+
+/// The commands a write of the bucket `key` replicates: `HSET key tokens
+/// <t> ts <ts>` and `PEXPIREAT key <ms>`, with the hash and expire time the
+/// server holds now.
+pub fn bucket_write(c: &mut redis::Connection, key: &str) -> Vec<Vec<String>> {
+    let h = crate::client::hgetall(c, key);
+    let at = crate::client::int(c, "PEXPIRETIME", key).to_string();
+    vec![
+        words(&["HSET", key, "tokens", &h["tokens"], "ts", &h["ts"]]),
+        words(&["PEXPIREAT", key, &at]),
+    ]
+}
+
+/// `DEL key`, as the stream carries it.
+pub fn bucket_delete(key: &str) -> Vec<Vec<String>> {
+    vec![words(&["DEL", key])]
+}
+
+fn words(w: &[&str]) -> Vec<String> {
+    w.iter().map(|s| s.to_string()).collect()
 }
