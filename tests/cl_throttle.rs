@@ -11,6 +11,7 @@
 use redis::Value;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 use tb_core::state::{StateError, WRONGTYPE};
 use testkit::{
     error_of, hgetall, int, load_eval_script, load_library, pypi_server, run, server_time_us,
@@ -699,17 +700,24 @@ fn a_changed_limit_carries_the_balance_not_the_time_debt() {
     );
 }
 
-/// Builds tests/fixtures/fake_redis_cell.c (a C compiler is on every
-/// machine the project builds on: cargo needs one to link).
+/// Builds tests/fixtures/fake_redis_cell.c once per test binary (a C
+/// compiler is on every machine the project builds on: cargo needs one to
+/// link); the tests that load it share the build.
 fn fake_redis_cell() -> PathBuf {
-    let src = testkit::root().join("tests/fixtures/fake_redis_cell.c");
-    let out = std::env::temp_dir().join(format!("tb-fake-redis-cell-{}.so", std::process::id()));
-    let built = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(built.success(), "cc {}", src.display());
-    out
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let src = testkit::root().join("tests/fixtures/fake_redis_cell.c");
+            let out =
+                std::env::temp_dir().join(format!("tb-fake-redis-cell-{}.so", std::process::id()));
+            let built = Command::new("cc")
+                .args(["-shared", "-fPIC", "-O1", "-o"])
+                .arg(&out)
+                .arg(&src)
+                .status()
+                .expect("run cc");
+            assert!(built.success(), "cc {}", src.display());
+            out
+        })
+        .clone()
 }
