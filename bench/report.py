@@ -87,6 +87,8 @@ class Run:
     scale: dict = field(default_factory=lambda: defaultdict(dict))
     scale_cpu: dict = field(default_factory=lambda: defaultdict(dict))
     mem: dict = field(default_factory=dict)  # kind -> (keys, before, after)
+    # command -> (groups per call, calls, usec), from INFO commandstats
+    mcbig: dict = field(default_factory=dict)
     instr: dict = field(default_factory=dict)  # (case, n) -> (total, in_call)
     # (case, n) -> {API function or "handler": inclusive instructions}
     fns: dict = field(default_factory=lambda: defaultdict(dict))
@@ -116,6 +118,8 @@ def load_line(run: Run, f: list) -> None:
             into_cpu[key][int(f[3])] = int(f[6]) / float(f[5])
     elif f[0] == "mem":
         run.mem[f[1]] = (int(f[2]), int(f[3]), int(f[4]))
+    elif f[0] == "mcbig" and f[4]:
+        run.mcbig[f[1]] = (int(f[2]), int(f[3]), int(f[4]))
     elif f[0] == "instr" and f[3] and f[4]:
         run.instr[(f[1], int(f[2]))] = (int(f[3]), int(f[4]))
     elif f[0] == "fn":
@@ -287,6 +291,29 @@ def scale_table(run):
     return header, rows
 
 
+def mcbig_table(run):
+    """Server time per call of the largest TB.MCONSUME, and per bucket
+    against a TB.CONSUME's."""
+    rows = []
+    per_bucket = {}
+    for cmd, label in [
+        ("tb.mconsume", "TB.MCONSUME, 10,000 groups, new keys"),
+        ("tb.consume", "TB.CONSUME, new keys"),
+    ]:
+        if cmd in run.mcbig and run.mcbig[cmd][1]:
+            groups, calls, usec = run.mcbig[cmd]
+            per_call = usec / calls
+            per_bucket[cmd] = per_call / groups
+            rows.append(
+                [label, f"{calls:,}", f"{per_call:,.2f}", f"{per_call / groups:.2f}"]
+            )
+    ratio_row = ratio(per_bucket.get("tb.mconsume"), per_bucket.get("tb.consume"))
+    if ratio_row is not None:
+        rows.append(["per bucket, TB.MCONSUME / TB.CONSUME", "", "", fmt_x(ratio_row)])
+    header = ["command", "calls", "server µs per call", "server µs per bucket"]
+    return header, rows
+
+
 def instructions_table(run):
     rows = []
     for case, label in INSTR_CASES:
@@ -386,6 +413,7 @@ TABLES = {
     "Throughput": throughput_table,
     "Memory": memory_table,
     "Scale": scale_table,
+    "Mcbig": mcbig_table,
     "Instructions": instructions_table,
     "Breakdown": breakdown_table,
     "Targets": targets_table,
@@ -402,6 +430,8 @@ def document(run, tables, optimisations: str) -> str:
     fields = {k: machine.get(k, "?") for k in keys.split()}
     fields["rounds"] = rounds
     fields["big"] = f"{int(machine.get('big', '5000000')):,}"
+    calls = run.mcbig.get("tb.mconsume", (0, 0, 0))[1]
+    fields["mcbig_calls"] = f"{calls:,}" if calls else "20"
     for name, (header, rows) in tables.items():
         fields[name.lower()] = md_table(header, rows)
     fields["own_share_max"] = f"{OWN_SHARE_MAX:.0%}"
