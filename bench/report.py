@@ -87,7 +87,8 @@ class Run:
     scale: dict = field(default_factory=lambda: defaultdict(dict))
     scale_cpu: dict = field(default_factory=lambda: defaultdict(dict))
     mem: dict = field(default_factory=dict)  # kind -> (keys, before, after)
-    # command -> (groups per call, calls, usec), from INFO commandstats
+    # command -> (groups per call, calls, usec from INFO commandstats,
+    # server CPU seconds or None)
     mcbig: dict = field(default_factory=dict)
     instr: dict = field(default_factory=dict)  # (case, n) -> (total, in_call)
     # (case, n) -> {API function or "handler": inclusive instructions}
@@ -119,7 +120,8 @@ def load_line(run: Run, f: list) -> None:
     elif f[0] == "mem":
         run.mem[f[1]] = (int(f[2]), int(f[3]), int(f[4]))
     elif f[0] == "mcbig" and f[4]:
-        run.mcbig[f[1]] = (int(f[2]), int(f[3]), int(f[4]))
+        cpu = float(f[5]) if len(f) > 5 and f[5] else None
+        run.mcbig[f[1]] = (int(f[2]), int(f[3]), int(f[4]), cpu)
     elif f[0] == "instr" and f[3] and f[4]:
         run.instr[(f[1], int(f[2]))] = (int(f[3]), int(f[4]))
     elif f[0] == "fn":
@@ -292,8 +294,9 @@ def scale_table(run):
 
 
 def mcbig_table(run):
-    """Server time per call of the largest TB.MCONSUME, and per bucket
-    against a TB.CONSUME's."""
+    """Server time per call of the largest TB.MCONSUME and of TB.CONSUME,
+    and per bucket: from INFO commandstats (wall time), and in server CPU
+    time (the steadier on a shared machine)."""
     rows = []
     per_bucket = {}
     for cmd, label in [
@@ -301,17 +304,27 @@ def mcbig_table(run):
         ("tb.consume", "TB.CONSUME, new keys"),
     ]:
         if cmd in run.mcbig and run.mcbig[cmd][1]:
-            groups, calls, usec = run.mcbig[cmd]
-            per_call = usec / calls
-            per_bucket[cmd] = per_call / groups
+            groups, calls, usec, cpu = run.mcbig[cmd]
+            cpu_us = None if cpu is None else cpu * 1e6 / calls
+            per_bucket[cmd] = (usec / calls / groups, cpu_us and cpu_us / groups)
             rows.append(
-                [label, f"{calls:,}", f"{per_call:,.2f}", f"{per_call / groups:.2f}"]
+                [
+                    label,
+                    f"{calls:,}",
+                    f"{usec / calls:,.2f}",
+                    f"{usec / calls / groups:.2f}",
+                    "n/a" if cpu_us is None else f"{cpu_us:,.2f}",
+                    "n/a" if cpu_us is None else f"{cpu_us / groups:.2f}",
+                ]
             )
-    ratio_row = ratio(per_bucket.get("tb.mconsume"), per_bucket.get("tb.consume"))
-    if ratio_row is not None:
-        rows.append(["per bucket, TB.MCONSUME / TB.CONSUME", "", "", fmt_x(ratio_row)])
-    header = ["command", "calls", "server µs per call", "server µs per bucket"]
-    return header, rows
+    if len(per_bucket) == 2:
+        m, c = per_bucket["tb.mconsume"], per_bucket["tb.consume"]
+        rows.append(
+            ["per bucket, TB.MCONSUME / TB.CONSUME", "", "", fmt_x(ratio(m[0], c[0]))]
+            + ["", fmt_x(ratio(m[1], c[1]))]
+        )
+    header = ["command", "calls", "µs per call", "µs per bucket"]
+    return header + ["CPU µs per call", "CPU µs per bucket"], rows
 
 
 def instructions_table(run):
