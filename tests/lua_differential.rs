@@ -5,9 +5,11 @@
 //!   through FCALL (tb_cl_throttle too) on `l:` keys, with the clock
 //!   stepped between operations and, now and then, a random stored state
 //!   planted on both sides (its `ts` often ahead of the clock, as a clock
-//!   step or a failover leaves it), or a key redis-cell left (its TAT). Replies, errors and
-//!   stored states must be identical: same keys, bit-identical balances,
-//!   same `ts`, same PEXPIRETIME.
+//!   step or a failover leaves it), or a key redis-cell left (its TAT). Replies, errors,
+//!   stored states and the replication stream must be identical: same
+//!   keys, bit-identical balances, same `ts`, same PEXPIRETIME, and the
+//!   same commands replicated, argument for argument (`tokens` compared
+//!   as the double it spells).
 //! * `module_and_library_share_keys`: one key served alternately by both
 //!   behaves exactly like a key served by the module alone.
 //!
@@ -18,7 +20,10 @@
 use redis::Value;
 use std::collections::BTreeMap;
 use testkit::vectors::module_args;
-use testkit::{hgetall, int, load_library, run, snapshot, FakeClock, Rng, Server};
+use testkit::{
+    hgetall, int, load_library, run, snapshot, FakeClock, ReplicationStream, Rng, Server,
+    STREAM_MARKER,
+};
 
 const T0: i64 = 1_893_456_000_000_000; // 2030-01-01T00:00:00Z in µs
 const OPS: usize = 4000;
@@ -417,6 +422,39 @@ struct Tally {
     cl_converted: usize,
     ops_on_future_ts: usize,
     too_small: usize,
+    /// Calls that replicated something.
+    replicated: usize,
+}
+
+/// What a call on `prefix`-ed `keys` replicated, in a form both sides
+/// share: keys without the prefix, `tokens` as the bits of the double it
+/// spells (the library writes 17 significant digits, the module the
+/// shortest text), SELECT left out, and only commands on the call's keys
+/// (the server's background expiry may delete another key meanwhile).
+fn effects(stream: Vec<Vec<String>>, prefix: &str, keys: &[String]) -> Vec<Vec<String>> {
+    let ours = |k: &str| {
+        k.strip_prefix(prefix)
+            .is_some_and(|k| keys.iter().any(|key| key == k))
+    };
+    stream
+        .into_iter()
+        .filter(|cmd| match cmd[0].to_uppercase().as_str() {
+            "SELECT" => false,
+            "MULTI" | "EXEC" => true,
+            _ => cmd.get(1).is_some_and(|k| ours(k)),
+        })
+        .map(|mut cmd| {
+            if let Some(k) = cmd.get_mut(1) {
+                *k = k.trim_start_matches(prefix).to_string();
+            }
+            if cmd[0].eq_ignore_ascii_case("HSET") && cmd.len() == 6 && cmd[2] == "tokens" {
+                if let Ok(t) = cmd[3].parse::<f64>() {
+                    cmd[3] = format!("bits {:#x}", t.to_bits());
+                }
+            }
+            cmd
+        })
+        .collect()
 }
 
 #[test]
@@ -431,8 +469,12 @@ fn random_sequence_matches_the_module() {
     let mut c = s.conn();
     load_library(&mut c);
     setup_keys(&mut c);
-
     let mut now = T0;
+    let mut stream = ReplicationStream::attach_ticking(&s, || {
+        now += 1000;
+        clock.set(now);
+    });
+
     let mut tally = Tally::default();
     for i in 0..OPS {
         let dt = step(&mut rng);
@@ -478,9 +520,21 @@ fn random_sequence_matches_the_module() {
             tally.ops_on_future_ts += 1;
         }
 
+        // Both sides' keys equally expired or not, then the stream so far
+        // set aside: what follows is the calls' own.
+        for k in &op.keys {
+            for p in ["m:", "l:"] {
+                int(&mut c, "EXISTS", format!("{p}{k}"));
+            }
+        }
+        stream.take(&mut c);
         let by_module = run(&mut c, &op.module("m:"));
+        let module_sent = effects(stream.take(&mut c), "m:", &op.keys);
         let by_library = module_spelling(run(&mut c, &op.library("l:")));
+        let library_sent = effects(stream.take(&mut c), "l:", &op.keys);
         assert_eq!(by_library, by_module, "{}", ctx());
+        assert_eq!(library_sent, module_sent, "replicated by {}", ctx());
+        tally.replicated += usize::from(!module_sent.is_empty());
 
         for k in op.keys.iter().filter(|k| !BROKEN.contains(&k.as_str())) {
             let m = state(&mut c, &format!("m:{k}"));
@@ -552,6 +606,7 @@ fn random_sequence_matches_the_module() {
         }
     }
 
+    assert_eq!(int(&mut c, "DEL", STREAM_MARKER), 1);
     // The non-buckets were never written; then drop them, and compare the
     // whole dataset: same keys, same contents, under both prefixes.
     for p in ["m:", "l:"] {
@@ -598,6 +653,7 @@ fn random_sequence_matches_the_module() {
     assert!(tally.errors.len() >= 8, "{tally:?}");
     assert!(tally.planted_ahead > 50, "{tally:?}");
     assert!(tally.ops_on_future_ts > 200, "{tally:?}");
+    assert!(tally.replicated > OPS / 4, "{tally:?}");
     assert!(tally.too_small >= 3, "{tally:?}");
     assert!(tally.cl_ops > 60 && tally.cl_limited > 20, "{tally:?}");
     assert!(tally.cl_converted >= 3, "{tally:?}");
