@@ -5,7 +5,7 @@
 use super::api::{Api, ERR, OK};
 use super::call;
 use super::key::Key;
-use super::string::{string_bytes, KeyName, OwnedString, RString};
+use super::string::{string_bytes, ArgString, OwnedString, RString};
 use redis_module::raw::{self, RedisModuleCmdFunc, RedisModuleCtx, RedisModuleString};
 use std::ffi::{CStr, CString};
 use std::marker::PhantomData;
@@ -120,7 +120,7 @@ impl Ctx {
     }
 
     /// Opens `name` for reading, and for writing too if `write`.
-    pub fn open_key<'c>(&'c self, name: KeyName<'c>, write: bool) -> Key<'c> {
+    pub fn open_key<'c>(&'c self, name: ArgString<'c>, write: bool) -> Key<'c> {
         let mode = if write {
             raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
         } else {
@@ -138,7 +138,7 @@ impl Ctx {
 
     /// The value of the string key `name`, read through `GET` so its
     /// encoding stays as it is; `None` if it holds no string.
-    pub fn string_value(&self, name: KeyName) -> Option<Vec<u8>> {
+    pub fn string_value(&self, name: ArgString) -> Option<Vec<u8>> {
         call::get(self.raw, self.api, name)
     }
 
@@ -149,12 +149,18 @@ impl Ctx {
         OwnedString::own(s, self.raw, self.api)
     }
 
-    /// Replicates `command` with one, two or five string arguments as an
-    /// effect of this call. False if Redis refused (an unknown command) or
-    /// another argument count was given.
+    /// Replicates `command` with these string arguments as an effect of
+    /// this call. False if Redis refused (an unknown command).
     pub fn replicate(&self, command: &CStr, args: &[&dyn RString]) -> bool {
         let (ctx, c) = (self.raw, command.as_ptr());
         let f = self.api.replicate;
+        if !matches!(args.len(), 1 | 2 | 5) {
+            // `v`: an array of strings and its length.
+            let ptrs: Vec<*mut RedisModuleString> = args.iter().map(|a| a.ptr()).collect();
+            // SAFETY: `v` takes a pointer to `len` live Redis strings.
+            let rc = unsafe { f(ctx, c, c"v".as_ptr(), ptrs.as_ptr(), ptrs.len()) };
+            return rc == OK;
+        }
         // `s` only takes a reference to each string; `c` would copy it.
         // SAFETY: each format letter matches one live Redis string.
         let rc = unsafe {
@@ -171,7 +177,7 @@ impl Ctx {
                     e.ptr(),
                     g.ptr(),
                 ),
-                _ => ERR,
+                _ => ERR, // ruled out above
             }
         };
         rc == OK
@@ -218,10 +224,11 @@ impl Ctx {
 }
 
 impl<'a> Args<'a> {
-    /// The argument at `i` as a key name, `None` past the end.
-    pub fn key(&self, i: usize) -> Option<KeyName<'a>> {
+    /// The argument at `i` as a Redis string (a key name, a lease id),
+    /// `None` past the end.
+    pub fn string(&self, i: usize) -> Option<ArgString<'a>> {
         let ptr = NonNull::new(*self.argv.get(i)?)?;
-        Some(KeyName {
+        Some(ArgString {
             ptr,
             _argv: PhantomData,
         })
