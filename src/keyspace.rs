@@ -58,9 +58,9 @@ const EFFECTS: [&CStr; 4] = [c"HSET", c"HDEL", c"PEXPIREAT", c"DEL"];
 
 /// Checks the server can replicate the effects and makes the field names.
 ///
-/// Replicating a write needs HSET, PEXPIREAT and DEL by name, so a server
+/// Replicating a write needs HSET, HDEL, PEXPIREAT and DEL by name, so a server
 /// whose redis.conf renamed or disabled one (`rename-command PEXPIREAT
-/// ""`) would change buckets its replicas and AOF never hear of: the module
+/// ""`) would change keys its replicas and AOF never hear of: the module
 /// refuses to load there.
 pub fn init(load: &Load) -> Result<(), String> {
     if let Some(name) = EFFECTS.iter().find(|name| !load.has_command(name)) {

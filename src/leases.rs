@@ -34,6 +34,12 @@ fn write(
 /// `TB.ACQUIRE key limit lease_ms id [weight] [BUCKET bkey max rate cost
 /// ...]`: the lease and every bucket, or nothing.
 pub fn acquire(ctx: &Ctx, args: &Args) -> Result<(), Error> {
+    if ctx.wants_key_positions() {
+        for pos in lease::acquire_key_positions(args) {
+            ctx.key_at(pos);
+        }
+        return Ok(());
+    }
     let call = lease::parse_acquire(args)?;
     let now = ctx.now_us();
     let mut key = LeaseKey::open(ctx, key_at(args, 1)?, true);

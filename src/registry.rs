@@ -172,8 +172,9 @@ pub const COMMANDS: &[CommandDef] = &[
     CommandDef {
         name: ACQUIRE,
         handler: handler!(ACQUIRE, leases::acquire),
-        flags: c"write deny-oom",
-        // Redis 6.2 sees the lease key only (no key specs there).
+        // getkeys-api: Cluster slot checks (and Redis 6.2's ACL) ask the
+        // handler where the keys are; the key specs below say the same.
+        flags: c"write deny-oom getkeys-api",
         keys: (1, 1, 1),
         acl: c"write",
         redis_cell: false,

@@ -299,7 +299,7 @@ mod tests {
         assert_eq!(Error::WrongType.in_group(3).to_string(), msg::WRONGTYPE);
         assert_eq!(
             Error::WriteFailed(Step::ReplicateExpire).to_string(),
-            "ERR tb could not write the bucket: replicate PEXPIREAT failed, see the server log"
+            "ERR tb could not write the key: replicate PEXPIREAT failed, see the server log"
         );
     }
 }

@@ -166,6 +166,24 @@ pub fn parse_acquire(argv: &(impl Argv + ?Sized)) -> Result<Acquire, Error> {
     })
 }
 
+/// Where TB.ACQUIRE's keys are, as its key specs say: the lease key, then
+/// the argument after the first `BUCKET` from argument 5 on, and every
+/// fifth argument after that. Any argv, valid or not (Redis asks before
+/// the arguments are checked).
+pub fn acquire_key_positions(argv: &(impl Argv + ?Sized)) -> Vec<usize> {
+    let n = argv.count();
+    let mut keys = Vec::new();
+    if n > 1 {
+        keys.push(1);
+    }
+    if let Some(keyword) =
+        (ACQUIRE_ID_INDEX + 1..n).find(|&i| argv.arg(i).eq_ignore_ascii_case(b"BUCKET"))
+    {
+        keys.extend((keyword + 1..n).step_by(5));
+    }
+    keys
+}
+
 /// `TB.RELEASE key id`.
 pub fn parse_release(argv: &(impl Argv + ?Sized)) -> Result<(), Error> {
     if argv.count() != 3 {
@@ -498,6 +516,35 @@ mod tests {
             parse_release(argv(&["tb.release", "k"]).as_slice()),
             Err(Error::Arity(crate::contract::RELEASE))
         );
+    }
+
+    #[test]
+    fn key_positions_follow_the_key_specs() {
+        let at = |s: &[&str]| acquire_key_positions(argv(s).as_slice());
+        assert_eq!(at(&["tb.acquire", "k", "1", "1", "id"]), [1]);
+        assert_eq!(
+            at(&[
+                "tb.acquire",
+                "k",
+                "1",
+                "1",
+                "BUCKET",
+                "2",
+                "BUCKET",
+                "b",
+                "1",
+                "1",
+                "1",
+                "bucket",
+                "c",
+                "1",
+                "1",
+                "1"
+            ]),
+            [1, 7, 12]
+        );
+        assert_eq!(at(&["tb.acquire", "k", "1", "1", "id", "BUCKET"]), [1]);
+        assert_eq!(at(&["tb.acquire"]), Vec::<usize>::new());
     }
 
     #[test]

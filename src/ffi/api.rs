@@ -41,6 +41,8 @@ pub struct Api {
     pub(super) call_reply_string_ptr:
         unsafe extern "C" fn(*mut RedisModuleCallReply, *mut usize) -> *const c_char,
     pub(super) free_call_reply: unsafe extern "C" fn(*mut RedisModuleCallReply),
+    pub(super) is_keys_position_request: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
+    pub(super) key_at_pos: unsafe extern "C" fn(*mut RedisModuleCtx, c_int),
     pub(super) scan_cursor_create: unsafe extern "C" fn() -> *mut RedisModuleScanCursor,
     pub(super) scan_cursor_destroy: unsafe extern "C" fn(*mut RedisModuleScanCursor),
     pub(super) scan_key: unsafe extern "C" fn(
@@ -109,6 +111,8 @@ impl Api {
             call_reply_array_element: get!(RedisModule_CallReplyArrayElement),
             call_reply_string_ptr: get!(RedisModule_CallReplyStringPtr),
             free_call_reply: get!(RedisModule_FreeCallReply),
+            is_keys_position_request: get!(RedisModule_IsKeysPositionRequest),
+            key_at_pos: get!(RedisModule_KeyAtPos),
             scan_cursor_create: get!(RedisModule_ScanCursorCreate),
             scan_cursor_destroy: get!(RedisModule_ScanCursorDestroy),
             scan_key: get!(RedisModule_ScanKey),

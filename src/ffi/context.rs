@@ -98,6 +98,24 @@ impl Ctx {
         Some((Ctx { raw, api }, Args { argv, api, command }))
     }
 
+    /// Whether Redis called the handler only to learn where the keys are
+    /// (a command registered with `getkeys-api`): Cluster slot checks and,
+    /// on Redis 6.2, ACL key patterns. The handler then reports them with
+    /// `key_at` and does nothing else.
+    pub fn wants_key_positions(&self) -> bool {
+        // SAFETY: a live context.
+        unsafe { (self.api.is_keys_position_request)(self.raw) != 0 }
+    }
+
+    /// Reports argument `pos` as a key, in a key position request.
+    pub fn key_at(&self, pos: usize) {
+        let Ok(pos) = c_int::try_from(pos) else {
+            return;
+        };
+        // SAFETY: a live context in a key position request.
+        unsafe { (self.api.key_at_pos)(self.raw, pos) };
+    }
+
     /// Microseconds since the Unix epoch, from the server's own clock.
     ///
     /// Redis >= 7.2 and Valkey export `CachedMicroseconds`: the time the
