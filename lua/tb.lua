@@ -61,12 +61,12 @@ local MSG = {
   expected_bucket = 'ERR syntax error at argument {position}: expected BUCKET',
   bucket_is_lease_key = 'ERR the key of group {group} is the lease key',
   not_a_lease_key = 'ERR key is not a lease key: each field must hold <expires_at_us>:<weight>',
-  write_failed = 'ERR tb could not write the bucket: {step} failed, see the server log',
+  write_failed = 'ERR tb could not write the key: {step} failed, see the server log',
   panic = 'ERR tb internal error: the command failed and was contained, see the server log',
   one_of = 'ERR {arg} must be one of {values}',
   internal = 'ERR tb internal error: {what}',
 }
-local LIBRARY_VERSION = '0.1.0+e66d4bd09548'
+local LIBRARY_VERSION = '0.1.0+52ae3499b746'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).

@@ -156,17 +156,37 @@ fn acl_categories_where_the_server_supports_them() {
     let write = categories(&mut c, "write");
     let read = categories(&mut c, "read");
     let fast = categories(&mut c, "fast");
-    for cmd in ["tb.consume", "tb.mconsume", "tb.adjust", "cl.throttle"] {
+    for cmd in [
+        "tb.consume",
+        "tb.mconsume",
+        "tb.adjust",
+        "cl.throttle",
+        "tb.acquire",
+        "tb.release",
+        "tb.renew",
+    ] {
         assert!(write.contains(&cmd.to_string()), "{cmd} in @write");
         assert!(!read.contains(&cmd.to_string()), "{cmd} not in @read");
     }
-    assert!(read.contains(&"tb.peek".to_string()));
-    assert!(!write.contains(&"tb.peek".to_string()));
-    for cmd in ["tb.consume", "tb.peek", "tb.adjust", "cl.throttle"] {
+    for cmd in ["tb.peek", "tb.inflight"] {
+        assert!(read.contains(&cmd.to_string()), "{cmd} in @read");
+        assert!(!write.contains(&cmd.to_string()), "{cmd} not in @write");
+    }
+    for cmd in [
+        "tb.consume",
+        "tb.peek",
+        "tb.adjust",
+        "cl.throttle",
+        "tb.release",
+        "tb.renew",
+        "tb.inflight",
+    ] {
         assert!(fast.contains(&cmd.to_string()), "{cmd} in @fast");
     }
-    assert!(
-        !fast.contains(&"tb.mconsume".to_string()),
-        "up to 10,000 keys is not fast"
-    );
+    for cmd in ["tb.mconsume", "tb.acquire"] {
+        assert!(
+            !fast.contains(&cmd.to_string()),
+            "{cmd}: up to 10,000 keys is not fast"
+        );
+    }
 }

@@ -70,7 +70,11 @@ fn number(bytes: &[u8], arg: Arg, group: Option<usize>) -> Result<f64, Error> {
 }
 
 /// `max` and `rate` at `argv[i]`, `argv[i + 1]`.
-fn limits(argv: &(impl Argv + ?Sized), i: usize, g: Option<usize>) -> Result<Limits, Error> {
+pub(crate) fn group_limits(
+    argv: &(impl Argv + ?Sized),
+    i: usize,
+    g: Option<usize>,
+) -> Result<Limits, Error> {
     let (max, rate) = (argv.arg(i), argv.arg(i + 1));
     if let Some(limits) = LastLimits::get(max, rate) {
         return Ok(limits);
@@ -145,7 +149,7 @@ fn validate_limits(max: &[u8], rate: &[u8], g: Option<usize>) -> Result<Limits, 
     Ok(Limits { max, rate })
 }
 
-fn cost(bytes: &[u8], limits: &Limits, g: Option<usize>) -> Result<f64, Error> {
+pub(crate) fn group_cost(bytes: &[u8], limits: &Limits, g: Option<usize>) -> Result<f64, Error> {
     let cost = number(bytes, Arg::Cost, g)?;
     if cost < 0.0 {
         return Err(Error::CostNegative(g));
@@ -165,9 +169,9 @@ pub fn parse_consume(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
     if !(4..=5).contains(&n) {
         return Err(Error::Arity(argv.command()));
     }
-    let limits = limits(argv, 2, None)?;
+    let limits = group_limits(argv, 2, None)?;
     let amount = if n == 5 {
-        cost(argv.arg(4), &limits, None)?
+        group_cost(argv.arg(4), &limits, None)?
     } else if limits.max < 1.0 {
         // The default cost of 1 could never pass a bucket this small.
         return Err(Error::CostAboveMax(None));
@@ -182,7 +186,7 @@ pub fn parse_adjust(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
     if argv.count() != 5 {
         return Err(Error::Arity(argv.command()));
     }
-    let limits = limits(argv, 2, None)?;
+    let limits = group_limits(argv, 2, None)?;
     let amount = number(argv.arg(4), Arg::Delta, None)?;
     Ok(Single { limits, amount })
 }
@@ -201,8 +205,8 @@ pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, Error> 
     for g in 0..count {
         let base = 1 + 4 * g;
         let label = Some(g + 1);
-        let limits = limits(argv, base + 1, label)?;
-        let cost = cost(argv.arg(base + 3), &limits, label)?;
+        let limits = group_limits(argv, base + 1, label)?;
+        let cost = group_cost(argv.arg(base + 3), &limits, label)?;
         groups.push(Group {
             key_index: base,
             limits,
@@ -217,7 +221,10 @@ pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, Error> 
 
 /// The earliest group (1-based) whose key appeared before, and that earlier
 /// group: what a left-to-right scan would report, in O(n log n).
-fn first_duplicate(argv: &(impl Argv + ?Sized), groups: &[Group]) -> Option<(usize, usize)> {
+pub(crate) fn first_duplicate(
+    argv: &(impl Argv + ?Sized),
+    groups: &[Group],
+) -> Option<(usize, usize)> {
     let mut order: Vec<usize> = (0..groups.len()).collect();
     order.sort_by(|&a, &b| {
         argv.arg(groups[a].key_index)
@@ -327,7 +334,7 @@ mod tests {
                     continue;
                 }
                 let unchanged = balances.iter().any(|&b| b >= c && b - c == b);
-                let parsed = cost(format!("{c:e}").as_bytes(), &l, None);
+                let parsed = group_cost(format!("{c:e}").as_bytes(), &l, None);
                 if unchanged {
                     assert_eq!(
                         parsed,
@@ -342,7 +349,10 @@ mod tests {
             // is exact (it is not for max below 2^-969).
             let advice = max / 9_007_199_254_740_992.0;
             if advice >= f64::MIN_POSITIVE {
-                assert_eq!(cost(format!("{advice:e}").as_bytes(), &l, None), Ok(advice));
+                assert_eq!(
+                    group_cost(format!("{advice:e}").as_bytes(), &l, None),
+                    Ok(advice)
+                );
             }
         }
         assert_eq!(
@@ -375,7 +385,7 @@ mod tests {
         for (max, rate) in pairs.iter().cycle().take(40) {
             let a = argv(&["c", "k", max, rate]);
             assert_eq!(
-                limits(a.as_slice(), 2, None),
+                group_limits(a.as_slice(), 2, None),
                 validate_limits(max.as_bytes(), rate.as_bytes(), None),
                 "{max} {rate}"
             );
@@ -383,7 +393,7 @@ mod tests {
         let long = "1".repeat(40);
         let a = argv(&["c", "k", &long, "1e-30"]);
         assert_eq!(
-            limits(a.as_slice(), 2, None),
+            group_limits(a.as_slice(), 2, None),
             Err(Error::MaxOutOfRange(None))
         );
     }

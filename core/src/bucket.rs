@@ -290,6 +290,17 @@ pub fn consume_all(
     buckets: &[(Limits, Option<Stored>, f64)],
     now_us: i64,
 ) -> (bool, i64, Vec<Outcome>) {
+    consume_all_if(buckets, now_us, true)
+}
+
+/// `consume_all` as part of a larger decision: the buckets are charged only
+/// if they all could pay and `rest_admits` (TB.ACQUIRE's lease fits).
+/// Returns whether the buckets alone could all pay.
+pub fn consume_all_if(
+    buckets: &[(Limits, Option<Stored>, f64)],
+    now_us: i64,
+    rest_admits: bool,
+) -> (bool, i64, Vec<Outcome>) {
     let currents: Vec<f64> = buckets
         .iter()
         .map(|(limits, stored, _)| limits.current(*stored, now_us))
@@ -302,7 +313,7 @@ pub fn consume_all(
         .iter()
         .zip(&currents)
         .map(|((limits, stored, cost), current)| {
-            limits.charge(*stored, now_us, *current, *cost, all)
+            limits.charge(*stored, now_us, *current, *cost, all && rest_admits)
         })
         .collect();
     let retry = outcomes.iter().map(|o| o.retry_after_ms).max().unwrap_or(0);

@@ -66,7 +66,7 @@ pub mod msg {
     pub const EXPECTED_BUCKET: &str = "ERR syntax error at argument {position}: expected BUCKET";
     pub const BUCKET_IS_LEASE_KEY: &str = "ERR the key of group {group} is the lease key";
     pub const NOT_A_LEASE_KEY: &str = "ERR key is not a lease key: each field must hold <expires_at_us>:<weight>";
-    pub const WRITE_FAILED: &str = "ERR tb could not write the bucket: {step} failed, see the server log";
+    pub const WRITE_FAILED: &str = "ERR tb could not write the key: {step} failed, see the server log";
     pub const PANIC: &str = "ERR tb internal error: the command failed and was contained, see the server log";
     pub const ONE_OF: &str = "ERR {arg} must be one of {values}";
     pub const INTERNAL: &str = "ERR tb internal error: {what}";

@@ -61,9 +61,11 @@ pub enum StateError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     HashSet,
+    HashDelete,
     Expire,
     Delete,
     ReplicateHashSet,
+    ReplicateHashDelete,
     ReplicateExpire,
     ReplicateDelete,
 }
@@ -72,9 +74,11 @@ impl Step {
     pub fn name(self) -> &'static str {
         match self {
             Step::HashSet => "HSET",
+            Step::HashDelete => "HDEL",
             Step::Expire => "PEXPIREAT",
             Step::Delete => "DEL",
             Step::ReplicateHashSet => "replicate HSET",
+            Step::ReplicateHashDelete => "replicate HDEL",
             Step::ReplicateExpire => "replicate PEXPIREAT",
             Step::ReplicateDelete => "replicate DEL",
         }
@@ -295,7 +299,7 @@ mod tests {
         assert_eq!(Error::WrongType.in_group(3).to_string(), msg::WRONGTYPE);
         assert_eq!(
             Error::WriteFailed(Step::ReplicateExpire).to_string(),
-            "ERR tb could not write the bucket: replicate PEXPIREAT failed, see the server log"
+            "ERR tb could not write the key: replicate PEXPIREAT failed, see the server log"
         );
     }
 }
