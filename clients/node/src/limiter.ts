@@ -157,22 +157,22 @@ export class Limiter {
   }
 
   /** Charges `cost` tokens if the bucket holds them (TB.CONSUME). */
-  consume(key: Key, bucket: Bucket, cost: Amount = 1, options?: CallOptions): Promise<Decision> {
+  async consume(key: Key, bucket: Bucket, cost: Amount = 1, options?: CallOptions): Promise<Decision> {
     return this.run(this.one("consume", key, bucket, cost, options));
   }
 
   /** What `consume` would answer, without charging (TB.PEEK). */
-  peek(key: Key, bucket: Bucket, cost: Amount = 1, options?: CallOptions): Promise<Decision> {
+  async peek(key: Key, bucket: Bucket, cost: Amount = 1, options?: CallOptions): Promise<Decision> {
     return this.run(this.one("peek", key, bucket, cost, options));
   }
 
   /** Refunds (delta > 0) or charges without asking (delta < 0, down to a debt of -max) (TB.ADJUST). */
-  adjust(key: Key, bucket: Bucket, delta: Amount, options?: CallOptions): Promise<Decision> {
+  async adjust(key: Key, bucket: Bucket, delta: Amount, options?: CallOptions): Promise<Decision> {
     return this.run(this.one("adjust", key, bucket, delta, options));
   }
 
   /** Charges every `[key, bucket, cost]` or none (TB.MCONSUME). */
-  consumeMany(groups: Iterable<GroupIn>, options: ManyOptions = {}): Promise<MultiDecision> {
+  async consumeMany(groups: Iterable<GroupIn>, options: ManyOptions = {}): Promise<MultiDecision> {
     return this.run(this.many(groups, options));
   }
 

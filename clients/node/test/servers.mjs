@@ -13,7 +13,8 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import Redis from "ioredis";
 
-export const REPO = process.env.TB_REPO ?? join(import.meta.dirname, "..", "..", "..");
+// The repository: scripts/test-node.sh says where (the tests run in target/node-test).
+export const REPO = process.env.TB_REPO ?? join(import.meta.dirname, "..", "..");
 export const MODULE = process.env.TB_MODULE ?? join(REPO, "target/release/libredis_tokenbucket.so");
 
 const PYPI = {
