@@ -31,4 +31,4 @@ servers=$(cargo run -q --release -p testkit --no-default-features --bin tb-serve
 cd "$scratch"
 if [ $# -eq 0 ]; then set -- *.test.mjs; fi
 env $servers TB_REPO="$repo" TB_PYTHON="$repo/$pyvenv/bin/python" TB_TARBALL="$repo/$tarball" \
-  node --test --test-concurrency=2 "$@"
+  node --test --test-concurrency=2 --test-timeout=120000 "$@"

@@ -16,7 +16,7 @@ export async function client(lib, port, auth = {}, options = {}) {
   if (lib in IOREDIS) {
     const c = new IOREDIS[lib]({ port, host: "127.0.0.1", ...auth, ...options });
     c.on("error", () => {});
-    await c.ping().catch(() => {});
+    if (!options.lazyConnect) await c.ping().catch(() => {});
     return { client: c, close: () => c.disconnect() };
   }
   const c = NODE_REDIS[lib].createClient({ socket: { port, host: "127.0.0.1", ...options.socket }, ...auth });

@@ -132,13 +132,17 @@ export class Server {
     return r;
   }
 
+  get alive() {
+    return this.proc !== undefined && this.proc.exitCode === null && this.proc.signalCode === null;
+  }
+
   stop() {
-    if (this.proc && this.proc.exitCode === null) this.proc.kill("SIGKILL");
+    if (this.alive) this.proc.kill("SIGKILL");
   }
 
   async stopAndWait() {
     const proc = this.proc;
-    if (!proc || proc.exitCode !== null) return;
+    if (!this.alive) return;
     const gone = new Promise((resolve) => proc.once("exit", resolve));
     proc.kill("SIGKILL");
     await gone;
@@ -239,6 +243,18 @@ export async function calls(server, ...commands) {
       if (m) total += Number(m[1]);
     }
     return total;
+  } finally {
+    admin.disconnect();
+  }
+}
+
+/** How many of these commands the server refused before running them (MOVED, NOPERM, OOM, ...). */
+export async function rejected(server, command) {
+  const admin = server.admin();
+  try {
+    const info = await admin.call("INFO", "commandstats");
+    const m = new RegExp(`^cmdstat_${command.toLowerCase().replace(/\./g, "\\.")}:.*rejected_calls=(\\d+)`, "m").exec(info);
+    return m ? Number(m[1]) : 0;
   } finally {
     admin.disconnect();
   }
