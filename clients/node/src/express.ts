@@ -95,6 +95,11 @@ export class TokenBucketStore {
   readonly localKeys = false;
   readonly prefix: string;
   private bucket: Bucket | undefined;
+  // express-rate-limit decrements (skipFailedRequests, skipSuccessfulRequests)
+  // requests it refused too, whose increment charged nothing here: such a
+  // decrement must refund nothing. Denials not yet decremented, per key.
+  private readonly uncharged = new Map<string, number>();
+  private tracksDenials = false;
 
   constructor(
     readonly limiter: Limiter,
@@ -105,7 +110,14 @@ export class TokenBucketStore {
   }
 
   /** Called by express-rate-limit with the middleware's options. */
-  init(options: { limit?: unknown; max?: unknown; windowMs?: unknown }): void {
+  init(options: {
+    limit?: unknown;
+    max?: unknown;
+    windowMs?: unknown;
+    skipFailedRequests?: unknown;
+    skipSuccessfulRequests?: unknown;
+  }): void {
+    this.tracksDenials = Boolean(options.skipFailedRequests || options.skipSuccessfulRequests);
     if (this.bucket !== undefined) return;
     const limit = options.limit ?? options.max;
     const windowMs = options.windowMs;
@@ -127,12 +139,24 @@ export class TokenBucketStore {
     const bucket = this.limits;
     const d = await this.limiter.consume(this.prefix + key, bucket, 1);
     const limit = Math.floor(bucket.max);
-    if (!d.allowed) return { totalHits: limit + 1, resetTime: new Date(Date.now() + d.retryAfterMs) };
+    if (!d.allowed) {
+      if (this.tracksDenials) {
+        if (this.uncharged.size >= 10_000) this.uncharged.clear(); // bounded: a lost entry refunds one token
+        this.uncharged.set(key, (this.uncharged.get(key) ?? 0) + 1);
+      }
+      return { totalHits: limit + 1, resetTime: new Date(Date.now() + d.retryAfterMs) };
+    }
     if (d.degraded && d.retryAfterMs === 0 && d.resetAfterMs === 0) return { totalHits: 0, resetTime: undefined };
     return { totalHits: limit - Math.max(d.remaining, 0), resetTime: new Date(Date.now() + d.resetAfterMs) };
   }
 
   async decrement(key: string): Promise<void> {
+    const denied = this.uncharged.get(key) ?? 0;
+    if (denied > 0) {
+      if (denied === 1) this.uncharged.delete(key);
+      else this.uncharged.set(key, denied - 1);
+      return; // its increment charged nothing
+    }
     await this.limiter.adjust(this.prefix + key, this.limits, 1);
   }
 
