@@ -18,6 +18,11 @@ tarball=$(ls -t target/redis-tokenbucket-*.tgz | head -1)
 
 rm -rf "$scratch" && mkdir -p "$scratch"
 cp "$pkg"/test/package.json "$pkg"/test/package-lock.json "$pkg"/test/*.mjs "$scratch"/
+# The Express example beside them: its tests use the same server kit and
+# the package as installed here.
+mkdir -p "$scratch/express-gateway/test"
+cp examples/express-gateway/*.mjs "$scratch/express-gateway/"
+cp examples/express-gateway/test/*.mjs "$scratch/express-gateway/test/"
 (cd "$scratch" && npm ci --no-audit --no-fund --loglevel=error &&
   npm install --no-save --no-audit --no-fund --loglevel=error "$repo/$tarball")
 
@@ -29,6 +34,6 @@ fi
 
 servers=$(cargo run -q --release -p testkit --no-default-features --bin tb-servers --)
 cd "$scratch"
-if [ $# -eq 0 ]; then set -- *.test.mjs; fi
+if [ $# -eq 0 ]; then set -- *.test.mjs express-gateway/test/*.test.mjs; fi
 env $servers TB_REPO="$repo" TB_PYTHON="$repo/$pyvenv/bin/python" TB_TARBALL="$repo/$tarball" \
   node --test --test-concurrency=2 --test-timeout=120000 "$@"
