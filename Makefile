@@ -216,6 +216,9 @@ bench-python: deps venv build python-tools ## the Python client: its overhead pe
 	$(VENV)/bin/pip install -q --disable-pip-version-check limits==5.8.0
 	servers="$$($(TB_SERVERS))" && env $$servers $(PY) $(PY_CLIENT)/bench/peers.py --report docs/benchmarks.md
 
+bench-node: deps build node-tools ## the Node client: its overhead per call, its denial cache, and the peers (rate-limiter-flexible, rate-limit-redis)
+	bash scripts/bench-node.sh
+
 bench-gateway: deps venv build python-tools ## the example gateway under wrk at 200/400/1000 connections: admitted vs budget, degraded, shed
 	$(MAKE) --no-print-directory -C examples/fastapi-gateway install
 	$(PY) examples/fastapi-gateway/bench/gateway.py --report docs/benchmarks.md

@@ -46,7 +46,8 @@ async function enforce(req, res, policy, extra = []) {
     atomic: settings.clusterMode ? false : undefined,
     onError: ON_ERROR[policy],
   });
-  if (decision.shed) throw new GatewayError(503, { error: "overloaded" }, { "Retry-After": String(decision.retryAfter) });
+  if (decision.shed)
+    throw new GatewayError(503, { error: "overloaded" }, { "Retry-After": String(decision.retryAfter) });
   if (decision.degraded) {
     if (!decision.allowed) throw new GatewayError(503, { error: "rate_limiter_unavailable" }, { "Retry-After": "1" });
     return undefined;
@@ -123,7 +124,10 @@ export function createApp(settings, { redis, llm = new StubLLM() }) {
     if (req.principal) {
       const budget = limits.forTier(req.principal.tier).llm;
       if (reserved > budget.max) {
-        throw new GatewayError(413, { error: "over_budget", detail: `${reserved} tokens exceed the budget of ${budget.max}` });
+        throw new GatewayError(413, {
+          error: "over_budget",
+          detail: `${reserved} tokens exceed the budget of ${budget.max}`,
+        });
       }
       extra.push([`rl:llm:user:${req.principal.userId}`, budget, reserved]);
     }
@@ -157,7 +161,11 @@ export function createApp(settings, { redis, llm = new StubLLM() }) {
     }
     res.json({
       text: completion.text,
-      usage: { prompt_tokens: completion.promptTokens, completion_tokens: completion.completionTokens, reserved_tokens: reserved },
+      usage: {
+        prompt_tokens: completion.promptTokens,
+        completion_tokens: completion.completionTokens,
+        reserved_tokens: reserved,
+      },
     });
   });
 

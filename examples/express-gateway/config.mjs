@@ -27,7 +27,11 @@ export function limits(raw = DEFAULT_LIMITS) {
   if (!raw.tiers?.free) throw new RangeError("tiers must define 'free', the fallback tier");
   const tiers = {};
   for (const [name, t] of Object.entries(raw.tiers)) {
-    tiers[name] = { user: bucket(t.user).named("user"), key: bucket(t.key).named("key"), llm: bucket(t.llm).named("llm") };
+    tiers[name] = {
+      user: bucket(t.user).named("user"),
+      key: bucket(t.key).named("key"),
+      llm: bucket(t.llm).named("llm"),
+    };
   }
   return {
     tiers,

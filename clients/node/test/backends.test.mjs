@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import { Bucket, LIBRARY_SOURCE, LIBRARY_VERSION, Limiter, NoBackendError } from "redis-tokenbucket";
 import { client, LIBRARIES } from "./clients.mjs";
-import { calls, MODULE, SLOW, Server, stopAll, TARGETS, target } from "./servers.mjs";
+import { calls, MODULE, Server, SLOW, stopAll, TARGETS, target } from "./servers.mjs";
 
 after(stopAll);
 
@@ -70,7 +70,10 @@ test("a forced backend serves where the server has it, else NoBackendError", asy
       } else {
         await assert.rejects(lim.consume("k", B), NoBackendError);
         // A usage error, whatever the policy.
-        await assert.rejects(new Limiter(c.client, { backend: forced, onError: "open" }).consume("k", B), NoBackendError);
+        await assert.rejects(
+          new Limiter(c.client, { backend: forced, onError: "open" }).consume("k", B),
+          NoBackendError,
+        );
       }
       c.close();
     }

@@ -93,7 +93,9 @@ test("the smallest charging cost is the module's", async () => {
       const d = await lim.consume(`rl:least:${max}`, b, least * 2);
       assert.ok(d.allowed);
       await assert.rejects(lim.consume(`rl:least:${max}`, b, least / 4), /cost is too small/);
-      const raw = await c.client.call("TB.CONSUME", "rl:raw", String(max), String(max), String(least / 4)).catch((e) => e.message);
+      const raw = await c.client
+        .call("TB.CONSUME", "rl:raw", String(max), String(max), String(least / 4))
+        .catch((e) => e.message);
       assert.match(String(raw), /cost is too small/);
     }
   } finally {
@@ -121,11 +123,29 @@ test("consumeMany reports the module's first error, with its group", async () =>
     const lim = new Limiter(c.client);
     const b = new Bucket({ max: 5, rate: 1 });
     const cases = [
-      [[["a", b, 1], ["b", b, 6]], "cost", "cost must not exceed max, it could never pass (group 2)"],
-      [[["a", b, 1], ["b", b, 1], [Buffer.from("a"), b, 1]], "key", "duplicate key: group 3 repeats the key of group 1"],
+      [
+        [
+          ["a", b, 1],
+          ["b", b, 6],
+        ],
+        "cost",
+        "cost must not exceed max, it could never pass (group 2)",
+      ],
+      [
+        [
+          ["a", b, 1],
+          ["b", b, 1],
+          [Buffer.from("a"), b, 1],
+        ],
+        "key",
+        "duplicate key: group 3 repeats the key of group 1",
+      ],
     ];
     for (const [groups, field, text] of cases) {
-      await assert.rejects(lim.consumeMany(groups), (e) => e instanceof InvalidArgument && e.field === field && e.message === text);
+      await assert.rejects(
+        lim.consumeMany(groups),
+        (e) => e instanceof InvalidArgument && e.field === field && e.message === text,
+      );
       const raw = ["TB.MCONSUME", ...groups.flatMap(([k, bb, cost]) => [k, ...bb.args, String(cost)])];
       assert.equal(await c.client.call(...raw).catch((e) => e.message), `ERR ${text}`);
     }

@@ -70,7 +70,14 @@ test("any write of this limiter to a key drops its entries", async () => {
     ["ip", ip],
   ]);
   assert.ok(!m.allowed && !m.cached);
-  assert.ok((await lim.consumeMany([["v", B], ["ip", ip]])).cached);
+  assert.ok(
+    (
+      await lim.consumeMany([
+        ["v", B],
+        ["ip", ip],
+      ])
+    ).cached,
+  );
   // ...until a write to any of its keys: here a charge of v.
   await lim.consume("v", B);
   const again = await lim.consumeMany([

@@ -90,7 +90,8 @@ function normal(r) {
 }
 
 async function nodeStep(lim, prefix, [op, args]) {
-  if (op === "consume_many") return normal(await lim.consumeMany(args[0].map(([k, b, c]) => [prefix + k, bucket(b), c])));
+  if (op === "consume_many")
+    return normal(await lim.consumeMany(args[0].map(([k, b, c]) => [prefix + k, bucket(b), c])));
   return normal(await lim[op](prefix + args[0], bucket(args[1]), args[2]));
 }
 
@@ -98,7 +99,7 @@ function assertSame(a, b, slack, where) {
   if (Array.isArray(a[2])) {
     assert.equal(a[0], b[0], where);
     assert.ok(Math.abs(a[1] - b[1]) <= slack, `${where}: ${a} vs ${b}`);
-    a[2].forEach((x, i) => assertSame(x, b[2][i], slack, where));
+    for (const [i, x] of a[2].entries()) assertSame(x, b[2][i], slack, where);
     return;
   }
   assert.deepEqual(a.slice(0, 2), b.slice(0, 2), `${where}: ${JSON.stringify(a)} vs ${JSON.stringify(b)}`);
@@ -132,7 +133,7 @@ test("module, Functions and EVAL give the same replies on the same keys", async 
   const [ref, refTook] = runs.module;
   for (const backend of ["functions", "eval"]) {
     const [replies, took] = runs[backend];
-    replies.forEach((r, i) => assertSame(ref[i], r, refTook + took + 1, `${backend} step ${i}`));
+    for (const [i, r] of replies.entries()) assertSame(ref[i], r, refTook + took + 1, `${backend} step ${i}`);
   }
   c.close();
 });
@@ -154,7 +155,9 @@ for line in sys.stdin:
         out = [d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms]
     print(json.dumps(out), flush=True)
 `;
-  const proc = spawn(process.env.TB_PYTHON ?? "python3", ["-c", code, String(port)], { stdio: ["pipe", "pipe", "inherit"] });
+  const proc = spawn(process.env.TB_PYTHON ?? "python3", ["-c", code, String(port)], {
+    stdio: ["pipe", "pipe", "inherit"],
+  });
   const lines = createInterface({ input: proc.stdout })[Symbol.asyncIterator]();
   return {
     async step(prefix, step) {
@@ -182,8 +185,8 @@ for (const name of ["redis-7.0+module", "redis-7.0", "redis-6.2"]) {
       const pyOnly = [];
       for (const step of SCENARIO) pyOnly.push(await py.step("py:", step));
       const took = performance.now() - t0;
-      mixed.forEach((r, i) => assertSame(ref[i], r, refTook + took + 1, `mixed step ${i}`));
-      pyOnly.forEach((r, i) => assertSame(ref[i], r, refTook + took + 1, `python step ${i}`));
+      for (const [i, r] of mixed.entries()) assertSame(ref[i], r, refTook + took + 1, `mixed step ${i}`);
+      for (const [i, r] of pyOnly.entries()) assertSame(ref[i], r, refTook + took + 1, `python step ${i}`);
       // And the stored balances agree, but for the refill between the runs (< 0.01 token).
       for (const k of ["a", "b", "c"]) {
         const [x, y] = [await c.client.hget(`ref:${k}`, "tokens"), await c.client.hget(`mix:${k}`, "tokens")];

@@ -48,7 +48,10 @@ for (const lib of ["ioredis", "redis6"]) {
     const c = await client(lib, server.port);
     try {
       const lims = Object.fromEntries(
-        ["raise", "open", "closed", "local"].map((p) => [p, new Limiter(c.client, { onError: p, logger: quiet, breaker: false })]),
+        ["raise", "open", "closed", "local"].map((p) => [
+          p,
+          new Limiter(c.client, { onError: p, logger: quiet, breaker: false }),
+        ]),
       );
       for (const lim of Object.values(lims)) assert.ok((await lim.consume("k", B)).allowed); // backend known
       await server.stopAndWait();
@@ -192,7 +195,12 @@ test("a busy process sheds, never admits: a connection not up while the loop lag
     const c = await client("ioredis", server.port, {}, { lazyConnect: true, enableReadyCheck: true });
     const events = [];
     for (const onError of ["open", "raise"]) {
-      const lim = new Limiter(c.client, { onError, backend: "module", timeoutMs: 50, onDecision: (e) => events.push(e) });
+      const lim = new Limiter(c.client, {
+        onError,
+        backend: "module",
+        timeoutMs: 50,
+        onDecision: (e) => events.push(e),
+      });
       const pending = lim.consume("k", B);
       busy(200); // the timer runs 150 ms late: the wait can't be blamed on Redis
       const d = await pending;
@@ -221,7 +229,12 @@ test("onError local admits about a processes' share of each key while Redis is d
   const server = await ownServer();
   const c = await client("ioredis", server.port);
   try {
-    const lim = new Limiter(c.client, { onError: "local", processes: 4, logger: quiet, breaker: new Breaker({ failures: 1 }) });
+    const lim = new Limiter(c.client, {
+      onError: "local",
+      processes: 4,
+      logger: quiet,
+      breaker: new Breaker({ failures: 1 }),
+    });
     const bucket = new Bucket({ max: 40, rate: SLOW });
     await lim.consume("warm", bucket);
     await server.stopAndWait();

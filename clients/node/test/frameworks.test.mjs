@@ -12,7 +12,7 @@ import { clientIp, rateLimit, TokenBucketStore } from "redis-tokenbucket/express
 import { rateLimitPlugin } from "redis-tokenbucket/fastify";
 import { rateLimitResponse, withRateLimitHeaders } from "redis-tokenbucket/fetch";
 import { client } from "./clients.mjs";
-import { SLOW, Server, stopAll, target } from "./servers.mjs";
+import { Server, SLOW, stopAll, target } from "./servers.mjs";
 
 after(stopAll);
 
@@ -34,7 +34,12 @@ test("express middleware: admitted with the fields, then a 429 problem", async (
   const c = await client("ioredis", t.port);
   const lim = new Limiter(c.client);
   const app = express();
-  app.use(rateLimit(lim, { rules: [{ bucket: USER, key: (req) => req.headers["x-user"] }], skip: (req) => req.path === "/healthz" }));
+  app.use(
+    rateLimit(lim, {
+      rules: [{ bucket: USER, key: (req) => req.headers["x-user"] }],
+      skip: (req) => req.path === "/healthz",
+    }),
+  );
   app.get("/", (_req, res) => res.json({ ok: true }));
   app.get("/healthz", (_req, res) => res.json({ ok: true }));
   const s = await serve(app);
@@ -71,8 +76,12 @@ test("express middleware with Redis down: fail closed is a 503, fail open passes
   const quiet = { error() {}, warn() {} };
   const app = express();
   const rules = [{ bucket: USER, key: () => "bob" }];
-  app.get("/closed", rateLimit(new Limiter(c.client, { onError: "closed", logger: quiet }), { rules }), (_q, r) => r.send("x"));
-  app.get("/open", rateLimit(new Limiter(c.client, { onError: "open", logger: quiet }), { rules }), (_q, r) => r.send("x"));
+  app.get("/closed", rateLimit(new Limiter(c.client, { onError: "closed", logger: quiet }), { rules }), (_q, r) =>
+    r.send("x"),
+  );
+  app.get("/open", rateLimit(new Limiter(c.client, { onError: "open", logger: quiet }), { rules }), (_q, r) =>
+    r.send("x"),
+  );
   const s = await serve(app);
   try {
     assert.equal((await get(`${s.url}/open`)).status, 200);
@@ -139,7 +148,10 @@ test("fastify plugin: every route of the instance, 429 problem, decision on the 
   const app = Fastify();
   await app.register(rateLimitPlugin, {
     limiter: new Limiter(c.client),
-    rules: [{ bucket: USER, key: (req) => req.headers["x-user"] }, { bucket: USER.named("ip"), key: clientIp() }],
+    rules: [
+      { bucket: USER, key: (req) => req.headers["x-user"] },
+      { bucket: USER.named("ip"), key: clientIp() },
+    ],
     legacyHeaders: true,
   });
   app.get("/", async (req) => ({ remaining: req.rateLimit.decisions.map((d) => d.remaining) }));
@@ -183,7 +195,9 @@ test("fetch handlers (Hono): a 429 Response with the fields, or the fields on th
     assert.equal(denied.headers.get("content-type"), "application/problem+json");
     assert.equal((await denied.json()).status, 429);
     // Shed and failing closed are 503s.
-    const shed = rateLimitResponse((await lim.peek("x", USER)).with({ allowed: false, shed: true, retryAfterMs: 1000 }));
+    const shed = rateLimitResponse(
+      (await lim.peek("x", USER)).with({ allowed: false, shed: true, retryAfterMs: 1000 }),
+    );
     assert.deepEqual([shed.status, shed.headers.get("retry-after")], [503, "1"]);
   } finally {
     c.close();
@@ -192,7 +206,10 @@ test("fetch handlers (Hono): a 429 Response with the fields, or the fields on th
 
 test("clientIp believes X-Forwarded-For only from trusted proxies", () => {
   const ip = clientIp(["10.0.0.0/8", "fd00::/8"]);
-  const req = (peer, xff) => ({ headers: xff === undefined ? {} : { "x-forwarded-for": xff }, socket: { remoteAddress: peer } });
+  const req = (peer, xff) => ({
+    headers: xff === undefined ? {} : { "x-forwarded-for": xff },
+    socket: { remoteAddress: peer },
+  });
   assert.equal(ip(req("10.0.0.5", "1.2.3.4, 198.51.100.1, 10.1.1.1")), "198.51.100.1");
   assert.equal(ip(req("203.0.113.7", "198.51.100.1")), "203.0.113.7");
   assert.equal(ip(req("::ffff:203.0.113.7")), "203.0.113.7");

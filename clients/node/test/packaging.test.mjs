@@ -62,7 +62,9 @@ test("the packaged EVAL script is what lua/gen_eval.py writes", () => {
   // The check itself can fail: a changed copy is refused.
   const changed = join(mkdtempSync(join(tmpdir(), "tb-eval-")), "tb-eval.lua");
   writeFileSync(changed, `${EVAL_SOURCE}-- changed\n`);
-  assert.throws(() => execFileSync("python3", [join(REPO, "lua", "gen_eval.py"), "--check", changed], { stdio: "ignore" }));
+  assert.throws(() =>
+    execFileSync("python3", [join(REPO, "lua", "gen_eval.py"), "--check", changed], { stdio: "ignore" }),
+  );
 });
 
 test("the client sends the packaged EVAL script", async () => {

@@ -253,7 +253,9 @@ export async function rejected(server, command) {
   const admin = server.admin();
   try {
     const info = await admin.call("INFO", "commandstats");
-    const m = new RegExp(`^cmdstat_${command.toLowerCase().replace(/\./g, "\\.")}:.*rejected_calls=(\\d+)`, "m").exec(info);
+    const m = new RegExp(`^cmdstat_${command.toLowerCase().replace(/\./g, "\\.")}:.*rejected_calls=(\\d+)`, "m").exec(
+      info,
+    );
     return m ? Number(m[1]) : 0;
   } finally {
     admin.disconnect();

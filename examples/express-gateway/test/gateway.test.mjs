@@ -6,10 +6,10 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import Redis from "ioredis";
+import { calls, Server, stopAll, target } from "../../servers.mjs";
 import { createApp } from "../app.mjs";
 import { DEMO_API_KEYS, limits } from "../config.mjs";
 import { LLMError } from "../llm.mjs";
-import { calls, Server, stopAll, target } from "../../servers.mjs";
 
 after(stopAll);
 
@@ -84,7 +84,8 @@ for (const name of ["redis-7.0+module", "redis-7.0"]) {
     const t = await target(name);
     const g = await gateway(t.port);
     try {
-      for (let i = 0; i < 6; i++) assert.equal((await g.call("GET", "/v1/models", { key: "demo-standard" })).status, 200);
+      for (let i = 0; i < 6; i++)
+        assert.equal((await g.call("GET", "/v1/models", { key: "demo-standard" })).status, 200);
       assert.equal((await g.call("GET", "/v1/models", { key: "nope" })).status, 401);
       assert.equal((await g.call("GET", "/v1/models", { key: "nope" })).status, 401);
       const denied = await g.call("GET", "/v1/models", { key: "demo-free" });
@@ -108,13 +109,19 @@ for (const name of ["redis-7.0+module", "redis-7.0"]) {
     };
     const g = await gateway(t.port, { llm });
     try {
-      const ok = await g.call("POST", "/v1/chat", { key: "demo-standard", body: { prompt: "hello big model", max_tokens: 50 } });
+      const ok = await g.call("POST", "/v1/chat", {
+        key: "demo-standard",
+        body: { prompt: "hello big model", max_tokens: 50 },
+      });
       assert.equal(ok.status, 200);
       assert.deepEqual(ok.body.usage, { prompt_tokens: 3, completion_tokens: 3, reserved_tokens: 53 });
       // Reserved 53, used 6: the header shows the budget after the refund.
       assert.match(ok.headers.ratelimit, /"llm";r=994;t=\d+$/);
       fail = true;
-      const failed = await g.call("POST", "/v1/chat", { key: "demo-standard", body: { prompt: "a b", max_tokens: 100 } });
+      const failed = await g.call("POST", "/v1/chat", {
+        key: "demo-standard",
+        body: { prompt: "a b", max_tokens: 100 },
+      });
       assert.equal(failed.status, 502);
       assert.equal(Math.floor(Number(await g.redis.hget("rl:llm:user:bob", "tokens"))), 994);
       const over = await g.call("POST", "/v1/chat", { key: "demo-free", body: { prompt: "a", max_tokens: 100 } });
@@ -129,7 +136,11 @@ for (const name of ["redis-7.0+module", "redis-7.0"]) {
     const g = await gateway(t.port);
     try {
       const r = await g.call("GET", "/readyz");
-      assert.deepEqual(r.body, { ready: true, backend: name.endsWith("module") ? "module" : "functions", breaker: "closed" });
+      assert.deepEqual(r.body, {
+        ready: true,
+        backend: name.endsWith("module") ? "module" : "functions",
+        breaker: "closed",
+      });
       assert.deepEqual((await g.call("GET", "/healthz")).body, { ok: true });
     } finally {
       g.close();
@@ -147,7 +158,10 @@ test("Redis down: models fails open without headers, chat fails closed with 503,
     assert.equal(open.status, 200);
     assert.equal(open.headers.ratelimit, undefined);
     const closed = await g.call("POST", "/v1/chat", { key: "demo-free", body: { prompt: "x", max_tokens: 1 } });
-    assert.deepEqual([closed.status, closed.body, closed.headers["retry-after"]], [503, { error: "rate_limiter_unavailable" }, "1"]);
+    assert.deepEqual(
+      [closed.status, closed.body, closed.headers["retry-after"]],
+      [503, { error: "rate_limiter_unavailable" }, "1"],
+    );
     const ready = await g.call("GET", "/readyz");
     assert.equal(ready.status, 503);
     assert.equal(ready.body.ready, false);
