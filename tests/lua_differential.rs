@@ -1081,3 +1081,59 @@ fn random_lease_sequence_matches_the_module() {
     assert!(tally.planted > 100, "{tally:?}");
     assert!(tally.errors.len() >= 10, "{tally:?}");
 }
+
+/// `module_and_library_share_keys` for a lease key: leases taken through
+/// one are renewed, released and counted through the other.
+#[test]
+fn module_and_library_share_lease_keys() {
+    let clock = FakeClock::new(T0);
+    let s = Server::with(clock.config());
+    let mut c = s.conn();
+    load_library(&mut c);
+    let mut rng = Rng(21);
+    let mut now = T0;
+    let (mut acquired, mut denied, mut released, mut renewed) = (0, 0, 0, 0);
+    for i in 0..600 {
+        now += rng.below(400_000) as i64 - 20_000;
+        clock.set(now);
+        let id = rng.pick(&IDS[..5]).to_string();
+        let (kind, args) = match rng.below(8) {
+            0..=3 => {
+                let lease_ms = rng.pick(&["300", "1000", "3000"]).to_string();
+                let weight = rng.pick(&["1", "2"]).to_string();
+                ("acquire", vec!["4".into(), lease_ms, id, weight])
+            }
+            4 => ("release", vec![id]),
+            5 => ("renew", vec![id, "1000".into()]),
+            _ => ("inflight", vec![]),
+        };
+        let op = Op {
+            kind,
+            keys: vec!["s".into()],
+            args,
+        };
+        let shared = if i % 2 == 0 {
+            run(&mut c, &op.module("shared:"))
+        } else {
+            run(&mut c, &op.library("shared:"))
+        };
+        let alone = run(&mut c, &op.module("alone:"));
+        assert_eq!(shared, alone, "call {i}: {op:?}");
+        if let Ok(Value::Array(r)) = &shared {
+            let done = r[0] == Value::Int(1);
+            match op.kind {
+                "acquire" if done => acquired += 1,
+                "acquire" => denied += 1,
+                "release" => released += usize::from(done),
+                _ => renewed += usize::from(done),
+            }
+        }
+        assert_eq!(
+            any_state(&mut c, "shared:s"),
+            any_state(&mut c, "alone:s"),
+            "call {i}: {op:?}"
+        );
+    }
+    assert!(acquired > 50 && denied > 30, "{acquired} {denied}");
+    assert!(released > 20 && renewed > 20, "{released} {renewed}");
+}
