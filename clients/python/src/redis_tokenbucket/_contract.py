@@ -36,7 +36,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+417786a1b79d"
+LIBRARY_VERSION = "0.1.0+55550adb740b"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
