@@ -1068,6 +1068,26 @@ fn eval_scripts_fall_back_from_noscript_on_redis_7() {
         .arg(1);
     assert!(error_of(&mut c, &ro).contains("read-only"));
     assert_eq!(int(&mut c, "EXISTS", "fresh"), 0);
+    // Likewise inflight and acquire.
+    let _: () = redis::cmd("HSET")
+        .arg(&["held", "a", "99999999999999999:3"])
+        .query(&mut c)
+        .unwrap();
+    let n: i64 = redis::cmd("EVAL_RO")
+        .arg(eval_script())
+        .arg(1)
+        .arg("held")
+        .arg("inflight")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(n, 3);
+    let mut ro = redis::cmd("EVAL_RO");
+    ro.arg(eval_script())
+        .arg(1)
+        .arg("fresh")
+        .arg(&["acquire", "1", "1000", "id"]);
+    assert!(error_of(&mut c, &ro).contains("read-only"));
+    assert_eq!(int(&mut c, "EXISTS", "fresh"), 0);
 }
 
 fn redis62() -> Config {
