@@ -280,7 +280,10 @@ export class Limiter {
     const cache = this.denialCache;
     const sent = cache?.clock() ?? 0;
     const reply = await this.engine.call(op, [g], io);
-    const decision = Decision.fromReply(reply, g.key, g.bucket, g.amount);
+    const decision =
+      op === "adjust"
+        ? Decision.fromAdjust(reply, g.key, g.bucket, g.amount)
+        : Decision.fromReply(reply, g.key, g.bucket, g.amount);
     if (cache !== undefined) {
       // Any write of this limiter may let a cached request pass sooner.
       if (op === "adjust" || (op === "consume" && decision.allowed && g.amount > 0)) cache.forget(g.id);
@@ -527,7 +530,11 @@ const ANSWER_ONE: Answers<Decision> = {
       if (error instanceof LocalReplyError) return degradedOne(g, false);
       throw error;
     }
-    return Decision.fromReply(reply, g.key, g.bucket, g.amount).with({ degraded: true });
+    const decision =
+      job.op === "adjust"
+        ? Decision.fromAdjust(reply, g.key, g.bucket, g.amount)
+        : Decision.fromReply(reply, g.key, g.bucket, g.amount);
+    return decision.with({ degraded: true });
   },
   shed: (job) => {
     const g = job.groups[0] as Group;
