@@ -110,7 +110,7 @@ def test_call_arguments_are_checked_before_anything_is_sent(module_target: Targe
             "cost",
             lambda: lim.acquire("rl:k", STREAMS, buckets=[("rl:u", USER, 4)]),
             ["2", "1000", "id", "BUCKET", "rl:u", "3", "0.001", "4"],
-        ),  # fmt: skip
+        ),
     ]
     for field, call, args in bad_calls:
         with pytest.raises(InvalidArgument) as raised:
@@ -255,9 +255,8 @@ def test_hold_renews_in_the_background_and_releases(backend_target: Target):
         # Three leases' worth of time: only renewals keep it.
         time.sleep(1.0)
         assert lim.in_flight("rl:streams:h") == 1 and not lease.lost
-        with pytest.raises(Busy) as busy:
-            with lim.hold("rl:streams:h", quick):
-                pytest.fail("a second holder got the only slot")
+        with pytest.raises(Busy) as busy, lim.hold("rl:streams:h", quick):
+            pytest.fail("a second holder got the only slot")
         assert busy.value.lease.busy and busy.value.lease.in_use == 1
     assert lim.in_flight("rl:streams:h") == 0
     # An exception leaves the block: released too.
