@@ -549,37 +549,27 @@ fn key_specs_cover_the_bucket_keys_and_inflight_only_reads() {
     assert!(flags.1.iter().any(|f| f == "RO"), "{flags:?}");
     // A user that may only read rl:* keys: INFLIGHT, nothing else; a user
     // of rl:* can't reach another key through a BUCKET clause.
-    for (user, pattern) in [("reader", "%R~rl:*"), ("writer", "~rl:*")] {
-        let _: String = redis::cmd("ACL")
-            .arg(&[
-                "SETUSER",
-                user,
-                "on",
-                ">pw",
-                pattern,
+    let lease_user = |name: &str, keys: &str| {
+        s.conn_as(
+            name,
+            &[
+                keys,
                 "-@all",
                 "+tb.acquire",
                 "+tb.release",
                 "+tb.renew",
                 "+tb.inflight",
-            ])
-            .query(&mut admin)
-            .unwrap();
-    }
-    let mut reader = redis::Client::open(format!("redis://reader:pw@127.0.0.1:{}/", s.port))
-        .unwrap()
-        .get_connection()
-        .unwrap();
+            ],
+        )
+    };
+    let mut reader = lease_user("reader", "%R~rl:*");
+    let mut writer = lease_user("writer", "~rl:*");
     assert_eq!(inflight(&mut reader, "rl:s"), 0);
     let err = error_of(
         &mut reader,
         redis::cmd("TB.ACQUIRE").arg(&["rl:s", "2", "1000", "a"]),
     );
     assert!(err.starts_with("NOPERM"), "{err}");
-    let mut writer = redis::Client::open(format!("redis://writer:pw@127.0.0.1:{}/", s.port))
-        .unwrap()
-        .get_connection()
-        .unwrap();
     let err = error_of(
         &mut writer,
         redis::cmd("TB.ACQUIRE")

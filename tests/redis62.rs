@@ -138,22 +138,7 @@ fn leases_and_their_bucket_keys_on_redis_6_2() {
         .query(&mut c)
         .unwrap();
     assert_eq!(keys, ["rl:s", "rl:b"]);
-    let _: String = redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "limited",
-            "on",
-            ">pw",
-            "~rl:*",
-            "-@all",
-            "+tb.acquire",
-        ])
-        .query(&mut c)
-        .unwrap();
-    let mut limited = redis::Client::open(format!("redis://limited:pw@127.0.0.1:{}/", s.port))
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut limited = s.conn_as("limited", &["~rl:*", "-@all", "+tb.acquire"]);
     let err = error_of(
         &mut limited,
         redis::cmd("TB.ACQUIRE").arg(&[

@@ -289,14 +289,7 @@ fn tb_errors_counts_only_the_modules_own_errors() {
     let s = Server::start();
     let mut c = s.conn();
     let errors = |c: &mut redis::Connection| tb_counter(c, "tb_errors");
-    let _: String = redis::cmd("ACL")
-        .arg(&["SETUSER", "other", "on", ">pw", "~other:*", "+@all"])
-        .query(&mut c)
-        .unwrap();
-    let mut limited = redis::Client::open(format!("redis://other:pw@127.0.0.1:{}/", s.port))
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut limited = s.conn_as("other", &["~other:*", "+@all"]);
     let err = error_of(
         &mut limited,
         redis::cmd("TB.CONSUME").arg(&["rl:k", "10", "1"]),

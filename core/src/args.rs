@@ -201,20 +201,31 @@ pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, Error> 
     if count > MAX_GROUPS {
         return Err(Error::TooManyGroups);
     }
-    let mut groups = Vec::with_capacity(count);
-    for g in 0..count {
-        let base = 1 + 4 * g;
+    let groups = parse_groups(argv, (0..count).map(|g| 1 + 4 * g))?;
+    if let Some((group, first)) = first_duplicate(argv, &groups) {
+        return Err(Error::DuplicateKey { group, first });
+    }
+    Ok(groups)
+}
+
+/// Groups of `key max rate cost` whose keys are at `key_indices`, checked
+/// in order (each group's `max`, `rate`, fill time, then `cost`), labelled
+/// 1, 2, ... in their errors: TB.MCONSUME's groups and TB.ACQUIRE's
+/// `BUCKET` clauses.
+pub(crate) fn parse_groups(
+    argv: &(impl Argv + ?Sized),
+    key_indices: impl ExactSizeIterator<Item = usize>,
+) -> Result<Vec<Group>, Error> {
+    let mut groups = Vec::with_capacity(key_indices.len());
+    for (g, key_index) in key_indices.enumerate() {
         let label = Some(g + 1);
-        let limits = group_limits(argv, base + 1, label)?;
-        let cost = group_cost(argv.arg(base + 3), &limits, label)?;
+        let limits = group_limits(argv, key_index + 1, label)?;
+        let cost = group_cost(argv.arg(key_index + 3), &limits, label)?;
         groups.push(Group {
-            key_index: base,
+            key_index,
             limits,
             cost,
         });
-    }
-    if let Some((group, first)) = first_duplicate(argv, &groups) {
-        return Err(Error::DuplicateKey { group, first });
     }
     Ok(groups)
 }

@@ -431,7 +431,7 @@ mod tests {
         );
         // A cost-0 call writes nothing, so its reset still waits for ts.
         assert_eq!(L10.consume(stored, NOW, 0.0).reply(), [1, 5, 0, 65_000]);
-        // TB.ADJUST always writes: its times start now.
+        // TB.ADJUST writes the bucket it changes, so its times start now.
         assert_eq!(L10.adjust(stored, NOW, -5.0).reply(), [1, 0, 1000, 10_000]);
     }
 

@@ -7,7 +7,7 @@
 //! hash field by field into a [`Scan`], and gets back what to reply and
 //! what to write.
 
-use crate::args::{first_duplicate, group_cost, group_limits, Argv, Group};
+use crate::args::{first_duplicate, parse_groups, Argv, Group};
 use crate::contract::{MAX_GROUPS, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_LEASE_MS};
 use crate::error::{Arg, Error};
 use crate::number::parse_i64;
@@ -137,18 +137,7 @@ pub fn parse_acquire(argv: &(impl Argv + ?Sized)) -> Result<Acquire, Error> {
     {
         return Err(Error::ExpectedBucket(at));
     }
-    let mut buckets = Vec::with_capacity(count);
-    for g in 0..count {
-        let base = first + 5 * g + 1;
-        let label = Some(g + 1);
-        let limits = group_limits(argv, base + 1, label)?;
-        let cost = group_cost(argv.arg(base + 3), &limits, label)?;
-        buckets.push(Group {
-            key_index: base,
-            limits,
-            cost,
-        });
-    }
+    let buckets = parse_groups(argv, (0..count).map(|g| first + 5 * g + 1))?;
     if let Some(g) = buckets
         .iter()
         .position(|b| argv.arg(b.key_index) == argv.arg(1))

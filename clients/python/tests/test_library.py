@@ -5,6 +5,8 @@ package's; a user who may not load it uses the EVAL script instead."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from conftest import SLOW, TARGETS, Pool, Target, calls, make_target, run
 from tbservers import Server
@@ -121,3 +123,30 @@ def test_a_library_without_tb_version_is_not_trusted_by_a_second_limiter(module_
     forced = Limiter(module_target.client(), backend="functions")
     assert forced.consume("rl:m", B).remaining == 8
     assert loaded_version(module_target.server) == VERSION
+
+
+@pytest.mark.parametrize("name", FUNCTIONS_TARGETS)
+def test_a_burst_of_first_calls_loads_the_library_once(pool: Pool, name: str):
+    """Fifty concurrent first calls on a server without the library: one of
+    them checks and loads it; the others, meanwhile, answer through the EVAL
+    script instead of each loading it (every FUNCTION LOAD compiles the
+    library while Redis waits). All fifty are charged exactly once."""
+    target = make_target(pool, name)
+    with target.admin() as admin:
+        admin.function_flush()
+        admin.config_resetstat()
+
+    async def burst() -> list[int]:
+        client = target.async_client()
+        try:
+            lim = tb_asyncio.Limiter(client, timeout=10)
+            decisions = await asyncio.gather(*(lim.consume("rl:burst", Bucket(100, SLOW)) for _ in range(50)))
+            return [d.remaining for d in decisions]
+        finally:
+            await client.aclose()
+
+    remaining = run(burst())
+    assert sorted(remaining) == list(range(50, 100))
+    with target.admin() as admin:
+        assert calls(admin, "function|load") == 1
+    assert loaded_version(target.server) == VERSION

@@ -131,8 +131,10 @@ class Engine:
         self._cluster = cluster
         self._retryable: tuple[type[Exception], ...] = cluster.ERRORS_ALLOW_RETRY if cluster is not None else ()
         # Whether the Functions library on the server (every primary of a
-        # Cluster) is known to be this package's copy.
+        # Cluster) is known to be this package's copy, and whether a call
+        # is finding out (checking, or loading it) right now.
         self._library_checked = False
+        self._library_checking = False
 
     def call(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None) -> Plan[Any]:
         """Sends `op` on its groups (a lease operation: on its key and head,
@@ -171,13 +173,25 @@ class Engine:
                     raise _Unavailable(backend, exc) from exc
                 raise
         if backend == "functions":
-            key = lease[0] if lease is not None else groups[0][0]
-            return (yield from self._fcall(fcall_args(op, groups, lease), key))
+            return (yield from self._fcall(op, groups, lease))
         return (yield from self._eval(eval_args(op, groups, lease)))
 
-    def _fcall(self, args: Args, key: KeyT) -> Plan[Any]:
+    def _fcall(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
+        if self._library_checking:
+            # Another call is checking or loading the library right now: a
+            # burst of first calls (or of calls after FUNCTION FLUSH) must
+            # not each load it, since every FUNCTION LOAD compiles it while
+            # Redis waits. The EVAL script needs no loading and answers the
+            # same.
+            return (yield from self._eval(eval_args(op, groups, lease)))
+        args = fcall_args(op, groups, lease)
+        key = lease[0] if lease is not None else groups[0][0]
         if not self._library_checked:
-            yield from self._check_library()
+            self._library_checking = True
+            try:
+                yield from self._check_library()
+            finally:
+                self._library_checking = False
         try:
             return (yield from self._to_key_node(args, key))
         except Exception as exc:
@@ -185,7 +199,11 @@ class Engine:
                 raise _Unavailable("functions", exc) from exc
             if not function_missing(exc):
                 raise
-        yield from self._load_library()
+        self._library_checking = True
+        try:
+            yield from self._load_library()
+        finally:
+            self._library_checking = False
         return (yield from self._to_key_node(args, key))
 
     def _check_library(self) -> Plan[None]:
