@@ -475,6 +475,7 @@ def test_local_leases_are_a_share_of_the_limit_per_process():
     leases = [lim.acquire("rl:streams:l", four) for _ in range(3)]
     assert [lease.acquired for lease in leases] == [True, True, False]
     assert all(lease.degraded for lease in leases) and leases[2].busy
+    assert leases[0].concurrency.limit == 2  # decided against this process's share
     # The buckets are this process's share too: 1.5 of 3 tokens.
     charged = lim.acquire("rl:streams:l4", four, buckets=[("rl:user:l", USER, 1)])
     assert charged.acquired and [d.remaining for d in charged.decisions] == [0]

@@ -921,7 +921,12 @@ def _local_lease(local: _local.LocalBuckets, req: LeaseRequest) -> Lease:
         reply = local.run_lease("acquire", req.key, req.head, req.groups)
     except ResponseError:  # a weight above this process's share of the limit: it can't fit here
         return _degraded_lease(req, False)
-    return _lease_from_reply(reply, req, degraded=True)
+    lease = _lease_from_reply(reply, req, degraded=True)
+    assert req.concurrency is not None
+    # What it was decided against: this process's share (its `busy` and
+    # `remaining` are about that).
+    lease.concurrency = replace(req.concurrency, limit=_local.share_limit(req.concurrency.limit, local.processes))
+    return lease
 
 
 def _no_answer(req: object, *_: object) -> Any:

@@ -87,6 +87,12 @@ def share(bucket: Bucket, processes: int) -> Bucket:
     return Bucket(bucket.max / processes, bucket.rate / processes, bucket.name)
 
 
+def share_limit(limit: int, processes: int) -> int:
+    """This process's part of a Concurrency limit: at least one slot, so a
+    limit below the number of processes still admits here."""
+    return max(1, limit // processes)
+
+
 class LocalBuckets:
     """Token buckets in this process, run by the package's Lua library."""
 
@@ -120,7 +126,7 @@ class LocalBuckets:
         acquire's limit (at least 1) and buckets are this process's share.
         A weight that can't fit a share is an error reply, raised."""
         if op == "acquire":
-            head = (str(max(1, int(head[0]) // self.processes)), *head[1:])
+            head = (str(share_limit(int(head[0]), self.processes)), *head[1:])
         local = [(k, share(b, self.processes), c) for k, b, c in groups]
         keys = [_bytes(k) for k in (key, *(k for k, _, _ in local))]
         args = [_bytes(a) for a in head] + [a.encode() for _, b, c in local for a in (*b._args, repr(c))]
