@@ -22,8 +22,9 @@ pub struct Lease {
 
 impl Lease {
     /// Reads a stored value, `<expires_at_us>:<weight>`: two integers, the
-    /// weight at least 1. `None` for anything else, which makes the key
-    /// not a lease key.
+    /// weight one a lease can have (1 to MAX_LEASE_LIMIT, so sums of them
+    /// can't overflow). `None` for anything else, which makes the key not
+    /// a lease key.
     pub fn parse(value: &[u8]) -> Option<Lease> {
         let colon = value.iter().position(|&b| b == b':')?;
         let (expires, weight) = (&value[..colon], &value[colon + 1..]);
@@ -35,7 +36,9 @@ impl Lease {
             expires_us: parse_i64(expires)?,
             weight: parse_i64(weight)?,
         };
-        (lease.weight >= 1).then_some(lease)
+        (1..=MAX_LEASE_LIMIT)
+            .contains(&lease.weight)
+            .then_some(lease)
     }
 
     /// The stored value, `<expires_at_us>:<weight>`.
@@ -424,6 +427,8 @@ mod tests {
             b" 1:1",
             b"99999999999999999999:1",
             b"9",
+            b"1:1000001",
+            b"1:9223372036854775807",
         ] {
             assert_eq!(Lease::parse(bad), None, "{bad:?}");
         }
