@@ -128,8 +128,10 @@ class DenialCache:
             self._entries.move_to_end(ids)
             self.hits += 1
         elapsed_ms = (now - entry.at) * 1000
+        # Rounded to the µs first: `until` is a sum of floats, and the noise
+        # of (at + retry) - at must not round a whole ms up.
         return CachedDenial(
-            max(1, math.ceil((entry.until - now) * 1000)),
+            max(1, math.ceil(round((entry.until - now) * 1000, 3))),
             tuple(_aged(d, elapsed_ms) for d in entry.decisions),
         )
 
