@@ -61,7 +61,7 @@ FUZZ_SECONDS ?= 120
 .PHONY: help build run test test-rust test-matrix test-examples test-python test-dist \
         test-prometheus test-node lint lint-rust lint-python lint-prometheus lint-node lint-generated contract \
         deps build-deps run-deps prometheus-deps venv python-tools python-wheel node-tools install dist \
-        bench bench-python bench-node bench-gateway bench-prometheus fuzz fuzz-smoke soak clean
+        bench bench-python bench-node bench-gateway bench-leases bench-prometheus fuzz fuzz-smoke soak clean
 
 help: ## list these targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z][a-z0-9-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -226,6 +226,9 @@ bench-node: deps build node-tools ## the Node client: its overhead per call, its
 bench-gateway: deps venv build python-tools ## the example gateway under wrk at 200/400/1000 connections: admitted vs budget, degraded, shed
 	$(MAKE) --no-print-directory -C examples/fastapi-gateway install
 	$(PY) examples/fastapi-gateway/bench/gateway.py --report docs/benchmarks.md
+
+bench-leases: deps venv build ## ACQUIRE+RELEASE pairs on keys of 1, 100 and 10,000 live leases: module, FCALL, a sorted-set script
+	$(PY) bench/leases.py --report docs/benchmarks.md
 
 bench-prometheus: prometheus-deps build ## what contrib/prometheus's collect script costs Redis per scrape
 	$(PY) $(PROM_TESTS)/scrape_cost.py --out contrib/prometheus/scrape-cost.md
