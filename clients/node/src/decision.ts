@@ -22,7 +22,12 @@ export interface Flags {
  * for "local"). `shed` marks a refusal because this process was too busy
  * to get Redis's answer in time (never admitted; `retryAfterMs` is a short
  * back-off). `cached` marks a denial answered from the denial cache without
- * a round trip. For `adjust`, `cost` holds the delta.
+ * a round trip.
+ *
+ * For `adjust`, `cost` holds the delta, and `allowed` and `retryAfterMs`
+ * are about the next request of cost 1 (or `max`, if smaller): whether it
+ * would pass now, else when it will. So `retryAfterMs` is 0 whenever
+ * `allowed` is true, on every call.
  */
 export class Decision {
   readonly allowed: boolean;
@@ -68,6 +73,15 @@ export class Decision {
     }
     const [allowed, remaining, retry, reset] = reply.map(Number) as [number, number, number, number];
     return new Decision(allowed === 1, remaining, retry, reset, key, bucket, cost);
+  }
+
+  /**
+   * TB.ADJUST's reply, whose `allowed` is always 1 and whose retry time is
+   * for a request of cost 1 (or `max`): admitted is what that request would be.
+   */
+  static fromAdjust(reply: unknown, key: Key, bucket: Bucket, delta: number): Decision {
+    const d = Decision.fromReply(reply, key, bucket, delta);
+    return d.retryAfterMs === 0 ? d : d.with({ allowed: false });
   }
 
   /** `retryAfterMs` in whole seconds, rounded up (HTTP Retry-After). */

@@ -6,7 +6,8 @@
 //   RateLimit-Policy: "user";q=10;w=59, "ip";q=600;w=20
 //   RateLimit: "user";r=9;t=6, "ip";r=599;t=1
 //
-// `q` is the burst (max, rounded down), `w` the seconds to refill all of it
+// `q` is the burst (max, rounded down, and at least 1: a bucket whose max
+// is below 1 still admits what costs less), `w` the seconds to refill all of it
 // (ceil(max / rate)), `r` the whole tokens left (0 while in debt), `t` the
 // seconds, rounded up, until that bucket stops limiting: its retry time
 // when it denies, else the time until it is full. A bucket without a name
@@ -14,7 +15,13 @@
 // a retry then passes. The legacy X-RateLimit-Limit/-Remaining describe
 // the most restrictive bucket only.
 
+import type { Bucket } from "./bucket.js";
 import { type Decision, MultiDecision, wholeSeconds } from "./decision.js";
+
+/** A bucket's burst in whole tokens, as the fields state it: rounded down, but never 0. */
+function quota(bucket: Bucket): number {
+  return Math.max(1, Math.floor(bucket.max));
+}
 
 function sfString(text: string): string {
   // Names are printable ASCII (Bucket checks), so escaping is all that's left.
@@ -41,12 +48,12 @@ export function rateLimitHeaders(
   const current: string[] = [];
   for (const d of decisions) {
     const name = sfString(d.bucket.name ?? "default");
-    policy.push(`${name};q=${Math.floor(d.bucket.max)};w=${Math.ceil(d.bucket.max / d.bucket.rate)}`);
+    policy.push(`${name};q=${quota(d.bucket)};w=${Math.ceil(d.bucket.max / d.bucket.rate)}`);
     current.push(`${name};r=${Math.max(d.remaining, 0)};t=${wholeSeconds(d.waitMs)}`);
   }
   const headers: Record<string, string> = { "RateLimit-Policy": policy.join(", "), RateLimit: current.join(", ") };
   if (options.legacy) {
-    headers["X-RateLimit-Limit"] = String(Math.floor(tightest.bucket.max));
+    headers["X-RateLimit-Limit"] = String(quota(tightest.bucket));
     headers["X-RateLimit-Remaining"] = String(Math.max(tightest.remaining, 0));
   }
   if (!decision.allowed) headers["Retry-After"] = String(decision.retryAfter);

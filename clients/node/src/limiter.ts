@@ -280,7 +280,8 @@ export class Limiter {
     const cache = this.denialCache;
     const sent = cache?.clock() ?? 0;
     const reply = await this.engine.call(op, [g], io);
-    const decision = Decision.fromReply(reply, g.key, g.bucket, g.amount);
+    const make = op === "adjust" ? Decision.fromAdjust : Decision.fromReply;
+    const decision = make(reply, g.key, g.bucket, g.amount);
     if (cache !== undefined) {
       // Any write of this limiter may let a cached request pass sooner.
       if (op === "adjust" || (op === "consume" && decision.allowed && g.amount > 0)) cache.forget(g.id);
@@ -527,7 +528,8 @@ const ANSWER_ONE: Answers<Decision> = {
       if (error instanceof LocalReplyError) return degradedOne(g, false);
       throw error;
     }
-    return Decision.fromReply(reply, g.key, g.bucket, g.amount).with({ degraded: true });
+    const make = job.op === "adjust" ? Decision.fromAdjust : Decision.fromReply;
+    return make(reply, g.key, g.bucket, g.amount).with({ degraded: true });
   },
   shed: (job) => {
     const g = job.groups[0] as Group;

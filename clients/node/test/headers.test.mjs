@@ -45,6 +45,15 @@ test("several buckets in order, the legacy fields for the tightest", () => {
   assert.equal(h["X-RateLimit-Limit"], "600");
 });
 
+test("a bucket whose max is below 1 states a quota of 1, as it admits costs below its max", () => {
+  const half = new Bucket({ max: 0.5, rate: 0.1, name: "tiny" });
+  const h = rateLimitHeaders(new MultiDecision(true, 0, [new Decision(true, 0, 0, 5000, "k", half, 0.5)]), {
+    legacy: true,
+  });
+  assert.equal(h["RateLimit-Policy"], '"tiny";q=1;w=5');
+  assert.equal(h["X-RateLimit-Limit"], "1");
+});
+
 test("a degraded or shed decision has nothing to report", () => {
   assert.deepEqual(rateLimitHeaders(new Decision(true, 0, 0, 0, "k", USER, 1, { degraded: true })), {});
   assert.deepEqual(rateLimitHeaders(new Decision(false, 0, 1000, 0, "k", USER, 1, { shed: true })), {});
