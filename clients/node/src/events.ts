@@ -5,9 +5,18 @@ import type { BreakerState } from "./breaker.js";
 
 /** One decision, as metrics see it: the fields of the Python package's DecisionEvent. */
 export interface DecisionEvent {
-  /** "consume", "peek", "adjust" or "consume_many" (the Python package's names, so dashboards match). */
-  readonly op: "consume" | "peek" | "adjust" | "consume_many";
-  /** The names of the buckets, joined by "," ("" if unnamed). */
+  /**
+   * "consume", "peek", "adjust" or "consume_many" (the Python package's
+   * names, so dashboards match); for leases "acquire", "renew", "release"
+   * and "inflight".
+   */
+  readonly op: "consume" | "peek" | "adjust" | "consume_many" | "acquire" | "renew" | "release" | "inflight";
+  /**
+   * The names of the buckets, joined by "," ("" if unnamed); a lease
+   * operation's Concurrency name first. `allowed` is an acquire's
+   * `acquired`, whether a renewed or released lease was live, and true for
+   * an inflight.
+   */
   readonly policy: string;
   readonly allowed: boolean;
   readonly degraded: boolean;
