@@ -203,9 +203,13 @@ export class Busy extends LimiterError {
 function why(lease: Lease): string {
   const key = JSON.stringify(String(lease.key));
   if (lease.shed) return `no lease on ${key}: this process was too busy to get Redis's answer in time`;
-  if (lease.degraded) return `no lease on ${key}: Redis failed and the policy denies`;
+  // A policy's answer has no numbers; onError "local"'s has its own.
+  if (lease.degraded && lease.inUse === 0 && lease.retryAfterMs === 0) {
+    return `no lease on ${key}: Redis failed and the policy denies`;
+  }
   const parts: string[] = [];
   if (lease.busy) parts.push(`${lease.inUse} of ${lease.limit} slots in use`);
   for (const d of lease.deniedBy) parts.push(`bucket ${JSON.stringify(String(d.key))} can't pay ${d.cost}`);
-  return `no lease on ${key}: ${parts.join(", ") || "denied"}; retry in ${lease.retryAfterMs} ms`;
+  const where = lease.degraded ? " in this process while Redis fails" : "";
+  return `no lease on ${key}: ${parts.join(", ") || "denied"}${where}; retry in ${lease.retryAfterMs} ms`;
 }

@@ -382,9 +382,10 @@ export class Limiter {
       answer = !lease.released;
       lease.released = true;
     }
+    if (!lease.acquired) return answer; // nothing was held: no event
     const job = this.upkeepJob(call, {}, async () => answer);
     job.source = source;
-    job.degraded = lease.acquired;
+    job.degraded = true;
     return this.settled(job, answer, started);
   }
 

@@ -483,6 +483,8 @@ test("Redis failing: open admits a lease held nowhere, closed denies, local is a
       ],
     );
     assert.deepEqual([local[1].inUse, local[2].busy, local[2].retryAfterMs > 0], [2, true, true]);
+    const localBusy = await failure(lims.local.hold("rl:f", four, () => 1));
+    assert.match(localBusy.message, /2 of 2 slots in use in this process while Redis fails; retry in \d+ ms/);
     assert.equal(await lims.local.renew(local[0]), true);
     assert.equal(await lims.local.release(local[0]), true);
     assert.equal(await lims.local.release(local[0]), false);
