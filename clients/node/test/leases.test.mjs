@@ -18,6 +18,7 @@ import {
   DenialCache,
   InvalidArgument,
   Lease,
+  LIBRARY_VERSION,
   Limiter,
   Shed,
 } from "redis-tokenbucket";
@@ -174,6 +175,31 @@ for (const name of Object.keys(TARGETS)) {
     }
   });
 }
+
+test("a foreign library without the lease functions is replaced before the first acquire, and loaded again after a flush", async () => {
+  const t = await target("redis-7.0");
+  const admin = t.server.admin();
+  const c = await client("ioredis", t.port);
+  try {
+    await admin.call(
+      "FUNCTION",
+      "LOAD",
+      "#!lua name=tb\nredis.register_function{function_name='tb_version', callback=function() return 'foreign' end, flags={'no-writes'}}",
+    );
+    const { lines, logger } = logs();
+    const lim = new Limiter(c.client, { logger });
+    const lease = await lim.acquire("rl:lib", STREAMS);
+    assert.deepEqual([lease.acquired, lim.backend], [true, "functions"]);
+    assert.equal(await admin.call("FCALL_RO", "tb_version", "0"), LIBRARY_VERSION);
+    assert.match(lines.join("\n"), /the server's Lua library is foreign/);
+    await admin.call("FUNCTION", "FLUSH");
+    assert.equal(await lim.renew(lease), true);
+    assert.equal(await lim.release(lease), true);
+  } finally {
+    admin.disconnect();
+    c.close();
+  }
+});
 
 for (const name of EACH) {
   test(`${name}: exactly limit of 50 concurrent clients get a slot`, async () => {
