@@ -22,12 +22,10 @@ export interface Flags {
  * for "local"). `shed` marks a refusal because this process was too busy
  * to get Redis's answer in time (never admitted; `retryAfterMs` is a short
  * back-off). `cached` marks a denial answered from the denial cache without
- * a round trip.
- *
- * For `adjust`, `cost` holds the delta, and `allowed` and `retryAfterMs`
- * are about the next request of cost 1 (or `max`, if smaller): whether it
- * would pass now, else when it will. So `retryAfterMs` is 0 whenever
- * `allowed` is true, on every call.
+ * a round trip. For `adjust`, `cost` holds the delta, and `allowed` and
+ * `retryAfterMs` are about the next request of cost 1 (or `max`, if
+ * smaller): whether it would pass now, else when it will; so
+ * `retryAfterMs` is 0 whenever `allowed`, on every call (as in Python).
  */
 export class Decision {
   readonly allowed: boolean;
@@ -75,13 +73,11 @@ export class Decision {
     return new Decision(allowed === 1, remaining, retry, reset, key, bucket, cost);
   }
 
-  /**
-   * TB.ADJUST's reply, whose `allowed` is always 1 and whose retry time is
-   * for a request of cost 1 (or `max`): admitted is what that request would be.
-   */
+  /** TB.ADJUST's reply, whose `allowed` is always 1 and whose retry time is
+   * for a request of cost 1 (or `max`): admitted is what that request would be. */
   static fromAdjust(reply: unknown, key: Key, bucket: Bucket, delta: number): Decision {
     const d = Decision.fromReply(reply, key, bucket, delta);
-    return d.retryAfterMs === 0 ? d : d.with({ allowed: false });
+    return d.with({ allowed: d.retryAfterMs === 0 });
   }
 
   /** `retryAfterMs` in whole seconds, rounded up (HTTP Retry-After). */

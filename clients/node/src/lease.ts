@@ -100,8 +100,6 @@ export interface LeaseFields {
   degraded?: boolean;
   shed?: boolean;
   held: Held;
-  /** The limit the answer was made under (default: the Concurrency's). */
-  limit?: number;
 }
 
 /**
@@ -120,9 +118,10 @@ export interface LeaseFields {
  *   answered; this process was too busy to get Redis's answer);
  * - `lost`: set when a renewal found the lease gone (it expired, or was
  *   released): the slot is no longer this holder's;
- * - `held`: where the slot is ("redis", "local" or "none");
- * - `limit`: the limit the answer was made under: the Concurrency's, or
- *   this process's share of it when onError "local" answered.
+ * - `held`: where the slot is ("redis", "local" or "none").
+ *
+ * A lease of onError "local" has the Concurrency it was decided against:
+ * this process's share of the limit (its `busy` and `remaining` are about it).
  */
 export class Lease {
   readonly acquired: boolean;
@@ -137,7 +136,6 @@ export class Lease {
   readonly degraded: boolean;
   readonly shed: boolean;
   readonly held: Held;
-  readonly limit: number;
   lost = false;
   /** Whether this limiter released it (a lease without a slot in Redis answers for itself). */
   released = false;
@@ -155,7 +153,6 @@ export class Lease {
     this.degraded = fields.degraded ?? false;
     this.shed = fields.shed ?? false;
     this.held = fields.held;
-    this.limit = fields.limit ?? fields.concurrency.limit;
   }
 
   /** Never: a lease is always Redis's (or the policy's) answer, not the denial cache's. */
@@ -168,12 +165,12 @@ export class Lease {
    * no room for this one.
    */
   get busy(): boolean {
-    return !this.acquired && this.inUse + this.weight > this.limit;
+    return !this.acquired && this.inUse + this.weight > this.concurrency.limit;
   }
 
   /** Slots (weight) still free after the call. */
   get remaining(): number {
-    return Math.max(this.limit - this.inUse, 0);
+    return Math.max(this.concurrency.limit - this.inUse, 0);
   }
 
   /** The buckets that could not pay. */
@@ -208,7 +205,7 @@ function why(lease: Lease): string {
     return `no lease on ${key}: Redis failed and the policy denies`;
   }
   const parts: string[] = [];
-  if (lease.busy) parts.push(`${lease.inUse} of ${lease.limit} slots in use`);
+  if (lease.busy) parts.push(`${lease.inUse} of ${lease.concurrency.limit} slots in use`);
   for (const d of lease.deniedBy) parts.push(`bucket ${JSON.stringify(String(d.key))} can't pay ${d.cost}`);
   const where = lease.degraded ? " in this process while Redis fails" : "";
   return `no lease on ${key}: ${parts.join(", ") || "denied"}${where}; retry in ${lease.retryAfterMs} ms`;

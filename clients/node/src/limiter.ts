@@ -491,8 +491,10 @@ export class Limiter {
     const cache = this.denialCache;
     const sent = cache?.clock() ?? 0;
     const reply = await this.engine.call(op, [g], io);
-    const make = op === "adjust" ? Decision.fromAdjust : Decision.fromReply;
-    const decision = make(reply, g.key, g.bucket, g.amount);
+    const decision =
+      op === "adjust"
+        ? Decision.fromAdjust(reply, g.key, g.bucket, g.amount)
+        : Decision.fromReply(reply, g.key, g.bucket, g.amount);
     if (cache !== undefined) {
       // Any write of this limiter may let a cached request pass sooner.
       if (op === "adjust" || (op === "consume" && decision.allowed && g.amount > 0)) cache.forget(g.id);
@@ -752,14 +754,14 @@ function leaseCall(op: "renew" | "release", lease: Lease): LeaseCall {
 
 /**
  * A lease from TB.ACQUIRE's reply: the module's, or the in-process
- * library's (`degraded`, under this process's share of the limit, `limit`).
+ * library's (`degraded`, decided against `concurrency`, this process's share).
  */
 function leaseFromReply(
   reply: unknown,
   call: LeaseCall,
   groups: readonly Group[],
   degraded: boolean,
-  limit?: number,
+  concurrency = call.concurrency as Concurrency,
 ): Lease {
   if (!Array.isArray(reply) || reply.length !== 4 + groups.length) {
     throw new TypeError(`unexpected reply from Redis: ${JSON.stringify(reply)}`);
@@ -776,12 +778,11 @@ function leaseFromReply(
     expiresInMs: expires,
     id: call.leaseId,
     key: call.head.key,
-    concurrency: call.concurrency as Concurrency,
+    concurrency,
     weight: call.weight,
     decisions,
     degraded,
     held: acquired === 1 ? (degraded ? "local" : "redis") : "none",
-    limit,
   });
 }
 
@@ -834,7 +835,10 @@ const ANSWER_LEASE: Answers<Lease> = {
       if (error instanceof LocalReplyError) return degradedLease(job, false);
       throw error;
     }
-    return leaseFromReply(reply, call, job.groups, true, local.shareOfLimit(call.concurrency as Concurrency));
+    // What it was decided against: this process's share (its busy and remaining are about that).
+    const c = call.concurrency as Concurrency;
+    const share = new Concurrency({ limit: local.shareOfLimit(c), leaseMs: c.leaseMs, name: c.name });
+    return leaseFromReply(reply, call, job.groups, true, share);
   },
   shed: (job) => {
     const call = leaseJob(job);
@@ -893,8 +897,11 @@ const ANSWER_ONE: Answers<Decision> = {
       if (error instanceof LocalReplyError) return degradedOne(g, false);
       throw error;
     }
-    const make = job.op === "adjust" ? Decision.fromAdjust : Decision.fromReply;
-    return make(reply, g.key, g.bucket, g.amount).with({ degraded: true });
+    const decision =
+      job.op === "adjust"
+        ? Decision.fromAdjust(reply, g.key, g.bucket, g.amount)
+        : Decision.fromReply(reply, g.key, g.bucket, g.amount);
+    return decision.with({ degraded: true });
   },
   shed: (job) => {
     const g = job.groups[0] as Group;

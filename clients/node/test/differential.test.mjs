@@ -62,7 +62,7 @@ const EXPECTED = {
   1: [true, 1, 0, 4_000_000],
   2: [false, 1, 1_000_000, 4_000_000],
   4: [true, 3, 0, 2_000_000],
-  5: [false, -4, 5_000_000, 9_000_000], // an adjust into debt: the next request would not pass
+  5: [false, -4, 5_000_000, 9_000_000], // into debt: the next request of cost 1 waits
   7: [true, 0, 0, 1_250_000],
   9: [
     true,

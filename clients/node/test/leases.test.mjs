@@ -509,6 +509,7 @@ test("Redis failing: open admits a lease held nowhere, closed denies, local is a
       ],
     );
     assert.deepEqual([local[1].inUse, local[2].busy, local[2].retryAfterMs > 0], [2, true, true]);
+    assert.deepEqual([local[0].concurrency.limit, local[0].concurrency.name, local[2].remaining], [2, "streams", 0]);
     const localBusy = await failure(lims.local.hold("rl:f", four, () => 1));
     assert.match(localBusy.message, /2 of 2 slots in use in this process while Redis fails; retry in \d+ ms/);
     assert.equal(await lims.local.renew(local[0]), true);
