@@ -36,11 +36,12 @@ async def precharge(lim: tb_asyncio.Limiter, keys: list[tuple[str, Bucket]]) -> 
         assert d.allowed and not d.degraded and d.remaining == bucket.max - 1
 
 
-def test_concurrent_calls_each_get_their_own_reply(target: Target):
+@pytest.mark.parametrize("decode", [False, True], ids=["bytes", "decode_responses"])
+def test_concurrent_calls_each_get_their_own_reply(target: Target, decode: bool):
     keys = buckets()
 
     async def main() -> list[Any]:
-        client = target.async_client()
+        client = target.async_client(decode_responses=decode)
         async with tb_asyncio.Limiter(client) as lim:
             await precharge(lim, keys)
             calls: list[Any] = []
@@ -297,3 +298,77 @@ def test_a_cancelled_task_never_shifts_the_replies_of_others(module_target: Targ
         else:
             assert isinstance(d, Decision) and (d.allowed, d.degraded, d.remaining) == (True, False, bucket.max - 2)
             assert p.remaining == bucket.max - 2
+
+
+# ---- the replies, as redis-py would have read them -------------------------------
+
+REPLIES = [
+    b":1\r\n",
+    b":-42\r\n",
+    b"$2\r\ntb\r\n",
+    b"$0\r\n\r\n",
+    b"$-1\r\n",
+    b"$4\r\na\r\nb\r\n",  # a bulk string holding CRLF
+    b"$3\r\n\xc3\xa9x\r\n",
+    b"+OK\r\n",
+    b"*4\r\n:1\r\n:99\r\n:0\r\n:10\r\n",
+    b"*0\r\n",
+    b"*-1\r\n",
+    b"*3\r\n:1\r\n*2\r\n$1\r\na\r\n$-1\r\n-ERR inside\r\n",
+    b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
+    b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
+    b"-LOADING Redis is loading the dataset in memory\r\n",
+    b"-READONLY You can't write against a read only replica.\r\n",
+    b"-ERR max number of clients reached\r\n",
+    b"-ERR invalid_argument field=cost\r\n",
+]
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, BaseException):
+        return type(a) is type(b) and a.args == b.args
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_replies_parse_as_redis_py_parses_them(decode: bool):
+    """The limiter's own RESP2 parser against redis-py's, on every kind of
+    reply, whole and cut at every byte (a reply that arrives in pieces)."""
+    from redis._parsers import _AsyncRESP2Parser
+    from redis.asyncio.connection import Connection
+
+    from redis_tokenbucket._transport import _parse
+
+    conn = Connection(decode_responses=decode)
+    stream = b"".join(REPLIES)
+
+    async def theirs() -> list[Any]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(stream)
+        reader.feed_eof()
+        parser = _AsyncRESP2Parser(65536)
+        conn._reader = reader
+        parser.on_connect(conn)
+        out: list[Any] = []
+        for _ in REPLIES:
+            try:
+                out.append(await parser.read_response())
+            except redis.ConnectionError as exc:  # raised, where the others are returned
+                out.append(exc)
+        return out
+
+    expected = run(theirs())
+    decoder = conn.encoder.decode if decode else None
+    error_class = conn._parser.parse_error
+    ours: list[Any] = []
+    pos = 0
+    while pos < len(stream):
+        reply, pos = _parse(stream, pos, decoder, error_class)
+        ours.append(reply)
+    assert len(ours) == len(expected) and all(same(a, b) for a, b in zip(ours, expected, strict=True)), ours
+    for one, want in zip(REPLIES, expected, strict=True):
+        for cut in range(len(one)):
+            assert _parse(one[:cut], 0, decoder, error_class) == (None, -1)
+        assert same(_parse(one, 0, decoder, error_class), (want, len(one)))

@@ -146,10 +146,11 @@ def _owned_settings(pool: Any, timeout: float, sync: bool) -> Optional[dict[str,
     # it driver_info=None, older ones lib_name/lib_version=None).
     settings.pop("lib_name", None)
     settings.pop("lib_version", None)
-    if settings.get("protocol") is None:
-        # RESP2 unless the client asked for 3: redis-py 8 defaults to 3,
-        # whose HELLO is a round trip on every connect; the replies the
-        # limiter reads (arrays of integers) are the same in both.
+    if settings.get("protocol") is None or not sync:
+        # RESP2 unless the sync client asked for 3: redis-py 8 defaults to
+        # 3, whose HELLO is a round trip on every connect; the replies the
+        # limiter reads (arrays of integers) are the same in both. The
+        # asyncio limiter parses its replies itself (`_parse`), in RESP2.
         settings["protocol"] = 2
     if "maint_notifications_config" in settings:
         # redis-py 7+ probes with HELLO 3 on connect ("auto"): another round
@@ -437,26 +438,36 @@ class _Pipe:
             self._reader.cancel()
 
     async def _read(self) -> None:
-        parser = self.conn._parser
+        stream = self.conn._reader
+        encoder = self.conn.encoder
+        decode = encoder.decode if encoder.decode_responses else None
+        error_class = self.conn._parser.parse_error  # redis-py's error classes (NoScriptError, ...)
         inflight = self._inflight
         error: Optional[BaseException] = None
+        buffer = b""
         try:
             while True:
-                try:
-                    reply = await parser.read_response()
-                except (AuthenticationError, AuthorizationError) as exc:
-                    reply = exc  # an error reply redis-py raises: the stream is intact
-                if not inflight:
-                    raise InvalidResponse(f"a reply to no command: {reply!r}")
-                c = inflight.popleft()
-                future = c.future
-                if not future.done():
-                    if isinstance(reply, Exception):  # an error reply, read whole
-                        future.set_exception(reply)
-                    else:
-                        future.set_result(reply)
-                if not self.open and self._settled():
-                    return
+                data = await stream.read(_READ_SIZE)
+                if not data:
+                    raise ConnectionError("Connection closed by server.")
+                buffer = buffer + data if buffer else data
+                pos = 0
+                while True:
+                    reply, end = _parse(buffer, pos, decode, error_class)
+                    if end < 0:
+                        break  # the rest of this reply is still to come
+                    pos = end
+                    if not inflight:
+                        raise InvalidResponse(f"a reply to no command: {reply!r}")
+                    future = inflight.popleft().future
+                    if not future.done():
+                        if isinstance(reply, Exception):  # an error reply
+                            future.set_exception(reply)
+                        else:
+                            future.set_result(reply)
+                    if not self.open and self._settled():
+                        return
+                buffer = buffer[pos:]
         except asyncio.CancelledError:
             pass  # closed: by the limiter, or by the loop shutting down
         except Exception as exc:
@@ -484,6 +495,54 @@ class _Pipe:
                 _fail(future, LimiterError("the limiter is closed"))
             else:
                 _fail(future, ConnectionError(f"Error while reading from Redis: {error}"), error)
+
+
+_READ_SIZE = 65536
+_INCOMPLETE: tuple[Any, int] = (None, -1)
+
+
+def _parse(
+    buf: bytes, pos: int, decode: Optional[Callable[[bytes], Any]], error_class: Callable[[str], Exception]
+) -> tuple[Any, int]:
+    """One RESP2 reply at `pos`: (the reply, where the next starts), or
+    (None, -1) while it is incomplete. The values are redis-py's: bytes
+    (str with decode_responses), int, None, lists, an error reply as the
+    exception redis-py would make of it (NoScriptError, ...). The
+    limiter's connections speak RESP2 (`_owned_settings`), and parse here
+    all the replies a read brings, without a coroutine per line."""
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        return _INCOMPLETE
+    kind = buf[pos]
+    if kind == 58:  # ":" an integer
+        return int(buf[pos + 1 : end]), end + 2
+    if kind == 42:  # "*" an array
+        count = int(buf[pos + 1 : end])
+        if count < 0:
+            return None, end + 2
+        items = []
+        at = end + 2
+        for _ in range(count):
+            item, at = _parse(buf, at, decode, error_class)
+            if at < 0:
+                return _INCOMPLETE
+            items.append(item)
+        return items, at
+    if kind == 36:  # "$" a bulk string
+        size = int(buf[pos + 1 : end])
+        if size < 0:
+            return None, end + 2
+        start = end + 2
+        if len(buf) < start + size + 2:
+            return _INCOMPLETE
+        value = buf[start : start + size]
+        return (decode(value) if decode else value), start + size + 2
+    if kind == 43:  # "+" a simple string
+        value = buf[pos + 1 : end]
+        return (decode(value) if decode else value), end + 2
+    if kind == 45:  # "-" an error
+        return error_class(buf[pos + 1 : end].decode("utf-8", errors="replace")), end + 2
+    raise InvalidResponse(f"Protocol Error: {buf[pos:end]!r}")
 
 
 def _fail(future: asyncio.Future[Any], exc: BaseException, cause: Optional[BaseException] = None) -> None:
