@@ -372,3 +372,20 @@ def test_replies_parse_as_redis_py_parses_them(decode: bool):
         for cut in range(len(one)):
             assert _parse(one[:cut], 0, decoder, error_class) == (None, -1)
         assert same(_parse(one, 0, decoder, error_class), (want, len(one)))
+
+
+def test_a_limiter_serves_one_event_loop_after_another(module_target: Target):
+    """Each asyncio.run() closes its loop, and with it the connection made
+    there: the next loop gets a connection of its own."""
+    lim = tb_asyncio.Limiter(module_target.async_client(max_connections=2), timeout=5)
+    bucket = Bucket(100, SLOW)
+
+    async def burst() -> list[int]:
+        # More calls than the pool has connections: some wait for a slot.
+        out = await asyncio.gather(*(lim.consume("rl:pipe:loops", bucket) for _ in range(10)))
+        assert not any(d.degraded or d.shed for d in out)
+        return sorted(d.remaining for d in out)
+
+    assert run(burst()) == list(range(90, 100))
+    assert run(burst()) == list(range(80, 90))
+    run(lim.aclose())

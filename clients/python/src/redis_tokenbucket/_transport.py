@@ -293,23 +293,6 @@ def _lagging(d: _Deadline) -> bool:
     return d.late > d.budget / 2
 
 
-def _unread(conn: Any) -> bool:
-    """Bytes of a reply are waiting: in the stream's buffer, or in the
-    socket, not yet read by a loop that is behind."""
-    reader = getattr(conn, "_reader", None)
-    if reader is not None and getattr(reader, "_buffer", None):
-        return True
-    writer = getattr(conn, "_writer", None)
-    sock = writer.get_extra_info("socket") if writer is not None else None
-    if sock is None:
-        return False
-    try:
-        ready, _, _ = select.select([sock.fileno()], [], [], 0)
-    except (OSError, ValueError):
-        return False
-    return bool(ready)
-
-
 class _InFlight:
     """A command written on a pipe, its reply not read yet."""
 
@@ -351,6 +334,7 @@ class _Pipe:
         self._inflight: deque[_InFlight] = deque()
         self._timer: Optional[asyncio.TimerHandle] = None
         self._timer_due = 0.0
+        self._partial = b""  # the start of a reply, the rest still to come
         owner._pipes.add(self)
         self._reader = self.loop.create_task(self._read())
 
@@ -402,7 +386,7 @@ class _Pipe:
         # in time retires the pipe as well.
         late = [c for c in self._inflight if not c.overdue and c.due <= now]
         if late:
-            if _unread(self.conn):
+            if self._bytes_waiting():
                 # Bytes of replies wait to be read: Redis answered, the
                 # event loop is behind. Each gets another budget.
                 for c in late:
@@ -420,6 +404,24 @@ class _Pipe:
         due = min((c.due for c in self._inflight if not c.overdue), default=None)
         if due is not None:
             self._arm(due)
+
+    def _bytes_waiting(self) -> bool:
+        """Bytes of a reply have come and wait to be read, by a loop that is
+        behind: part of a reply in the reader's hands, or bytes in the
+        stream's buffer, or in the socket."""
+        if self._partial or getattr(self.conn._reader, "_buffer", None):
+            return True
+        sock = self.conn._writer.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            if hasattr(select, "poll"):  # no limit on the descriptor's number, as select() has
+                poll = select.poll()
+                poll.register(sock.fileno(), select.POLLIN)
+                return bool(poll.poll(0))
+            return bool(select.select([sock.fileno()], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
 
     def _settled(self) -> bool:
         """No command on it is waited for any more (each answered, timed
@@ -444,13 +446,12 @@ class _Pipe:
         error_class = self.conn._parser.parse_error  # redis-py's error classes (NoScriptError, ...)
         inflight = self._inflight
         error: Optional[BaseException] = None
-        buffer = b""
         try:
             while True:
                 data = await stream.read(_READ_SIZE)
                 if not data:
                     raise ConnectionError("Connection closed by server.")
-                buffer = buffer + data if buffer else data
+                buffer = self._partial + data if self._partial else data
                 pos = 0
                 while True:
                     reply, end = _parse(buffer, pos, decode, error_class)
@@ -467,21 +468,22 @@ class _Pipe:
                             future.set_result(reply)
                     if not self.open and self._settled():
                         return
-                buffer = buffer[pos:]
+                self._partial = buffer[pos:]
         except asyncio.CancelledError:
             pass  # closed: by the limiter, or by the loop shutting down
         except Exception as exc:
             error = exc
         finally:
-            self._gone(error)
-            await self.conn.disconnect(nowait=True)
+            self.owner._pipes.discard(self)
+            if not self.loop.is_closed():  # else the loop was closed with this task pending: nothing runs
+                self._gone(error)
+                await self.conn.disconnect(nowait=True)
 
     def _gone(self, error: Optional[BaseException]) -> None:
         """The connection is closed: every command still waited for on it
         fails (a Redis failure, unless the limiter was closed)."""
         self.closed = True
         self.retire()
-        self.owner._pipes.discard(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -568,12 +570,15 @@ class AsyncConnections:
         self._opening_waiters = 0
         self._limit = _max_connections(pool)
         self._gate: Optional[asyncio.Semaphore] = None
+        self._gate_loop: Optional[asyncio.AbstractEventLoop] = None
 
     async def call(self, args: tuple[Any, ...], timeout: Optional[float]) -> Any:
         budget = self.timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
         gate = self._gate
-        if gate is None and self._limit is not None:
-            gate = self._gate = asyncio.Semaphore(self._limit)  # on the loop that uses it
+        if self._limit is not None and (gate is None or self._gate_loop is not loop):
+            gate = self._gate = asyncio.Semaphore(self._limit)  # one per loop: a semaphore waits on one
+            self._gate_loop = loop
         if gate is not None:
             if gate.locked():
                 await _wait_for_slot(gate, budget)
@@ -581,7 +586,7 @@ class AsyncConnections:
                 await gate.acquire()  # free: returns at once
         try:
             pipe = self._pipe
-            if pipe is None or pipe.loop is not asyncio.get_running_loop():
+            if pipe is None or pipe.loop is not loop:
                 pipe = await self._open(budget)
             future = pipe.send(pipe.conn.pack_command(*args), budget)
             try:
@@ -597,7 +602,7 @@ class AsyncConnections:
     async def _open(self, budget: float) -> _Pipe:
         """The pipe, connected: one connect for all the tasks that need it."""
         opening = self._opening
-        if opening is None:
+        if opening is None or opening.get_loop() is not asyncio.get_running_loop():
             opening = self._opening = asyncio.ensure_future(self._connect())
             opening.add_done_callback(self._opened)
         self._opening_waiters += 1
