@@ -389,3 +389,28 @@ def test_a_limiter_serves_one_event_loop_after_another(module_target: Target):
     assert run(burst()) == list(range(90, 100))
     assert run(burst()) == list(range(80, 90))
     run(lim.aclose())
+
+
+def test_a_connection_not_up_within_the_budget_sheds_each_task_waiting_for_it(module_target: Target):
+    """The tasks that find no connection share one connect; the event loop
+    is held past their budget before it can see the connect finish: each
+    is shed (local overload, whatever the policy), nothing was sent, and
+    the breaker saw no failure."""
+    keys = buckets()
+
+    async def hold_the_loop() -> None:
+        time.sleep(0.3)
+
+    async def main() -> tuple[list[Any], str, list[Decision]]:
+        client = module_target.async_client()
+        async with tb_asyncio.Limiter(client, backend="module", timeout=0.05, on_error="open") as lim:
+            out = await asyncio.gather(*(lim.consume(key, bucket) for key, bucket in keys), hold_the_loop())
+            state = lim.breaker_state
+            after = await asyncio.gather(*(lim.consume(key, bucket) for key, bucket in keys))
+        await client.aclose()
+        return list(out[:-1]), state, list(after)
+
+    shed, state, after = run(main())
+    assert all(not d.allowed and d.shed and not d.degraded for d in shed)
+    assert state == "closed"
+    assert [(d.allowed, d.degraded, d.remaining) for d in after] == [(True, False, b.max - 1) for _, b in keys]
