@@ -21,7 +21,7 @@ own connections, made from the client's connection settings, so that:
 
 The asyncio limiter's tasks share one connection (`_Pipe`): the commands
 they send within one event-loop iteration go out in one write, as
-auto-pipelining clients do, so 50 tasks cost one send, not 50.
+auto-pipelining clients do: many tasks, one send.
 
 Other clients (Cluster, Sentinel, fakeredis, a custom pool) go through
 their own ``execute_command``: their own timeouts and retries apply, and
