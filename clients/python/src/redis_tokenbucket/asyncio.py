@@ -46,10 +46,12 @@ async def drive(plan: Plan[T], send: Callable[[Command, Optional[float]], Any], 
 
 class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     """Token buckets in Redis, awaitable. See ``redis_tokenbucket.Limiter``
-    for the options. Here the budget is one timer per command, armed when
-    it is written; on a client the limiter keeps no connections of (a
-    Cluster, ...) the timer bounds the client's whole call. ``aclose()``
-    (or ``async with``) closes the limiter's own connections."""
+    for the options. Over a plain ``redis.asyncio.Redis`` the tasks' commands
+    share the limiter's own connection, those of one event-loop iteration
+    written together, and each command's budget runs from its write; on a
+    client the limiter keeps no connections of (a Cluster, ...) a timer
+    bounds the client's whole call. ``aclose()`` (or ``async with``) closes
+    the limiter's own connections."""
 
     _conns: Optional[AsyncConnections] = None
 
