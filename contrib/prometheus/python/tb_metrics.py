@@ -1,30 +1,12 @@
-"""Prometheus metrics for the redis-tokenbucket Python package, from its
-`on_decision` hook and two of its limiters' properties, with
-prometheus_client:
+"""Prometheus metrics for the redis-tokenbucket Python package, with
+prometheus_client: its limiters' decisions (the `on_decision` hook) by
+operation, policy and outcome, their latency as a histogram, and each
+watched limiter's breaker state and leases held, read at every scrape.
 
-    import redis
-    from prometheus_client import start_http_server
-    from redis_tokenbucket import Limiter
-
-    from tb_metrics import TokenBucketMetrics
-
-    metrics = TokenBucketMetrics()
-    lim = Limiter(redis.Redis(), on_decision=metrics.on_decision)
-    metrics.watch(lim)
-    start_http_server(9464)  # or your app's /metrics
-
-The series (see contrib/prometheus/README.md, "The Python package"):
-
-- `redis_tokenbucket_decisions_total{op, policy, outcome}`: one per decision;
-- `redis_tokenbucket_decision_duration_seconds{op, backend}`: a histogram
-  of the time each decision took, waiting included;
-- `redis_tokenbucket_breaker_state{limiter, state}`: 1 for the state each
-  watched limiter's breaker is in, 0 for the two others;
-- `redis_tokenbucket_leases_held{limiter}`: the leases each watched limiter
-  holds now (`Limiter.leases_held`).
-
-Every label takes few values: operation, bucket names, outcome, backend,
-and the names given to `watch`; never a key or a lease id.
+How to use it, the series and their labels: contrib/prometheus/README.md,
+"The Python package". Every label takes few values (operation, bucket
+names, outcome, backend, the names given to `watch`): never a key or a
+lease id.
 """
 
 from __future__ import annotations
