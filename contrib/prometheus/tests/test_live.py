@@ -290,6 +290,7 @@ def test_module_counters_reach_prometheus_exactly(module_stack: Stack) -> None:
     prom.settles('redis_commands_total{cmd="tb.acquire"}', 5)
     prom.settles('redis_commands_total{cmd="tb.renew"}', 3)
     prom.settles('redis_commands_total{cmd="tb.release"}', 2)
+    prom.settles('redis_commands_total{cmd="tb.inflight"}', 1)
 
     check_dashboard(prom, module=True)
 
