@@ -80,6 +80,9 @@ def test_decisions_and_latency_by_their_labels() -> None:
     assert registry.get_sample_value(f"{latency}_bucket", {**acquire, "le": "0.025"}) == 1
     les = {s.labels["le"] for f in registry.collect() for s in f.samples if s.name == f"{latency}_bucket"}
     assert les == {*(str(b) for b in LATENCY_BUCKETS), "+Inf"}
+    # One per registry: the names are taken.
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        TokenBucketMetrics(registry)
 
 
 def test_watched_limiters_are_read_at_each_scrape() -> None:
