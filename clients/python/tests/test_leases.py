@@ -195,6 +195,68 @@ def test_the_asyncio_limiter_answers_the_same(target: Target):
     assert run(main()) == [(True, 1, 1), (True, 2), (False, True), 2, True, True, False, 1]
 
 
+def test_leases_held_counts_the_leases_this_limiter_holds(backend_target: Target):
+    lim = Limiter(backend_target.client())
+    other = Limiter(backend_target.client())
+    three = Concurrency(3, 60_000, name="streams")
+    assert lim.leases_held == 0
+    a = lim.acquire("rl:streams:h", three, id="a")
+    b = lim.acquire("rl:streams:h", three, id=b"b")
+    assert (a.acquired, b.acquired, lim.leases_held) == (True, True, 2)
+    # A retried acquire of a held id counts once, as str or bytes; the same
+    # id on another key is another lease.
+    assert lim.acquire("rl:streams:h", three, id=b"a").acquired and lim.leases_held == 2
+    c = lim.acquire("rl:streams:h2", three, id="a")
+    assert c.acquired and lim.leases_held == 3
+    # Denied: not counted. A denied retry of a held id leaves it held (the
+    # server keeps it), and releasing the denied answer gives nothing back.
+    assert lim.acquire("rl:streams:h", three, 2).busy and lim.leases_held == 3
+    denied_retry = lim.acquire("rl:streams:h", three, 3, id="a")
+    assert not denied_retry.acquired and lim.leases_held == 3
+    assert lim.release(denied_retry) is False and lim.renew(denied_retry) is False and lim.leases_held == 3
+    # Another limiter's leases are its own.
+    d = other.acquire("rl:streams:h", three)
+    assert d.acquired and (lim.leases_held, other.leases_held) == (3, 1)
+    # A renewal keeps it; a release gives it back (twice: harmless).
+    assert lim.renew(a) and lim.leases_held == 3
+    assert lim.release(b) is True and lim.leases_held == 2
+    assert lim.release(b) is False and lim.leases_held == 2
+    # Released by someone else: held until a renewal finds it lost.
+    assert other.release(c) is True and (lim.leases_held, other.leases_held) == (2, 1)
+    assert lim.renew(c) is False and c.lost and lim.leases_held == 1
+    assert lim.in_flight("rl:streams:h") == 2  # a and other's d
+    assert lim.release(a) and other.release(d) and (lim.leases_held, other.leases_held) == (0, 0)
+    # hold: held while the block runs, given back however it ends.
+    with lim.hold("rl:streams:h", three) as held:
+        assert held.acquired and lim.leases_held == 1
+    assert lim.leases_held == 0
+    with pytest.raises(RuntimeError), lim.hold("rl:streams:h", three):
+        raise RuntimeError("the stream failed")
+    assert lim.leases_held == 0
+
+
+def test_the_asyncio_limiter_counts_the_leases_it_holds(target: Target):
+    async def main() -> list[Any]:
+        lim = tb_asyncio.Limiter(target.async_client())
+        one = Concurrency(1, 60_000)
+        try:
+            a = await lim.acquire("rl:streams:ah", one, id="a")
+            counts = [lim.leases_held]
+            await lim.acquire("rl:streams:ah", one, id="a")  # a retry
+            await lim.acquire("rl:streams:ah", one)  # busy
+            counts.append(lim.leases_held)
+            await lim.release(a)
+            counts.append(lim.leases_held)
+            async with lim.hold("rl:streams:ah", one):
+                counts.append(lim.leases_held)
+            counts.append(lim.leases_held)
+            return counts
+        finally:
+            await lim.aclose()
+
+    assert run(main()) == [1, 1, 0, 1, 0]
+
+
 def test_exactly_limit_of_fifty_concurrent_clients_get_a_slot(backend_target: Target):
     concurrency = Concurrency(8, 60_000, name="streams")
     lim = Limiter(backend_target.client())
@@ -350,10 +412,21 @@ def test_an_acquire_cancelled_in_flight_gives_its_slot_back(own_server: Server):
 
 def test_a_release_redis_cannot_take_is_logged_and_left_to_expiry(own_server: Server, caplog: pytest.LogCaptureFixture):
     lim = Limiter(own_server.client())
+    kept = lim.acquire("rl:streams:d", STREAMS)
     with pytest.raises(KeyError), lim.hold("rl:streams:d", STREAMS):
+        assert lim.leases_held == 2
         own_server.stop()
         raise KeyError("the block's own error goes up, not the release's")
     assert "could not be released" in caplog.text and "left to expire, within 60000 ms" in caplog.text
+    # Given up all the same: no one holds it any more. A renewal that fails
+    # is not a lost lease; a release that raises gives the lease up.
+    assert lim.leases_held == 1
+    with pytest.raises(redis.ConnectionError):
+        lim.renew(kept)
+    assert lim.leases_held == 1 and not kept.lost
+    with pytest.raises(redis.ConnectionError):
+        lim.release(kept)
+    assert lim.leases_held == 0
 
 
 HOLDER = textwrap.dedent("""
@@ -446,10 +519,12 @@ def test_the_policy_answers_an_acquire_while_redis_is_down():
         lim.acquire("rl:streams:z", STREAMS)
     opened = lim.acquire("rl:streams:z", STREAMS, buckets=[("rl:user:z", USER, 1)], on_error="open")
     assert opened.acquired and opened.degraded and opened.decisions[0].degraded
+    assert lim.leases_held == 1  # held by this process, with no slot anywhere
     # No slot anywhere: renewing keeps it, releasing ends it, without Redis.
     assert lim.renew(opened) is True and lim.release(opened) is True and lim.release(opened) is False
+    assert lim.leases_held == 0
     closed = lim.acquire("rl:streams:z", STREAMS, on_error="closed")
-    assert not closed.acquired and closed.degraded and closed.retry_after_ms == 0
+    assert not closed.acquired and closed.degraded and closed.retry_after_ms == 0 and lim.leases_held == 0
     assert lim.renew(closed) is False and lim.release(closed) is False
     with pytest.raises(Busy, match="Redis failed"), lim.hold("rl:streams:z", STREAMS, on_error="closed"):
         pytest.fail("held without a slot")
@@ -479,8 +554,10 @@ def test_local_leases_are_a_share_of_the_limit_per_process():
     # The buckets are this process's share too: 1.5 of 3 tokens.
     charged = lim.acquire("rl:streams:l4", four, buckets=[("rl:user:l", USER, 1)])
     assert charged.acquired and [d.remaining for d in charged.decisions] == [0]
+    assert lim.leases_held == 3
     # The local lease is renewed and released where it was taken.
     assert lim.renew(leases[0]) is True and lim.release(leases[0]) is True and lim.release(leases[0]) is False
+    assert lim.leases_held == 2
     assert lim.acquire("rl:streams:l", four).acquired
     # A weight that can't fit a process's share is denied, never an error.
     assert not lim.acquire("rl:streams:l2", four, 3).acquired

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Generic, Literal, Optional, TypeVar, Union
+from typing import Any, Generic, Literal, Optional, TypeVar, Union, cast
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
@@ -442,6 +442,9 @@ class LimiterBase(Generic[C]):
             _local.require()
         self._local: Optional[_local.LocalBuckets] = None
         self.on_decision = on_decision
+        # The leases this limiter holds, as (key, id) in the bytes Redis
+        # sees: a set, so a retried acquire of a held id counts once.
+        self._held: set[tuple[bytes, bytes]] = set()
         self._errors = _ErrorLog()
         # Made once: the hot path calls it directly.
         self._send = self._sender()
@@ -450,6 +453,14 @@ class LimiterBase(Generic[C]):
     def breaker_state(self) -> str:
         """ "closed", "open" or "half_open" ("closed" without a breaker)."""
         return self.breaker.state if self.breaker is not None else "closed"
+
+    @property
+    def leases_held(self) -> int:
+        """How many leases this limiter holds now: acquired through it and
+        not given back since. One counts from the acquire that takes it (a
+        retried acquire of a held id counts once) until `release` is called
+        for it, whatever the answer, or a renewal finds it lost."""
+        return len(self._held)
 
     @property
     def backend(self) -> Optional[BackendName]:
@@ -603,6 +614,10 @@ class LimiterBase(Generic[C]):
     def _job_release(self, lease: Lease, timeout: Optional[float]) -> Job[bool]:
         req = _lease_request("release", lease)
         options = self._options(timeout, "raise")
+        if lease.acquired:
+            # Given back now, whatever the answer: a release Redis can't
+            # take leaves the lease to expire, and its holder holds it no more.
+            self._held.discard(self._lease_ident(req))
         if lease.held != "redis" or not lease.acquired:
             return Job(None, self._off_redis(req, lease), ANSWER_NONE, req, options)
         return Job(self._plan_release(req, lease), None, ANSWER_NONE, req, options)
@@ -728,7 +743,15 @@ class LimiterBase(Generic[C]):
 
     def _plan_renew(self, req: LeaseRequest, lease: Lease) -> Plan[bool]:
         renewed, expires_ms = yield from self._engine.call("renew", (), (req.key, req.head))
-        return _renewed(lease, bool(renewed), int(expires_ms))
+        return self._renewed(req, lease, bool(renewed), int(expires_ms))
+
+    def _renewed(self, req: LeaseRequest, lease: Lease, renewed: bool, expires_ms: int) -> bool:
+        if renewed:
+            lease.expires_in_ms = expires_ms
+        else:
+            lease.lost = True  # expired, or released by another: no longer held
+            self._held.discard(self._lease_ident(req))
+        return renewed
 
     def _plan_release(self, req: LeaseRequest, lease: Lease) -> Plan[bool]:
         released, _ = yield from self._engine.call("release", (), (req.key, req.head))
@@ -749,7 +772,7 @@ class LimiterBase(Generic[C]):
         if lease.held == "local":
             reply = self._local_buckets().run_lease(req.op, req.key, req.head, ())
             if req.op == "renew":
-                return _renewed(lease, bool(reply[0]), int(reply[1]))
+                return self._renewed(req, lease, bool(reply[0]), int(reply[1]))
             lease.released = True
             return bool(reply[0])
         if req.op == "renew":
@@ -810,13 +833,19 @@ class LimiterBase(Generic[C]):
             self._local = _local.LocalBuckets(self.processes)
         return self._local
 
+    def _lease_ident(self, req: LeaseRequest) -> tuple[bytes, bytes]:
+        return key_bytes(req.key, self._encoding), key_bytes(req.id, self._encoding)
+
     def _settled(self, job: Job[T], result: T, started: float) -> T:
-        """Reports a decision to the on_decision hook (never raising into the call)."""
+        """Counts a lease an acquire took as held, and reports a decision
+        to the on_decision hook (never raising into the call)."""
+        req = job.req
+        if isinstance(req, LeaseRequest) and req.op == "acquire" and cast(Lease, result).acquired:
+            self._held.add(self._lease_ident(req))
         hook = self.on_decision
         if hook is None:
             return result
         latency = time.perf_counter() - started
-        req = job.req
         op: str
         if isinstance(req, OneRequest):
             op, names = req.op, req.bucket.name or ""
@@ -890,14 +919,6 @@ def _lease_from_reply(reply: Sequence[Any], req: LeaseRequest, degraded: bool) -
         bool(acquired), int(in_use), int(retry_ms), int(expires_ms), req.id, req.key, req.concurrency,
         req.weight, decisions, degraded=degraded, held=held,
     )  # fmt: skip
-
-
-def _renewed(lease: Lease, renewed: bool, expires_ms: int) -> bool:
-    if renewed:
-        lease.expires_in_ms = expires_ms
-    else:
-        lease.lost = True
-    return renewed
 
 
 def _degraded_lease(req: LeaseRequest, allowed: bool) -> Lease:
