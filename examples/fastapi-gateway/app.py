@@ -16,10 +16,10 @@ from pydantic import BaseModel, Field
 from redis.asyncio import Redis, RedisCluster
 from redis_tokenbucket import Breaker, Bucket, Decision, Lease, MultiDecision, rate_limit_headers
 from redis_tokenbucket.asyncio import Limiter
-from redis_tokenbucket.fastapi import client_ip, hold_until_sent, install
+from redis_tokenbucket.fastapi import Rule, client_ip, hold_until_sent, install, user_id
 
 from auth import authenticate
-from config import Limits, Principal, Settings
+from config import Limits, Principal, Settings, TierLimits
 from llm import LLMBackend, LLMError, StubLLM, count_tokens
 
 log = logging.getLogger("gateway")
@@ -51,19 +51,28 @@ class ChatRequest(BaseModel):
     stream: bool = False
 
 
-def request_groups(request: Request, limits: Limits) -> list[Group]:
-    """The request's buckets: user and key when authenticated, IP always (an
-    unauthenticated flood still costs its IP). Raw API keys never get here:
-    the key bucket is named after the key's SHA-256."""
-    state = request.state
-    tier = limits.for_tier(state.tier)
-    groups = []
-    if state.user_id is not None:
-        groups.append((f"rl:user:{state.user_id}", tier.user.named("user"), 1.0))
-    if state.key_id is not None:
-        groups.append((f"rl:key:{state.key_id}", tier.key.named("key"), 1.0))
-    groups.append((f"rl:ip:{state.client_ip}", limits.ip.named("ip"), 1.0))
-    return groups
+def request_rules(limits: Limits) -> tuple[Rule, ...]:
+    """The request's buckets: user and key when authenticated (a rule whose
+    identity is None is skipped), IP always (an unauthenticated flood still
+    costs its IP). The user and key buckets' sizes are the caller's tier,
+    chosen per request. Raw API keys never get here: the key bucket is named
+    after the key's SHA-256."""
+
+    def tier(request: Request) -> TierLimits:
+        return limits.for_tier(request.state.tier)
+
+    return (
+        Rule(lambda request: tier(request).user.named("user"), user_id()),
+        Rule(lambda request: tier(request).key.named("key"), user_id("key_id")),
+        Rule(limits.ip.named("ip"), lambda request: request.state.client_ip),
+    )
+
+
+async def request_groups(request: Request) -> list[Group]:
+    """`rl:<dimension>:<identity>` with the bucket and cost of each rule that
+    applies to the request."""
+    groups = [await rule.group(request) for rule in request.app.state.rules]
+    return [group for group in groups if group is not None]
 
 
 async def enforce(
@@ -72,7 +81,7 @@ async def enforce(
     """One all-or-nothing check of every bucket of the request. Returns the
     decision, or None when the limiter is down and the route fails open."""
     settings: Settings = request.app.state.settings
-    groups = [*request_groups(request, settings.limits), *extra]
+    groups = [*await request_groups(request), *extra]
     limiter: Limiter = request.app.state.limiter
     # In cluster mode the buckets are in different slots: one by one.
     decision = await limiter.consume_many(
@@ -224,7 +233,7 @@ async def take_stream_slot(request: Request, principal: Principal, budget: Group
     key = f"rl:streams:{principal.user_id}"
     streams = settings.limits.streams(principal.tier)
     if not settings.cluster_mode:
-        groups = [*request_groups(request, settings.limits), budget]
+        groups = [*await request_groups(request), budget]
         lease = await limiter.acquire(key, streams, buckets=groups, on_error="closed")
         if not lease.acquired:
             refuse_lease(lease)
@@ -313,6 +322,7 @@ def create_app(
 
     app = FastAPI(title="redis-tokenbucket gateway example", lifespan=lifespan)
     app.state.settings = settings
+    app.state.rules = request_rules(settings.limits)
     app.state.llm = llm or StubLLM(settings.stub_token_delay_ms)
     address = client_ip(settings.trusted_proxies)
 
