@@ -111,6 +111,24 @@ def test_the_smallest_charging_cost_is_the_modules(max_: float, module_target: T
             assert ours == theirs, (max_, cost)
 
 
+def test_a_cost_above_the_spacing_near_max_charges():
+    """charges_nothing answers a cost above max * 2**-50 without the full
+    rule (the usual case, no nextafter): the full rule agrees there, for
+    maxes across the exponents and costs at and just above that bound."""
+    from redis_tokenbucket._bucket import charges_nothing
+
+    for exponent in range(-40, 41):
+        for mantissa in (1.0, 1.0000000000000002, 1.5, 1.9999999999999998):
+            max_ = math.ldexp(mantissa, exponent)
+            below = math.nextafter(max_, -math.inf)
+            bound = max_ * 2.0**-50
+            for cost in (bound, math.nextafter(bound, math.inf), bound * 1.5, bound * 4, max_):
+                full = cost > 0 and (max_ - cost == max_ or below - cost == below)
+                assert charges_nothing(cost, max_) == full, (max_, cost)
+                if cost > bound:
+                    assert not full
+
+
 def test_bucket_is_a_value():
     assert Bucket(max=1e6, rate=1, name="x").named("y").name == "y"
     assert Bucket(10, 0.17) == Bucket(10.0, "0.17")

@@ -4,6 +4,7 @@ until their retry time, bounded, on a monotonic clock."""
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import redis.asyncio
 from conftest import Target, calls, run
 
 import redis_tokenbucket.asyncio as tb_asyncio
-from redis_tokenbucket import Bucket, DenialCache, Limiter
+from redis_tokenbucket import Bucket, Decision, DenialCache, Limiter
 
 # 2 tokens, one back every 10 s: a denial means "retry in up to 10 s".
 B = Bucket(2, 0.1, name="user")
@@ -283,3 +284,24 @@ def test_reset_drops_the_entry(module_target: Target, clock: FakeClock):
     assert lim.reset(b"rl:reset")
     d = lim.consume("rl:reset", B)
     assert d.allowed and not d.cached
+
+
+def test_the_one_bucket_lookup_answers_as_the_general_one(clock: FakeClock):
+    """lookup_one (consume and peek's path) and lookup (consume_many's) give
+    the same aged decision, or both None, whatever the key's spelling, the
+    bucket, the cost and the time."""
+    cache = DenialCache(10, clock=clock, encoding="utf-8")
+    denied = Decision(False, 0, 4000, 20000, "rl:7", B, 1.5)
+    cache.sent("consume", ("rl:7",)).answered(False, 4000, (denied,))
+    for elapsed in (0, 0.0004, 1.25, 3.999, 4.0, 10):
+        clock.now = 1000.0 + elapsed
+        for key in ("rl:7", b"rl:7", "rl:8"):
+            for bucket in (B, B.named("other"), Bucket(3, 0.1)):
+                for cost in (1, 1.5, 2):
+                    one = cache.lookup_one(key, bucket, cost)
+                    many = cache.lookup((key,), (bucket,), (cost,))
+                    assert one == (many.decisions[0] if many else None), (elapsed, key, bucket, cost)
+                    if one is not None:
+                        assert one.cached and one.retry_after_ms == max(0, math.ceil(4000 - elapsed * 1000))
+        if elapsed >= 4:  # past the retry time the entry is gone
+            assert len(cache) == 0

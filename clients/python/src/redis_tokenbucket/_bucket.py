@@ -20,6 +20,7 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)
 
 # From this on an int is no finite double (and float() would raise).
 _HUGE = 2**1024
+_ULP_BOUND = 2.0**-50
 
 # Bucket.parse: "N/period", and the periods in seconds.
 _PERIODS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -87,6 +88,10 @@ def charges_nothing(cost: float, max_: float) -> bool:
     rounds back to that balance: admitted forever, charging nothing. The
     top two doubles up to `max` keep the most in rounding, so checking
     those two is exact (the module's rule, core/src/args.rs)."""
+    if cost > max_ * _ULP_BOUND:
+        # Above the spacing of doubles near `max` (at most max * 2**-52):
+        # both subtractions move. The usual case, without nextafter.
+        return False
     below = math.nextafter(max_, -math.inf)
     return cost > 0 and (max_ - cost == max_ or below - cost == below)
 

@@ -10,6 +10,7 @@ loop costs Redis one call per retry window instead of one per attempt.
 from __future__ import annotations
 
 import math
+import operator
 import threading
 import time
 from collections import OrderedDict
@@ -110,7 +111,32 @@ class DenialCache:
 
     def lookup(self, keys: Sequence[KeyT], buckets: Sequence[Bucket], costs: Sequence[float]) -> Optional[CachedDenial]:
         """The cached denial for this request, aged to now; None to ask Redis."""
-        ids = self._ids(keys)
+        found = self._find(self._ids(keys), _limits(buckets), costs)
+        if found is None:
+            return None
+        entry, now = found
+        elapsed_ms = (now - entry.at) * 1000
+        # Rounded to the µs first: `until` is a sum of floats, and the noise
+        # of (at + retry) - at must not round a whole ms up.
+        return CachedDenial(
+            max(1, math.ceil(round((entry.until - now) * 1000, 3))),
+            tuple(_aged(d, elapsed_ms) for d in entry.decisions),
+        )
+
+    def lookup_one(self, key: KeyT, bucket: Bucket, cost: float) -> Optional[Decision]:
+        """`lookup` of a one-bucket request, as its aged Decision: the path a
+        client in a retry loop takes on every try, so no tuple is built
+        that one key doesn't need."""
+        found = self._find((key_bytes(key, self.encoding or "utf-8"),), ((bucket.max, bucket.rate),), (cost,))
+        if found is None:
+            return None
+        entry, now = found
+        return _aged(entry.decisions[0], (now - entry.at) * 1000)
+
+    def _find(
+        self, ids: Ids, limits: tuple[tuple[float, float], ...], costs: Sequence[float]
+    ) -> Optional[tuple[_Entry, float]]:
+        """The live entry that answers this request, and the clock's reading."""
         with self._lock:
             entry = self._entries.get(ids)
             if entry is None:
@@ -122,18 +148,13 @@ class DenialCache:
                 self.misses += 1
                 return None
             # Another bucket size or a cheaper request may pass: ask Redis.
-            if entry.limits != _limits(buckets) or any(c < old for c, old in zip(costs, entry.costs, strict=True)):
+            # (One key set, one number of costs: `ids` matched.)
+            if entry.limits != limits or not all(map(operator.ge, costs, entry.costs)):
                 self.misses += 1
                 return None
             self._entries.move_to_end(ids)
             self.hits += 1
-        elapsed_ms = (now - entry.at) * 1000
-        # Rounded to the µs first: `until` is a sum of floats, and the noise
-        # of (at + retry) - at must not round a whole ms up.
-        return CachedDenial(
-            max(1, math.ceil(round((entry.until - now) * 1000, 3))),
-            tuple(_aged(d, elapsed_ms) for d in entry.decisions),
-        )
+        return entry, now
 
     # ---- a request's way: sent, then answered or failed ---------------------
 
@@ -270,6 +291,15 @@ def _aged(d: Decision, elapsed_ms: float) -> Decision:
     # dataclasses.replace, in one step: this runs on every cache hit, the
     # one call a client in a retry loop makes.
     aged = object.__new__(Decision)
-    aged.__dict__.update(d.__dict__)
-    aged.__dict__.update(allowed=d.allowed or retry == 0, retry_after_ms=retry, reset_after_ms=reset, cached=True)
+    object.__setattr__(
+        aged,
+        "__dict__",
+        {
+            **d.__dict__,
+            "allowed": d.allowed or retry == 0,
+            "retry_after_ms": retry,
+            "reset_after_ms": reset,
+            "cached": True,
+        },
+    )
     return aged

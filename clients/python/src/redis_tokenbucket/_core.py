@@ -632,8 +632,7 @@ class LimiterBase(Generic[C]):
     def _cached_one(self, req: OneRequest) -> Optional[Decision]:
         if self.denial_cache is None or req.op == "adjust":
             return None
-        hit = self.denial_cache.lookup((req.key,), (req.bucket,), (req.amount,))
-        return hit.decisions[0] if hit else None
+        return self.denial_cache.lookup_one(req.key, req.bucket, req.amount)
 
     def _cached_many(self, req: ManyRequest) -> Optional[MultiDecision]:
         if self.denial_cache is None:
