@@ -36,7 +36,7 @@ pub use context::{Args, Ctx, RawHandler};
 pub use info::Info;
 pub use key::Key;
 pub use load::{ArgDoc, ArgKind, CommandDef, Docs, Load};
-pub use string::{Interned, KeyName, RString};
+pub use string::{Interned, Kept, KeyName, RString};
 
 pub(crate) use context::handler;
 pub(crate) use load::module;
