@@ -26,7 +26,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+cec5e285b270"
+LIBRARY_VERSION = "0.1.0+5989657ed3e6"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
