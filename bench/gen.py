@@ -16,6 +16,8 @@ KIND is one of:
   cellhot  CL.THROTTLE key 0 1 10000 1      (redis-cell: tbhot's bucket)
   cmd    the WORDs after `--`, the word KEY replaced by the key (FCALL of
          another library, EVALSHA of a script)
+  mcbig  TB.MCONSUME of 10,000 groups (key 1000000 0.001 1 each): the i-th
+         command takes the keys KEYFMT % j for j in 10,000 i .. 10,000 i + 9,999
 
 Keys are KEYFMT % i for i in FIRST .. FIRST+COUNT-1 (FIRST defaults to 0),
 or, with rand:RANGE, for COUNT numbers drawn from [0, RANGE) by a fixed
@@ -26,6 +28,10 @@ length (redis-benchmark 7.0 cannot be seeded).
 import random
 import sys
 import time
+
+
+# Groups of one `mcbig` command: the most TB.MCONSUME takes.
+MC_GROUPS = 10_000
 
 
 def bulk(s: bytes) -> bytes:
@@ -50,6 +56,15 @@ def main() -> None:
     else:
         numbers = iter(range(int(spec), int(spec) + count))
     now_us = time.time_ns() // 1000
+    if kind == "mcbig":
+        out = sys.stdout.buffer
+        for i in numbers:
+            args = [b"TB.MCONSUME"]
+            for j in range(i * MC_GROUPS, (i + 1) * MC_GROUPS):
+                args += [keyfmt % j, b"1000000", b"0.001", b"1"]
+            out.write(command(*args))
+        out.flush()
+        return
     # Each template has one %s hole for the key's bulk string ($len + key).
     if kind == "tb":
         parts = [command(b"TB.CONSUME", b"\0", b"100", b"0.01", b"1")]

@@ -126,6 +126,9 @@ class Run:
     # Scale sizes left out for want of memory: size -> MiB available.
     scale_skipped: dict = field(default_factory=dict)
     mem: dict = field(default_factory=dict)  # kind -> (keys, before, after)
+    # command -> (groups per call, calls, usec from INFO commandstats,
+    # server CPU seconds or None)
+    mcbig: dict = field(default_factory=dict)
     # case -> {server: (commands, whole server, in call())}
     instr: dict = field(default_factory=lambda: defaultdict(dict))
     # case -> {server: {API function or "handler": inclusive instructions}}
@@ -160,6 +163,9 @@ def load_line(run: Run, f: list) -> None:
         run.scale_skipped[int(f[1])] = f[2]
     elif f[0] == "mem":
         run.mem[f[1]] = (int(f[2]), int(f[3]), int(f[4]))
+    elif f[0] == "mcbig" and f[4]:
+        cpu = float(f[5]) if len(f) > 5 and f[5] else None
+        run.mcbig[f[1]] = (int(f[2]), int(f[3]), int(f[4]), cpu)
     elif f[0] == "instr" and f[4] and f[5]:
         run.instr[f[1]][f[2]] = (int(f[3]), int(f[4]), int(f[5]))
     elif f[0] == "fn":
@@ -351,6 +357,40 @@ def scale_table(run):
     return header, rows
 
 
+def mcbig_table(run):
+    """Server time per call of the largest TB.MCONSUME and of TB.CONSUME,
+    and per bucket: from INFO commandstats (wall time), and in server CPU
+    time (the steadier on a shared machine)."""
+    rows = []
+    per_bucket = {}
+    for cmd, label in [
+        ("tb.mconsume", "TB.MCONSUME, 10,000 groups, new keys"),
+        ("tb.consume", "TB.CONSUME, new keys"),
+    ]:
+        if cmd in run.mcbig and run.mcbig[cmd][1]:
+            groups, calls, usec, cpu = run.mcbig[cmd]
+            cpu_us = None if cpu is None else cpu * 1e6 / calls
+            per_bucket[cmd] = (usec / calls / groups, cpu_us and cpu_us / groups)
+            rows.append(
+                [
+                    label,
+                    f"{calls:,}",
+                    f"{usec / calls:,.2f}",
+                    f"{usec / calls / groups:.2f}",
+                    "n/a" if cpu_us is None else f"{cpu_us:,.2f}",
+                    "n/a" if cpu_us is None else f"{cpu_us / groups:.2f}",
+                ]
+            )
+    if len(per_bucket) == 2:
+        m, c = per_bucket["tb.mconsume"], per_bucket["tb.consume"]
+        rows.append(
+            ["per bucket, TB.MCONSUME / TB.CONSUME", "", "", fmt_x(ratio(m[0], c[0]))]
+            + ["", fmt_x(ratio(m[1], c[1]))]
+        )
+    header = ["command", "calls", "µs per call", "µs per bucket"]
+    return header + ["CPU µs per call", "CPU µs per bucket"], rows
+
+
 def instructions_table(run):
     rows = []
     for case, label in INSTR_CASES:
@@ -527,6 +567,7 @@ TABLES = {
     "Throughput": throughput_table,
     "Memory": memory_table,
     "Scale": scale_table,
+    "Mcbig": mcbig_table,
     "Instructions": instructions_table,
     "Cell": cell_table,
     "Bare": bare_table,
@@ -564,6 +605,8 @@ def document(run, tables, optimisations: str) -> str:
         else "redis-cell's rows did not run: `BENCH_CELL_SO` was not set."
     )
     fields["scale_note"] = scale_note(run)
+    calls = run.mcbig.get("tb.mconsume", (0, 0, 0))[1]
+    fields["mcbig_calls"] = f"{calls:,}" if calls else "20"
     for name, (header, rows) in tables.items():
         fields[name.lower()] = md_table(header, rows)
     fields["own_share_new_max"] = f"{OWN_SHARE_NEW_MAX:.0%}"

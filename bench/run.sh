@@ -12,9 +12,10 @@
 #   BENCH_BIG="5000000 10000000"  keys of the large keyspaces of the scale
 #                        case (a size is left out when memory is short)
 #   BENCH_NO_DOC=1       print the table, leave docs/benchmarks.md alone
-#   BENCH_SKIP=...       space-separated sections to skip: tput mem scale instr
+#   BENCH_SKIP=...       space-separated sections to skip: tput mem scale mcbig instr
 #   BENCH_INSTR=...      the instruction cases to run (default: all; names
 #                        as in INSTR_CASES below)
+#   BENCH_INSTR_SERVERS=3  callgrind servers per instruction case (median)
 #   BENCH_CELL_SO=path   redis-cell's libredis_cell.so: every server loads it
 #                        first, so CL.THROTTLE is redis-cell's, and the
 #                        CL.THROTTLE rows run (docs/benchmarks.md says how to
@@ -237,6 +238,43 @@ if [[ $SKIP != *" scale "* ]]; then
   for size in "${sizes[@]}"; do
     stop_server "${SCALE_PORT[$size]}" "${SCALE_PID[$size]}"
   done
+fi
+
+# ---- one large TB.MCONSUME -----------------------------------------------
+# Server time per call (INFO commandstats: the command alone, without
+# reading the request or writing the reply) of TB.MCONSUME with 10,000
+# groups, the most it takes, on new keys; and of TB.CONSUME on new keys in
+# the same server, for scale. Nothing else runs on that server meanwhile.
+# The server's CPU seconds over each batch are the steadier figure on a
+# shared machine (commandstats counts wall time, descheduled time too).
+if [[ $SKIP != *" mcbig "* ]]; then
+  start_server mcbig
+  SERVER_PID=${PIDS[-1]}
+  MCBIG_CALLS=$(python3 -c "print(max(5, int(20 * $SCALE)))")
+  rc CONFIG RESETSTAT >/dev/null
+  declare -A MCBIG_CPU
+  for cmd in tb.mconsume tb.consume; do
+    t0=$(server_ticks)
+    if [ "$cmd" = tb.mconsume ]; then
+      pipe_in mcbig "$MCBIG_CALLS" 'rl:m:%012d'
+    else
+      pipe_in tbbig "$((MCBIG_CALLS * 10000))" 'rl:c:%012d'
+    fi
+    t1=$(server_ticks)
+    MCBIG_CPU[$cmd]=$(python3 -c "print(($t1 - $t0) / $TICK)")
+  done
+  stats=$(rc INFO commandstats | tr -d '\r')
+  for cmd in tb.mconsume tb.consume; do
+    line=$(sed -n "s/^cmdstat_$cmd:\(calls=[0-9]*,usec=[0-9]*\).*/\1/p" <<<"$stats")
+    calls=$(sed 's/calls=\([0-9]*\),.*/\1/' <<<"$line")
+    usec=$(sed 's/.*usec=\([0-9]*\)/\1/' <<<"$line")
+    groups=1
+    [ "$cmd" = tb.mconsume ] && groups=10000
+    record mcbig "$cmd" "$groups" "$calls" "$usec" "${MCBIG_CPU[$cmd]}"
+    printf 'mcbig  %-12s %6s calls  %12s us  server cpu %ss\n' "$cmd" "$calls" "$usec" "${MCBIG_CPU[$cmd]}"
+  done
+  stop_server "$PORT" "$SERVER_PID"
+  SERVER_PID=
 fi
 
 # ---- instructions per command (callgrind) ---------------------------------

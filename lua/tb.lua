@@ -8,7 +8,17 @@ library, for servers that cannot load the module (managed Redis/Valkey).
   FCALL    tb_mconsume N key1..keyN max1 rate1 cost1 ... maxN rateN costN
   FCALL    tb_adjust   1 key max rate delta
   FCALL    tb_cl_throttle 1 key max_burst count period [quantity]
+  FCALL    tb_acquire  1+N key bkey1..bkeyN limit lease_ms id [weight]
+                       max1 rate1 cost1 ... maxN rateN costN
+  FCALL    tb_release  1 key id
+  FCALL    tb_renew    1 key id lease_ms
+  FCALL_RO tb_inflight 1 key
   FCALL_RO tb_version  0       (the library's version)
+
+tb_acquire is TB.ACQUIRE with its BUCKET clauses as further keys: the lease
+key, then the N bucket keys; ARGV is limit lease_ms id, the weight if ARGV
+has 4 + 3N entries (it is 1 with 3 + 3N), then max rate cost per bucket,
+in the order of the keys.
 
 Load with: redis-cli -x FUNCTION LOAD REPLACE < lua/tb.lua
 
@@ -30,6 +40,9 @@ local MAX_RATE = 1e12
 local MAX_FILL_SECONDS = 1e10
 local MAX_GROUPS = 10000
 local MAX_WAIT_MS = 100000000000000
+local MAX_LEASE_LIMIT = 1000000
+local MAX_LEASE_MS = 86400000
+local MAX_LEASE_ID_BYTES = 256
 -- Error reply templates; msg() fills in the {name} marks.
 local MSG = {
   arity = "ERR wrong number of arguments for '{command}' command",
@@ -52,12 +65,18 @@ local MSG = {
   bad_fields = 'ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}',
   bad_tokens = 'ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}',
   bad_ts = 'ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}',
-  write_failed = 'ERR tb could not write the bucket: {step} failed, see the server log',
+  int_out_of_range = 'ERR {arg} must be >= {least} and <= {most}',
+  weight_above_limit = 'ERR weight must not exceed limit, it could never fit',
+  bad_id = 'ERR id must be 1 to 256 bytes',
+  expected_bucket = 'ERR syntax error at argument {position}: expected BUCKET',
+  bucket_is_lease_key = 'ERR the key of group {group} is the lease key',
+  not_a_lease_key = 'ERR key is not a lease key: each field must hold <expires_at_us>:<weight>',
+  write_failed = 'ERR tb could not write the key: {step} failed, see the server log',
   panic = 'ERR tb internal error: the command failed and was contained, see the server log',
   one_of = 'ERR {arg} must be one of {values}',
   internal = 'ERR tb internal error: {what}',
 }
-local LIBRARY_VERSION = '0.1.0+5989657ed3e6'
+local LIBRARY_VERSION = '0.1.0+ba2b2eb2d130'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -614,23 +633,340 @@ local function tb_cl_throttle(keys, args)
     retry, math.ceil(o.reset / 1000) }
 end
 
+-- ---- concurrency leases (core/src/lease.rs, src/leases.rs) ---------------
+
+-- A lease key is a hash with one field per lease: the holder's id, and
+-- "<expires_at_us>:<weight>". A lease is live while the clock is before
+-- its expiry; expired ones count as absent and the next write prunes them.
+-- Times and weights are exact integers below 2^53 (µs: the year 2255),
+-- which every lease the commands write is.
+
+-- Everything here is made on the first lease call (LEASES): the EVAL
+-- script runs this block on every call, and a bucket call should not pay
+-- for making the lease functions. The library makes them once.
+local LEASES
+
+local function leases()
+  if LEASES then return LEASES end
+
+  -- Fields per HDEL: unpack() can't spread more than a few thousand values.
+  local HDEL_CHUNK = 1000
+
+  -- An integer argument as Rust's i64 parser reads it, in [least, most]:
+  -- the value, or nil and the error text.
+  local function lease_int(s, arg, least, most)
+    local v = parse_i64(s)
+    if v == nil then return nil, msg('not_an_integer', nil, { arg = arg }) end
+    if v < least or v > most then
+      return nil, msg('int_out_of_range', nil, { arg = arg, least = least, most = most })
+    end
+    return v
+  end
+
+  local function bad_id(id)
+    return #id == 0 or #id > MAX_LEASE_ID_BYTES
+  end
+
+  -- A stored value's expiry (µs) and weight, or nil if it holds no lease
+  -- (Lease::parse: digits, a colon, digits, the expiry an i64, the weight
+  -- one a lease can have, 1 to MAX_LEASE_LIMIT).
+  local function lease_value(v)
+    local es, ws = string.match(v, '^(%d+):(%d+)$')
+    if not es then return nil end
+    -- 18 digits always fit an i64: only longer ones need the range check.
+    local e
+    if #es > 18 then e = parse_i64(es) else e = tonumber(es) end
+    local w = #ws <= 18 and tonumber(ws) or nil
+    if not e or not w or w < 1 or w > MAX_LEASE_LIMIT then return nil end
+    return e, w
+  end
+
+  -- Whole ms in `us` µs (an integer >= 0), rounded up, exactly: math.fmod
+  -- is exact where us / 1000 would round.
+  local function ceil_ms(us)
+    local r = math.fmod(us, 1000)
+    if r > 0 then return (us - r) / 1000 + 1 end
+    return us / 1000
+  end
+
+  -- Whole ms from now until `at_us`, rounded up; 0 if it has passed.
+  local function ms_until(now_us, at_us)
+    if at_us <= now_us then return 0 end
+    return ceil_ms(at_us - now_us)
+  end
+
+  -- The lease key `key` at `now_us`, as tb-core's Scan reads it: `own`, the
+  -- live lease of `id` ({e, w}, or nil); the other live leases (their
+  -- expiries `ends`, `weights`, total `weight`, `latest` expiry); and the
+  -- expired fields other than `id`, which a write prunes (`id` itself is
+  -- then overwritten, or nothing is written). nil and the error for a key
+  -- that holds anything else.
+  local function scan_leases(key, id, now_us)
+    local s = { weight = 0, latest = 0, ends = {}, weights = {}, expired = {} }
+    local kind = redis.call('TYPE', key)['ok']
+    if kind == 'none' then return s end
+    if kind ~= 'hash' then return nil, MSG.wrongtype end
+    local all = redis.call('HGETALL', key)
+    local ends, weights, expired = s.ends, s.weights, s.expired
+    local n, weight, latest = 0, 0, 0
+    for i = 1, #all, 2 do
+      local e, w = lease_value(all[i + 1])
+      if not e then return nil, MSG.not_a_lease_key end
+      local field = all[i]
+      if field == id then
+        if now_us < e then s.own = { e = e, w = w } end
+      elseif now_us < e then
+        n = n + 1
+        ends[n], weights[n] = e, w
+        weight = weight + w
+        if e > latest then latest = e end
+      else
+        expired[#expired + 1] = field
+      end
+    end
+    s.weight, s.latest = weight, latest
+    return s
+  end
+
+  -- The live weight: the others' and the caller's own.
+  local function in_use(s)
+    return s.weight + (s.own and s.own.w or 0)
+  end
+
+  -- How long until enough of the others expire for `weight` to fit beside
+  -- them under `limit`: 0 if it fits now.
+  local function wait_for_room(s, now_us, limit, weight)
+    local excess = s.weight + weight - limit
+    if excess <= 0 then return 0 end
+    -- The weight that ends at each expiry, and the expiries in order (a
+    -- plain sort of numbers: no Lua call per comparison).
+    local by_end, times = {}, {}
+    for i = 1, #s.ends do
+      local e = s.ends[i]
+      local w = by_end[e]
+      if w then
+        by_end[e] = w + s.weights[i]
+      else
+        by_end[e] = s.weights[i]
+        times[#times + 1] = e
+      end
+    end
+    table.sort(times)
+    for i = 1, #times do
+      excess = excess - by_end[times[i]]
+      if excess <= 0 then return ms_until(now_us, times[i]) end
+    end
+    -- weight <= limit, so the others' expiry always makes room.
+    return 0
+  end
+
+  -- HDEL of `fields`, HDEL_CHUNK at a time.
+  local function hdel(key, fields)
+    local n = #fields
+    for i = 1, n, HDEL_CHUNK do
+      redis.call('HDEL', key, unpack(fields, i, math.min(i + HDEL_CHUNK - 1, n)))
+    end
+  end
+
+  -- A lease call's write (LeaseKey::apply, the same state): the lease of
+  -- `id` set to `lease` ({e, w}) if given, the `prune` fields deleted, and
+  -- the key's expiry at `until_us`, the latest live lease's end, rounded up
+  -- to the ms. The order is for maxmemory: a script is refused a denyoom
+  -- command (HSET) only before its first write, so an EVAL acquire fails
+  -- under OOM before writing anything, expired fields or not, and an EVAL
+  -- renew (`expire_first`) goes through, as TB.RENEW does.
+  local function save_leases(key, id, lease, prune, until_us, expire_first)
+    local at = string.format('%d', ceil_ms(until_us))
+    if expire_first then redis.call('PEXPIREAT', key, at) end
+    if lease then
+      redis.call('HSET', key, id, string.format('%d:%d', lease.e, lease.w))
+    end
+    hdel(key, prune)
+    if not expire_first then redis.call('PEXPIREAT', key, at) end
+  end
+
+  -- The expiry of a lease taken or renewed now for `lease_ms`: never
+  -- earlier than it had (a renewal never shortens a lease, and a clock that
+  -- stepped back must not).
+  local function extended(own, now_us, lease_ms)
+    local e = now_us + lease_ms * 1000
+    if own and own.e > e then return own.e end
+    return e
+  end
+
+  -- tb_acquire's arguments in the module's order of checks: KEYS are the
+  -- lease key then the N bucket keys, ARGV limit lease_ms id [weight] then
+  -- max rate cost per bucket (the weight is there when ARGV has 4 + 3N
+  -- entries). The call, or nil and the error text.
+  local function acquire_args(keys, args)
+    local n = #keys - 1
+    local first
+    if n >= 0 and #args == 3 + 3 * n then
+      first = 4
+    elseif n >= 0 and #args == 4 + 3 * n then
+      first = 5
+    else
+      return nil, msg('arity', nil, { command = 'tb_acquire' })
+    end
+    local limit, lease_ms, err
+    limit, err = lease_int(args[1], 'limit', 1, MAX_LEASE_LIMIT)
+    if not limit then return nil, err end
+    lease_ms, err = lease_int(args[2], 'lease_ms', 1, MAX_LEASE_MS)
+    if not lease_ms then return nil, err end
+    if bad_id(args[3]) then return nil, MSG.bad_id end
+    local weight = 1
+    if first == 5 then
+      weight = parse_i64(args[4])
+      if weight == nil then return nil, msg('not_an_integer', nil, { arg = 'weight' }) end
+      if weight < 1 then return nil, msg('too_small', nil, { arg = 'weight', least = 1 }) end
+      if weight > limit then return nil, MSG.weight_above_limit end
+    end
+    if n > MAX_GROUPS then return nil, MSG.too_many_groups end
+    local limits, costs = {}, {}
+    for g = 1, n do
+      local at = first + 3 * (g - 1)
+      local l, cost
+      l, err = parse_limits(args[at], args[at + 1], g)
+      if not l then return nil, err end
+      cost, err = parse_cost(args[at + 2], l, g)
+      if not cost then return nil, err end
+      limits[g], costs[g] = l, cost
+    end
+    for g = 1, n do
+      if keys[g + 1] == keys[1] then
+        return nil, msg('bucket_is_lease_key', nil, { group = g })
+      end
+    end
+    local seen = {}
+    for g = 1, n do
+      local k = keys[g + 1]
+      if seen[k] then
+        return nil, msg('duplicate_key', nil, { group = g, first = seen[k] })
+      end
+      seen[k] = g
+    end
+    return { limit = limit, lease_ms = lease_ms, id = args[3], weight = weight,
+      limits = limits, costs = costs }
+  end
+
+  -- tb_acquire: the lease and every bucket, or nothing.
+  -- {acquired, in_use, retry_after_ms, expires_in_ms, bucket replies...}
+  local function tb_acquire(keys, args)
+    local call, err = acquire_args(keys, args)
+    if not call then return redis.error_reply(err) end
+    local now = clock()
+    local s
+    s, err = scan_leases(keys[1], call.id, now.us)
+    if not s then return redis.error_reply(err) end
+    -- Bucket by bucket, as TB.MCONSUME: a bad key stops the call before
+    -- later keys are read.
+    local n = #call.limits
+    local stored, cur = {}, {}
+    for g = 1, n do
+      local b
+      b, err = load(keys[g + 1], g)
+      if b == nil then return redis.error_reply(err) end
+      stored[g], cur[g] = b, current(call.limits[g], b, now)
+    end
+    local acquired = s.weight + call.weight <= call.limit
+    for g = 1, n do
+      if not (cur[g] >= call.costs[g]) then acquired = false end
+    end
+    local out
+    if acquired then
+      local lease = { e = extended(s.own, now.us, call.lease_ms), w = call.weight }
+      save_leases(keys[1], call.id, lease, s.expired, math.max(lease.e, s.latest), false)
+      out = { 1, s.weight + call.weight, 0, ms_until(now.us, lease.e) }
+    else
+      out = { 0, in_use(s), wait_for_room(s, now.us, call.limit, call.weight), 0 }
+    end
+    for g = 1, n do
+      local o = charge(call.limits[g], stored[g], now, cur[g], call.costs[g], acquired)
+      if o.writes then save(keys[g + 1], stored[g], call.limits[g], o, now) end
+      if o.retry > out[3] then out[3] = o.retry end
+      out[4 + g] = reply(o)
+    end
+    return out
+  end
+
+  -- tb_release: {released, in_use}; an unknown or expired id writes nothing.
+  local function tb_release(keys, args)
+    if #keys ~= 1 or #args ~= 1 then return arity_error('tb_release') end
+    local id = args[1]
+    if bad_id(id) then return redis.error_reply(MSG.bad_id) end
+    local s, err = scan_leases(keys[1], id, clock().us)
+    if not s then return redis.error_reply(err) end
+    if not s.own then return { 0, s.weight } end
+    if #s.ends == 0 then
+      redis.call('DEL', keys[1])
+    else
+      s.expired[#s.expired + 1] = id
+      save_leases(keys[1], id, nil, s.expired, s.latest, false)
+    end
+    return { 1, s.weight }
+  end
+
+  -- tb_renew: {renewed, expires_in_ms}; a lease that is not live is never
+  -- recreated.
+  local function tb_renew(keys, args)
+    if #keys ~= 1 or #args ~= 2 then return arity_error('tb_renew') end
+    local id = args[1]
+    if bad_id(id) then return redis.error_reply(MSG.bad_id) end
+    local lease_ms, err = lease_int(args[2], 'lease_ms', 1, MAX_LEASE_MS)
+    if not lease_ms then return redis.error_reply(err) end
+    local now = clock()
+    local s
+    s, err = scan_leases(keys[1], id, now.us)
+    if not s then return redis.error_reply(err) end
+    if not s.own then return { 0, 0 } end
+    local lease = { e = extended(s.own, now.us, lease_ms), w = s.own.w }
+    save_leases(keys[1], id, lease, s.expired, math.max(lease.e, s.latest), true)
+    return { 1, ms_until(now.us, lease.e) }
+  end
+
+  -- Read-only (registered no-writes): the live weight.
+  local function tb_inflight(keys, args)
+    if #keys ~= 1 or #args ~= 0 then return arity_error('tb_inflight') end
+    local s, err = scan_leases(keys[1], nil, clock().us)
+    if not s then return redis.error_reply(err) end
+    return s.weight
+  end
+
+  LEASES = { acquire = tb_acquire, release = tb_release, renew = tb_renew, inflight = tb_inflight }
+  return LEASES
+end
+
+local function tb_acquire(keys, args) return leases().acquire(keys, args) end
+local function tb_release(keys, args) return leases().release(keys, args) end
+local function tb_renew(keys, args) return leases().renew(keys, args) end
+local function tb_inflight(keys, args) return leases().inflight(keys, args) end
+
 -- ---- the operations, listed once -------------------------------------------
 
--- The library registers each one as FCALL tb_<name>; the EVAL script
--- (lua/gen_eval.py) takes the name as its first argument.
+-- The library registers each one as FCALL tb_<name> with its flags; the
+-- EVAL script (lua/gen_eval.py) takes the name as its first argument. Three
+-- entries per operation: name, function, flag ('' for none). One flat table,
+-- since the EVAL script builds it on every call.
 local OPERATIONS = {
-  { name = 'consume', fn = tb_consume, flags = {} },
-  { name = 'peek', fn = tb_peek, flags = { 'no-writes' } },
-  { name = 'mconsume', fn = tb_mconsume, flags = {} },
-  { name = 'adjust', fn = tb_adjust, flags = {} },
-  { name = 'cl_throttle', fn = tb_cl_throttle, flags = {} },
+  'consume', tb_consume, '',
+  'peek', tb_peek, 'no-writes',
+  'mconsume', tb_mconsume, '',
+  'adjust', tb_adjust, '',
+  'cl_throttle', tb_cl_throttle, '',
+  'acquire', tb_acquire, '',
+  -- TB.RELEASE and TB.RENEW run under maxmemory pressure (no deny-oom): a
+  -- stream in flight keeps its slot, or gives it back, whatever memory.
+  'release', tb_release, 'allow-oom',
+  'renew', tb_renew, 'allow-oom',
+  'inflight', tb_inflight, 'no-writes',
 }
 -- <<< shared: end
 
 -- A plain loop: FUNCTION LOAD runs this body before ipairs is reachable.
-for i = 1, #OPERATIONS do
-  local op = OPERATIONS[i]
-  redis.register_function { function_name = 'tb_' .. op.name, callback = op.fn, flags = op.flags }
+for i = 1, #OPERATIONS, 3 do
+  local flags = {}
+  if OPERATIONS[i + 2] ~= '' then flags[1] = OPERATIONS[i + 2] end
+  redis.register_function { function_name = 'tb_' .. OPERATIONS[i], callback = OPERATIONS[i + 1], flags = flags }
 end
 
 -- The library's version (LIBRARY_VERSION, stamped by contract/gen.py), so a

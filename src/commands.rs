@@ -3,7 +3,7 @@
 //! the clock once, compute with `tb_core::bucket`, carry out the effects
 //! (only if something changed), then reply.
 
-use crate::ffi::{log_warning, Args, Ctx, KeyName};
+use crate::ffi::{log_warning, ArgString, Args, Ctx};
 use crate::keyspace::BucketKey;
 use crate::stats;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Single};
@@ -13,7 +13,7 @@ use tb_core::error::Error;
 
 /// Carries out `outcome`'s effect on `key`. A step that fails is logged
 /// and becomes the call's error reply (counted in `tb_errors`).
-fn apply(key: &mut BucketKey, outcome: &Outcome) -> Result<(), Error> {
+pub fn apply(key: &mut BucketKey, outcome: &Outcome) -> Result<(), Error> {
     key.apply(&outcome.effect).map_err(|step| {
         log_warning(&format!(
             "tb: a write failed at {}; the call replied an error instead of its outcome",
@@ -24,7 +24,7 @@ fn apply(key: &mut BucketKey, outcome: &Outcome) -> Result<(), Error> {
 }
 
 /// Replies with an array of integers.
-fn reply_ints(ctx: &Ctx, values: &[i64]) {
+pub fn reply_ints(ctx: &Ctx, values: &[i64]) {
     ctx.reply_array(values.len());
     for &v in values {
         ctx.reply_int(v);
@@ -32,13 +32,13 @@ fn reply_ints(ctx: &Ctx, values: &[i64]) {
 }
 
 /// Replies with `[allowed, remaining, retry_after_ms, reset_after_ms]`.
-fn reply_outcome(ctx: &Ctx, outcome: &Outcome) {
+pub fn reply_outcome(ctx: &Ctx, outcome: &Outcome) {
     reply_ints(ctx, &outcome.reply());
 }
 
 /// The key at `argv[i]`, which the parser has already found there.
-fn key_at<'a>(args: &Args<'a>, i: usize) -> Result<KeyName<'a>, Error> {
-    args.key(i).ok_or(Error::Internal("no key argument"))
+pub fn key_at<'a>(args: &Args<'a>, i: usize) -> Result<ArgString<'a>, Error> {
+    args.string(i).ok_or(Error::Internal("no key argument"))
 }
 
 /// A single-key call after its shared first steps: arguments parsed, key

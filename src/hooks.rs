@@ -16,8 +16,9 @@ use tb_core::error::{Arg, Error};
 /// The armed step, 0 for none. Commands run on Redis's main thread.
 static ARMED: AtomicU8 = AtomicU8::new(0);
 
-const STEPS: [(&[u8], Fault); 4] = [
+const STEPS: [(&[u8], Fault); 5] = [
     (b"hashset", Fault::HashSet),
+    (b"hdel", Fault::HashDelete),
     (b"expire", Fault::Expire),
     (b"delete", Fault::Delete),
     (b"replicate", Fault::Replicate),
@@ -48,7 +49,7 @@ pub fn panic(_ctx: &Ctx, _args: &Args) -> Result<(), Error> {
     panic!("TB.PANIC was called (test-hooks build)")
 }
 
-/// `TB.FAULT hashset|expire|delete|replicate`: arms a one-shot failure;
+/// `TB.FAULT hashset|hdel|expire|delete|replicate`: arms a one-shot failure;
 /// replies 1.
 pub fn fault(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     if args.count() != 2 {
@@ -59,7 +60,7 @@ pub fn fault(ctx: &Ctx, args: &Args) -> Result<(), Error> {
         .find(|(name, _)| args.arg(1) == *name)
         .ok_or(Error::OneOf(
             Arg::Step,
-            "hashset, expire, delete, replicate",
+            "hashset, hdel, expire, delete, replicate",
         ))?;
     ARMED.store(code(*fault), Relaxed);
     ctx.reply_int(1);

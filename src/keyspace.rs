@@ -1,24 +1,26 @@
-//! Bucket hashes in the keyspace, and the replication of every write as
-//! effects (`HSET`, `PEXPIREAT`, `DEL`).
+//! Bucket and lease hashes in the keyspace, and the replication of every
+//! write as effects (`HSET`, `HDEL`, `PEXPIREAT`, `DEL`).
 //!
 //! Effects, never the command: a replica or an AOF replay, with or without
 //! the module, then ends with the primary's exact hash and expire time
 //! instead of recomputing with its own clock.
 
-use crate::ffi::{Ctx, Interned, Kept, Key, KeyName, Load, RString};
+use crate::ffi::{ArgString, Ctx, Interned, Kept, Key, Load, RString};
 use std::ffi::CStr;
 use std::sync::OnceLock;
 use tb_core::bucket::{Effect, Limits, Stored};
 use tb_core::cell;
 use tb_core::contract::{TOKENS_FIELD, TS_FIELD};
 use tb_core::error::{Error, Step};
-use tb_core::state::{self, BucketFields, Text};
+use tb_core::lease;
+use tb_core::state::{self, BucketFields, KeyKind, Text};
 
 /// The points of a write where a test can make the server's call fail
 /// (`test-hooks` builds: TB.FAULT).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     HashSet,
+    HashDelete,
     Expire,
     Delete,
     /// Any Replicate call.
@@ -58,19 +60,19 @@ std::thread_local! {
 }
 
 /// The commands writes replicate as effects, in the order checked.
-const EFFECTS: [&CStr; 3] = [c"HSET", c"PEXPIREAT", c"DEL"];
+const EFFECTS: [&CStr; 4] = [c"HSET", c"HDEL", c"PEXPIREAT", c"DEL"];
 
 /// Checks the server can replicate the effects and makes the field names.
 ///
-/// Replicating a write needs HSET, PEXPIREAT and DEL by name, so a server
+/// Replicating a write needs HSET, HDEL, PEXPIREAT and DEL by name, so a server
 /// whose redis.conf renamed or disabled one (`rename-command PEXPIREAT
-/// ""`) would change buckets its replicas and AOF never hear of: the module
+/// ""`) would change keys its replicas and AOF never hear of: the module
 /// refuses to load there.
 pub fn init(load: &Load) -> Result<(), String> {
     if let Some(name) = EFFECTS.iter().find(|name| !load.has_command(name)) {
         return Err(format!(
             "this server has no {} command (renamed or disabled by rename-command?); \
-             the module replicates every write as HSET, PEXPIREAT and DEL, so it will not load",
+             the module replicates every write as HSET, HDEL, PEXPIREAT and DEL, so it will not load",
             name.to_string_lossy()
         ));
     }
@@ -114,7 +116,7 @@ impl<'c> BucketKey<'c> {
     /// (set in `lib.rs`), so closing the key signals nothing by itself, and
     /// `apply` signals it only after a real change. A denial therefore
     /// aborts no WATCH and sends no client-side cache invalidation.
-    pub fn open(ctx: &'c Ctx, name: KeyName<'c>, write: bool) -> Self {
+    pub fn open(ctx: &'c Ctx, name: ArgString<'c>, write: bool) -> Self {
         BucketKey {
             key: ctx.open_key(name, write),
             ctx,
@@ -225,7 +227,7 @@ impl<'c> BucketKey<'c> {
         // the stack (format `l` would take two allocations, a string made
         // here one more call and a free).
         let at = Text::int(expire_at_ms);
-        if !ctx.replicate_key_bytes(self.effect(c"PEXPIREAT"), &name, at.as_bytes()) {
+        if !ctx.replicate_key_bytes(effect(c"PEXPIREAT"), &name, at.as_bytes()) {
             return Err(Step::ReplicateExpire);
         }
         Ok(())
@@ -243,19 +245,136 @@ impl<'c> BucketKey<'c> {
         Ok(())
     }
 
-    /// `Ctx::replicate`, of `effect(command)`.
     #[inline]
     fn replicate(&self, command: &CStr, args: &[&dyn RString]) -> bool {
-        self.ctx.replicate(self.effect(command), args)
+        replicate(self.ctx, command, args)
+    }
+}
+
+/// An open key that should hold leases (TB.ACQUIRE and friends). Closed on
+/// drop.
+pub struct LeaseKey<'c> {
+    key: Key<'c>,
+    ctx: &'c Ctx,
+}
+
+impl<'c> LeaseKey<'c> {
+    /// Opens `name` for reading, or for reading and writing (see
+    /// `BucketKey::open`: nothing is signalled unless a write happens).
+    pub fn open(ctx: &'c Ctx, name: ArgString<'c>, write: bool) -> Self {
+        LeaseKey {
+            key: ctx.open_key(name, write),
+            ctx,
+        }
     }
 
-    /// The command an effect replicates as: `command`, but a test build can
-    /// name one that does not exist, which is how Replicate really fails.
-    fn effect<'a>(&self, command: &'a CStr) -> &'a CStr {
-        if injected(Fault::Replicate) {
-            c"TB-NO-SUCH-COMMAND"
-        } else {
-            command
+    /// Reads every lease into `scan`: a missing key holds none, a hash
+    /// must hold only leases, anything else is WRONGTYPE.
+    pub fn scan(&self, scan: &mut lease::Scan) -> Result<(), Error> {
+        match self.key.kind() {
+            KeyKind::Missing => Ok(()),
+            KeyKind::Other => Err(Error::WrongType),
+            KeyKind::Hash(_) => self.key.scan_hash(|field, value| scan.visit(field, value)),
         }
+    }
+
+    /// Carries out a lease call's write, and replicates it: `HDEL` of the
+    /// expired fields (and `id` for a release), `HSET id lease`,
+    /// `PEXPIREAT`, or `DEL`. `Err` names the step that failed; nothing
+    /// else is attempted after it.
+    pub fn apply(
+        &mut self,
+        write: &lease::Write,
+        id: &dyn RString,
+        expired: &[Vec<u8>],
+    ) -> Result<(), Step> {
+        let (ctx, name) = (self.ctx, self.key.name());
+        match *write {
+            lease::Write::Nothing => return Ok(()),
+            lease::Write::Delete => {
+                if injected(Fault::Delete) || !self.key.delete() {
+                    return Err(Step::Delete);
+                }
+                ctx.notify(false, c"del", &name);
+                if !replicate(ctx, c"DEL", &[&name]) {
+                    return Err(Step::ReplicateDelete);
+                }
+            }
+            lease::Write::Save {
+                set,
+                remove_own,
+                expire_at_ms,
+            } => {
+                self.remove(expired, remove_own.then_some(id))?;
+                if let Some(lease) = set {
+                    let value = ctx.string(&lease.text()).ok_or(Step::HashSet)?;
+                    if injected(Fault::HashSet) || !self.key.hash_set_field(id, &value) {
+                        return Err(Step::HashSet);
+                    }
+                    ctx.notify(true, c"hset", &name);
+                    if !replicate(ctx, c"HSET", &[&name, id, &value]) {
+                        return Err(Step::ReplicateHashSet);
+                    }
+                }
+                let at = ctx
+                    .string(Text::int(expire_at_ms).as_bytes())
+                    .ok_or(Step::Expire)?;
+                if injected(Fault::Expire) || !self.key.set_abs_expire(expire_at_ms) {
+                    return Err(Step::Expire);
+                }
+                ctx.notify(false, c"expire", &name);
+                if !replicate(ctx, c"PEXPIREAT", &[&name, &at]) {
+                    return Err(Step::ReplicateExpire);
+                }
+            }
+        }
+        ctx.signal_modified(&name);
+        Ok(())
+    }
+
+    /// `HDEL key expired... [own]`, as one effect.
+    fn remove(&mut self, expired: &[Vec<u8>], own: Option<&dyn RString>) -> Result<(), Step> {
+        if expired.is_empty() && own.is_none() {
+            return Ok(());
+        }
+        let (ctx, name) = (self.ctx, self.key.name());
+        let mut fields = Vec::with_capacity(expired.len());
+        for field in expired {
+            fields.push(ctx.string(field).ok_or(Step::HashDelete)?);
+        }
+        let mut args: Vec<&dyn RString> = Vec::with_capacity(fields.len() + 2);
+        args.push(&name);
+        for field in &fields {
+            args.push(field);
+        }
+        if let Some(own) = own {
+            args.push(own);
+        }
+        for field in &args[1..] {
+            if injected(Fault::HashDelete) || !self.key.hash_delete_field(*field) {
+                return Err(Step::HashDelete);
+            }
+        }
+        ctx.notify(true, c"hdel", &name);
+        if !replicate(ctx, c"HDEL", &args) {
+            return Err(Step::ReplicateHashDelete);
+        }
+        Ok(())
+    }
+}
+
+/// `Ctx::replicate`, of `effect(command)`.
+#[inline]
+fn replicate(ctx: &Ctx, command: &CStr, args: &[&dyn RString]) -> bool {
+    ctx.replicate(effect(command), args)
+}
+
+/// The command an effect replicates as: `command`, but a test build can
+/// name one that does not exist, which is how Replicate really fails.
+fn effect(command: &CStr) -> &CStr {
+    if injected(Fault::Replicate) {
+        c"TB-NO-SUCH-COMMAND"
+    } else {
+        command
     }
 }

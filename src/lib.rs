@@ -2,7 +2,8 @@
 //! things; each behaviour lives in the file named after it:
 //!
 //! * `registry`: the command table (flags, keys, ACL categories, docs);
-//! * `commands`: the TB.* handlers (open key, compute, write, reply);
+//! * `commands`: the token-bucket handlers (open key, compute, write, reply);
+//! * `leases`: the concurrency-lease handlers (TB.ACQUIRE and friends);
 //! * `keyspace`: bucket hashes and effects replication;
 //! * `options`: the load arguments (`cl-throttle auto|off`);
 //! * `guard`: panic containment;
@@ -20,6 +21,7 @@ mod guard;
 #[cfg(feature = "test-hooks")]
 mod hooks;
 mod keyspace;
+mod leases;
 mod options;
 mod registry;
 mod stats;

@@ -5,41 +5,62 @@
 //! Redis 6.2 understands, and Redis turns it into a key spec with full
 //! access, so a read-only ACL user (`%R~rl:*`) would get NOPERM on
 //! TB.PEEK. Where `SetCommandInfo` exists (Redis >= 7.0, Valkey) the real
-//! key specs replace it: read-only access for TB.PEEK, read-write update
-//! for the writers.
+//! key specs replace it: read-only access for TB.PEEK and TB.INFLIGHT,
+//! read-write update for the writers, and TB.ACQUIRE's bucket keys after
+//! each `BUCKET`.
 
 use crate::commands;
-use crate::ffi::{handler, ArgDoc, ArgKind, CommandDef, Docs, RawHandler};
+use crate::ffi::{handler, ArgDoc, ArgKind, Begin, CommandDef, Docs, KeySpec, RawHandler};
+use crate::leases;
 use crate::version::TEXT as SINCE;
 use std::ffi::CStr;
-use tb_core::contract::{ADJUST, CL_THROTTLE, CONSUME, MCONSUME, PEEK};
+use tb_core::contract::{
+    ACQUIRE, ADJUST, CL_THROTTLE, CONSUME, INFLIGHT, MCONSUME, PEEK, RELEASE, RENEW,
+};
 
 const fn arg(name: &'static CStr, kind: ArgKind) -> ArgDoc {
     ArgDoc {
         name,
         kind,
+        token: None,
         optional: false,
         multiple: false,
         subargs: &[],
     }
 }
 
-const KEY: ArgDoc = arg(c"key", ArgKind::Key);
+const fn optional(a: ArgDoc) -> ArgDoc {
+    ArgDoc {
+        optional: true,
+        ..a
+    }
+}
+
+const KEY: ArgDoc = arg(c"key", ArgKind::Key(0));
 const MAX: ArgDoc = arg(c"max", ArgKind::Double);
 const RATE: ArgDoc = arg(c"rate", ArgKind::Double);
 const COST: ArgDoc = arg(c"cost", ArgKind::Double);
-const OPTIONAL_COST: ArgDoc = ArgDoc {
-    optional: true,
-    ..arg(c"cost", ArgKind::Double)
-};
 const DELTA: ArgDoc = arg(c"delta", ArgKind::Double);
 const MAX_BURST: ArgDoc = arg(c"max_burst", ArgKind::Integer);
 const COUNT: ArgDoc = arg(c"count", ArgKind::Integer);
 const PERIOD: ArgDoc = arg(c"period", ArgKind::Integer);
-const OPTIONAL_QUANTITY: ArgDoc = ArgDoc {
-    optional: true,
-    ..arg(c"quantity", ArgKind::Integer)
-};
+const QUANTITY: ArgDoc = arg(c"quantity", ArgKind::Integer);
+const LIMIT: ArgDoc = arg(c"limit", ArgKind::Integer);
+const LEASE_MS: ArgDoc = arg(c"lease_ms", ArgKind::Integer);
+const ID: ArgDoc = arg(c"id", ArgKind::String);
+const WEIGHT: ArgDoc = arg(c"weight", ArgKind::Integer);
+
+/// The one key, argument 1, read and updated (`read_only`: only read).
+const fn key_at_1(read_only: bool) -> KeySpec {
+    KeySpec {
+        read_only,
+        begin: Begin::Index(1),
+        last_key: 0,
+        key_step: 1,
+    }
+}
+const READS_KEY: &[KeySpec] = &[key_at_1(true)];
+const WRITES_KEY: &[KeySpec] = &[key_at_1(false)];
 
 /// A command on one key (argument 1), owned by this module.
 const fn single(
@@ -62,11 +83,25 @@ const fn single(
             summary,
             complexity: c"O(1)",
             since: SINCE,
-            read_only,
-            key_range: Some((0, 1)),
+            key_specs: if read_only { READS_KEY } else { WRITES_KEY },
             args,
         },
     }
+}
+
+/// A lease command: one key, O(N) in the key's leases.
+const fn lease(
+    name: &'static CStr,
+    handler: RawHandler,
+    flags: &'static CStr,
+    acl: &'static CStr,
+    read_only: bool,
+    summary: &'static CStr,
+    args: &'static [ArgDoc],
+) -> CommandDef {
+    let mut def = single(name, handler, flags, acl, read_only, summary, args);
+    def.docs.complexity = c"O(N) where N is the number of leases the key holds";
+    def
 }
 
 pub const COMMANDS: &[CommandDef] = &[
@@ -77,7 +112,7 @@ pub const COMMANDS: &[CommandDef] = &[
         c"write fast",
         false,
         c"Charges cost (default 1) to a token bucket if it holds that many tokens; replies [allowed, remaining, retry_after_ms, reset_after_ms].",
-        &[KEY, MAX, RATE, OPTIONAL_COST],
+        &[KEY, MAX, RATE, optional(COST)],
     ),
     single(
         PEEK,
@@ -86,7 +121,7 @@ pub const COMMANDS: &[CommandDef] = &[
         c"read fast",
         true,
         c"Replies what TB.CONSUME would, without charging or writing anything.",
-        &[KEY, MAX, RATE, OPTIONAL_COST],
+        &[KEY, MAX, RATE, optional(COST)],
     ),
     CommandDef {
         name: MCONSUME,
@@ -99,8 +134,12 @@ pub const COMMANDS: &[CommandDef] = &[
             summary: c"Charges several token buckets all-or-nothing; replies [allowed, retry_after_ms, bucket replies...].",
             complexity: c"O(N) where N is the number of buckets",
             since: SINCE,
-            read_only: false,
-            key_range: Some((-1, 4)),
+            key_specs: &[KeySpec {
+                read_only: false,
+                begin: Begin::Index(1),
+                last_key: -1,
+                key_step: 4,
+            }],
             args: &[ArgDoc {
                 multiple: true,
                 subargs: &[KEY, MAX, RATE, COST],
@@ -127,9 +166,75 @@ pub const COMMANDS: &[CommandDef] = &[
             c"write fast",
             false,
             c"redis-cell's command on a token bucket: charges quantity (default 1); replies [limited, limit, remaining, retry_after_s, reset_after_s].",
-            &[KEY, MAX_BURST, COUNT, PERIOD, OPTIONAL_QUANTITY],
+            &[KEY, MAX_BURST, COUNT, PERIOD, optional(QUANTITY)],
         )
     },
+    CommandDef {
+        name: ACQUIRE,
+        handler: handler!(ACQUIRE, leases::acquire),
+        // getkeys-api: Cluster slot checks (and Redis 6.2's ACL) ask the
+        // handler where the keys are; the key specs below say the same.
+        flags: c"write deny-oom getkeys-api",
+        keys: (1, 1, 1),
+        acl: c"write",
+        redis_cell: false,
+        docs: Docs {
+            summary: c"Takes a lease (a slot of limit) for lease_ms, and charges token buckets, all or nothing; replies [acquired, in_use, retry_after_ms, expires_in_ms, bucket replies...].",
+            complexity: c"O(N + M) where N is the number of leases the key holds and M the number of buckets",
+            since: SINCE,
+            key_specs: &[
+                key_at_1(false),
+                // The key after each BUCKET (keyword search skips the id).
+                KeySpec {
+                    read_only: false,
+                    begin: Begin::Keyword(c"BUCKET", 5),
+                    last_key: -1,
+                    key_step: 5,
+                },
+            ],
+            args: &[
+                KEY,
+                LIMIT,
+                LEASE_MS,
+                ID,
+                optional(WEIGHT),
+                ArgDoc {
+                    token: Some(c"BUCKET"),
+                    optional: true,
+                    multiple: true,
+                    subargs: &[arg(c"bkey", ArgKind::Key(1)), MAX, RATE, COST],
+                    ..arg(c"bucket", ArgKind::Block)
+                },
+            ],
+        },
+    },
+    lease(
+        RELEASE,
+        handler!(RELEASE, leases::release),
+        c"write fast",
+        c"write fast",
+        false,
+        c"Gives a lease back; replies [released, in_use].",
+        &[KEY, ID],
+    ),
+    lease(
+        RENEW,
+        handler!(RENEW, leases::renew),
+        c"write fast",
+        c"write fast",
+        false,
+        c"Extends a live lease to lease_ms from now; replies [renewed, expires_in_ms].",
+        &[KEY, ID, LEASE_MS],
+    ),
+    lease(
+        INFLIGHT,
+        handler!(INFLIGHT, leases::inflight),
+        c"readonly fast",
+        c"read fast",
+        true,
+        c"Replies the weight of the key's live leases.",
+        &[KEY],
+    ),
     #[cfg(feature = "test-hooks")]
     test_hook(
         TB_PANIC,
@@ -163,8 +268,7 @@ const fn test_hook(name: &'static CStr, handler: RawHandler, summary: &'static C
             summary,
             complexity: c"O(1)",
             since: SINCE,
-            read_only: true,
-            key_range: None,
+            key_specs: &[],
             args: &[],
         },
     }

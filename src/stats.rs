@@ -34,15 +34,30 @@ pub static ADJUSTS: Counter = Counter::new();
 pub static ERRORS: Counter = Counter::new();
 /// Panics caught in a handler (each also counts as an error).
 pub static PANICS: Counter = Counter::new();
+/// TB.ACQUIRE calls that took their lease.
+pub static ACQUIRED: Counter = Counter::new();
+/// TB.ACQUIRE calls denied (no room, or a bucket could not pay).
+pub static BUSY: Counter = Counter::new();
+/// TB.RELEASE calls that gave a live lease back.
+pub static RELEASED: Counter = Counter::new();
+/// TB.RENEW calls that extended a live lease.
+pub static RENEWED: Counter = Counter::new();
+/// TB.INFLIGHT calls answered.
+pub static INFLIGHTS: Counter = Counter::new();
 
 /// The fields, in the order INFO shows them.
-const COUNTERS: [(&CStr, &Counter); 6] = [
+const COUNTERS: [(&CStr, &Counter); 11] = [
     (c"admitted", &ADMITTED),
     (c"denied", &DENIED),
     (c"peeks", &PEEKS),
     (c"adjusts", &ADJUSTS),
     (c"errors", &ERRORS),
     (c"panics", &PANICS),
+    (c"acquired", &ACQUIRED),
+    (c"busy", &BUSY),
+    (c"released", &RELEASED),
+    (c"renewed", &RENEWED),
+    (c"inflights", &INFLIGHTS),
 ];
 
 /// The `INFO tb` section: the module's own (`# tb`), and Redis prefixes

@@ -8,12 +8,13 @@ use testkit::{consume, error_of, info_field, peek, snapshot, Server};
 fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {
     let s = Server::start();
     let mut admin = s.conn();
-    let _: String = redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "limited",
-            "on",
-            ">pw",
+    let _: () = redis::cmd("HSET")
+        .arg(&["secret:bucket", "tokens", "1", "ts", "1"])
+        .query(&mut admin)
+        .unwrap();
+    let mut c = s.conn_as(
+        "limited",
+        &[
             "~rl:*",
             "resetchannels",
             "-@all",
@@ -22,17 +23,8 @@ fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {
             "+tb.mconsume",
             "+tb.adjust",
             "+cl.throttle",
-        ])
-        .query(&mut admin)
-        .unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg(&["secret:bucket", "tokens", "1", "ts", "1"])
-        .query(&mut admin)
-        .unwrap();
-    let mut c = redis::Client::open(format!("redis://limited:pw@127.0.0.1:{}/", s.port))
-        .unwrap()
-        .get_connection()
-        .unwrap();
+        ],
+    );
 
     assert_eq!(consume(&mut c, "rl:ok", "10", "0.01", "1")[0], 1);
     let before = snapshot(&mut admin);
@@ -79,26 +71,24 @@ fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {
 fn read_only_key_permission_allows_peek_and_nothing_else() {
     let s = Server::start();
     let mut admin = s.conn();
-    let user = |admin: &mut redis::Connection, name: &str, keys: &str| {
-        let _: String = redis::cmd("ACL")
-            .arg(&["SETUSER", name, "on", ">pw", keys, "resetchannels", "-@all"])
-            .arg(&[
+    let user = |name: &str, keys: &str| {
+        s.conn_as(
+            name,
+            &[
+                keys,
+                "resetchannels",
+                "-@all",
                 "+tb.consume",
                 "+tb.peek",
                 "+tb.mconsume",
                 "+tb.adjust",
                 "+cl.throttle",
-            ])
-            .query(admin)
-            .unwrap();
-        redis::Client::open(format!("redis://{name}:pw@127.0.0.1:{}/", s.port))
-            .unwrap()
-            .get_connection()
-            .unwrap()
+            ],
+        )
     };
-    let mut reader = user(&mut admin, "reader", "%R~rl:*");
-    let mut writer = user(&mut admin, "writer", "%W~rl:*");
-    let mut both = user(&mut admin, "both", "%RW~rl:*");
+    let mut reader = user("reader", "%R~rl:*");
+    let mut writer = user("writer", "%W~rl:*");
+    let mut both = user("both", "%RW~rl:*");
     assert_eq!(consume(&mut admin, "rl:k", "10", "1", "3"), [1, 7, 0, 3000]);
     let before = snapshot(&mut admin);
 
@@ -156,17 +146,37 @@ fn acl_categories_where_the_server_supports_them() {
     let write = categories(&mut c, "write");
     let read = categories(&mut c, "read");
     let fast = categories(&mut c, "fast");
-    for cmd in ["tb.consume", "tb.mconsume", "tb.adjust", "cl.throttle"] {
+    for cmd in [
+        "tb.consume",
+        "tb.mconsume",
+        "tb.adjust",
+        "cl.throttle",
+        "tb.acquire",
+        "tb.release",
+        "tb.renew",
+    ] {
         assert!(write.contains(&cmd.to_string()), "{cmd} in @write");
         assert!(!read.contains(&cmd.to_string()), "{cmd} not in @read");
     }
-    assert!(read.contains(&"tb.peek".to_string()));
-    assert!(!write.contains(&"tb.peek".to_string()));
-    for cmd in ["tb.consume", "tb.peek", "tb.adjust", "cl.throttle"] {
+    for cmd in ["tb.peek", "tb.inflight"] {
+        assert!(read.contains(&cmd.to_string()), "{cmd} in @read");
+        assert!(!write.contains(&cmd.to_string()), "{cmd} not in @write");
+    }
+    for cmd in [
+        "tb.consume",
+        "tb.peek",
+        "tb.adjust",
+        "cl.throttle",
+        "tb.release",
+        "tb.renew",
+        "tb.inflight",
+    ] {
         assert!(fast.contains(&cmd.to_string()), "{cmd} in @fast");
     }
-    assert!(
-        !fast.contains(&"tb.mconsume".to_string()),
-        "up to 10,000 keys is not fast"
-    );
+    for cmd in ["tb.mconsume", "tb.acquire"] {
+        assert!(
+            !fast.contains(&cmd.to_string()),
+            "{cmd}: up to 10,000 keys is not fast"
+        );
+    }
 }

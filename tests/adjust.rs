@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 use testkit::{
-    back_to_back, consume, hgetall, int, peek, repl_offset, snapshot, start_replica, wait_replicas,
-    Config, Server,
+    back_to_back, bucket_delete, bucket_write, consume, hgetall, info_field, int, peek, snapshot,
+    ReplicationStream, Server,
 };
 
 fn adjust(c: &mut redis::Connection, key: &str, max: &str, rate: &str, delta: &str) -> Vec<i64> {
@@ -66,20 +66,42 @@ fn debt_is_floored_at_minus_max() {
     assert_eq!(hgetall(&mut c, &key), h, "the denials wrote nothing");
 }
 
+/// TB.ADJUST writes on every call, a delta of 0 included (it rewrites
+/// `ts` and the expire time), and a refund that fills the bucket deletes
+/// it; except on a missing key that it leaves full: a missing key is a
+/// full bucket already, so nothing is written, replicated or dirtied.
+/// What each call replicates is read from the replication stream.
 #[test]
-fn adjust_always_writes_and_replicates() {
+fn adjust_writes_unless_it_leaves_a_missing_bucket_full() {
     let s = Server::start();
-    let replica = start_replica(&s, Config::without_module());
     let mut c = s.conn();
-    let before = repl_offset(&mut c);
-    adjust(&mut c, "k", "10", "0.01", "-3");
-    adjust(&mut c, "k", "10", "0.01", "-0.5");
-    adjust(&mut c, "k", "10", "0.01", "1.25");
-    assert!(repl_offset(&mut c) > before);
-    wait_replicas(&mut c, 1);
-    let h = hgetall(&mut c, "k");
-    assert_eq!(h["tokens"].parse::<f64>().unwrap().floor(), 7.0);
-    assert_eq!(snapshot(&mut replica.conn()), snapshot(&mut c));
+    let mut stream = ReplicationStream::attach(&s);
+    let dirty =
+        |c: &mut redis::Connection| info_field(c, "persistence", "rdb_changes_since_last_save");
+    type Expected = fn(&mut redis::Connection) -> Vec<Vec<String>>;
+    let nothing: Expected = |_| Vec::new();
+    let cases: [(&str, Expected); 7] = [
+        ("-3", |c| bucket_write(c, "k")),
+        ("0", |c| bucket_write(c, "k")),
+        ("-0.5", |c| bucket_write(c, "k")),
+        ("1.25", |c| bucket_write(c, "k")),
+        ("100", |_| bucket_delete("k")),
+        ("5", nothing),
+        ("0", nothing),
+    ];
+    for (delta, expected) in cases {
+        let before = (hgetall(&mut c, "k"), dirty(&mut c));
+        adjust(&mut c, "k", "10", "0.01", delta);
+        let after = (hgetall(&mut c, "k"), dirty(&mut c));
+        let sent = stream.take_commands(&mut c);
+        assert_eq!(sent, expected(&mut c), "delta {delta}");
+        if sent.is_empty() {
+            assert_eq!(after, before, "delta {delta}: nothing written");
+            assert_eq!(int(&mut c, "EXISTS", "k"), 0);
+        } else {
+            assert_ne!(after, before, "delta {delta}: written");
+        }
+    }
 }
 
 /// In debt even a cost of 0 is denied (the balance is below 0), and one

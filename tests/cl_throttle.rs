@@ -2,14 +2,19 @@
 //! of redis-cell's README, a table of GCRA cases worked out by hand (on a
 //! fake clock, through the module, FCALL tb_cl_throttle and the EVAL
 //! script), the same bucket as TB.CONSUME, keys redis-cell left, hostile
-//! input, replication and the AOF.
+//! input, replication and the AOF, a limit that changes, and the swap
+//! itself: a key as redis-cell writes it, redis-cell loaded first, and a
+//! replica upgraded before its primary. redis-cell itself is never run:
+//! tests/fixtures/fake_redis_cell.c stands in for it (it keeps and
+//! replicates its keys as redis-cell does; see the file).
 
 use redis::Value;
 use tb_core::contract::msg::WRONGTYPE;
 use tb_core::error::{Error, StateError};
 use testkit::{
-    error_of, hgetall, int, load_eval_script, load_library, pypi_server, run, snapshot,
-    start_replica, tb_counter, wait_replicas, Config, FakeClock, Pypi, Server,
+    error_of, hgetall, int, load_eval_script, load_library, pypi_server, run, server_time_us,
+    skewed_clock, snapshot, start_replica, tb_counter, wait_replicas, Config, FakeClock, Pypi,
+    ReplicationStream, Server,
 };
 
 const T0: i64 = 1_893_456_000_000_000; // 2030-01-01T00:00:00Z in µs
@@ -435,8 +440,8 @@ fn replicas_and_the_aof_hold_the_primarys_buckets() {
 
 /// With redis-cell loaded first, CL.THROTTLE stays redis-cell's: the
 /// module logs one line, skips it and loads the rest. (The fixture is a
-/// minimal module of this repository that registers `cl.throttle` under
-/// the name redis-cell.)
+/// small module of this repository that registers `cl.throttle` under the
+/// name redis-cell and keeps its keys as redis-cell does: a TAT string.)
 #[test]
 fn a_loaded_redis_cell_keeps_cl_throttle() {
     let fixture = testkit::fake_redis_cell();
@@ -451,6 +456,8 @@ fn a_loaded_redis_cell_keeps_cl_throttle() {
         .query(&mut c)
         .unwrap();
     assert_eq!(reply, "fake redis-cell");
+    let kind: String = redis::cmd("TYPE").arg("k").query(&mut c).unwrap();
+    assert_eq!(kind, "string", "redis-cell's TAT, not this module's hash");
     let r: Vec<i64> = redis::cmd("TB.CONSUME")
         .arg(&["k2", "10", "1"])
         .query(&mut c)
@@ -464,5 +471,235 @@ fn a_loaded_redis_cell_keeps_cl_throttle() {
         .count(),
         1,
         "{log}"
+    );
+}
+
+/// A key exactly as redis-cell leaves it (its TAT in nanoseconds, written
+/// through the module API, with its relative expire time), written by the
+/// fake redis-cell of tests/fixtures: after the swap (MODULE UNLOAD
+/// redis-cell, MODULE LOAD this module) CL.THROTTLE reads it as the bucket
+/// it stands for, leaves it as it is on a check, converts it on a charge,
+/// and reads it as a full bucket once its TTL has passed.
+#[test]
+fn a_key_as_redis_cell_writes_it_is_read_after_the_swap() {
+    let clock = FakeClock::new(T0);
+    let s = Server::with(
+        Config {
+            module: false,
+            ..clock.config()
+        }
+        .arg("enable-module-command", "yes")
+        .arg("loadmodule", &testkit::fake_redis_cell().to_string_lossy()),
+    );
+    let mut c = s.conn();
+    // 3 per second: one every 333,333,333 ns. Quantity 4 of a limit of 16
+    // sets the TAT 4 intervals past now, for `legacy` and `expiring`.
+    for key in ["legacy", "expiring"] {
+        let reply: String = redis::cmd("CL.THROTTLE")
+            .arg(&[key, "15", "3", "1", "4"])
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(reply, "fake redis-cell");
+    }
+    let tat = (T0 * 1000 + 4 * 333_333_333).to_string();
+    let get = |c: &mut redis::Connection, key: &str| -> String {
+        redis::cmd("GET").arg(key).query(c).unwrap()
+    };
+    assert_eq!(get(&mut c, "legacy"), tat);
+    let encoding: String = redis::cmd("OBJECT")
+        .arg(&["ENCODING", "legacy"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(
+        encoding, "embstr",
+        "a string the module API set, not SET's int"
+    );
+    // The TTL is the TAT's distance from now, truncated to the millisecond.
+    assert_eq!(int(&mut c, "PEXPIRETIME", "legacy"), T0 / 1000 + 1333);
+
+    // The swap.
+    let ok: String = redis::cmd("MODULE")
+        .arg(&["UNLOAD", "redis-cell"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(ok, "OK");
+    let ok: String = redis::cmd("MODULE")
+        .arg("LOAD")
+        .arg(testkit::module_path().to_string_lossy().as_ref())
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(ok, "OK");
+
+    // Half a second later: 1.333333332 - 0.5 s of refill missing at 3/s,
+    // 2.499999996 tokens: 13.500000004 left, full in 0.833 s.
+    clock.set(T0 + 500_000);
+    let string = dump(&mut c, "legacy");
+    for (args, reply) in [
+        (&["15", "3", "1", "0"][..], [0, 16, 13, -1, 1]),
+        (&["15", "3", "1", "14"], [1, 16, 13, 1, 1]),
+        (&["15", "3", "1", "17"], [1, 16, 13, -1, 1]),
+    ] {
+        let r: Vec<i64> = redis::cmd("CL.THROTTLE")
+            .arg("legacy")
+            .arg(args)
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(r, reply, "{args:?}");
+    }
+    assert_eq!(dump(&mut c, "legacy"), string, "read, not written");
+    assert_eq!(int(&mut c, "PEXPIRETIME", "legacy"), T0 / 1000 + 1333);
+    // A charge converts it: this module's hash and expire time.
+    let r: Vec<i64> = redis::cmd("CL.THROTTLE")
+        .arg(&["legacy", "15", "3", "1", "1"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(r, [0, 16, 12, -1, 2]);
+    let h = hgetall(&mut c, "legacy");
+    let tokens: f64 = h["tokens"].parse().unwrap();
+    assert!((tokens - 12.500000004).abs() < 1e-9, "{h:?}");
+    assert_eq!(h["ts"], (T0 + 500_000).to_string());
+    let peek: Vec<i64> = redis::cmd("TB.PEEK")
+        .arg(&["legacy", "16", "3"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(
+        int(&mut c, "PEXPIRETIME", "legacy"),
+        T0 / 1000 + 500 + peek[3]
+    );
+    // Once redis-cell's TTL has passed, the key is gone: a full bucket.
+    clock.set(T0 + 1_334_000);
+    let r: Vec<i64> = redis::cmd("CL.THROTTLE")
+        .arg(&["expiring", "15", "3", "1", "0"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(r, [0, 16, 16, -1, 0]);
+    assert_eq!(int(&mut c, "EXISTS", "expiring"), 0);
+}
+
+/// A replica upgraded before its primary: the primary, still on
+/// redis-cell (the fake of tests/fixtures, which replicates its command
+/// verbatim as redis-cell does), sends every CL.THROTTLE it answers as the
+/// command itself, limited calls included. The replica, with this module,
+/// runs each one again on its own clock and its own copy of the key: its
+/// keys become this module's hashes while the primary keeps its TAT
+/// strings, and where the two clocks or states differ, so do the
+/// decisions.
+#[test]
+fn a_replica_upgraded_first_reruns_redis_cells_commands_on_its_own_clock() {
+    let primary = Server::with(Config {
+        bin: pypi_server(Pypi::Valkey91),
+        ..Config::without_module().arg("loadmodule", &testkit::fake_redis_cell().to_string_lossy())
+    });
+    let mut p = primary.conn();
+    let throttle = |p: &mut redis::Connection, args: &[&str]| {
+        let reply: String = redis::cmd("CL.THROTTLE").arg(args).query(p).unwrap();
+        assert_eq!(reply, "fake redis-cell");
+    };
+    // Limit 2, one token a minute: drained before the replica attaches.
+    throttle(&mut p, &["old", "1", "1", "60"]);
+    throttle(&mut p, &["old", "1", "1", "60"]);
+    let old_tat: String = redis::cmd("GET").arg("old").query(&mut p).unwrap();
+    // The replica's clock runs 90 s ahead of the primary's: less than the
+    // 120 s to `old`'s TAT (and expire time), so the key is still there.
+    let replica = start_replica(&primary, skewed_clock("+90"));
+    let mut r = replica.conn();
+    let replica_type = |r: &mut redis::Connection, key: &str| -> String {
+        redis::cmd("TYPE").arg(key).query(r).unwrap()
+    };
+    assert_eq!(replica_type(&mut r, "old"), "string", "the full sync");
+    let mut stream = ReplicationStream::attach(&primary);
+
+    // The primary limits this call: `old` stays drained, nothing written.
+    throttle(&mut p, &["old", "1", "1", "60"]);
+    // Two fresh keys' first calls, and one limited call.
+    for _ in 0..3 {
+        throttle(&mut p, &["new", "1", "1", "60"]);
+    }
+    let sent: Vec<Vec<String>> = stream
+        .take(&mut p)
+        .into_iter()
+        .filter(|cmd| cmd[0] != "SELECT")
+        .collect();
+    let verbatim = |key: &str| {
+        ["CL.THROTTLE", key, "1", "1", "60"]
+            .map(String::from)
+            .to_vec()
+    };
+    assert_eq!(
+        sent,
+        [
+            verbatim("old"),
+            verbatim("new"),
+            verbatim("new"),
+            verbatim("new")
+        ],
+        "every call, as the command"
+    );
+    // The replica has run them (WAIT: the stream above acknowledges nothing).
+    let acked: i64 = redis::cmd("WAIT").arg(&[1, 10_000]).query(&mut p).unwrap();
+    assert_eq!(acked, 1);
+
+    // The primary: TAT strings, `old` as it was.
+    let get = |p: &mut redis::Connection, key: &str| -> String {
+        redis::cmd("GET").arg(key).query(p).unwrap()
+    };
+    assert_eq!(get(&mut p, "old"), old_tat);
+    assert!(get(&mut p, "new").parse::<u64>().is_ok());
+    // The replica: on its clock `old`'s TAT is 30 s nearer, half a token
+    // more, so it charged the call the primary limited, and converted the
+    // key.
+    let replica_now = server_time_us(&mut r);
+    let primary_now = server_time_us(&mut p);
+    assert!(replica_now - primary_now > 85_000_000, "the clocks");
+    for key in ["old", "new"] {
+        assert_eq!(replica_type(&mut r, key), "hash", "{key}");
+        let h = hgetall(&mut r, key);
+        let ts: i64 = h["ts"].parse().unwrap();
+        assert!(
+            ts <= replica_now && ts > replica_now - 60_000_000,
+            "{key}: the replica's clock, {h:?}"
+        );
+    }
+    let mut tokens = |key: &str| hgetall(&mut r, key)["tokens"].parse::<f64>().unwrap();
+    // 1.5 tokens and the refill of the seconds the test took, less 1.
+    let old = tokens("old");
+    assert!((0.5..0.6).contains(&old), "charged on the replica: {old}");
+    assert!(
+        tokens("new") < 0.01,
+        "two admitted, one limited, as on the primary"
+    );
+}
+
+/// A key's limit changes between calls (a client moved to another tier):
+/// the balance carries over, clamped to the new `max`; no debt does. After
+/// `CL.THROTTLE k 3 1 2 2` (2 of 4 tokens left), `CL.THROTTLE k 5 10 1 2`
+/// finds those 2 tokens and passes, where redis-cell, carrying its TAT 4 s
+/// ahead into the new limit, answers limited for 4 s.
+#[test]
+fn a_changed_limit_carries_the_balance_not_the_time_debt() {
+    let clock = FakeClock::new(T0);
+    let s = Server::with(clock.config());
+    let mut c = s.conn();
+    let throttle = |c: &mut redis::Connection, args: &[&str]| -> Vec<i64> {
+        redis::cmd("CL.THROTTLE").arg(args).query(c).unwrap()
+    };
+    assert_eq!(
+        throttle(&mut c, &["k", "3", "1", "2", "2"]),
+        [0, 4, 2, -1, 4]
+    );
+    assert_eq!(
+        throttle(&mut c, &["k", "5", "10", "1", "2"]),
+        [0, 6, 0, -1, 1]
+    );
+    assert_eq!(hgetall(&mut c, "k")["tokens"], "0");
+    // Lowered: 9 of 10 tokens left, then a limit of 3 holds 3.
+    assert_eq!(throttle(&mut c, &["j", "9", "1", "1"]), [0, 10, 9, -1, 1]);
+    assert_eq!(
+        throttle(&mut c, &["j", "2", "1", "1", "0"]),
+        [0, 3, 3, -1, 0]
+    );
+    assert_eq!(
+        throttle(&mut c, &["j", "2", "1", "1", "3"]),
+        [0, 3, 0, -1, 3]
     );
 }

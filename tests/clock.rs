@@ -83,3 +83,52 @@ fn failover_to_a_replica_whose_clock_is_behind_refills_nothing_early() {
     assert_eq!(d[3] - d[2], 9_000, "{d:?}");
     assert_eq!(snapshot(&mut r), state, "the denial wrote nothing");
 }
+
+/// Leases expire at absolute times on the server clock: a step back never
+/// frees a slot early (the wait counts the step), a step forward expires
+/// leases early, as it does Redis's own TTLs.
+#[test]
+fn a_clock_step_back_never_frees_a_lease_early() {
+    let clock = FakeClock::new(T0);
+    let s = Server::with(clock.config());
+    let mut c = s.conn();
+    let lease = |c: &mut redis::Connection, args: &[&str]| -> Vec<i64> {
+        redis::cmd(args[0]).arg(&args[1..]).query(c).unwrap()
+    };
+    let inflight =
+        |c: &mut redis::Connection| -> i64 { redis::cmd("TB.INFLIGHT").arg("k").query(c).unwrap() };
+    assert_eq!(
+        lease(&mut c, &["TB.ACQUIRE", "k", "1", "10000", "a"]),
+        [1, 1, 0, 10000]
+    );
+    assert_eq!(hgetall(&mut c, "k")["a"], format!("{}:1", T0 + 10_000_000));
+
+    clock.set(T0 - 3_600_000_000); // back an hour
+    assert_eq!(inflight(&mut c), 1);
+    assert_eq!(
+        lease(&mut c, &["TB.ACQUIRE", "k", "1", "10000", "b"]),
+        [0, 1, 3_610_000, 0],
+        "b waits the hour back, then a's 10 s"
+    );
+    // A renewal keeps the later expiry.
+    assert_eq!(
+        lease(&mut c, &["TB.RENEW", "k", "a", "10000"]),
+        [1, 3_610_000]
+    );
+
+    clock.set(T0 + 9_999_000);
+    assert_eq!(
+        lease(&mut c, &["TB.ACQUIRE", "k", "1", "10000", "b"]),
+        [0, 1, 1, 0]
+    );
+    clock.set(T0 + 10_000_000);
+    assert_eq!(inflight(&mut c), 0);
+    assert_eq!(
+        lease(&mut c, &["TB.ACQUIRE", "k", "1", "60000", "b"]),
+        [1, 1, 0, 60000]
+    );
+
+    clock.set(T0 + 10_000_000 + 3_600_000_000); // forward an hour
+    assert_eq!(inflight(&mut c), 0, "expired early, as TTLs are");
+    assert_eq!(lease(&mut c, &["TB.RENEW", "k", "b", "60000"]), [0, 0]);
+}

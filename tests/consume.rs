@@ -87,21 +87,80 @@ fn draining_then_denial_gives_sub_second_retry() {
     assert_eq!(hgetall(&mut c, "f")["tokens"], "7.5");
 }
 
+/// Waits until the server's clock reads at least `us`: sleeps while it is
+/// far, then asks TIME until it is there.
+fn wait_for_server_us(c: &mut redis::Connection, us: i64) {
+    loop {
+        let left = us - server_time_us(c);
+        if left <= 0 {
+            return;
+        }
+        if left > 3_000 {
+            std::thread::sleep(Duration::from_micros((left - 2_000) as u64));
+        }
+    }
+}
+
+/// `f`'s result and the server's clock just before and just after it: the
+/// server ran `f`'s command at some instant in between.
+fn bracketed<T>(
+    c: &mut redis::Connection,
+    f: impl FnOnce(&mut redis::Connection) -> T,
+) -> (i64, T, i64) {
+    let before = server_time_us(c);
+    let out = f(c);
+    (before, out, server_time_us(c))
+}
+
+/// A denied call's `retry_after_ms` is the earliest whole millisecond at
+/// which the same request passes: checked on both sides against the
+/// server's clock, read around the calls. 2 burst at 5/s, drained: one
+/// token is there exactly 200 ms after the drain's `ts`. Each denial pins
+/// the wait to within the time TIME took around it (about 0.1 ms), so ten
+/// denials, a few ms apart, catch a wait one millisecond off.
 #[test]
 fn retry_after_is_when_the_request_passes() {
     let s = Server::start();
     let mut c = s.conn();
-    // 2 burst at 5/s: after draining, a cost-1 request passes after 200 ms,
-    // less what refilled between the two calls.
-    let (key, r, took) = back_to_back(Duration::from_millis(200), |key| {
-        assert_eq!(consume(&mut c, key, "2", "5", "2")[..2], [1, 0]);
-        consume(&mut c, key, "2", "5", "1")
-    });
-    assert_eq!(r[0], 0);
-    let wait = r[2];
-    assert!(wait <= 200 && wait >= 200 - took, "{r:?}, {took} ms");
-    std::thread::sleep(Duration::from_millis(wait as u64 + 5));
-    assert_eq!(consume(&mut c, &key, "2", "5", "1")[0], 1);
+    for attempt in 0..5 {
+        let key = format!("k{attempt}");
+        assert_eq!(consume(&mut c, &key, "2", "5", "2")[..2], [1, 0]);
+        let ts: i64 = hgetall(&mut c, &key)["ts"].parse().unwrap();
+        let passes_at = ts + 200_000;
+        let mut last = (0, 0, 0);
+        for _ in 0..10 {
+            let (before, r, after) = bracketed(&mut c, |c| consume(c, &key, "2", "5", "1"));
+            assert_eq!(r[0], 0, "{r:?}");
+            let wait = r[2];
+            // The denial ran at some `now` in [before, after], and `now +
+            // wait` ms is the first whole millisecond at or past
+            // `passes_at`: not early for the latest `now`, not late for
+            // the earliest.
+            let at = format!("{r:?}, clock {before}..{after}, passes at {passes_at}");
+            assert!(after + wait * 1000 >= passes_at, "early: {at}");
+            assert!(before + (wait - 1) * 1000 < passes_at, "late: {at}");
+            last = (before, wait, after);
+            std::thread::sleep(Duration::from_millis(7));
+        }
+        let (before, wait, after) = last;
+        // A retry a millisecond before the earliest `now + wait` fails.
+        let early_by = before + (wait - 1) * 1000;
+        wait_for_server_us(&mut c, early_by - 3_000);
+        let (_, early, early_after) = bracketed(&mut c, |c| consume(c, &key, "2", "5", "1"));
+        if early_after >= early_by {
+            eprintln!(
+                "{key}: the early retry came {} us late: again",
+                early_after - early_by
+            );
+            continue;
+        }
+        assert_eq!(early[0], 0, "retried before the wait: {early:?}");
+        // A retry once `wait` ms have passed since the latest `now` passes.
+        wait_for_server_us(&mut c, after + wait * 1000);
+        assert_eq!(consume(&mut c, &key, "2", "5", "1")[0], 1);
+        return;
+    }
+    panic!("5 early retries in a row came too late");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Writes replicate as effects (HSET, PEXPIREAT, DEL), and an effect that
+//! Writes replicate as effects (HSET, HDEL, PEXPIREAT, DEL), and an effect that
 //! can't be carried out never goes unnoticed:
 //!
 //! * a server whose redis.conf renamed or disabled one of those commands
@@ -12,11 +12,11 @@ use testkit::{
     test_hooks_config, wait_replicas, Config, Server,
 };
 
-const REFUSED: &str = "command (renamed or disabled by rename-command?); the module replicates every write as HSET, PEXPIREAT and DEL, so it will not load";
+const REFUSED: &str = "command (renamed or disabled by rename-command?); the module replicates every write as HSET, HDEL, PEXPIREAT and DEL, so it will not load";
 
 #[test]
 fn a_server_without_an_effect_command_refuses_the_module() {
-    for name in ["HSET", "PEXPIREAT", "DEL"] {
+    for name in ["HSET", "HDEL", "PEXPIREAT", "DEL"] {
         // `--rename-command NAME ""` disables it.
         let log = start_fails(Config::default().arg("rename-command", &format!("{name} ")));
         assert!(
@@ -61,7 +61,7 @@ fn fault(c: &mut redis::Connection, step: &str) {
     assert_eq!(armed, 1);
 }
 
-const FAILED: &str = "ERR tb could not write the bucket:";
+const FAILED: &str = "ERR tb could not write the key:";
 
 /// Arms `step`, sends `args` (command first), and checks the call fails
 /// naming `failed` and is the `count`th error the module counted.
@@ -153,4 +153,58 @@ fn a_failed_write_in_mconsume_is_an_error_and_counted() {
     fails_at(&mut c, "hashset", &mconsume, "HSET", 1);
     // The first group's write failed, so the call stopped before the second.
     assert_eq!(snapshot(&mut c), before);
+}
+
+#[test]
+fn a_failed_lease_write_is_an_error_counted_and_the_same_on_the_replica() {
+    let primary = Server::with(test_hooks_config());
+    let replica = start_replica(&primary, Config::without_module());
+    let (mut p, mut r) = (primary.conn(), replica.conn());
+    let acquire = |c: &mut redis::Connection, args: &[&str]| -> Vec<i64> {
+        redis::cmd("TB.ACQUIRE").arg(args).query(c).unwrap()
+    };
+    acquire(&mut p, &["k", "3", "600000", "a"]);
+    acquire(&mut p, &["k", "3", "20", "short"]);
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    let same = |p: &mut redis::Connection, r: &mut redis::Connection| {
+        wait_replicas(p, 1);
+        assert_eq!(snapshot(r), snapshot(p));
+    };
+    let written = snapshot(&mut p);
+
+    // Pruning the expired lease fails: nothing changes anywhere.
+    let take_b = ["TB.ACQUIRE", "k", "3", "600000", "b"];
+    fails_at(&mut p, "hdel", &take_b, "HDEL", 1);
+    assert_eq!(snapshot(&mut p), written);
+    same(&mut p, &mut r);
+    // Setting the lease fails after the prune: both sides pruned, no b.
+    fails_at(&mut p, "hashset", &take_b, "HSET", 2);
+    let pruned = snapshot(&mut p);
+    let fields: Vec<&String> = pruned[b"k".as_slice()].0.keys().collect();
+    assert_eq!(fields, ["a"]);
+    same(&mut p, &mut r);
+    // The expire of a renewal fails after its HSET: both keep the old one.
+    let renew = ["TB.RENEW", "k", "a", "900000"];
+    fails_at(&mut p, "expire", &renew, "PEXPIREAT", 3);
+    let renewed = snapshot(&mut p);
+    assert_ne!(renewed[b"k".as_slice()].0, pruned[b"k".as_slice()].0);
+    assert_eq!(renewed[b"k".as_slice()].1, pruned[b"k".as_slice()].1);
+    same(&mut p, &mut r);
+    // The last release deletes the key; the delete fails: nothing changes.
+    fails_at(&mut p, "delete", &["TB.RELEASE", "k", "a"], "DEL", 4);
+    assert_eq!(snapshot(&mut p), renewed);
+    same(&mut p, &mut r);
+    // Replicate fails only for a command the server lacks (which refuses
+    // the load); forced, it is still reported, counted and logged.
+    fails_at(&mut p, "replicate", &take_b, "replicate HSET", 5);
+    assert!(primary
+        .log()
+        .contains("tb: a lease write failed at replicate HSET"));
+    // Every step fires once: the next call writes and replicates.
+    assert_eq!(acquire(&mut p, &["other", "3", "600000", "c"])[0], 1);
+    wait_replicas(&mut p, 1);
+    assert_eq!(
+        snapshot(&mut p)[b"other".as_slice()],
+        snapshot(&mut r)[b"other".as_slice()]
+    );
 }

@@ -327,10 +327,17 @@ fn valgrind_records(log: &str) -> Vec<String> {
     records
 }
 
+/// Whether a record's stack has a frame in the module: a line `at 0x...:`
+/// or `by 0x...:` naming its file or its crates. (The log's header names
+/// the module's path too, on the command line, which is no frame.)
 fn is_ours(record: &str) -> bool {
-    ["libredis_tokenbucket", "tb_core", "redis_module"]
-        .iter()
-        .any(|m| record.contains(m))
+    record.lines().any(|l| {
+        let l = l.trim_start();
+        (l.starts_with("at 0x") || l.starts_with("by 0x"))
+            && ["libredis_tokenbucket", "tb_core", "redis_module"]
+                .iter()
+                .any(|m| l.contains(m))
+    })
 }
 
 /// The core cases on Valkey (libc malloc, so valgrind sees every
@@ -348,6 +355,10 @@ fn valgrind_finds_no_leak_or_memory_error_in_the_module() {
             "--errors-for-leak-kinds=definite",
             "--show-leak-kinds=definite,possible",
             "--num-callers=40",
+            // Valkey unloads its modules at shutdown, before valgrind
+            // reports: without their symbols, the module's frames would
+            // read `???` and no record could be told to be its own.
+            "--keep-debuginfo=yes",
             "--log-file=valgrind.log",
         ]
         .map(String::from)
@@ -404,7 +415,13 @@ fn valgrind_finds_no_leak_or_memory_error_in_the_module() {
             ]
             .iter()
             .any(|k| r.contains(k));
-            (leak || error) && is_ours(r)
+            // Blocks the module takes once at load and keeps in its
+            // statics (the interned field names, redis-module's detached
+            // context) show as definitely lost: Valkey unloads the module,
+            // and its statics with it, before valgrind reports. Once per
+            // load; a leak per command has no RedisModule_OnLoad frame.
+            let at_load = r.contains("RedisModule_OnLoad");
+            ((leak && !at_load) || error) && is_ours(r)
         })
         .collect();
     assert!(
@@ -430,9 +447,12 @@ fn valgrind_finds_no_leak_or_memory_error_in_the_module() {
         per_command.is_empty(),
         "possibly lost from a command:\n{per_command:#?}"
     );
-    // Sanity: the module was loaded, so its frames can appear at all.
+    // The checks above can see the module: some record of this report
+    // (loading leaves "possibly lost" blocks) has a frame in it.
     assert!(
-        log.contains("libredis_tokenbucket"),
-        "module not in the valgrind log"
+        records
+            .iter()
+            .any(|r| r.contains(" in loss record ") && is_ours(r)),
+        "no loss record of the report has a frame in the module:\n{log}"
     );
 }

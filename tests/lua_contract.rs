@@ -18,11 +18,24 @@ use testkit::{
 };
 
 const SHARED_BEGIN: &str = "-- >>> shared: begin\n";
+/// The library's operations, in the order it lists them.
+const OPERATIONS: [&str; 9] = [
+    "consume",
+    "peek",
+    "mconsume",
+    "adjust",
+    "cl_throttle",
+    "acquire",
+    "release",
+    "renew",
+    "inflight",
+];
 const SHARED_END: &str = "-- <<< shared: end\n";
 
-/// `FCALL name numkeys keys... args...` (FCALL_RO for tb_peek).
+/// `FCALL name numkeys keys... args...` (FCALL_RO for tb_peek and
+/// tb_inflight).
 fn fcall_cmd(function: &str, keys: &[&[u8]], args: &[&str]) -> redis::Cmd {
-    let mut cmd = redis::cmd(if function == "tb_peek" {
+    let mut cmd = redis::cmd(if function == "tb_peek" || function == "tb_inflight" {
         "FCALL_RO"
     } else {
         "FCALL"
@@ -99,16 +112,21 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     }
     let tail = &after[early_end + rest.len()..];
     assert!(tail.contains("redis.replicate_commands()"), "{tail}");
-    assert!(tail.contains("OPERATIONS[i].fn(KEYS, ARGV)"), "{tail}");
+    assert!(tail.contains("OPERATIONS[i + 1](KEYS, ARGV)"), "{tail}");
     assert!(!script.contains("register_function") && !script.contains("#!lua"));
     // Every operation the library registers, the script dispatches to: one
     // list in the block serves both.
-    for op in ["consume", "peek", "mconsume", "adjust", "cl_throttle"] {
-        assert!(
-            block.contains(&format!("{{ name = '{op}', fn = tb_{op},")),
-            "{op}"
-        );
+    for op in OPERATIONS {
+        assert!(block.contains(&format!("\n  '{op}', tb_{op}, '")), "{op}");
     }
+    // The help text names them all, and how tb_acquire's bucket keys go.
+    let help = &script[..at];
+    assert!(help.contains(&OPERATIONS.join(", ")), "{help}");
+    assert!(
+        help.contains("EVALSHA <sha> 1+N key bkey1..bkeyN acquire limit lease_ms id [weight]"),
+        "{help}"
+    );
+    assert!(help.contains("peek and inflight on Redis >= 7"), "{help}");
     assert!(!LIBRARY[LIBRARY.find(SHARED_END).unwrap()..].contains("'tb_consume'"));
 }
 
@@ -160,7 +178,7 @@ fn the_eval_script_refuses_an_unknown_operation() {
         let err = error_of(&mut c, redis::cmd("EVALSHA").arg(&sha).arg(args));
         assert!(
             err.contains("unknown operation")
-                && err.ends_with("one of consume, peek, mconsume, adjust, cl_throttle"),
+                && err.ends_with(&format!("one of {}", OPERATIONS.join(", "))),
             "{err}"
         );
     }
@@ -182,18 +200,22 @@ fn library_registers_its_functions_and_peek_is_read_only() {
         .query(&mut c)
         .unwrap();
     let text = format!("{list:?}");
-    for f in [
-        "tb_consume",
-        "tb_peek",
-        "tb_mconsume",
-        "tb_adjust",
-        "tb_cl_throttle",
-        "tb_version",
-    ] {
-        assert!(text.contains(f), "{f} in {text}");
+    let flags = function_flags(&list);
+    let mut names: Vec<String> = OPERATIONS.iter().map(|op| format!("tb_{op}")).collect();
+    names.push("tb_version".into());
+    names.sort();
+    assert_eq!(flags.keys().cloned().collect::<Vec<_>>(), names, "{text}");
+    // Read-only: tb_peek, tb_inflight and tb_version. TB.RELEASE and
+    // TB.RENEW have no deny-oom, so their functions allow OOM; the other
+    // writers have no flag (Redis refuses them under OOM, as deny-oom).
+    for (f, expected) in &flags {
+        let want: &[&str] = match f.as_str() {
+            "tb_peek" | "tb_inflight" | "tb_version" => &["no-writes"],
+            "tb_release" | "tb_renew" => &["allow-oom"],
+            _ => &[],
+        };
+        assert_eq!(expected, want, "{f}");
     }
-    // tb_peek and tb_version.
-    assert_eq!(text.matches("no-writes").count(), 2, "{text}");
     // The version contract/gen.py stamped into the library: the package's,
     // then a hash of the library's code.
     let version: String = redis::cmd("FCALL_RO")
@@ -222,7 +244,38 @@ fn library_registers_its_functions_and_peek_is_read_only() {
         fcall(&mut c, "tb_peek", &["k"], &["10", "1"]),
         [1, 10, 0, 0]
     );
+    let mut ro = redis::cmd("FCALL_RO");
+    ro.arg(&["tb_acquire", "1", "k", "1", "1000", "id"]);
+    assert!(error_of(&mut c, &ro).contains("write flag"));
+    let inflight = run(&mut c, &fcall_cmd("tb_inflight", &[b"k"], &[]));
+    assert_eq!(inflight, Ok(Value::Int(0)));
     assert_eq!(int(&mut c, "EXISTS", "k"), 0);
+}
+
+/// Each function of FUNCTION LIST and its flags.
+fn function_flags(list: &Value) -> BTreeMap<String, Vec<String>> {
+    let text = |v: &Value| redis::from_redis_value::<String>(v).unwrap();
+    let field = |v: &Value, name: &str| -> Value {
+        let Value::Array(kv) = v else { panic!("{v:?}") };
+        kv.chunks(2)
+            .find(|p| text(&p[0]) == name)
+            .map(|p| p[1].clone())
+            .unwrap_or_else(|| panic!("no {name} in {v:?}"))
+    };
+    let Value::Array(libraries) = list else {
+        panic!("{list:?}")
+    };
+    assert_eq!(libraries.len(), 1, "{list:?}");
+    let Value::Array(functions) = field(&libraries[0], "functions") else {
+        panic!("{list:?}")
+    };
+    functions
+        .iter()
+        .map(|f| {
+            let flags: Vec<String> = redis::from_redis_value(&field(f, "flags")).unwrap();
+            (text(&field(f, "name")), flags)
+        })
+        .collect()
 }
 
 #[test]
@@ -428,7 +481,102 @@ fn bad_calls() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>, Strin
         vec!["10", "1", "1", "1e12", "1000", "0.00001"],
         format!("{too_small} (group 2)"),
     ));
+    calls.extend(bad_lease_calls());
     calls
+}
+
+/// The lease functions' bad calls: arity (keys included), each argument in
+/// the module's order of checks, and keys that hold no leases.
+fn bad_lease_calls() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>, String)> {
+    let arity = |f: &str| format!("ERR wrong number of arguments for '{f}' command");
+    let not_int = |a: &str| format!("ERR {a} must be an integer");
+    let limit = "ERR limit must be >= 1 and <= 1000000".to_string();
+    let lease_ms = "ERR lease_ms must be >= 1 and <= 86400000".to_string();
+    let bad_id = "ERR id must be 1 to 256 bytes".to_string();
+    let long_id: &'static str = "i".repeat(257).leak();
+    let not_lease =
+        "ERR key is not a lease key: each field must hold <expires_at_us>:<weight>".to_string();
+    let wrongtype = "WRONGTYPE Operation against a key holding the wrong kind of value".to_string();
+    vec![
+        ("tb_acquire", vec![], vec!["2", "1000", "id"], arity("tb_acquire")),
+        ("tb_acquire", vec!["l"], vec!["2", "1000"], arity("tb_acquire")),
+        ("tb_acquire", vec!["l"], vec!["2", "1000", "id", "1", "1"], arity("tb_acquire")),
+        // A bucket key needs three numbers: 3 + 3 or 4 + 3 arguments.
+        ("tb_acquire", vec!["l", "b"], vec!["2", "1000", "id", "1", "1"], arity("tb_acquire")),
+        ("tb_acquire", vec!["l", "b"], vec!["2", "1000", "id", "1", "1", "1", "1", "1"], arity("tb_acquire")),
+        ("tb_release", vec!["l"], vec![], arity("tb_release")),
+        ("tb_release", vec!["l", "m"], vec!["id"], arity("tb_release")),
+        ("tb_renew", vec!["l"], vec!["id"], arity("tb_renew")),
+        ("tb_renew", vec!["l"], vec!["id", "1", "1"], arity("tb_renew")),
+        ("tb_inflight", vec![], vec![], arity("tb_inflight")),
+        ("tb_inflight", vec!["l"], vec!["x"], arity("tb_inflight")),
+        ("tb_acquire", vec!["l"], vec!["x", "y", ""], not_int("limit")),
+        ("tb_acquire", vec!["l"], vec!["2.0", "1000", "id"], not_int("limit")),
+        ("tb_acquire", vec!["l"], vec!["0", "1000", "id"], limit.clone()),
+        ("tb_acquire", vec!["l"], vec!["1000001", "1000", "id"], limit),
+        ("tb_acquire", vec!["l"], vec!["2", "1e3", "id"], not_int("lease_ms")),
+        ("tb_acquire", vec!["l"], vec!["2", "0", "id"], lease_ms.clone()),
+        ("tb_acquire", vec!["l"], vec!["2", "86400001", "id"], lease_ms.clone()),
+        ("tb_acquire", vec!["l"], vec!["2", "1000", ""], bad_id.clone()),
+        ("tb_acquire", vec!["l"], vec!["2", "1000", long_id], bad_id.clone()),
+        ("tb_acquire", vec!["l"], vec!["2", "1000", "id", "one"], not_int("weight")),
+        ("tb_acquire", vec!["l"], vec!["2", "1000", "id", "-1"], "ERR weight must be >= 1".into()),
+        (
+            "tb_acquire",
+            vec!["l"],
+            vec!["2", "1000", "id", "3"],
+            "ERR weight must not exceed limit, it could never fit".into(),
+        ),
+        (
+            "tb_acquire",
+            vec!["l", "b"],
+            vec!["2", "1000", "id", "10", "1", "11"],
+            "ERR cost must not exceed max, it could never pass (group 1)".into(),
+        ),
+        (
+            "tb_acquire",
+            vec!["l", "b", "c"],
+            vec!["2", "1000", "id", "1", "10", "1", "1", "0x1", "1", "1"],
+            "ERR max must be a finite decimal number (group 2)".into(),
+        ),
+        (
+            "tb_acquire",
+            vec!["l", "b", "l"],
+            vec!["2", "1000", "id", "10", "1", "1", "10", "1", "1"],
+            "ERR the key of group 2 is the lease key".into(),
+        ),
+        (
+            "tb_acquire",
+            vec!["l", "b", "b"],
+            vec!["2", "1000", "id", "10", "1", "1", "10", "1", "1"],
+            "ERR duplicate key: group 2 repeats the key of group 1".into(),
+        ),
+        ("tb_release", vec!["l"], vec![""], bad_id.clone()),
+        ("tb_renew", vec!["l"], vec![long_id, "x"], bad_id),
+        ("tb_renew", vec!["l"], vec!["id", "-5"], lease_ms),
+        // Keys: another type, a hash of other values, a lease key used as
+        // a bucket; the arguments are checked first.
+        ("tb_inflight", vec!["str"], vec![], wrongtype.clone()),
+        ("tb_release", vec!["list"], vec!["id"], wrongtype.clone()),
+        ("tb_acquire", vec!["three"], vec!["2", "1000", "id"], not_lease.clone()),
+        ("tb_renew", vec!["one"], vec!["tokens", "1000"], not_lease.clone()),
+        ("tb_inflight", vec!["halfway"], vec![], not_lease.clone()),
+        ("tb_acquire", vec!["three", "str"], vec!["2", "1000", "id", "10", "1", "1"], not_lease),
+        ("tb_acquire", vec!["held", "str"], vec!["2", "1000", "id", "10", "1", "1"], wrongtype),
+        ("tb_acquire", vec!["str"], vec!["2", "x", "id"], not_int("lease_ms")),
+        (
+            "tb_acquire",
+            vec!["new", "held"],
+            vec!["2", "1000", "id", "10", "1", "1"],
+            "ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts (group 1)".into(),
+        ),
+        (
+            "tb_consume",
+            vec!["held"],
+            vec!["10", "1"],
+            "ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts".into(),
+        ),
+    ]
 }
 
 /// Hashes the error cases use, none of them a valid bucket.
@@ -453,6 +601,10 @@ fn broken_keys(c: &mut redis::Connection) {
     for (k, fields) in BROKEN_HASHES {
         p.cmd("HSET").arg(k).arg(fields);
     }
+    // A lease key (its leases expired long ago), and a hash of leases but
+    // for one field.
+    p.cmd("HSET").arg(&["held", "a", "1:1", "b", "2:3"]);
+    p.cmd("HSET").arg(&["halfway", "a", "1:1", "b", "2"]);
     let _: () = p.query(c).unwrap();
 }
 
@@ -483,6 +635,16 @@ fn denials_zero_costs_peeks_and_errors_write_nothing() {
     broken_keys(&mut c);
     // A drained bucket that refills 1 token per 1000 s.
     fcall(&mut c, "tb_consume", &["k"], &["2", "0.001", "2"]);
+    // A lease key whose one slot is taken for 1000 s, beside an expired
+    // lease that only a write would prune.
+    assert_eq!(
+        fcall(&mut c, "tb_acquire", &["busy"], &["1", "1000000", "holder"]),
+        [1, 1, 0, 1_000_000]
+    );
+    let _: () = redis::cmd("HSET")
+        .arg(&["busy", "old", "1:1"])
+        .query(&mut c)
+        .unwrap();
     let keys_before = snapshot_without_expiry(&mut c);
     let k_state = hgetall(&mut c, "k");
     let k_expiry = int(&mut c, "PEXPIRETIME", "k");
@@ -523,6 +685,37 @@ fn denials_zero_costs_peeks_and_errors_write_nothing() {
             .query(&mut c)
             .unwrap();
         assert_eq!(r[0], 0);
+        // No slot, by FCALL and EVALSHA; a slot but a bucket short; an
+        // unknown or expired id released or renewed; INFLIGHT.
+        for cmd in [fcall_cmd, evalsha_cmd] {
+            let no_slot: Vec<i64> = cmd("tb_acquire", &[b"busy"], &["1", "1000", "me"])
+                .query(&mut c)
+                .unwrap();
+            assert_eq!(no_slot[..2], [0, 1]);
+            assert!(no_slot[2] > 990_000 && no_slot[3] == 0, "{no_slot:?}");
+            let short: Value = cmd(
+                "tb_acquire",
+                &[b"free", b"k"],
+                &["1", "1000", "me", "2", "0.001", "1"],
+            )
+            .query(&mut c)
+            .unwrap();
+            let Value::Array(short) = short else {
+                panic!("{short:?}")
+            };
+            assert_eq!(short[..2], [Value::Int(0), Value::Int(0)], "{short:?}");
+            for (f, args, reply) in [
+                ("tb_release", &["nobody"][..], [0, 1]),
+                ("tb_release", &["old"], [0, 1]),
+                ("tb_renew", &["old", "1000"], [0, 0]),
+                ("tb_renew", &["nobody", "1000"], [0, 0]),
+            ] {
+                let r: Vec<i64> = cmd(f, &[b"busy"], args).query(&mut c).unwrap();
+                assert_eq!(r, reply, "{f} {args:?}");
+            }
+            let r: i64 = cmd("tb_inflight", &[b"busy"], &[]).query(&mut c).unwrap();
+            assert_eq!(r, 1);
+        }
     }
     // Cost 0 and peeks on a missing key do not create it.
     assert_eq!(
@@ -896,6 +1089,26 @@ fn eval_scripts_fall_back_from_noscript_on_redis_7() {
         .arg(1);
     assert!(error_of(&mut c, &ro).contains("read-only"));
     assert_eq!(int(&mut c, "EXISTS", "fresh"), 0);
+    // Likewise inflight and acquire.
+    let _: () = redis::cmd("HSET")
+        .arg(&["held", "a", "99999999999999999:3"])
+        .query(&mut c)
+        .unwrap();
+    let n: i64 = redis::cmd("EVAL_RO")
+        .arg(eval_script())
+        .arg(1)
+        .arg("held")
+        .arg("inflight")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(n, 3);
+    let mut ro = redis::cmd("EVAL_RO");
+    ro.arg(eval_script())
+        .arg(1)
+        .arg("fresh")
+        .arg(&["acquire", "1", "1000", "id"]);
+    assert!(error_of(&mut c, &ro).contains("read-only"));
+    assert_eq!(int(&mut c, "EXISTS", "fresh"), 0);
 }
 
 fn redis62() -> Config {
@@ -951,6 +1164,25 @@ fn eval_scripts_replicate_effects_on_redis_6_2() {
         assert!(ttl > 0 && ttl <= reset + 1, "{key}: pttl {ttl}");
     }
     assert_eq!(hgetall(&mut r, "k")["tokens"], "7");
+    // Leases too: an acquire, a renew and a release.
+    assert_eq!(
+        evalsha(&mut c, "tb_acquire", &[b"l"], &["2", "60000", "a", "2"]),
+        Ok(vec![1, 2, 0, 60_000])
+    );
+    assert_eq!(
+        evalsha(&mut c, "tb_renew", &[b"l"], &["a", "90000"]),
+        Ok(vec![1, 90_000])
+    );
+    wait_replicas(&mut c, 1);
+    assert_eq!(hgetall(&mut r, "l"), hgetall(&mut c, "l"));
+    let ttl = int(&mut r, "PTTL", "l");
+    assert!(ttl > 60_000 && ttl <= 90_000, "pttl {ttl}");
+    assert_eq!(
+        evalsha(&mut c, "tb_release", &[b"l"], &["a"]),
+        Ok(vec![1, 0])
+    );
+    wait_replicas(&mut c, 1);
+    assert_eq!(int(&mut r, "EXISTS", "l"), 0);
 
     // Denials, zero costs and peeks replicate nothing.
     let offset = repl_offset(&mut c);
@@ -961,6 +1193,266 @@ fn eval_scripts_replicate_effects_on_redis_6_2() {
         assert_eq!(free.unwrap()[0], 1);
         let peek = evalsha(&mut c, "tb_peek", &[b"k"], &["10", "0.001", "8"]);
         assert_eq!(peek.unwrap()[0], 0);
+        let gone = evalsha(&mut c, "tb_renew", &[b"l"], &["a", "1000"]);
+        assert_eq!(gone, Ok(vec![0, 0]));
     }
     assert_eq!(repl_offset(&mut c), offset);
+}
+
+// ---- leases ------------------------------------------------------------------
+
+/// A lease key's fields and expire time, on the primary and on a replica.
+fn same_on_replica(c: &mut redis::Connection, r: &mut redis::Connection, key: &str, ctx: &str) {
+    wait_replicas(c, 1);
+    let (h, at) = (hgetall(&mut *c, key), int(c, "PEXPIRETIME", key));
+    assert_eq!(
+        (hgetall(&mut *r, key), int(r, "PEXPIRETIME", key)),
+        (h, at),
+        "{ctx}"
+    );
+}
+
+/// The key's expiry as the module sets it: the latest lease's end, in
+/// whole ms rounded up.
+fn expiry_of_latest(c: &mut redis::Connection, key: &str) -> i64 {
+    let latest = hgetall(c, key)
+        .values()
+        .map(|v| v.split(':').next().unwrap().parse::<i64>().unwrap())
+        .max()
+        .unwrap();
+    (latest + 999) / 1000
+}
+
+/// Leases written through FCALL and EVALSHA reach a replica without the
+/// module as their effects: the same fields and expire time after each
+/// acquire, renew (pruning an expired lease) and release (the last one
+/// deleting the key), with a BUCKET clause charging its bucket.
+#[test]
+fn lease_writes_replicate_as_effects() {
+    let s = Server::with(Config::without_module());
+    let replica = start_replica(&s, Config::without_module());
+    let mut c = s.conn();
+    let mut r = replica.conn();
+    load_library(&mut c);
+    load_scripts(&mut c);
+    let t0 = server_time_us(&mut c);
+    for (name, cmd) in [("FCALL", fcall_cmd as CmdOf), ("EVALSHA", evalsha_cmd)] {
+        let call = |c: &mut redis::Connection, f: &str, keys: &[&[u8]], args: &[&str]| {
+            run(c, &cmd(f, keys, args)).unwrap_or_else(|e| panic!("{name} {f}: {e}"))
+        };
+        let ints = |v: Value| -> Vec<i64> { redis::from_redis_value(&v).unwrap() };
+        assert_eq!(
+            ints(call(&mut c, "tb_acquire", &[b"l"], &["3", "100000", "a"])),
+            [1, 1, 0, 100_000]
+        );
+        let a = hgetall(&mut c, "l")["a"].clone();
+        let (expires, weight) = a.split_once(':').unwrap();
+        assert_eq!(weight, "1");
+        assert!(expires.parse::<i64>().unwrap() >= t0 + 100_000_000, "{a}");
+        assert_eq!(
+            int(&mut c, "PEXPIRETIME", "l"),
+            expiry_of_latest(&mut c, "l")
+        );
+        same_on_replica(&mut c, &mut r, "l", name);
+
+        let Value::Array(with_bucket) = call(
+            &mut c,
+            "tb_acquire",
+            &[b"l", b"b"],
+            &["3", "50000", "b", "2", "10", "0.001", "4"],
+        ) else {
+            panic!()
+        };
+        assert_eq!(with_bucket[..4], [1, 3, 0, 50_000].map(Value::Int));
+        assert_eq!(hgetall(&mut c, "b")["tokens"], "6");
+        same_on_replica(&mut c, &mut r, "l", name);
+        same_on_replica(&mut c, &mut r, "b", name);
+
+        // Written by hand, long expired: the next write prunes it.
+        let _: () = redis::cmd("HSET")
+            .arg(&["l", "old", "1:1"])
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(
+            ints(call(&mut c, "tb_renew", &[b"l"], &["b", "300000"])),
+            [1, 300_000]
+        );
+        let h = hgetall(&mut c, "l");
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["a", "b"], "{name}: pruned");
+        assert_eq!(
+            int(&mut c, "PEXPIRETIME", "l"),
+            expiry_of_latest(&mut c, "l")
+        );
+        same_on_replica(&mut c, &mut r, "l", name);
+
+        assert_eq!(ints(call(&mut c, "tb_release", &[b"l"], &["b"])), [1, 1]);
+        assert_eq!(hgetall(&mut c, "l").len(), 1);
+        // The key now ends with a, not with b's later lease.
+        assert_eq!(
+            int(&mut c, "PEXPIRETIME", "l"),
+            expiry_of_latest(&mut c, "l")
+        );
+        same_on_replica(&mut c, &mut r, "l", name);
+        assert_eq!(ints(call(&mut c, "tb_release", &[b"l"], &["a"])), [1, 0]);
+        assert_eq!(int(&mut c, "EXISTS", "l"), 0);
+        wait_replicas(&mut c, 1);
+        assert_eq!(int(&mut r, "EXISTS", "l"), 0, "{name}");
+        let _: () = redis::cmd("DEL").arg("b").query(&mut c).unwrap();
+    }
+    // INFLIGHT runs on the replica.
+    fcall(&mut c, "tb_acquire", &["l"], &["3", "100000", "a", "2"]);
+    wait_replicas(&mut c, 1);
+    let n = run(&mut r, &fcall_cmd("tb_inflight", &[b"l"], &[]));
+    assert_eq!(n, Ok(Value::Int(2)));
+    assert!(error_of(&mut r, &fcall_cmd("tb_release", &[b"l"], &["a"])).starts_with("READONLY"));
+}
+
+/// Under OOM the library acts as the module's commands: tb_acquire is
+/// refused up front (denials too, as TB.ACQUIRE's deny-oom), tb_release
+/// and tb_renew run and write, tb_inflight answers. The EVAL script has no
+/// flags: it answers denials, refuses an admitted acquire before writing
+/// anything (even with an expired lease to prune), and releases and renews.
+#[test]
+fn under_oom_leases_are_released_and_renewed_but_not_taken() {
+    let s = Server::with(Config::without_module());
+    let mut c = s.conn();
+    load_library(&mut c);
+    load_scripts(&mut c);
+    for key in ["busy", "held"] {
+        let limit = if key == "busy" { "1" } else { "5" };
+        fcall(&mut c, "tb_acquire", &[key], &[limit, "1000000", "h"]);
+        let _: () = redis::cmd("HSET")
+            .arg(&[key, "old", "1:1"])
+            .query(&mut c)
+            .unwrap();
+    }
+    out_of_memory(&mut c, 2 << 20);
+    let before = snapshot_without_expiry(&mut c);
+    for (key, limit) in [(b"busy", "1"), (b"held", "5")] {
+        let err = run(
+            &mut c,
+            &fcall_cmd("tb_acquire", &[key], &[limit, "1000", "x"]),
+        );
+        assert!(err.unwrap_err().starts_with("OOM"));
+    }
+    let err = run(
+        &mut c,
+        &fcall_cmd("tb_acquire", &[b"new"], &["1", "1000", "x"]),
+    );
+    assert!(err.unwrap_err().starts_with("OOM"));
+    let denied = run(
+        &mut c,
+        &evalsha_cmd("tb_acquire", &[b"busy"], &["1", "1000", "x"]),
+    );
+    assert!(
+        matches!(&denied, Ok(Value::Array(r)) if r[..2] == [Value::Int(0), Value::Int(1)]),
+        "{denied:?}"
+    );
+    let err = run(
+        &mut c,
+        &evalsha_cmd("tb_acquire", &[b"held"], &["5", "1000", "x"]),
+    );
+    assert!(err.unwrap_err().starts_with("OOM"));
+    assert_eq!(
+        run(&mut c, &fcall_cmd("tb_inflight", &[b"held"], &[])),
+        Ok(Value::Int(1))
+    );
+    assert_eq!(
+        snapshot_without_expiry(&mut c),
+        before,
+        "nothing was written"
+    );
+
+    // Renew by both forms, each pruning the expired lease, then release.
+    for (key, cmd) in [("held", fcall_cmd as CmdOf), ("busy", evalsha_cmd)] {
+        let at = int(&mut c, "PEXPIRETIME", key);
+        let r: Vec<i64> = cmd("tb_renew", &[key.as_bytes()], &["h", "2000000"])
+            .query(&mut c)
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(r, [1, 2_000_000], "{key}");
+        assert!(int(&mut c, "PEXPIRETIME", key) > at + 900_000, "{key}");
+        assert_eq!(hgetall(&mut c, key).len(), 1, "{key}: pruned");
+        let r: Vec<i64> = cmd("tb_release", &[key.as_bytes()], &["h"])
+            .query(&mut c)
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(r, [1, 0], "{key}");
+        assert_eq!(int(&mut c, "EXISTS", key), 0, "{key}");
+    }
+}
+
+#[test]
+fn acquire_takes_up_to_ten_thousand_bucket_clauses() {
+    let s = Server::with(Config::without_module());
+    let mut c = s.conn();
+    load_library(&mut c);
+    load_scripts(&mut c);
+    for (form, cmd) in [("FCALL", fcall_cmd as CmdOf), ("EVALSHA", evalsha_cmd)] {
+        for (n, ok) in [(10_000usize, true), (10_001, false)] {
+            let lease = format!("{form}:lease");
+            let keys: Vec<Vec<u8>> = std::iter::once(lease.clone().into_bytes())
+                .chain((0..n).map(|i| format!("{form}:{i}").into_bytes()))
+                .collect();
+            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let mut args = vec!["2", "100000", "id"];
+            args.extend(["3", "0.01", "1"].repeat(n));
+            let r = run(&mut c, &cmd("tb_acquire", &keys, &args));
+            if ok {
+                let Ok(Value::Array(r)) = r else {
+                    panic!("{r:?}")
+                };
+                assert_eq!(r.len(), 4 + n);
+                assert_eq!(r[..4], [1, 1, 0, 100_000].map(Value::Int));
+            } else {
+                assert_eq!(
+                    r,
+                    Err("ERR too many buckets: at most 10000 groups per call".into())
+                );
+            }
+        }
+        let written: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{form}:*"))
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(written.len(), 10_001, "{form}");
+    }
+}
+
+/// A key with more expired leases than Lua can unpack at once is pruned
+/// all the same, by an acquire and by a release, through FCALL and EVALSHA.
+#[test]
+fn twenty_thousand_expired_leases_are_pruned() {
+    let s = Server::with(Config::without_module());
+    let mut c = s.conn();
+    load_library(&mut c);
+    load_scripts(&mut c);
+    let n = 20_000;
+    let expired: Vec<(String, &str)> = (0..n).map(|i| (format!("x{i}"), "1:1")).collect();
+    for (form, cmd) in [("FCALL", fcall_cmd as CmdOf), ("EVALSHA", evalsha_cmd)] {
+        let _: () = redis::cmd("HSET")
+            .arg("l")
+            .arg(&expired)
+            .query(&mut c)
+            .unwrap();
+        let r: Vec<i64> = cmd("tb_acquire", &[b"l"], &["2", "100000", "a"])
+            .query(&mut c)
+            .unwrap_or_else(|e| panic!("{form}: {e}"));
+        assert_eq!(r, [1, 1, 0, 100_000], "{form}");
+        assert_eq!(int(&mut c, "HLEN", "l"), 1, "{form}");
+        let _: () = redis::cmd("HSET")
+            .arg("l")
+            .arg(&expired)
+            .query(&mut c)
+            .unwrap();
+        fcall(&mut c, "tb_acquire", &["l"], &["2", "200000", "b"]);
+        let r: Vec<i64> = cmd("tb_release", &[b"l"], &["b"])
+            .query(&mut c)
+            .unwrap_or_else(|e| panic!("{form}: {e}"));
+        assert_eq!(r, [1, 1], "{form}");
+        assert_eq!(
+            hgetall(&mut c, "l").keys().collect::<Vec<_>>(),
+            ["a"],
+            "{form}"
+        );
+        let _: () = redis::cmd("DEL").arg("l").query(&mut c).unwrap();
+    }
 }

@@ -1,8 +1,8 @@
 //! The contract cases of `tests/vectors.json` on real servers with a fake
 //! clock, through every form of the contract:
 //!
-//! * Valkey 9.1: the module (TB.*), the library (FCALL / FCALL_RO) and the
-//!   EVAL scripts (EVALSHA);
+//! * Valkey 9.1 and Redis 8.2: the module (TB.*), the library (FCALL /
+//!   FCALL_RO) and the EVAL scripts (EVALSHA), buckets and leases alike;
 //! * Redis 6.2 without the module: the EVAL scripts.
 //!
 //! `core/tests/vectors.rs` checks the same file against tb_core. For each
@@ -72,9 +72,9 @@ impl Target {
                     let mut c = redis::cmd("EVALSHA");
                     c.arg(&self.sha);
                     c
-                } else if case.command == "peek" {
+                } else if case.command == "peek" || case.command == "inflight" {
                     let mut c = redis::cmd("FCALL_RO");
-                    c.arg("tb_peek");
+                    c.arg(format!("tb_{}", case.command));
                     c
                 } else {
                     let mut c = redis::cmd("FCALL");
@@ -140,16 +140,29 @@ impl Target {
                         assert_eq!(&h["tokens"], tokens, "{ctx}: {key}");
                     }
                     assert_eq!(&h["ts"], ts, "{ctx}: {key}");
-                    if self.expiretime {
-                        assert_eq!(int(c, "PEXPIRETIME", key), *expire_at_ms, "{ctx}: {key}");
-                    } else {
-                        // The clock is frozen, so PTTL is exact.
-                        let pttl = expire_at_ms - now.div_euclid(1000);
-                        assert_eq!(int(c, "PTTL", key), pttl, "{ctx}: {key}");
-                    }
+                    self.check_expire_at(now, key, *expire_at_ms, ctx);
+                }
+                Some(After::Leases {
+                    leases,
+                    expire_at_ms,
+                }) => {
+                    assert_eq!(&hgetall(c, key), leases, "{ctx}: {key}");
+                    self.check_expire_at(now, key, *expire_at_ms, ctx);
                 }
                 Some(other) => panic!("{ctx}: bad expectation for {key}: {other:?}"),
             }
+        }
+    }
+
+    /// The key's absolute expiry, in ms.
+    fn check_expire_at(&mut self, now: i64, key: &str, expire_at_ms: i64, ctx: &str) {
+        let c = &mut self.conn;
+        if self.expiretime {
+            assert_eq!(int(c, "PEXPIRETIME", key), expire_at_ms, "{ctx}: {key}");
+        } else {
+            // The clock is frozen, so PTTL is exact.
+            let pttl = expire_at_ms - now.div_euclid(1000);
+            assert_eq!(int(c, "PTTL", key), pttl, "{ctx}: {key}");
         }
     }
 

@@ -106,3 +106,45 @@ fn replicas_on_redis_6_2_hold_the_same_hashes() {
         );
     }
 }
+
+/// Leases on Redis 6.2: the commands work, and since 6.2 has no key specs,
+/// TB.ACQUIRE's `getkeys-api` is what shows its bucket keys to ACL key
+/// patterns (and Cluster slot checks).
+#[test]
+fn leases_and_their_bucket_keys_on_redis_6_2() {
+    let s = Server::with(redis62(true));
+    let mut c = s.conn();
+    let r: Vec<redis::Value> = redis::cmd("TB.ACQUIRE")
+        .arg(&["rl:s", "2", "60000", "a", "BUCKET", "rl:b", "10", "1", "1"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(redis::from_redis_value::<i64>(&r[0]).unwrap(), 1);
+    let n: i64 = redis::cmd("TB.INFLIGHT").arg("rl:s").query(&mut c).unwrap();
+    assert_eq!(n, 1);
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg(&[
+            "GETKEYS",
+            "TB.ACQUIRE",
+            "rl:s",
+            "2",
+            "60000",
+            "a",
+            "BUCKET",
+            "rl:b",
+            "10",
+            "1",
+            "1",
+        ])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys, ["rl:s", "rl:b"]);
+    let mut limited = s.conn_as("limited", &["~rl:*", "-@all", "+tb.acquire"]);
+    let err = error_of(
+        &mut limited,
+        redis::cmd("TB.ACQUIRE").arg(&[
+            "rl:s", "2", "60000", "b", "BUCKET", "secret", "10", "1", "1",
+        ]),
+    );
+    assert!(err.starts_with("NOPERM"), "{err}");
+    assert_eq!(int(&mut c, "EXISTS", "secret"), 0);
+}

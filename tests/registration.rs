@@ -1,8 +1,10 @@
 //! How the commands present themselves: key positions (GETKEYS, Cluster,
 //! ACL), flags, and the INFO section.
 
+use testkit::cluster::Cluster;
 use testkit::{
-    consume, error_of, info_field, out_of_memory, peek, tb_counter, tb_module_field, Server,
+    consume, error_of, info_field, out_of_memory, peek, run, start_replica, tb_counter,
+    tb_module_field, Config, Server,
 };
 
 fn getkeys(c: &mut redis::Connection, args: &[&str]) -> Vec<String> {
@@ -279,26 +281,22 @@ fn command_docs_describe_every_command() {
 }
 
 /// `tb_errors` counts the errors the module itself replies; errors Redis
-/// raises before the module runs (NOPERM, OOM, unknown command) are not
-/// the module's and are not counted.
+/// raises before the module runs are not the module's and are not
+/// counted: NOPERM, OOM and an unknown command here; CROSSSLOT, MOVED and
+/// READONLY below.
 #[test]
 fn tb_errors_counts_only_the_modules_own_errors() {
     let s = Server::start();
     let mut c = s.conn();
     let errors = |c: &mut redis::Connection| tb_counter(c, "tb_errors");
-    let _: String = redis::cmd("ACL")
-        .arg(&["SETUSER", "other", "on", ">pw", "~other:*", "+@all"])
-        .query(&mut c)
-        .unwrap();
-    let mut limited = redis::Client::open(format!("redis://other:pw@127.0.0.1:{}/", s.port))
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut limited = s.conn_as("other", &["~other:*", "+@all"]);
     let err = error_of(
         &mut limited,
         redis::cmd("TB.CONSUME").arg(&["rl:k", "10", "1"]),
     );
     assert!(err.starts_with("NOPERM"), "{err}");
+    let err = error_of(&mut c, redis::cmd("TB.NOSUCH").arg(&["k", "10", "1"]));
+    assert!(err.starts_with("ERR unknown command"), "{err}");
     out_of_memory(&mut c, 2 << 20);
     let err = error_of(&mut c, redis::cmd("TB.CONSUME").arg(&["k", "10", "1"]));
     assert!(err.starts_with("OOM"), "{err}");
@@ -307,4 +305,62 @@ fn tb_errors_counts_only_the_modules_own_errors() {
     let err = error_of(&mut c, redis::cmd("TB.PEEK").arg(&["k", "x", "1"]));
     assert!(err.starts_with("ERR max"), "{err}");
     assert_eq!(errors(&mut c), 1);
+}
+
+/// Cluster and replica refusals come from Redis before the module runs:
+/// `CROSSSLOT` (keys in several slots), `MOVED` (a key of another node's
+/// slot) and `READONLY` (a writer on a replica) leave `tb_errors` at 0,
+/// while the module's own error on the same node counts.
+#[test]
+fn tb_errors_leaves_out_cluster_and_replica_refusals() {
+    let cluster = Cluster::start(3, 0, Config::default());
+    let mut c = cluster.nodes[0].conn();
+    // `a` and `b` hash to different slots.
+    let err = error_of(
+        &mut c,
+        redis::cmd("TB.MCONSUME").arg(&["a", "10", "1", "1", "b", "10", "1", "1"]),
+    );
+    assert!(err.starts_with("CROSSSLOT"), "{err}");
+    // A key of another node's slot, and one of this node's.
+    let (mut moved, mut here) = (None, None);
+    for i in 0..100 {
+        let key = format!("k{i}");
+        match run(
+            &mut c,
+            redis::cmd("TB.PEEK").arg(&[key.as_str(), "10", "1"]),
+        ) {
+            Err(e) if e.starts_with("MOVED") => moved = moved.or(Some(key)),
+            Ok(_) => here = here.or(Some(key)),
+            Err(e) => panic!("{key}: {e}"),
+        }
+    }
+    let (moved, here) = (moved.expect("a MOVED key"), here.expect("a key of node 0"));
+    let err = error_of(
+        &mut c,
+        redis::cmd("TB.CONSUME").arg(&[moved.as_str(), "x", "1"]),
+    );
+    assert!(err.starts_with("MOVED"), "{err}");
+    assert_eq!(tb_counter(&mut c, "tb_errors"), 0);
+    let err = error_of(
+        &mut c,
+        redis::cmd("TB.CONSUME").arg(&[here.as_str(), "x", "1"]),
+    );
+    assert!(err.starts_with("ERR max"), "{err}");
+    assert_eq!(tb_counter(&mut c, "tb_errors"), 1);
+
+    let primary = Server::start();
+    let replica = start_replica(&primary, Config::default());
+    let mut r = replica.conn();
+    for args in [
+        &["TB.CONSUME", "k", "10", "1"][..],
+        &["TB.ADJUST", "k", "10", "1", "x"],
+        &["CL.THROTTLE", "k", "1", "1", "1"],
+    ] {
+        let err = error_of(&mut r, redis::cmd(args[0]).arg(&args[1..]));
+        assert!(err.starts_with("READONLY"), "{args:?}: {err}");
+    }
+    assert_eq!(tb_counter(&mut r, "tb_errors"), 0);
+    let err = error_of(&mut r, redis::cmd("TB.PEEK").arg(&["k", "x", "1"]));
+    assert!(err.starts_with("ERR max"), "{err}");
+    assert_eq!(tb_counter(&mut r, "tb_errors"), 1);
 }

@@ -1,7 +1,10 @@
 //! Effects replication: after thousands of mixed calls a replica, with or
 //! without the module, holds the primary's exact hashes and expire times.
 
-use testkit::{info_field, snapshot, start_replica, wait_replicas, Config, Rng, Server};
+use testkit::{
+    bucket_delete, bucket_write, hgetall, info_field, run, server_time_us, snapshot, start_replica,
+    wait_replicas, Config, ReplicationStream, Rng, Server,
+};
 
 fn mixed_traffic(c: &mut redis::Connection, seed: u64, calls: usize) {
     let mut rng = Rng(seed);
@@ -98,4 +101,52 @@ fn replica_attached_mid_traffic_ends_identical() {
     let primary = snapshot(&mut p);
     assert!(primary.len() > 10);
     assert_eq!(snapshot(&mut replica.conn()), primary);
+}
+
+/// The stream replicas and the AOF receive, read as a replica reads it:
+/// each write is exactly `HSET key tokens <t> ts <ts>` and `PEXPIREAT key
+/// <ms>` with the text the primary stored (`DEL key` for a bucket that
+/// filled up, and before the first write of a key redis-cell left), and a
+/// call that writes nothing (a denial, cost 0, TB.PEEK, a refund of a full
+/// bucket, an error) sends nothing.
+#[test]
+fn the_stream_carries_exactly_the_stored_hash_and_expire_time() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut stream = ReplicationStream::attach(&s);
+    let _: () = redis::cmd("SET")
+        .arg("legacy")
+        .arg(((server_time_us(&mut c) + 6_000_000) * 1000).to_string())
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(stream.take_commands(&mut c)[0][..2], ["SET", "legacy"]);
+    type Expected = fn(&mut redis::Connection) -> Vec<Vec<String>>;
+    let nothing: Expected = |_| Vec::new();
+    // One call a line: its arguments, then what it must replicate.
+    #[rustfmt::skip]
+    let cases: [(&[&str], Expected); 13] = [
+        (&["TB.CONSUME", "a", "10", "0.001", "3"], |c| bucket_write(c, "a")),
+        (&["TB.CONSUME", "a", "10", "0.001", "2.5"], |c| bucket_write(c, "a")),
+        (&["TB.CONSUME", "a", "10", "0.001", "9"], nothing),
+        (&["TB.CONSUME", "a", "10", "0.001", "0"], nothing),
+        (&["TB.PEEK", "a", "10", "0.001"], nothing),
+        (&["TB.CONSUME", "a", "x", "0.001"], nothing),
+        (&["TB.ADJUST", "a", "10", "0.001", "-1"], |c| bucket_write(c, "a")),
+        (&["TB.ADJUST", "a", "10", "0.001", "100"], |_| bucket_delete("a")),
+        (&["TB.ADJUST", "a", "10", "0.001", "5"], nothing),
+        (&["TB.MCONSUME", "b", "5", "0.001", "1", "c", "5", "0.001", "2"], |c| {
+            [bucket_write(c, "b"), bucket_write(c, "c")].concat()
+        }),
+        (&["TB.MCONSUME", "b", "5", "0.001", "1", "c", "5", "0.001", "4"], nothing),
+        (&["CL.THROTTLE", "legacy", "15", "30", "60", "0"], nothing),
+        (&["CL.THROTTLE", "legacy", "15", "30", "60"], |c| {
+            [bucket_delete("legacy"), bucket_write(c, "legacy")].concat()
+        }),
+    ];
+    for (args, expected) in cases {
+        let _ = run(&mut c, redis::cmd(args[0]).arg(&args[1..]));
+        let want = expected(&mut c);
+        assert_eq!(stream.take_commands(&mut c), want, "{args:?}");
+    }
+    assert_eq!(hgetall(&mut c, "b")["tokens"], "4", "the calls ran");
 }

@@ -70,7 +70,11 @@ fn number(bytes: &[u8], arg: Arg, group: Option<usize>) -> Result<f64, Error> {
 }
 
 /// `max` and `rate` at `argv[i]`, `argv[i + 1]`.
-fn limits(argv: &(impl Argv + ?Sized), i: usize, g: Option<usize>) -> Result<Limits, Error> {
+pub(crate) fn group_limits(
+    argv: &(impl Argv + ?Sized),
+    i: usize,
+    g: Option<usize>,
+) -> Result<Limits, Error> {
     let (max, rate) = (argv.arg(i), argv.arg(i + 1));
     let args = [Some(max), Some(rate)];
     if let Some(limits) = LAST_LIMITS.with_borrow(|last| Memo::get(last, args)) {
@@ -169,7 +173,7 @@ fn validate_limits(max: &[u8], rate: &[u8], g: Option<usize>) -> Result<Limits, 
     Ok(Limits { max, rate })
 }
 
-fn cost(bytes: &[u8], limits: &Limits, g: Option<usize>) -> Result<f64, Error> {
+pub(crate) fn group_cost(bytes: &[u8], limits: &Limits, g: Option<usize>) -> Result<f64, Error> {
     let cost = number(bytes, Arg::Cost, g)?;
     if cost < 0.0 {
         return Err(Error::CostNegative(g));
@@ -202,9 +206,9 @@ pub fn parse_consume(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
 
 /// `parse_consume` after the arity check, without its memo.
 fn validate_consume(argv: &(impl Argv + ?Sized), n: usize) -> Result<Single, Error> {
-    let limits = limits(argv, 2, None)?;
+    let limits = group_limits(argv, 2, None)?;
     let amount = if n == 5 {
-        cost(argv.arg(4), &limits, None)?
+        group_cost(argv.arg(4), &limits, None)?
     } else if limits.max < 1.0 {
         // The default cost of 1 could never pass a bucket this small.
         return Err(Error::CostAboveMax(None));
@@ -219,7 +223,7 @@ pub fn parse_adjust(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
     if argv.count() != 5 {
         return Err(Error::Arity(argv.command()));
     }
-    let limits = limits(argv, 2, None)?;
+    let limits = group_limits(argv, 2, None)?;
     let amount = number(argv.arg(4), Arg::Delta, None)?;
     Ok(Single { limits, amount })
 }
@@ -234,27 +238,41 @@ pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, Error> 
     if count > MAX_GROUPS {
         return Err(Error::TooManyGroups);
     }
-    let mut groups = Vec::with_capacity(count);
-    for g in 0..count {
-        let base = 1 + 4 * g;
-        let label = Some(g + 1);
-        let limits = limits(argv, base + 1, label)?;
-        let cost = cost(argv.arg(base + 3), &limits, label)?;
-        groups.push(Group {
-            key_index: base,
-            limits,
-            cost,
-        });
-    }
+    let groups = parse_groups(argv, (0..count).map(|g| 1 + 4 * g))?;
     if let Some((group, first)) = first_duplicate(argv, &groups) {
         return Err(Error::DuplicateKey { group, first });
     }
     Ok(groups)
 }
 
+/// Groups of `key max rate cost` whose keys are at `key_indices`, checked
+/// in order (each group's `max`, `rate`, fill time, then `cost`), labelled
+/// 1, 2, ... in their errors: TB.MCONSUME's groups and TB.ACQUIRE's
+/// `BUCKET` clauses.
+pub(crate) fn parse_groups(
+    argv: &(impl Argv + ?Sized),
+    key_indices: impl ExactSizeIterator<Item = usize>,
+) -> Result<Vec<Group>, Error> {
+    let mut groups = Vec::with_capacity(key_indices.len());
+    for (g, key_index) in key_indices.enumerate() {
+        let label = Some(g + 1);
+        let limits = group_limits(argv, key_index + 1, label)?;
+        let cost = group_cost(argv.arg(key_index + 3), &limits, label)?;
+        groups.push(Group {
+            key_index,
+            limits,
+            cost,
+        });
+    }
+    Ok(groups)
+}
+
 /// The earliest group (1-based) whose key appeared before, and that earlier
 /// group: what a left-to-right scan would report, in O(n log n).
-fn first_duplicate(argv: &(impl Argv + ?Sized), groups: &[Group]) -> Option<(usize, usize)> {
+pub(crate) fn first_duplicate(
+    argv: &(impl Argv + ?Sized),
+    groups: &[Group],
+) -> Option<(usize, usize)> {
     let mut order: Vec<usize> = (0..groups.len()).collect();
     order.sort_by(|&a, &b| {
         argv.arg(groups[a].key_index)
@@ -364,7 +382,7 @@ mod tests {
                     continue;
                 }
                 let unchanged = balances.iter().any(|&b| b >= c && b - c == b);
-                let parsed = cost(format!("{c:e}").as_bytes(), &l, None);
+                let parsed = group_cost(format!("{c:e}").as_bytes(), &l, None);
                 if unchanged {
                     assert_eq!(
                         parsed,
@@ -379,7 +397,10 @@ mod tests {
             // is exact (it is not for max below 2^-969).
             let advice = max / 9_007_199_254_740_992.0;
             if advice >= f64::MIN_POSITIVE {
-                assert_eq!(cost(format!("{advice:e}").as_bytes(), &l, None), Ok(advice));
+                assert_eq!(
+                    group_cost(format!("{advice:e}").as_bytes(), &l, None),
+                    Ok(advice)
+                );
             }
         }
         assert_eq!(
@@ -412,7 +433,7 @@ mod tests {
         for (max, rate) in pairs.iter().cycle().take(40) {
             let a = argv(&["c", "k", max, rate]);
             assert_eq!(
-                limits(a.as_slice(), 2, None),
+                group_limits(a.as_slice(), 2, None),
                 validate_limits(max.as_bytes(), rate.as_bytes(), None),
                 "{max} {rate}"
             );
@@ -420,7 +441,7 @@ mod tests {
         let long = "1".repeat(40);
         let a = argv(&["c", "k", &long, "1e-30"]);
         assert_eq!(
-            limits(a.as_slice(), 2, None),
+            group_limits(a.as_slice(), 2, None),
             Err(Error::MaxOutOfRange(None))
         );
     }

@@ -307,6 +307,17 @@ pub fn consume_all(
     buckets: &[(Limits, Option<Stored>, f64)],
     now_us: i64,
 ) -> (bool, i64, Vec<Outcome>) {
+    consume_all_if(buckets, now_us, true)
+}
+
+/// `consume_all` as part of a larger decision: the buckets are charged only
+/// if they all could pay and `rest_admits` (TB.ACQUIRE's lease fits).
+/// Returns whether the buckets alone could all pay.
+pub fn consume_all_if(
+    buckets: &[(Limits, Option<Stored>, f64)],
+    now_us: i64,
+    rest_admits: bool,
+) -> (bool, i64, Vec<Outcome>) {
     let currents: Vec<f64> = buckets
         .iter()
         .map(|(limits, stored, _)| limits.current(*stored, now_us))
@@ -319,7 +330,7 @@ pub fn consume_all(
         .iter()
         .zip(&currents)
         .map(|((limits, stored, cost), current)| {
-            limits.charge(*stored, now_us, *current, *cost, all)
+            limits.charge(*stored, now_us, *current, *cost, all && rest_admits)
         })
         .collect();
     let retry = outcomes.iter().map(|o| o.retry_after_ms).max().unwrap_or(0);
@@ -437,7 +448,7 @@ mod tests {
         );
         // A cost-0 call writes nothing, so its reset still waits for ts.
         assert_eq!(L10.consume(stored, NOW, 0.0).reply(), [1, 5, 0, 65_000]);
-        // TB.ADJUST always writes: its times start now.
+        // TB.ADJUST writes the bucket it changes, so its times start now.
         assert_eq!(L10.adjust(stored, NOW, -5.0).reply(), [1, 0, 1000, 10_000]);
     }
 

@@ -12,6 +12,7 @@ use crate::args::Argv;
 use crate::bucket::{Limits, Outcome, Stored};
 use crate::contract::{MAX_CAPACITY, MAX_FILL_SECONDS, MAX_RATE};
 use crate::error::{Arg, Error};
+use crate::number::parse_i64;
 
 /// A validated CL.THROTTLE call; its key is `argv[1]`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -35,10 +36,7 @@ impl Throttle {
 /// An integer as Rust's `i64` parser reads it (what redis-cell uses): an
 /// optional sign and decimal digits, within range.
 fn integer(bytes: &[u8], arg: Arg) -> Result<i64, Error> {
-    std::str::from_utf8(bytes)
-        .ok()
-        .and_then(|s| s.parse::<i64>().ok())
-        .ok_or(Error::NotAnInteger(arg))
+    parse_i64(bytes).ok_or(Error::NotAnInteger(arg))
 }
 
 fn at_least(v: i64, least: i64, arg: Arg) -> Result<i64, Error> {

@@ -15,6 +15,12 @@ pub const MAX_FILL_SECONDS: f64 = 1e10;
 pub const MAX_GROUPS: usize = 10000;
 /// The longest wait a reply reports, in ms (about 3,170 years). Valid limits never need it: it only bounds the search for the reply times.
 pub const MAX_WAIT_MS: i64 = 100000000000000;
+/// Largest limit of a lease key: the total weight its live leases may hold.
+pub const MAX_LEASE_LIMIT: i64 = 1000000;
+/// Longest lease_ms (one day): how long a lease lives without a renewal.
+pub const MAX_LEASE_MS: i64 = 86400000;
+/// Longest lease id, in bytes.
+pub const MAX_LEASE_ID_BYTES: usize = 256;
 
 /// The commands, as registered (and as their arity errors name them).
 pub const CONSUME: &CStr = c"tb.consume";
@@ -22,7 +28,11 @@ pub const PEEK: &CStr = c"tb.peek";
 pub const MCONSUME: &CStr = c"tb.mconsume";
 pub const ADJUST: &CStr = c"tb.adjust";
 pub const CL_THROTTLE: &CStr = c"cl.throttle";
-pub const COMMANDS: [&CStr; 5] = [CONSUME, PEEK, MCONSUME, ADJUST, CL_THROTTLE];
+pub const ACQUIRE: &CStr = c"tb.acquire";
+pub const RELEASE: &CStr = c"tb.release";
+pub const RENEW: &CStr = c"tb.renew";
+pub const INFLIGHT: &CStr = c"tb.inflight";
+pub const COMMANDS: [&CStr; 9] = [CONSUME, PEEK, MCONSUME, ADJUST, CL_THROTTLE, ACQUIRE, RELEASE, RENEW, INFLIGHT];
 
 /// The bucket hash's fields.
 pub const TOKENS_FIELD: &str = "tokens";
@@ -50,7 +60,13 @@ pub mod msg {
     pub const BAD_FIELDS: &str = "ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}";
     pub const BAD_TOKENS: &str = "ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}";
     pub const BAD_TS: &str = "ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}";
-    pub const WRITE_FAILED: &str = "ERR tb could not write the bucket: {step} failed, see the server log";
+    pub const INT_OUT_OF_RANGE: &str = "ERR {arg} must be >= {least} and <= {most}";
+    pub const WEIGHT_ABOVE_LIMIT: &str = "ERR weight must not exceed limit, it could never fit";
+    pub const BAD_ID: &str = "ERR id must be 1 to 256 bytes";
+    pub const EXPECTED_BUCKET: &str = "ERR syntax error at argument {position}: expected BUCKET";
+    pub const BUCKET_IS_LEASE_KEY: &str = "ERR the key of group {group} is the lease key";
+    pub const NOT_A_LEASE_KEY: &str = "ERR key is not a lease key: each field must hold <expires_at_us>:<weight>";
+    pub const WRITE_FAILED: &str = "ERR tb could not write the key: {step} failed, see the server log";
     pub const PANIC: &str = "ERR tb internal error: the command failed and was contained, see the server log";
     pub const ONE_OF: &str = "ERR {arg} must be one of {values}";
     pub const INTERNAL: &str = "ERR tb internal error: {what}";

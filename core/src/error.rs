@@ -16,6 +16,9 @@ pub enum Arg {
     Count,
     Period,
     Quantity,
+    Limit,
+    LeaseMs,
+    Weight,
     /// TB.FAULT's step (test-hooks builds).
     Step,
     /// The module's load argument `cl-throttle`.
@@ -35,6 +38,9 @@ impl Arg {
             Arg::Count => "count",
             Arg::Period => "period",
             Arg::Quantity => "quantity",
+            Arg::Limit => "limit",
+            Arg::LeaseMs => "lease_ms",
+            Arg::Weight => "weight",
             Arg::Step => "step",
             Arg::ClThrottle => "cl-throttle",
             Arg::ModuleArgument => "a module argument",
@@ -55,9 +61,11 @@ pub enum StateError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     HashSet,
+    HashDelete,
     Expire,
     Delete,
     ReplicateHashSet,
+    ReplicateHashDelete,
     ReplicateExpire,
     ReplicateDelete,
 }
@@ -66,9 +74,11 @@ impl Step {
     pub fn name(self) -> &'static str {
         match self {
             Step::HashSet => "HSET",
+            Step::HashDelete => "HDEL",
             Step::Expire => "PEXPIREAT",
             Step::Delete => "DEL",
             Step::ReplicateHashSet => "replicate HSET",
+            Step::ReplicateHashDelete => "replicate HDEL",
             Step::ReplicateExpire => "replicate PEXPIREAT",
             Step::ReplicateDelete => "replicate DEL",
         }
@@ -106,6 +116,19 @@ pub enum Error {
     ThrottleRateTooHigh,
     /// CL.THROTTLE: the bucket would take too long to fill.
     ThrottleFillTooSlow,
+    /// An integer argument outside `[least, most]`.
+    IntOutOfRange(Arg, i64, i64),
+    /// TB.ACQUIRE: a weight above the limit could never fit.
+    WeightAboveLimit,
+    /// TB.ACQUIRE and friends: an empty or too long lease id.
+    BadId,
+    /// TB.ACQUIRE: the argument at this position should start a `BUCKET`
+    /// clause.
+    ExpectedBucket(usize),
+    /// TB.ACQUIRE: this `BUCKET` clause names the lease key.
+    BucketIsLeaseKey(usize),
+    /// The key holds a hash that is not a set of leases.
+    NotALeaseKey,
     /// The key holds something other than a hash (Redis's own text).
     WrongType,
     /// The key holds a hash that is not a bucket.
@@ -206,6 +229,20 @@ impl fmt::Display for Error {
             Error::BurstTooLarge => f.write_str(msg::BURST_TOO_LARGE),
             Error::ThrottleRateTooHigh => f.write_str(msg::THROTTLE_RATE_TOO_HIGH),
             Error::ThrottleFillTooSlow => f.write_str(msg::THROTTLE_FILL_TOO_SLOW),
+            Error::IntOutOfRange(arg, least, most) => render(
+                f,
+                msg::INT_OUT_OF_RANGE,
+                &[("arg", &arg.name()), ("least", least), ("most", most)],
+            ),
+            Error::WeightAboveLimit => f.write_str(msg::WEIGHT_ABOVE_LIMIT),
+            Error::BadId => f.write_str(msg::BAD_ID),
+            Error::ExpectedBucket(position) => {
+                render(f, msg::EXPECTED_BUCKET, &[("position", position)])
+            }
+            Error::BucketIsLeaseKey(group) => {
+                render(f, msg::BUCKET_IS_LEASE_KEY, &[("group", group)])
+            }
+            Error::NotALeaseKey => f.write_str(msg::NOT_A_LEASE_KEY),
             Error::WrongType => f.write_str(msg::WRONGTYPE),
             Error::NotABucket(why, group) => {
                 let template = match why {
@@ -262,7 +299,7 @@ mod tests {
         assert_eq!(Error::WrongType.in_group(3).to_string(), msg::WRONGTYPE);
         assert_eq!(
             Error::WriteFailed(Step::ReplicateExpire).to_string(),
-            "ERR tb could not write the bucket: replicate PEXPIREAT failed, see the server log"
+            "ERR tb could not write the key: replicate PEXPIREAT failed, see the server log"
         );
     }
 }

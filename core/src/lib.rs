@@ -3,6 +3,7 @@
 //! * [`bucket`]: refill, consume, adjust and the reply times;
 //! * [`args`]: parsing and validation of command arguments;
 //! * [`cell`]: CL.THROTTLE, redis-cell's command, on the same bucket;
+//! * [`lease`]: concurrency leases (TB.ACQUIRE and friends);
 //! * [`state`]: the `tokens`/`ts` hash encoding, and the rule that reads a
 //!   key as a bucket;
 //! * [`number`]: the strict decimal grammar both of the above use;
@@ -19,5 +20,6 @@ pub mod cell;
 #[rustfmt::skip]
 pub mod contract;
 pub mod error;
+pub mod lease;
 pub mod number;
 pub mod state;

@@ -48,6 +48,13 @@ pub fn parse_int16(bytes: &[u8]) -> Option<i64> {
     Some(if negative { -v } else { v })
 }
 
+/// An integer as Rust's `i64` parser reads it: an optional sign and
+/// decimal digits, within range (redis-cell's arguments, and the lease
+/// commands' integers). `None` for anything else.
+pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
+    std::str::from_utf8(bytes).ok()?.parse().ok()
+}
+
 /// The value of the digits `b` starts with, and how many there are. Eight
 /// at a time where eight in a row are digits (a stored `ts` is two such
 /// runs, a 17-digit balance two and a bit). Wraps past 19 digits: callers

@@ -50,6 +50,15 @@ fn the_constants_are_the_files() {
     assert_eq!(contract::MAX_FILL_SECONDS, limit(&c, "max_fill_seconds"));
     assert_eq!(contract::MAX_GROUPS as f64, limit(&c, "max_groups"));
     assert_eq!(contract::MAX_WAIT_MS as f64, limit(&c, "max_wait_ms"));
+    assert_eq!(
+        contract::MAX_LEASE_LIMIT as f64,
+        limit(&c, "max_lease_limit")
+    );
+    assert_eq!(contract::MAX_LEASE_MS as f64, limit(&c, "max_lease_ms"));
+    assert_eq!(
+        contract::MAX_LEASE_ID_BYTES as f64,
+        limit(&c, "max_lease_id_bytes")
+    );
     let mut commands: Vec<&str> = c["commands"]
         .as_object()
         .expect("commands")
@@ -158,6 +167,35 @@ fn every_reply_is_a_template_of_the_file_filled_in() {
             Error::ThrottleFillTooSlow,
             "throttle_fill_too_slow",
             t["throttle_fill_too_slow"].clone(),
+        ),
+        (
+            Error::IntOutOfRange(Arg::LeaseMs, 1, 86_400_000),
+            "int_out_of_range",
+            fill(
+                &t["int_out_of_range"],
+                &[("arg", "lease_ms"), ("least", "1"), ("most", "86400000")],
+            ),
+        ),
+        (
+            Error::WeightAboveLimit,
+            "weight_above_limit",
+            t["weight_above_limit"].clone(),
+        ),
+        (Error::BadId, "bad_id", t["bad_id"].clone()),
+        (
+            Error::ExpectedBucket(6),
+            "expected_bucket",
+            fill(&t["expected_bucket"], &[("position", "6")]),
+        ),
+        (
+            Error::BucketIsLeaseKey(2),
+            "bucket_is_lease_key",
+            fill(&t["bucket_is_lease_key"], &[("group", "2")]),
+        ),
+        (
+            Error::NotALeaseKey,
+            "not_a_lease_key",
+            t["not_a_lease_key"].clone(),
         ),
         (Error::WrongType, "wrongtype", t["wrongtype"].clone()),
         (

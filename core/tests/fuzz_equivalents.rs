@@ -84,6 +84,61 @@ fn command_name() -> impl Strategy<Value = Vec<u8>> {
         .prop_map(|s| s.as_bytes().to_vec())
 }
 
+fn int_arg() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "0",
+            "1",
+            "2",
+            "8",
+            "-1",
+            "1000000",
+            "1000001",
+            "86400000",
+            "86400001",
+            "x",
+            "",
+            "9223372036854775808",
+            "BUCKET",
+        ])
+        .prop_map(|s| s.as_bytes().to_vec()),
+        number_arg(),
+    ]
+}
+
+/// TB.ACQUIRE's argv: the fixed arguments, maybe a weight, then BUCKET
+/// clauses (sometimes misspelt, short, or on the lease key).
+fn acquire_argv() -> impl Strategy<Value = Vec<Vec<u8>>> {
+    (
+        key_arg(),
+        int_arg(),
+        int_arg(),
+        key_arg(),
+        prop::option::of(int_arg()),
+        vec(
+            (
+                prop::sample::select(vec!["BUCKET", "bucket", "BUCKETS"]),
+                key_arg(),
+                number_arg(),
+                number_arg(),
+                number_arg(),
+            ),
+            0..4,
+        ),
+        0..3usize,
+    )
+        .prop_map(|(key, limit, lease_ms, id, weight, clauses, cut)| {
+            let mut a = vec![b"TB.ACQUIRE".to_vec(), key, limit, lease_ms, id];
+            a.extend(weight);
+            for (kw, k, m, r, c) in clauses {
+                a.extend([kw.as_bytes().to_vec(), k, m, r, c]);
+            }
+            let keep = a.len().saturating_sub(cut);
+            a.truncate(keep.max(1));
+            a
+        })
+}
+
 /// An argv of any length: a key, then number-like arguments, with MCONSUME
 /// groups lined up so their keys (and duplicates) are exercised too.
 fn argv() -> impl Strategy<Value = Vec<Vec<u8>>> {
@@ -119,6 +174,12 @@ proptest! {
         oracles::check_args(&a);
         a.pop();
         oracles::check_args(&a);
+    }
+
+    #[test]
+    fn acquire_args_stay_in_bounds(a in acquire_argv()) {
+        let refs: Vec<&[u8]> = a.iter().map(Vec::as_slice).collect();
+        oracles::check_args(&refs);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! resolved once at load so a command never meets a missing one.
 
 use redis_module::raw::{
-    self, RedisModuleCallReply, RedisModuleCtx, RedisModuleKey, RedisModuleString,
+    self, RedisModuleCallReply, RedisModuleCtx, RedisModuleKey, RedisModuleScanCursor,
+    RedisModuleScanKeyCB, RedisModuleString,
 };
 use std::ffi::CString;
 use std::os::raw::{c_char, c_int, c_long, c_longlong};
@@ -40,6 +41,16 @@ pub struct Api {
     pub(super) call_reply_string_ptr:
         unsafe extern "C" fn(*mut RedisModuleCallReply, *mut usize) -> *const c_char,
     pub(super) free_call_reply: unsafe extern "C" fn(*mut RedisModuleCallReply),
+    pub(super) is_keys_position_request: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
+    pub(super) key_at_pos: unsafe extern "C" fn(*mut RedisModuleCtx, c_int),
+    pub(super) scan_cursor_create: unsafe extern "C" fn() -> *mut RedisModuleScanCursor,
+    pub(super) scan_cursor_destroy: unsafe extern "C" fn(*mut RedisModuleScanCursor),
+    pub(super) scan_key: unsafe extern "C" fn(
+        *mut RedisModuleKey,
+        *mut RedisModuleScanCursor,
+        RedisModuleScanKeyCB,
+        *mut std::os::raw::c_void,
+    ) -> c_int,
     pub(super) replicate:
         unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, *const c_char, ...) -> c_int,
     pub(super) create_string:
@@ -100,6 +111,11 @@ impl Api {
             call_reply_array_element: get!(RedisModule_CallReplyArrayElement),
             call_reply_string_ptr: get!(RedisModule_CallReplyStringPtr),
             free_call_reply: get!(RedisModule_FreeCallReply),
+            is_keys_position_request: get!(RedisModule_IsKeysPositionRequest),
+            key_at_pos: get!(RedisModule_KeyAtPos),
+            scan_cursor_create: get!(RedisModule_ScanCursorCreate),
+            scan_cursor_destroy: get!(RedisModule_ScanCursorDestroy),
+            scan_key: get!(RedisModule_ScanKey),
             replicate: get!(RedisModule_Replicate),
             create_string: get!(RedisModule_CreateString),
             free_string: get!(RedisModule_FreeString),

@@ -3,7 +3,7 @@
 //! whether a command exists.
 
 use super::api::Api;
-use super::string::{KeyName, RString};
+use super::string::{ArgString, RString};
 use redis_module::raw::{self, RedisModuleCallReply, RedisModuleCtx};
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -36,7 +36,7 @@ impl Drop for Reply {
 /// `GET key`: the value of a string key, as the server stores it. Reading
 /// it in place (StringDMA) would turn an int-encoded string into a raw one,
 /// changing the key's OBJECT ENCODING although its value stays the same.
-pub(super) fn get(ctx: *mut RedisModuleCtx, api: &'static Api, name: KeyName) -> Option<Vec<u8>> {
+pub(super) fn get(ctx: *mut RedisModuleCtx, api: &'static Api, name: ArgString) -> Option<Vec<u8>> {
     // SAFETY: a live context, "s" with one live Redis string.
     let reply = Reply::new(
         unsafe { (api.call)(ctx, c"GET".as_ptr(), c"s".as_ptr(), name.ptr()) },

@@ -5,7 +5,7 @@
 use super::api::{Api, ERR, OK};
 use super::call;
 use super::key::Key;
-use super::string::{string_bytes, Kept, KeyName, OwnedString, RString};
+use super::string::{string_bytes, ArgString, Kept, OwnedString, RString};
 use redis_module::raw::{self, RedisModuleCmdFunc, RedisModuleCtx, RedisModuleString};
 use std::ffi::{CStr, CString};
 use std::marker::PhantomData;
@@ -97,6 +97,24 @@ impl Ctx {
         Some((Ctx { raw, api }, Args { argv, api, command }))
     }
 
+    /// Whether Redis called the handler only to learn where the keys are
+    /// (a command registered with `getkeys-api`): Cluster slot checks and,
+    /// on Redis 6.2, ACL key patterns. The handler then reports them with
+    /// `key_at` and does nothing else.
+    pub fn wants_key_positions(&self) -> bool {
+        // SAFETY: a live context.
+        unsafe { (self.api.is_keys_position_request)(self.raw) != 0 }
+    }
+
+    /// Reports argument `pos` as a key, in a key position request.
+    pub fn key_at(&self, pos: usize) {
+        let Ok(pos) = c_int::try_from(pos) else {
+            return;
+        };
+        // SAFETY: a live context in a key position request.
+        unsafe { (self.api.key_at_pos)(self.raw, pos) };
+    }
+
     /// Microseconds since the Unix epoch, from the server's own clock.
     ///
     /// Redis >= 7.2 and Valkey export `CachedMicroseconds`: the time the
@@ -129,7 +147,7 @@ impl Ctx {
     }
 
     /// Opens `name` for reading, and for writing too if `write`.
-    pub fn open_key<'c>(&'c self, name: KeyName<'c>, write: bool) -> Key<'c> {
+    pub fn open_key<'c>(&'c self, name: ArgString<'c>, write: bool) -> Key<'c> {
         let mode = if write {
             raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
         } else {
@@ -147,7 +165,7 @@ impl Ctx {
 
     /// The value of the string key `name`, read through `GET` so its
     /// encoding stays as it is; `None` if it holds no string.
-    pub fn string_value(&self, name: KeyName) -> Option<Vec<u8>> {
+    pub fn string_value(&self, name: ArgString) -> Option<Vec<u8>> {
         call::get(self.raw, self.api, name)
     }
 
@@ -177,13 +195,19 @@ impl Ctx {
         unsafe { (self.api.free_string)(ptr::null_mut(), kept.0.as_ptr()) }
     }
 
-    /// Replicates `command` with one, two or five string arguments as an
-    /// effect of this call. False if Redis refused (an unknown command) or
-    /// another argument count was given.
+    /// Replicates `command` with these string arguments as an effect of
+    /// this call. False if Redis refused (an unknown command).
     #[inline]
     pub fn replicate(&self, command: &CStr, args: &[&dyn RString]) -> bool {
         let (ctx, c) = (self.raw, command.as_ptr());
         let f = self.api.replicate;
+        if !matches!(args.len(), 1 | 2 | 5) {
+            // `v`: an array of strings and its length.
+            let ptrs: Vec<*mut RedisModuleString> = args.iter().map(|a| a.ptr()).collect();
+            // SAFETY: `v` takes a pointer to `len` live Redis strings.
+            let rc = unsafe { f(ctx, c, c"v".as_ptr(), ptrs.as_ptr(), ptrs.len()) };
+            return rc == OK;
+        }
         // `s` only takes a reference to each string; `c` would copy it.
         // SAFETY: each format letter matches one live Redis string.
         let rc = unsafe {
@@ -200,7 +224,7 @@ impl Ctx {
                     e.ptr(),
                     g.ptr(),
                 ),
-                _ => ERR,
+                _ => ERR, // ruled out above
             }
         };
         rc == OK
@@ -267,10 +291,11 @@ impl Ctx {
 }
 
 impl<'a> Args<'a> {
-    /// The argument at `i` as a key name, `None` past the end.
-    pub fn key(&self, i: usize) -> Option<KeyName<'a>> {
+    /// The argument at `i` as a Redis string (a key name, a lease id),
+    /// `None` past the end.
+    pub fn string(&self, i: usize) -> Option<ArgString<'a>> {
         let ptr = NonNull::new(*self.argv.get(i)?)?;
-        Some(KeyName {
+        Some(ArgString {
             ptr,
             _argv: PhantomData,
         })

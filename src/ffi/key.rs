@@ -2,9 +2,9 @@
 //! drop; writes take `&mut self`, so nothing read in place outlives a change.
 
 use super::api::{Api, OK};
-use super::string::{Interned, KeyName, OwnedString, RString};
+use super::string::{string_bytes, ArgString, Interned, OwnedString, RString};
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
-use std::os::raw::{c_char, c_int};
+use std::os::raw::{c_char, c_int, c_void};
 use std::ptr::{self, NonNull};
 use tb_core::state::KeyKind;
 
@@ -12,13 +12,13 @@ use tb_core::state::KeyKind;
 /// missing and refuses every write.
 pub struct Key<'c> {
     pub(super) key: Option<NonNull<RedisModuleKey>>,
-    pub(super) name: KeyName<'c>,
+    pub(super) name: ArgString<'c>,
     pub(super) ctx: *mut RedisModuleCtx,
     pub(super) api: &'static Api,
 }
 
 impl<'c> Key<'c> {
-    pub fn name(&self) -> KeyName<'c> {
+    pub fn name(&self) -> ArgString<'c> {
         self.name
     }
 
@@ -104,6 +104,103 @@ impl<'c> Key<'c> {
             )
         };
         set == 2
+    }
+
+    /// Calls `visit(field, value)` for each field of a hash, until it
+    /// returns `Err`, which is then the result. A key that holds no hash
+    /// visits nothing.
+    pub fn scan_hash<E>(
+        &self,
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let Some(key) = self.key else {
+            return Ok(());
+        };
+        type Visit<'v, E> = dyn FnMut(&[u8], &[u8]) -> Result<(), E> + 'v;
+        struct State<'v, E> {
+            api: &'static Api,
+            visit: &'v mut Visit<'v, E>,
+            result: Result<(), E>,
+        }
+        extern "C" fn each<E>(
+            _key: *mut RedisModuleKey,
+            field: *mut RedisModuleString,
+            value: *mut RedisModuleString,
+            state: *mut c_void,
+        ) {
+            // SAFETY: `state` is the State that `scan_hash` below passed,
+            // alive and not otherwise borrowed during ScanKey.
+            let state = unsafe { &mut *state.cast::<State<E>>() };
+            if state.result.is_ok() {
+                let (f, v) = (
+                    string_bytes(state.api, field),
+                    string_bytes(state.api, value),
+                );
+                state.result = (state.visit)(f, v);
+            }
+        }
+        let mut state = State {
+            api: self.api,
+            visit: &mut visit,
+            result: Ok(()),
+        };
+        // SAFETY: a plain constructor.
+        let cursor = unsafe { (self.api.scan_cursor_create)() };
+        if cursor.is_null() {
+            return Ok(());
+        }
+        let state_ptr: *mut State<E> = &mut state;
+        // SAFETY: an open hash key, a live cursor, a callback of the right
+        // type and its state, which outlives the loop; the fields and values
+        // it sees are valid during each callback, where they are read.
+        while unsafe {
+            (self.api.scan_key)(key.as_ptr(), cursor, Some(each::<E>), state_ptr.cast())
+        } != 0
+        {
+            if state.result.is_err() {
+                break;
+            }
+        }
+        // SAFETY: made above, destroyed once.
+        unsafe { (self.api.scan_cursor_destroy)(cursor) };
+        state.result
+    }
+
+    /// Sets one field of a hash (creating it); true if Redis did.
+    pub fn hash_set_field(&mut self, field: &dyn RString, value: &dyn RString) -> bool {
+        let Some(key) = self.key else {
+            return false;
+        };
+        // SAFETY: a key open for writing, one field/value pair, NULL-terminated.
+        let set = unsafe {
+            (self.api.hash_set)(
+                key.as_ptr(),
+                raw::REDISMODULE_HASH_COUNT_ALL as c_int,
+                field.ptr(),
+                value.ptr(),
+                ptr::null::<c_char>(),
+            )
+        };
+        set == 1
+    }
+
+    /// Deletes one field of a hash (Redis deletes the key with its last
+    /// field); true if the field was there and Redis deleted it.
+    pub fn hash_delete_field(&mut self, field: &dyn RString) -> bool {
+        let Some(key) = self.key else {
+            return false;
+        };
+        // SAFETY: a key open for writing; the DELETE marker as the value.
+        let deleted = unsafe {
+            (self.api.hash_set)(
+                key.as_ptr(),
+                raw::REDISMODULE_HASH_NONE as c_int,
+                field.ptr(),
+                raw::REDISMODULE_HASH_DELETE,
+                ptr::null::<c_char>(),
+            )
+        };
+        deleted == 1
     }
 
     /// Sets the absolute expire time in ms; true if Redis did.

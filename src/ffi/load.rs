@@ -101,18 +101,37 @@ pub struct Docs {
     pub summary: &'static CStr,
     pub complexity: &'static CStr,
     pub since: &'static CStr,
-    /// TB.PEEK reads its key; the others read and update theirs.
-    pub read_only: bool,
-    /// The key spec's range from argument 1: (lastkey, keystep); `None`
-    /// for a command without keys.
-    pub key_range: Option<(c_int, c_int)>,
+    /// Where the keys are (`ArgKind::Key(i)` names spec `i`).
+    pub key_specs: &'static [KeySpec],
     pub args: &'static [ArgDoc],
+}
+
+/// A key spec: where a run of keys begins, and which arguments from there
+/// are keys.
+pub struct KeySpec {
+    /// Read-only keys (TB.PEEK, TB.INFLIGHT); else read and updated.
+    pub read_only: bool,
+    pub begin: Begin,
+    /// From the beginning: the last key (-1: the last argument) and the
+    /// step between keys, as `COMMAND` shows a range.
+    pub last_key: c_int,
+    pub key_step: c_int,
+}
+
+/// Where a key spec's keys begin.
+pub enum Begin {
+    /// At this argument.
+    Index(c_int),
+    /// Just after the first `keyword` at or after argument `from`.
+    Keyword(&'static CStr, c_int),
 }
 
 /// One argument in the docs (redis-cli shows them as hints).
 pub struct ArgDoc {
     pub name: &'static CStr,
     pub kind: ArgKind,
+    /// The keyword that starts it (`BUCKET`).
+    pub token: Option<&'static CStr>,
     pub optional: bool,
     /// Repeats (the groups of TB.MCONSUME).
     pub multiple: bool,
@@ -121,7 +140,9 @@ pub struct ArgDoc {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum ArgKind {
-    Key,
+    /// A key, of this key spec.
+    Key(c_int),
+    String,
     Double,
     Integer,
     Block,
@@ -264,13 +285,19 @@ fn c_args(
             let mut c: raw::RedisModuleCommandArg = unsafe { zeroed() };
             c.name = a.name.as_ptr();
             c.type_ = match a.kind {
-                ArgKind::Key => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+                ArgKind::Key(_) => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+                ArgKind::String => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
                 ArgKind::Double => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
                 ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
                 ArgKind::Block => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
             };
-            // Every command has one key spec; other arguments name none.
-            c.key_spec_index = if a.kind == ArgKind::Key { 0 } else { -1 };
+            c.key_spec_index = match a.kind {
+                ArgKind::Key(spec) => spec,
+                _ => -1,
+            };
+            if let Some(token) = a.token {
+                c.token = token.as_ptr();
+            }
             let mut flags = 0;
             if a.optional {
                 flags |= raw::REDISMODULE_CMD_ARG_OPTIONAL;
@@ -305,23 +332,34 @@ fn set_command_info(command: *mut RedisModuleCommand, docs: &Docs) -> bool {
         sizeof_keyspec: size_of::<raw::RedisModuleCommandKeySpec>(),
         sizeof_arg: size_of::<raw::RedisModuleCommandArg>(),
     };
-    let access = if docs.read_only {
-        raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS
-    } else {
-        raw::REDISMODULE_CMD_KEY_RW
-            | raw::REDISMODULE_CMD_KEY_ACCESS
-            | raw::REDISMODULE_CMD_KEY_UPDATE
-    };
     let mut specs: Vec<raw::RedisModuleCommandKeySpec> = Vec::new();
-    if let Some((lastkey, keystep)) = docs.key_range {
-        // SAFETY: zeroed key specs are the unset fields (and the terminator).
+    for ks in docs.key_specs {
+        let access = if ks.read_only {
+            raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS
+        } else {
+            raw::REDISMODULE_CMD_KEY_RW
+                | raw::REDISMODULE_CMD_KEY_ACCESS
+                | raw::REDISMODULE_CMD_KEY_UPDATE
+        };
+        // SAFETY: zeroed key specs are the unset fields.
         let mut spec: raw::RedisModuleCommandKeySpec = unsafe { zeroed() };
         spec.flags = u64::from(access);
-        spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
-        spec.bs.index.pos = 1;
+        match ks.begin {
+            Begin::Index(pos) => {
+                spec.begin_search_type =
+                    raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+                spec.bs.index.pos = pos;
+            }
+            Begin::Keyword(keyword, from) => {
+                spec.begin_search_type =
+                    raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_KEYWORD;
+                spec.bs.keyword.keyword = keyword.as_ptr();
+                spec.bs.keyword.startfrom = from;
+            }
+        }
         spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-        spec.fk.range.lastkey = lastkey;
-        spec.fk.range.keystep = keystep;
+        spec.fk.range.lastkey = ks.last_key;
+        spec.fk.range.keystep = ks.key_step;
         spec.fk.range.limit = 0;
         specs.push(spec);
     }

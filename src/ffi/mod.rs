@@ -35,8 +35,8 @@ pub use api::log_warning;
 pub use context::{Args, Ctx, RawHandler};
 pub use info::Info;
 pub use key::Key;
-pub use load::{ArgDoc, ArgKind, CommandDef, Docs, Load};
-pub use string::{Interned, Kept, KeyName, RString};
+pub use load::{ArgDoc, ArgKind, Begin, CommandDef, Docs, KeySpec, Load};
+pub use string::{ArgString, Interned, Kept, RString};
 
 pub(crate) use context::handler;
 pub(crate) use load::module;

@@ -95,15 +95,16 @@ impl Drop for OwnedString<'_> {
     }
 }
 
-/// A key name from the command's argv, valid for the command.
+/// An argument of the command (a key name, a lease id), valid for the
+/// command.
 #[derive(Clone, Copy)]
-pub struct KeyName<'a> {
+pub struct ArgString<'a> {
     pub(super) ptr: NonNull<RedisModuleString>,
     pub(super) _argv: PhantomData<&'a ()>,
 }
 
-impl sealed::Sealed for KeyName<'_> {}
-impl RString for KeyName<'_> {
+impl sealed::Sealed for ArgString<'_> {}
+impl RString for ArgString<'_> {
     #[inline]
     fn ptr(&self) -> *mut RedisModuleString {
         self.ptr.as_ptr()

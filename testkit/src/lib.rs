@@ -14,7 +14,8 @@
 //!
 //! Feature `server` (the redis client): real servers on free loopback ports
 //! ([`Server`], [`Config`], [`cluster::Cluster`]), client helpers, a fake
-//! clock through libfaketime, and the Lua library and EVAL script.
+//! clock through libfaketime, the Lua library and EVAL script, and a
+//! server's replication stream ([`ReplicationStream`]).
 //!
 //! * `TB_MODULE`: path of the module (default: the release build).
 //! * `TB_REDIS_SERVER`: the server binary (default: `redis-server`), so the
@@ -37,6 +38,8 @@ mod faketime;
 mod lua;
 #[cfg(feature = "server")]
 mod server;
+#[cfg(feature = "server")]
+mod stream;
 
 pub use key::KeyView;
 pub use pypi::{pypi_server, Pypi};
@@ -50,6 +53,8 @@ pub use faketime::*;
 pub use lua::*;
 #[cfg(feature = "server")]
 pub use server::*;
+#[cfg(feature = "server")]
+pub use stream::*;
 
 use std::path::{Path, PathBuf};
 

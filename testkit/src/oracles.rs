@@ -10,7 +10,9 @@
 //! * (a) argument parsing: never panics; the result is exactly what an
 //!   independent reference validator predicts, and any `Ok` is within the
 //!   documented bounds (0 < max <= 1e12, 0 < rate <= 1e12, max/rate <= 1e10,
-//!   0 <= cost <= max, all finite);
+//!   0 <= cost <= max, all finite); TB.ACQUIRE's within its own (limit,
+//!   lease_ms, weight, its BUCKET clauses), with its keys where the key
+//!   specs say; lease values read back as written;
 //! * (b) state decoding: never panics; `Ok` values are finite; what is
 //!   encoded decodes back to the same bits;
 //! * (c) bucket arithmetic: never panics on any f64/i64; with valid limits
@@ -58,8 +60,11 @@ pub fn bucket_target(data: &[u8]) {
 
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Argv};
 use tb_core::bucket::{consume_all, Effect, Limits, Outcome, Stored};
-use tb_core::contract::{MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE};
+use tb_core::contract::{
+    MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_LEASE_LIMIT, MAX_LEASE_MS, MAX_RATE,
+};
 use tb_core::error::{Arg, Error, StateError};
+use tb_core::lease::{acquire_key_positions, parse_acquire, Lease};
 use tb_core::number::parse_decimal;
 use tb_core::state::{decode, Text};
 
@@ -71,14 +76,17 @@ pub enum Command {
     Consume,
     Adjust,
     MConsume,
+    Acquire,
 }
 
 impl Command {
-    /// Picks the parser from `argv[0]`: a name ending in `adjust` or
-    /// `mconsume` (any case), else TB.CONSUME.
+    /// Picks the parser from `argv[0]`: a name ending in `adjust`,
+    /// `mconsume` or `acquire` (any case), else TB.CONSUME.
     pub fn of(name: &[u8]) -> Command {
         let lower = name.to_ascii_lowercase();
-        if lower.ends_with(b"mconsume") {
+        if lower.ends_with(b"acquire") {
+            Command::Acquire
+        } else if lower.ends_with(b"mconsume") {
             Command::MConsume
         } else if lower.ends_with(b"adjust") {
             Command::Adjust
@@ -239,6 +247,7 @@ pub fn check_args(argv: &[&[u8]]) {
                 assert!(s.amount.is_finite(), "delta {}", s.amount);
             }
         }
+        Command::Acquire => check_acquire(argv),
         Command::MConsume => {
             let got = parse_mconsume(argv);
             let simple = got
@@ -259,7 +268,34 @@ pub fn check_args(argv: &[&[u8]]) {
     for arg in argv {
         let ours = parse_decimal(arg).map(f64::to_bits);
         assert_eq!(ours, reference_number(arg).map(f64::to_bits), "{arg:?}");
+        // A lease value reads only as two integers, and writes back as read.
+        if let Some(lease) = Lease::parse(arg) {
+            assert!(lease.weight >= 1 && lease.expires_us >= 0, "{arg:?}");
+            assert_eq!(Lease::parse(&lease.text()), Some(lease), "{arg:?}");
+        }
     }
+}
+
+/// TB.ACQUIRE: never panics; what it accepts is within the documented
+/// bounds, and its keys are where the key specs (and the key-position
+/// answer) say they are.
+fn check_acquire(argv: &[&[u8]]) {
+    let positions = acquire_key_positions(argv);
+    let Ok(call) = parse_acquire(argv) else {
+        return;
+    };
+    assert!((1..=MAX_LEASE_LIMIT).contains(&call.limit), "{argv:?}");
+    assert!((1..=MAX_LEASE_MS).contains(&call.lease_ms), "{argv:?}");
+    assert!((1..=call.limit).contains(&call.weight), "{argv:?}");
+    assert!(call.buckets.len() <= MAX_GROUPS);
+    let mut keys = vec![1];
+    for g in &call.buckets {
+        assert_limits_in_bounds(&g.limits);
+        assert_cost_in_bounds(g.cost, &g.limits);
+        assert_ne!(argv[g.key_index], argv[1], "{argv:?}");
+        keys.push(g.key_index);
+    }
+    assert_eq!(positions, keys, "{argv:?}");
 }
 
 // ---- (b) state decoding ------------------------------------------------------

@@ -266,6 +266,19 @@ impl Server {
         self.try_conn().expect("connect to test server")
     }
 
+    /// A connection as the ACL user `name` (password `pw`), made first with
+    /// `rules` (`~rl:*`, `-@all`, `+tb.consume`, ...).
+    pub fn conn_as(&self, name: &str, rules: &[&str]) -> redis::Connection {
+        let _: String = redis::cmd("ACL")
+            .arg(&["SETUSER", name, "on", ">pw"])
+            .arg(rules)
+            .query(&mut self.conn())
+            .expect("ACL SETUSER");
+        redis::Client::open(format!("redis://{name}:pw@127.0.0.1:{}/", self.port))
+            .and_then(|c| c.get_connection())
+            .expect("connect as the ACL user")
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }

@@ -15,7 +15,8 @@ pub struct Vectors {
 #[derive(Deserialize, Debug)]
 pub struct Case {
     pub name: String,
-    /// `consume`, `peek`, `adjust` or `mconsume`.
+    /// `consume`, `peek`, `adjust`, `mconsume`, or a lease command:
+    /// `acquire`, `release`, `renew`, `inflight`.
     pub command: String,
     pub keys: Vec<String>,
     /// In the library's layout: the keys' arguments, in order.
@@ -49,6 +50,11 @@ pub enum After {
         ts: String,
         expire_at_ms: i64,
     },
+    /// A lease key: every field (id → `<expires_at_us>:<weight>`).
+    Leases {
+        leases: BTreeMap<String, String>,
+        expire_at_ms: i64,
+    },
 }
 
 /// Reads `tests/vectors.json`.
@@ -78,8 +84,12 @@ impl Case {
 /// The module's arguments (after the command name) for `keys` and `args`
 /// in the library's layout: each key followed by its arguments (TB.MCONSUME
 /// interleaves its keys with groups of three), arguments left over at the
-/// end.
+/// end. TB.ACQUIRE takes the lease key and its own arguments, then a
+/// `BUCKET bkey max rate cost` clause per further key.
 pub fn module_args(command: &str, keys: &[String], args: &[String]) -> Vec<String> {
+    if command == "acquire" {
+        return acquire_args(keys, args);
+    }
     let per_key = if command == "mconsume" { 3 } else { args.len() };
     let mut args = args.iter();
     let mut out = Vec::new();
@@ -88,6 +98,21 @@ pub fn module_args(command: &str, keys: &[String], args: &[String]) -> Vec<Strin
         out.extend(args.by_ref().take(per_key).cloned());
     }
     out.extend(args.cloned());
+    out
+}
+
+/// TB.ACQUIRE's arguments: the lease key, `limit lease_ms id [weight]`
+/// (ARGV less three per bucket key), then the clauses.
+fn acquire_args(keys: &[String], args: &[String]) -> Vec<String> {
+    let buckets = keys.len().saturating_sub(1);
+    let own = args.len().saturating_sub(3 * buckets);
+    let mut out: Vec<String> = keys.iter().take(1).cloned().collect();
+    out.extend(args[..own].iter().cloned());
+    let mut groups = args[own..].chunks(3);
+    for key in keys.iter().skip(1) {
+        out.extend(["BUCKET".to_string(), key.clone()]);
+        out.extend(groups.next().into_iter().flatten().cloned());
+    }
     out
 }
 
@@ -112,5 +137,26 @@ mod tests {
             strings(&["a", "1", "2", "3"])
         );
         assert_eq!(module_args("mconsume", &[], &args[..1]), strings(&["1"]));
+    }
+
+    #[test]
+    fn acquire_puts_each_further_key_in_a_bucket_clause() {
+        let keys = strings(&["l", "b", "c"]);
+        let args = strings(&["8", "1000", "id", "2", "10", "1", "1", "5", "2", "3"]);
+        assert_eq!(
+            module_args("acquire", &keys, &args),
+            strings(&[
+                "l", "8", "1000", "id", "2", "BUCKET", "b", "10", "1", "1", "BUCKET", "c", "5",
+                "2", "3"
+            ])
+        );
+        assert_eq!(
+            module_args("acquire", &keys[..1], &args[..3]),
+            strings(&["l", "8", "1000", "id"])
+        );
+        assert_eq!(
+            module_args("release", &keys[..1], &args[2..3]),
+            strings(&["l", "id"])
+        );
     }
 }

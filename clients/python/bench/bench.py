@@ -25,9 +25,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import redis
 import redis.asyncio
@@ -96,7 +97,7 @@ def sync_overhead(port: int, backend: str) -> tuple[float, float, float]:
 
     runs: tuple[list[float], list[float], list[float]] = ([], [], [])
     for _ in range(ROUNDS):
-        for out, measure in zip(runs, (raw, raw_and_work, limited)):
+        for out, measure in zip(runs, (raw, raw_and_work, limited), strict=True):
             out.append(per_call_us(measure))
     r.close()
     a, b, c = (statistics.median(x) for x in runs)

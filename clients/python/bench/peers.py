@@ -33,8 +33,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import redis
 import redis.asyncio
@@ -213,7 +214,7 @@ def main() -> None:
 
 
 def ratio(rounds: dict[str, list[float]], a: str, b: str) -> float:
-    return statistics.median(x / y for x, y in zip(rounds[a], rounds[b]))
+    return statistics.median(x / y for x, y in zip(rounds[a], rounds[b], strict=True))
 
 
 def report(

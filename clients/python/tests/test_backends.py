@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import pytest
 import redis
+import redis.asyncio
 from conftest import SLOW, TARGETS, Pool, Target, calls, make_target, run
-from tbservers import MODULE, Server
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+from tbservers import MODULE, Server, free_port
 
 import redis_tokenbucket.asyncio as tb_asyncio
 from redis_tokenbucket import Bucket, Limiter, NoBackendError
@@ -136,3 +141,53 @@ def test_nothing_serves_a_user_without_scripting(pool):
 def test_bad_backend_name():
     with pytest.raises(ValueError, match="backend must be one of"):
         Limiter(redis.Redis(), backend="lua")  # type: ignore[arg-type]
+
+
+def test_a_client_of_the_other_kind_is_refused_at_construction(pool: Pool):
+    """A blocking Limiter can't await an asyncio client's coroutines (it
+    failed with "cannot unpack non-iterable coroutine"), and an asyncio
+    Limiter given a blocking client charged, then raised: both are refused
+    before any call."""
+    blocking = "redis_tokenbucket.Limiter needs a blocking client .* use redis_tokenbucket.asyncio.Limiter"
+    awaited = "redis_tokenbucket.asyncio.Limiter needs an asyncio client .* use redis_tokenbucket.Limiter"
+    with pytest.raises(TypeError, match=blocking):
+        Limiter(redis.asyncio.Redis())
+    with pytest.raises(TypeError, match=awaited):
+        tb_asyncio.Limiter(redis.Redis())
+    cluster = pool.cluster(module=False)
+    with RedisCluster(host="127.0.0.1", port=cluster.port) as rc, pytest.raises(TypeError, match=awaited):
+        tb_asyncio.Limiter(rc)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=blocking):
+        Limiter(AsyncRedisCluster(host="127.0.0.1", port=cluster.port))  # type: ignore[arg-type]
+    for not_a_client in (None, "redis://localhost", object()):
+        with pytest.raises(TypeError, match="expected a redis-py client"):
+            Limiter(not_a_client)  # type: ignore[arg-type]
+
+
+def test_reset_deletes_the_bucket(target: Target):
+    lim = Limiter(target.client())
+    assert lim.consume("rl:r", B, 4).remaining == 6
+    assert lim.reset("rl:r") is True
+    assert lim.peek("rl:r", B).remaining == 10
+    assert lim.reset("rl:r") is False  # nothing to delete: full already
+    with target.admin() as admin:
+        assert admin.dbsize() == 0
+
+
+def test_reset_asyncio(target: Target):
+    async def main() -> tuple[bool, int]:
+        client = target.async_client()
+        try:
+            lim = tb_asyncio.Limiter(client)
+            await lim.consume(7, B, 3)
+            deleted = await lim.reset("7")
+            return deleted, (await lim.peek(7, B)).remaining
+        finally:
+            await client.aclose()
+
+    assert run(main()) == (True, 10)
+
+
+def test_reset_raises_redis_errors_whatever_the_policy():
+    with pytest.raises(redis.ConnectionError):
+        Limiter(redis.Redis(port=free_port(), retry=Retry(NoBackoff(), 0)), on_error="open").reset("rl:r")

@@ -78,10 +78,16 @@ def calls(target: Target) -> int:
         (Fraction(1, 4), 0.25),
     ],
 )
-def test_the_grammar_accepts_decimals(value, expected):
-    assert Bucket(max=1e6, rate=1, name="x").named("y").name == "y"
-    cost_bucket = Bucket(max=value if expected > 0 else 1, rate=1)
-    assert cost_bucket.max == (expected if expected > 0 else 1.0)
+def test_the_grammar_accepts_decimals(value, expected, module_target: Target):
+    """Each value as a cost (which may be 0, as "-0" is), and as a max
+    where it is positive."""
+    lim = Limiter(module_target.client())
+    d = lim.consume("rl:grammar", Bucket(1e6, 1), value)
+    assert d.allowed and d.cost == expected
+    if expected > 0:
+        assert Bucket(max=value, rate=1).max == expected
+    # The module read what was sent as the same number: what it charged.
+    assert d.remaining == math.floor(1e6 - expected)
 
 
 @pytest.mark.parametrize("max_", [1e12, 10.0, 1.0, 0.5, 3.0, 1024.0000000000002, 7.3e-5])
@@ -106,6 +112,7 @@ def test_the_smallest_charging_cost_is_the_modules(max_: float, module_target: T
 
 
 def test_bucket_is_a_value():
+    assert Bucket(max=1e6, rate=1, name="x").named("y").name == "y"
     assert Bucket(10, 0.17) == Bucket(10.0, "0.17")
     assert Bucket(10, 1, name="user") != Bucket(10, 1, name="ip")
     assert hash(Bucket(10, 1)) == hash(Bucket(10.0, 1.0))
@@ -154,3 +161,48 @@ def test_bad_names_and_groups():
         lim.adjust("a", b, "inf", on_error="open")
     with pytest.raises(TypeError, match="expected a Bucket"):
         lim.consume("a", (10, 1))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "limit, max_, fill_seconds",
+    [
+        ("10/minute", 10, 60),
+        ("1/second", 1, 1),
+        ("100/hour", 100, 3600),
+        ("5000/day", 5000, 86400),
+        (" 2.5 / second ", 2.5, 1),
+        ("1e3/day", 1000, 86400),
+    ],
+)
+def test_parse_is_a_burst_of_n_refilled_over_the_period(limit: str, max_: float, fill_seconds: float):
+    b = Bucket.parse(limit, name="user")
+    assert (b.max, b.name) == (max_, "user")
+    assert b.rate == max_ / fill_seconds
+    assert b.fill_seconds == pytest.approx(fill_seconds)
+
+
+def test_parse_is_a_token_bucket_not_a_window(module_target: Target):
+    """10/minute: all 10 at once, then one every 6 s; not 10 again at the
+    next minute's edge."""
+    lim = Limiter(module_target.client())
+    b = Bucket.parse("10/minute")
+    assert [lim.consume("rl:parse", b).allowed for _ in range(11)] == [True] * 10 + [False]
+    assert 5000 < lim.peek("rl:parse", b).retry_after_ms <= 6000
+
+
+@pytest.mark.parametrize(
+    "limit, field, message",
+    [
+        ("10/minutes", "limit", "limit must be N/second, N/minute, N/hour or N/day, got '10/minutes'"),
+        ("10 per minute", "limit", "limit must be N/second, N/minute, N/hour or N/day, got '10 per minute'"),
+        ("/minute", "limit", "limit must be N/second, N/minute, N/hour or N/day, got '/minute'"),
+        ("ten/minute", "max", "max must be a finite decimal number"),
+        ("0/minute", "max", "max must be > 0 and <= 1e12"),
+        ("-5/second", "max", "max must be > 0 and <= 1e12"),
+        (10, "limit", "limit must be N/second, N/minute, N/hour or N/day, got 10"),
+    ],
+)
+def test_parse_refuses_anything_else(limit: str, field: str, message: str):
+    with pytest.raises(InvalidArgument) as raised:
+        Bucket.parse(limit)
+    assert (raised.value.field, str(raised.value)) == (field, message)

@@ -17,6 +17,7 @@ from tbservers import Cluster, free_port
 
 import redis_tokenbucket.asyncio as tb_asyncio
 from redis_tokenbucket import Bucket, CrossSlotError, Limiter, hash_tagged
+from redis_tokenbucket._scripts import library_source, library_version
 
 USER = Bucket(3, SLOW, name="user")
 IP = Bucket(1, SLOW, name="ip")
@@ -93,6 +94,15 @@ def test_across_slots_charges_bucket_by_bucket_and_refunds(cluster: Cluster, rc:
     )
 
 
+def test_reset_reaches_each_keys_node(cluster: Cluster, rc: RedisCluster):
+    keys = [f"rl:user:{i}" for i in range(12)]
+    lim = Limiter(rc)
+    for k in keys:
+        lim.consume(k, USER)
+    assert all(lim.reset(k) for k in keys)
+    assert sum(rc.exists(k) for k in keys) == 0  # one by one: the keys lie in several slots
+
+
 def test_atomic_across_slots_is_refused(cluster: Cluster, rc: RedisCluster):
     lim = Limiter(rc)
     with pytest.raises(CrossSlotError, match="one Cluster hash slot") as raised:
@@ -151,8 +161,9 @@ def test_one_round_trip_per_call_on_the_library(pool: Pool):
         keys = [f"rl:user:{i}" for i in range(30)]
         assert [lim.consume(k, USER).remaining for k in keys] == [2] * 30
     run(asyncio_calls())
-    # One more FCALL: the first after clean() found no library, loaded it and retried.
-    assert sum(everywhere(cluster, "fcall", "fcall_ro")) == 30 + 1 + 10
+    # One more FCALL: the first after clean() found no library, loaded it and
+    # retried; and the asyncio limiter's tb_version, once on each primary.
+    assert sum(everywhere(cluster, "fcall", "fcall_ro")) == 30 + 1 + 10 + 3
     assert sum(everywhere(cluster, "command|getkeys")) == 0
 
 
@@ -177,7 +188,9 @@ def test_a_node_gone_under_a_routed_call(pool: Pool):
     async def asyncio_call() -> tuple[int, list[Any]]:
         client = AsyncRedisCluster(host="127.0.0.1", port=cluster.port)
         try:
-            lim = tb_asyncio.Limiter(client, backend="functions")
+            # A generous budget: a loaded machine must not shed the first
+            # call (the slot map and the library) of this routing test.
+            lim = tb_asyncio.Limiter(client, backend="functions", timeout=5)
             await lim.consume(key, USER)  # the slot map and the library
             routed = route_once_to(client, AsyncClusterNode(*gone, server_type="primary"))
             return (await lim.consume(key, USER)).remaining, routed
@@ -187,16 +200,17 @@ def test_a_node_gone_under_a_routed_call(pool: Pool):
     for node in cluster.nodes:
         clean(node)
     with RedisCluster(host="127.0.0.1", port=cluster.port) as rc:
-        lim = Limiter(rc, backend="functions")
-        lim.consume(key, USER)
+        lim = Limiter(rc, backend="functions", timeout=5)
+        assert not lim.consume(key, USER).shed
         routed = route_once_to(rc, ClusterNode(*gone, server_type="primary"))
         assert lim.consume(key, USER).remaining == 1
         assert routed == [key]  # one routed try; the retry was redis-py's to route
     remaining, routed = run(asyncio_call())
     assert remaining == 0 and routed == [key]
-    # Each limiter: the first call (the first of all found no library, loaded
-    # it and ran again), then the retried one; the routed tries met a dead port.
-    assert sum(everywhere(cluster, "fcall")) == 2 + 1 + 2
+    # Each limiter: the first call (the first limiter's tb_version found no
+    # library and loaded it), then the retried one; the routed tries met a
+    # dead port.
+    assert sum(everywhere(cluster, "fcall")) == 2 + 2
 
 
 def test_a_single_node_always_takes_one_call(module_target: Target):
@@ -215,3 +229,28 @@ def test_hash_tagged_checks_its_parts():
             hash_tagged(*bad)
     with pytest.raises(ValueError):
         hash_tagged("t", "a", prefix="rl{")
+
+
+def test_each_primary_gets_our_library(pool: Pool):
+    """Each primary has its own library: the package's, an older release's,
+    a foreign one. The first call's tb_version asks every primary, and the
+    package's copy is loaded on all of them."""
+    cluster = pool.cluster(module=False)
+    for node in cluster.nodes:
+        clean(node)
+    ours = library_source()
+    version = library_version()
+    older = ours.replace(f"local LIBRARY_VERSION = '{version}'".encode(), b"local LIBRARY_VERSION = '0.0.1'")
+    foreign = b"#!lua name=tb\nredis.register_function('tb_consume', function() return {1, 42, 0, 0} end)"
+    for node, library in zip(cluster.nodes, (ours, older, foreign), strict=True):
+        with node.client() as r:
+            r.function_load(library)
+            r.config_resetstat()
+    with RedisCluster(host="127.0.0.1", port=cluster.port) as rc:
+        lim = Limiter(rc)
+        assert [lim.consume(f"rl:user:{i}", USER).remaining for i in range(12)] == [2] * 12
+        assert lim.backend == "functions"
+    assert everywhere(cluster, "fcall_ro") == [1, 1, 1]
+    for node in cluster.nodes:
+        with node.client(decode_responses=True) as r:
+            assert r.execute_command("FCALL_RO", "tb_version", 0) == version

@@ -10,7 +10,8 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis

@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any, Optional
 
 import pytest
 import redis.asyncio
 from conftest import SLOW, Target
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.testclient import TestClient
 from starlette.requests import Request as StarletteRequest
 from tbasgi import CLIENT_IP_CASES, TRUSTED_PROXIES, PeerFromHeader
 from tbservers import free_port
 
 import redis_tokenbucket.asyncio as tb_asyncio
-from redis_tokenbucket import Bucket
+from redis_tokenbucket import Bucket, Decision, MultiDecision
 from redis_tokenbucket.fastapi import (
     QUOTA_EXCEEDED,
     RateLimit,
@@ -118,7 +119,8 @@ def test_redis_down(how: str, caplog: pytest.LogCaptureFixture):
     with serve(port, how, [IP], on_error="closed") as client:
         res = client.get("/v1/models")
         assert res.status_code == 503 and res.headers["content-type"] == "application/problem+json"
-        assert res.json()["status"] == 503
+        assert res.json()["status"] == 503 and res.headers["Retry-After"] == "1"
+        assert "RateLimit" not in res.headers
     caplog.clear()
     with serve(port, how, [IP], on_error="open") as client:
         res = client.get("/v1/models")
@@ -177,3 +179,151 @@ def test_multiple_forwarded_headers_are_one_list():
         }
     )
     assert client_ip(TRUSTED_PROXIES)(request) == "198.51.100.1"
+
+
+def response_routes(app: FastAPI, limit: Any) -> None:
+    """Routes that answer in each way a FastAPI route can, all limited."""
+    deps = [Depends(limit)]
+
+    @app.get("/dict", dependencies=deps)
+    async def as_dict() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/json", dependencies=deps)
+    async def as_json() -> JSONResponse:
+        return JSONResponse({"ok": True}, headers={"X-Own": "kept"})
+
+    @app.get("/stream", dependencies=deps)
+    async def as_stream() -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"one,"
+            yield b"two"
+
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    @app.get("/text", dependencies=deps)
+    def as_text() -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    @app.get("/missing", dependencies=deps)
+    async def missing() -> None:
+        raise HTTPException(404, "no such thing")
+
+
+@pytest.mark.parametrize("path", ["/dict", "/json", "/stream", "/text", "/missing"])
+def test_the_dependency_sets_the_fields_on_every_response(module_target: Target, path: str):
+    app = FastAPI()
+    install(app)
+    limiter = tb_asyncio.Limiter(redis.asyncio.Redis(port=module_target.server.port))
+    response_routes(app, RateLimit(limiter, KEY))
+    with TestClient(app) as client:
+        first = client.get(path, headers={"X-API-Key": "k"})
+        assert first.headers["RateLimit"] == '"key";r=1;t=1000'
+        assert first.headers["RateLimit-Policy"] == '"key";q=2;w=2000'
+        if path == "/json":
+            assert first.headers["X-Own"] == "kept"
+        if path == "/stream":
+            assert first.text == "one,two"
+        # One copy of each field, and the denial's own on a denial.
+        client.get(path, headers={"X-API-Key": "k"})
+        denied = client.get(path, headers={"X-API-Key": "k"})
+        assert denied.status_code == 429 and denied.headers.get_list("RateLimit") == ['"key";r=0;t=1000']
+
+
+def test_without_install_the_fields_reach_only_what_fastapi_builds(
+    module_target: Target, caplog: pytest.LogCaptureFixture
+):
+    """What install(app) is for: without it, FastAPI drops the fields of a
+    Response a route returns itself; the dependency says so in the log."""
+    app = FastAPI()
+    limiter = tb_asyncio.Limiter(redis.asyncio.Redis(port=module_target.server.port))
+    response_routes(app, RateLimit(limiter, KEY))
+    with TestClient(app) as client:
+        assert "RateLimit" in client.get("/dict", headers={"X-API-Key": "a"}).headers
+        assert "RateLimit" not in client.get("/json", headers={"X-API-Key": "b"}).headers
+    assert "without install(app)" in caplog.text
+
+
+TIERS = {"free": Bucket(2, SLOW, name="user"), "pro": Bucket(5, SLOW, name="user")}
+
+
+def tier_of(request: Request) -> Bucket:
+    return TIERS[request.headers.get("x-tier", "free")]
+
+
+async def tier_looked_up(request: Request) -> Bucket:
+    return tier_of(request)
+
+
+@pytest.mark.parametrize("bucket", [tier_of, tier_looked_up], ids=["sync", "async"])
+def test_a_rule_takes_the_bucket_from_the_request(module_target: Target, bucket: Any):
+    """The caller's tier picks the bucket; both tiers name it "user", so one
+    key per user holds what was spent across a change of tier."""
+    app = FastAPI()
+    install(app)
+    limiter = tb_asyncio.Limiter(redis.asyncio.Redis(port=module_target.server.port))
+    per_user = RateLimit(limiter, Rule(bucket, lambda request: request.headers.get("x-user")))
+
+    @app.get("/work", dependencies=[Depends(per_user)])
+    async def work() -> dict[str, bool]:
+        return {"ok": True}
+
+    with TestClient(app) as client:
+        free = client.get("/work", headers={"x-user": "ann"})
+        assert free.headers["RateLimit-Policy"] == '"user";q=2;w=2000'
+        assert free.headers["RateLimit"] == '"user";r=1;t=1000'
+        # The 1 token left moves to the pro bucket: a higher max adds none.
+        pro = client.get("/work", headers={"x-user": "ann", "x-tier": "pro"})
+        assert pro.headers["RateLimit-Policy"] == '"user";q=5;w=5000'
+        assert pro.headers["RateLimit"] == '"user";r=0;t=5000'
+        assert client.get("/work", headers={"x-user": "ann"}).status_code == 429
+    with module_target.admin() as admin:
+        assert admin.keys("*") == ["rl:user:ann"]
+
+
+def test_a_rules_bucket_function_must_return_a_named_bucket(module_target: Target):
+    limiter = tb_asyncio.Limiter(redis.asyncio.Redis(port=module_target.server.port))
+    app = FastAPI()
+
+    async def ok() -> dict[str, bool]:
+        return {"ok": True}
+
+    for path, bucket in [("/tuple", lambda r: (10, 1)), ("/unnamed", lambda r: Bucket(10, 1))]:
+        app.get(path, dependencies=[Depends(RateLimit(limiter, Rule(bucket, api_key())))])(ok)
+    with TestClient(app, raise_server_exceptions=True) as client:
+        with pytest.raises(TypeError, match="must return a Bucket, got tuple"):
+            client.get("/tuple", headers={"X-API-Key": "k"})
+        with pytest.raises(ValueError, match="needs a name"):
+            client.get("/unnamed", headers={"X-API-Key": "k"})
+    with pytest.raises(TypeError, match="a Rule's bucket is a Bucket or a function"):
+        Rule((10, 1), api_key())  # type: ignore[arg-type]
+
+
+class Shedding(tb_asyncio.Limiter):
+    """Answers every consume_many as a limiter shedding load does."""
+
+    async def consume_many(self, groups: Any, **options: Any) -> MultiDecision:
+        decisions = tuple(Decision(False, 0, 0, 0, k, b, c, shed=True) for k, b, c in groups)
+        return MultiDecision(False, 2500, decisions, shed=True)
+
+
+@pytest.mark.parametrize("how", ["dependency", "middleware"])
+def test_a_shed_call_is_a_503_with_retry_after(how: str):
+    app = FastAPI()
+    install(app)
+    limiter = Shedding(redis.asyncio.Redis(port=free_port()))
+    if how == "middleware":
+        app.add_middleware(RateLimitMiddleware, limiter=limiter, rules=[IP])
+        deps: list[Any] = []
+    else:
+        deps = [Depends(RateLimit(limiter, IP))]
+
+    @app.get("/v1/models", dependencies=deps)
+    async def models() -> dict[str, list[str]]:
+        return {"data": []}
+
+    with TestClient(app) as client:
+        res = client.get("/v1/models")
+    assert res.status_code == 503 and res.headers["Retry-After"] == "3"
+    assert res.json()["detail"] == "The server is overloaded."
+    assert "RateLimit" not in res.headers

@@ -81,3 +81,32 @@ def test_from_a_real_call(target: Target):
         "X-RateLimit-Remaining": "0",
         "Retry-After": "1000",
     }
+
+
+def test_a_bucket_below_one_token_states_a_quota_of_one():
+    """max 0.5 admits costs up to 0.5: a quota of 0 would say nothing passes."""
+    half = Bucket(0.5, 1, name="tiny")
+    headers = rate_limit_headers(decision(half, True, 0, 0, 500), legacy=True)
+    assert headers["RateLimit-Policy"] == '"tiny";q=1;w=1'
+    assert headers["X-RateLimit-Limit"] == "1"
+    assert rate_limit_headers(decision(Bucket(2.5, 1), True, 1, 0, 500))["RateLimit-Policy"] == '"default";q=2;w=3'
+
+
+def test_a_shed_decision_has_nothing_to_report():
+    d = Decision(False, 0, 0, 0, "k", USER, 1, shed=True)
+    assert rate_limit_headers(d) == {}
+    assert rate_limit_headers(MultiDecision(False, 0, (d,), shed=True)) == {}
+
+
+def test_adjust_into_debt_is_not_admitted(target: Target):
+    """TB.ADJUST always replies allowed=1; the decision says whether the
+    next request of cost 1 would pass, so a retry time comes with a denial,
+    as on every other call."""
+    lim = Limiter(target.client())
+    b = Bucket(5, 1, name="user")
+    refund = lim.adjust("rl:debt", b, 1)
+    assert (refund.allowed, refund.retry_after_ms) == (True, 0)
+    debt = lim.adjust("rl:debt", b, -8)
+    assert debt.remaining == -3 and not debt.allowed and debt.retry_after_ms > 3000
+    assert rate_limit_headers(debt)["Retry-After"] == str(debt.retry_after)
+    assert lim.adjust("rl:debt", b, 10).allowed

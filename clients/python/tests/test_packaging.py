@@ -5,6 +5,8 @@ repository's Functions library byte for byte, and the EVAL script that
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -17,7 +19,7 @@ from tbservers import ROOT
 
 import redis_tokenbucket
 import redis_tokenbucket.asyncio
-from redis_tokenbucket import _scripts
+from redis_tokenbucket import _contract, _scripts
 
 LUA = ROOT / "lua"
 GEN_EVAL = LUA / "gen_eval.py"
@@ -61,6 +63,15 @@ def test_packaged_library_is_the_repositorys(packaged_lua: Path):
     assert _scripts.library_source() == (LUA / "tb.lua").read_bytes()
 
 
+def test_the_library_states_the_packages_version():
+    """What the library's tb_version answers is the version the package
+    checks servers against: the project's, then a hash of the library's
+    code (contract/gen.py stamps it), as the generated contract says."""
+    version = _scripts.library_version()
+    assert version == _contract.LIBRARY_VERSION
+    assert version.startswith(metadata.version("redis-tokenbucket") + "+")
+
+
 def test_packaged_eval_script_is_what_gen_eval_writes(packaged_lua: Path, tmp_path: Path):
     checked = gen_eval_check(packaged_lua / _scripts.EVAL_FILE)
     assert checked.returncode == 0, checked.stderr
@@ -94,9 +105,27 @@ def test_sdist_carries_the_library_and_its_generator():
 
 def test_distribution_metadata():
     dist = metadata.distribution("redis-tokenbucket")
-    assert dist.metadata["Requires-Python"] == ">=3.9"
+    assert dist.metadata["Requires-Python"] == ">=3.10"
     requires = dist.requires or []
     assert any(r.startswith("redis>=5") for r in requires)
     assert any(r.startswith("fastapi>=") and "extra == " in r for r in requires)
     assert resources.files("redis_tokenbucket").joinpath("py.typed").is_file()
     assert redis_tokenbucket.asyncio.Limiter.__module__ == "redis_tokenbucket.asyncio"
+
+
+def test_the_installed_contract_is_the_repositorys():
+    """The package's bounds and messages are contract/contract.json's, as
+    contract/gen.py writes them: a copy that drifted fails here (and
+    `make lint` fails on the repository's copy)."""
+    contract = json.loads((ROOT / "contract" / "contract.json").read_text())
+    limits = {name: spec["value"] for name, spec in contract["limits"].items()}
+    for name, value in limits.items():
+        assert getattr(_contract, name.upper()) == float(value), name
+    for name, template in contract["errors"].items():
+        filled = re.sub(r"\{(\w+)\}", lambda m: limits.get(m.group(1), m.group(0)), template)
+        assert _contract.ERRORS[name] == filled, name
+    assert set(_contract.ERRORS) == set(contract["errors"])
+    # The Bucket's checks speak those messages.
+    with pytest.raises(redis_tokenbucket.InvalidArgument) as bad:
+        redis_tokenbucket.Bucket(0, 1)
+    assert "ERR " + str(bad.value) == _contract.message("max_out_of_range")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 State = Literal["closed", "open", "half_open"]
 

@@ -9,13 +9,10 @@ import numbers
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
-# The module's bounds (docs/commands.md, Limits).
-MAX_CAPACITY = 1e12
-MAX_RATE = 1e12
-MAX_FILL_SECONDS = 1e10
-MAX_GROUPS = 10_000
+from ._contract import MAX_CAPACITY, MAX_FILL_SECONDS, MAX_RATE, message
+from ._keys import KeyT as KeyT  # where the other modules have always imported it from
 
 # [+-] (digits [. digits] | . digits) [(e|E) [+-] digits], ASCII digits only:
 # the grammar the module and the Lua library accept.
@@ -24,8 +21,9 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)
 # From this on an int is no finite double (and float() would raise).
 _HUGE = 2**1024
 
-KeyT = Union[str, bytes]
-"""A Redis key: any string or binary string."""
+# Bucket.parse: "N/period", and the periods in seconds.
+_PERIODS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+_LIMIT = re.compile(r"\s*(?P<n>[^/\s]+)\s*/\s*(?P<period>[a-z]+)\s*")
 
 
 class InvalidArgument(ValueError):
@@ -38,8 +36,10 @@ class InvalidArgument(ValueError):
         self.field = field
 
 
-def _group(group: Optional[int]) -> str:
-    return "" if group is None else f" (group {group})"
+def invalid(field: str, error: str, group: Optional[int] = None, **values: object) -> InvalidArgument:
+    """The module's reply `error` (contract/contract.json) as an
+    InvalidArgument about `field`: its text without the `ERR ` prefix."""
+    return InvalidArgument(field, message(error, group=group, **values).removeprefix("ERR "))
 
 
 def number(value: Any, name: str, group: Optional[int] = None) -> float:
@@ -62,7 +62,7 @@ def number(value: Any, name: str, group: Optional[int] = None) -> float:
             result = math.inf
         if math.isfinite(result):
             return result
-    raise InvalidArgument(name, f"{name} must be a finite decimal number{_group(group)}")
+    raise invalid(name, "not_a_number", group, arg=name)
 
 
 def encode(value: float) -> str:
@@ -74,13 +74,11 @@ def encode(value: float) -> str:
 def check_cost(cost: Any, bucket: Bucket, group: Optional[int] = None) -> float:
     value = number(cost, "cost", group)
     if value < 0:
-        raise InvalidArgument("cost", f"cost must be >= 0{_group(group)}")
+        raise invalid("cost", "cost_negative", group)
     if value > bucket.max:
-        raise InvalidArgument("cost", f"cost must not exceed max, it could never pass{_group(group)}")
+        raise invalid("cost", "cost_above_max", group)
     if charges_nothing(value, bucket.max):
-        raise InvalidArgument(
-            "cost", f"cost is too small to charge a bucket of this max: use 0 or at least max/2^53{_group(group)}"
-        )
+        raise invalid("cost", "cost_too_small", group)
     return value
 
 
@@ -108,8 +106,9 @@ def check_name(name: str) -> str:
 class Bucket:
     """`max` tokens of burst, refilled at `rate` tokens per second.
 
-    Checked when built, with the module's rules: `0 < max <= 1e12`,
-    `0 < rate <= 1e12`, `max / rate <= 1e10` seconds. `name` names the
+    Checked when built, with the module's rules and messages
+    (contract/contract.json): `0 < max <= 1e12`, `0 < rate <= 1e12`,
+    `max / rate <= 1e10` seconds. `name` names the
     policy in the RateLimit headers (`"user";q=10;w=59`).
     """
 
@@ -122,12 +121,12 @@ class Bucket:
     def __post_init__(self) -> None:
         max_ = number(self.max, "max")
         if not 0 < max_ <= MAX_CAPACITY:
-            raise InvalidArgument("max", "max must be > 0 and <= 1e12")
+            raise invalid("max", "max_out_of_range")
         rate = number(self.rate, "rate")
         if not 0 < rate <= MAX_RATE:
-            raise InvalidArgument("rate", "rate must be > 0 and <= 1e12")
+            raise invalid("rate", "rate_out_of_range")
         if max_ / rate > MAX_FILL_SECONDS:
-            raise InvalidArgument("rate", "rate is too low for max: max/rate must be <= 1e10 seconds")
+            raise invalid("rate", "fill_too_slow")
         if self.name is not None:
             check_name(self.name)
         object.__setattr__(self, "max", max_)
@@ -142,3 +141,23 @@ class Bucket:
     def named(self, name: str) -> Bucket:
         """The same limits under another policy name."""
         return Bucket(self.max, self.rate, name)
+
+    @classmethod
+    def parse(cls, limit: str, name: Optional[str] = None) -> Bucket:
+        """`"N/second"`, `"N/minute"`, `"N/hour"` or `"N/day"` as a bucket of
+        `max=N` refilled at `N` per period::
+
+            Bucket.parse("10/minute")  # Bucket(max=10, rate=10/60): a burst of 10, then one every 6 s
+
+        A token bucket, not a window: the whole N may be spent at once, and
+        tokens come back one by one through the period, never all at a
+        window's edge. So a client that spent them waits period/N for the
+        next one, and the most it gets in any period is about 2N (the burst,
+        then the period's refill).
+        """
+        match = _LIMIT.fullmatch(limit) if isinstance(limit, str) else None
+        period = _PERIODS.get(match["period"]) if match else None
+        if match is None or period is None:
+            raise InvalidArgument("limit", f"limit must be N/second, N/minute, N/hour or N/day, got {limit!r}")
+        n = number(match["n"], "max")
+        return cls(n, n / period, name)

@@ -16,6 +16,12 @@ MAX_FILL_SECONDS = 1e10
 MAX_GROUPS = 10000
 # The longest wait a reply reports, in ms (about 3,170 years). Valid limits never need it: it only bounds the search for the reply times.
 MAX_WAIT_MS = 100000000000000
+# Largest limit of a lease key: the total weight its live leases may hold.
+MAX_LEASE_LIMIT = 1000000
+# Longest lease_ms (one day): how long a lease lives without a renewal.
+MAX_LEASE_MS = 86400000
+# Longest lease id, in bytes.
+MAX_LEASE_ID_BYTES = 256
 
 COMMANDS = {
     "consume": "tb.consume",
@@ -23,10 +29,14 @@ COMMANDS = {
     "mconsume": "tb.mconsume",
     "adjust": "tb.adjust",
     "cl_throttle": "cl.throttle",
+    "acquire": "tb.acquire",
+    "release": "tb.release",
+    "renew": "tb.renew",
+    "inflight": "tb.inflight",
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+5989657ed3e6"
+LIBRARY_VERSION = "0.1.0+ba2b2eb2d130"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
@@ -50,7 +60,13 @@ ERRORS = {
     "bad_fields": "ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}",
     "bad_tokens": "ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}",
     "bad_ts": "ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}",
-    "write_failed": "ERR tb could not write the bucket: {step} failed, see the server log",
+    "int_out_of_range": "ERR {arg} must be >= {least} and <= {most}",
+    "weight_above_limit": "ERR weight must not exceed limit, it could never fit",
+    "bad_id": "ERR id must be 1 to 256 bytes",
+    "expected_bucket": "ERR syntax error at argument {position}: expected BUCKET",
+    "bucket_is_lease_key": "ERR the key of group {group} is the lease key",
+    "not_a_lease_key": "ERR key is not a lease key: each field must hold <expires_at_us>:<weight>",
+    "write_failed": "ERR tb could not write the key: {step} failed, see the server log",
     "panic": "ERR tb internal error: the command failed and was contained, see the server log",
     "one_of": "ERR {arg} must be one of {values}",
     "internal": "ERR tb internal error: {what}",

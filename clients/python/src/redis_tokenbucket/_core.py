@@ -11,12 +11,13 @@ live here; how commands reach Redis is in _transport.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Generic, Literal, Optional, TypeVar, Union
+from typing import Any, Generic, Literal, Optional, TypeVar, Union
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
@@ -24,12 +25,27 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from . import _local
 from ._breaker import Breaker
-from ._bucket import MAX_GROUPS, Bucket, InvalidArgument, KeyT, check_cost, check_delta
+from ._bucket import Bucket, InvalidArgument, KeyT, check_cost, check_delta, invalid
 from ._cache import DenialCache
+from ._cache import denial_cache as make_denial_cache
+from ._clients import check_client
+from ._contract import MAX_GROUPS
 from ._decision import Decision, MultiDecision
 from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError
 from ._events import DecisionEvent
-from ._scripts import Args, Group, Op, eval_args, eval_script, fcall_args, library_source, module_args
+from ._keys import check_key, client_encoding, key_bytes
+from ._scripts import (
+    VERSION_ARGS,
+    Args,
+    Group,
+    Op,
+    eval_args,
+    eval_script,
+    fcall_args,
+    library_source,
+    library_version,
+    module_args,
+)
 from ._transport import Shed, classify
 
 log = logging.getLogger("redis_tokenbucket")
@@ -111,6 +127,11 @@ class Engine:
         # A cluster client (sync or asyncio), to send each FCALL to its key's node.
         self._cluster = cluster
         self._retryable: tuple[type[Exception], ...] = cluster.ERRORS_ALLOW_RETRY if cluster is not None else ()
+        # Whether the Functions library on the server (every primary of a
+        # Cluster) is known to be this package's copy, and whether a call
+        # is finding out (checking, or loading it) right now.
+        self._library_checked = False
+        self._library_checking = False
 
     def call(self, op: Op, groups: Sequence[Group]) -> Plan[Any]:
         backend = self.backend
@@ -147,10 +168,24 @@ class Engine:
                     raise _Unavailable(backend, exc) from exc
                 raise
         if backend == "functions":
-            return (yield from self._fcall(fcall_args(op, groups), groups[0][0]))
+            return (yield from self._fcall(op, groups))
         return (yield from self._eval(eval_args(op, groups)))
 
-    def _fcall(self, args: Args, key: KeyT) -> Plan[Any]:
+    def _fcall(self, op: Op, groups: Sequence[Group]) -> Plan[Any]:
+        if self._library_checking:
+            # Another call is checking or loading the library right now: a
+            # burst of first calls (or of calls after FUNCTION FLUSH) must
+            # not each load it, since every FUNCTION LOAD compiles it while
+            # Redis waits. The EVAL script needs no loading and answers the
+            # same.
+            return (yield from self._eval(eval_args(op, groups)))
+        args, key = fcall_args(op, groups), groups[0][0]
+        if not self._library_checked:
+            self._library_checking = True
+            try:
+                yield from self._check_library()
+            finally:
+                self._library_checking = False
         try:
             return (yield from self._to_key_node(args, key))
         except Exception as exc:
@@ -158,6 +193,42 @@ class Engine:
                 raise _Unavailable("functions", exc) from exc
             if not function_missing(exc):
                 raise
+        self._library_checking = True
+        try:
+            yield from self._load_library()
+        finally:
+            self._library_checking = False
+        return (yield from self._to_key_node(args, key))
+
+    def _check_library(self) -> Plan[None]:
+        """Before the first FCALL: the library loaded (on every primary of a
+        Cluster) must be this package's copy, as `tb_version` tells. None,
+        an older one, or a foreign one (no `tb_version`) is replaced by it."""
+        command: Command = ToNode(VERSION_ARGS, self._primaries()) if self._cluster is not None else VERSION_ARGS
+        try:
+            reply = yield command
+        except Exception as exc:
+            if refused(exc):
+                raise _Unavailable("functions", exc) from exc
+            if not function_missing(exc):
+                raise
+            reply = None
+        # A cluster client answers for several nodes with {node: reply}.
+        replies = reply.values() if isinstance(reply, dict) else [reply]
+        ours = library_version()
+        if any((r.decode() if isinstance(r, bytes) else r) != ours for r in replies):
+            yield from self._load_library()
+        self._library_checked = True
+
+    def _primaries(self) -> Any:
+        """Every primary, as nodes: redis-py 8 asks a server for the keys of
+        an FCALL sent to the "primaries" flag (COMMAND GETKEYS), not of one
+        sent to nodes. An asyncio cluster client knows no node before its
+        first command: the flag then."""
+        nodes = self._cluster.get_primaries()
+        return nodes or "primaries"
+
+    def _load_library(self) -> Plan[None]:
         try:
             # REPLACE: idempotent when gateways race, or some Cluster
             # primaries have it already. A cluster client sends it to all.
@@ -166,7 +237,7 @@ class Engine:
             # Refused (Redis 6.2, an ACL without FUNCTION, a managed service
             # that disables it): the EVAL script needs no loading.
             raise _Unavailable("functions", exc) from exc
-        return (yield from self._to_key_node(args, key))
+        self._library_checked = True
 
     def _to_key_node(self, args: Args, key: KeyT) -> Plan[Any]:
         """Sends an FCALL, on a cluster client straight to the node of its
@@ -316,20 +387,20 @@ class LimiterBase(Generic[C]):
         backend: Optional[BackendName] = None,
         timeout: Optional[float] = DEFAULT_TIMEOUT,
         on_error: OnError = "raise",
-        denial_cache: Union[int, DenialCache, None] = None,
+        denial_cache: Union[bool, int, DenialCache, None] = None,
         breaker: Union[Breaker, bool] = True,
         processes: int = 1,
         on_decision: Optional[OnDecision] = None,
     ) -> None:
+        # The asyncio Limiter's _run is a coroutine function: it awaits its client.
+        check_client(client, asyncio=inspect.iscoroutinefunction(getattr(self, "_run", None)))
         self.client = client
         self._cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
+        self._encoding = client_encoding(client)  # how str keys reach Redis
         self._engine = Engine(backend, client if self._cluster else None)
         self.timeout = _check_timeout(timeout)
         self.on_error = _check_on_error(on_error)
-        if isinstance(denial_cache, DenialCache):
-            self.denial_cache: Optional[DenialCache] = denial_cache
-        else:
-            self.denial_cache = DenialCache(denial_cache) if denial_cache else None
+        self.denial_cache: Optional[DenialCache] = make_denial_cache(denial_cache, self._encoding)
         if isinstance(breaker, Breaker):
             self.breaker: Optional[Breaker] = breaker
         elif breaker is True or breaker is False:
@@ -360,6 +431,7 @@ class LimiterBase(Generic[C]):
     # ---- requests: checked before anything is sent -----------------------
 
     def _check_one(self, op: Op, key: KeyT, bucket: Bucket, amount: Any) -> OneRequest:
+        key = check_key(key)
         _check_bucket(bucket)
         value = check_delta(amount) if op == "adjust" else check_cost(amount, bucket)
         return OneRequest(op, key, bucket, value)
@@ -371,19 +443,20 @@ class LimiterBase(Generic[C]):
         if not given:
             raise InvalidArgument("groups", "consume_many needs at least one (key, bucket, cost)")
         if len(given) > MAX_GROUPS:
-            raise InvalidArgument("groups", f"too many buckets: at most {MAX_GROUPS} groups per call")
+            raise invalid("groups", "too_many_groups")
         checked: list[Group] = []
         for i, group in enumerate(given, 1):
             key, bucket, *cost = group
+            key = check_key(key, i)
             _check_bucket(bucket, i)
             if len(cost) > 1:
                 raise ValueError(f"group {i}: expected (key, bucket) or (key, bucket, cost)")
             checked.append((key, bucket, check_cost(cost[0] if cost else 1, bucket, i)))
         seen: dict[bytes, int] = {}
         for i, (key, _, _) in enumerate(checked, 1):
-            raw = key.encode() if isinstance(key, str) else bytes(key)
+            raw = key_bytes(key, self._encoding)
             if raw in seen:
-                raise InvalidArgument("key", f"duplicate key: group {i} repeats the key of group {seen[raw]}")
+                raise invalid("key", "duplicate_key", group=i, first=seen[raw])
             seen[raw] = i
         split = self._cluster and len(checked) > 1 and len({self._slot(k) for k, _, _ in checked}) > 1
         if split and atomic:
@@ -447,6 +520,10 @@ class LimiterBase(Generic[C]):
     def _job_detect(self, probe_key: KeyT, timeout: Optional[float]) -> Job[str]:
         return Job(self._plan_detect(probe_key), None, ANSWER_NONE, "detect", self._options(timeout, "raise"))
 
+    def _job_reset(self, key: KeyT, timeout: Optional[float]) -> Job[bool]:
+        plan = self._plan_reset(check_key(key))
+        return Job(plan, None, ANSWER_NONE, "reset", self._options(timeout, "raise"))
+
     # ---- plans -----------------------------------------------------------
 
     def _cached_one(self, req: OneRequest) -> Optional[Decision]:
@@ -466,27 +543,37 @@ class LimiterBase(Generic[C]):
 
     def _plan_one(self, req: OneRequest) -> Plan[Decision]:
         cache = self.denial_cache
-        sent = cache.clock() if cache is not None else 0.0
-        reply = yield from self._engine.call(req.op, ((req.key, req.bucket, req.amount),))
-        decision = Decision.from_reply(reply, req.key, req.bucket, req.amount)
-        if cache is not None:
-            if req.op == "adjust":
-                cache.forget(req.key)
-            elif not decision.allowed:
-                cache.remember(sent, decision.retry_after_ms, (decision,))
+        # Before anything is sent: a denial's deadline counts from here.
+        ticket = cache.sent(req.op, (req.key,)) if cache is not None else None
+        try:
+            reply = yield from self._engine.call(req.op, ((req.key, req.bucket, req.amount),))
+        except BaseException:
+            if ticket is not None:
+                ticket.failed()
+            raise
+        make = Decision.from_adjust if req.op == "adjust" else Decision.from_reply
+        decision = make(reply, req.key, req.bucket, req.amount)
+        if ticket is not None:
+            ticket.answered(decision.allowed, decision.retry_after_ms, (decision,))
         return decision
 
     def _plan_many(self, req: ManyRequest) -> Plan[MultiDecision]:
         cache = self.denial_cache
-        sent = cache.clock() if cache is not None else 0.0
-        if req.each:
-            result = yield from self._plan_each(req.groups)
-        else:
-            allowed, retry_ms, *replies = yield from self._engine.call("mconsume", req.groups)
-            decisions = tuple(Decision.from_reply(r, *g) for r, g in zip(replies, req.groups))
-            result = MultiDecision(bool(allowed), int(retry_ms), decisions)
-        if cache is not None and not result.allowed:
-            cache.remember(sent, result.retry_after_ms, result.decisions)
+        keys = [k for k, _, _ in req.groups]
+        ticket = cache.sent("each" if req.each else "mconsume", keys) if cache is not None else None
+        try:
+            if req.each:
+                result = yield from self._plan_each(req.groups)
+            else:
+                allowed, retry_ms, *replies = yield from self._engine.call("mconsume", req.groups)
+                decisions = tuple(Decision.from_reply(r, *g) for r, g in zip(replies, req.groups, strict=True))
+                result = MultiDecision(bool(allowed), int(retry_ms), decisions)
+        except BaseException:
+            if ticket is not None:
+                ticket.failed()
+            raise
+        if ticket is not None:
+            ticket.answered(result.allowed, result.retry_after_ms, result.decisions)
         return result
 
     def _plan_each(self, groups: Sequence[Group]) -> Plan[MultiDecision]:
@@ -519,6 +606,20 @@ class LimiterBase(Generic[C]):
             decisions = (*refunded, decision, *rest)
             return MultiDecision(False, max(d.retry_after_ms for d in decisions), decisions, atomic=False)
         return MultiDecision(True, 0, tuple(charged), atomic=False)
+
+    def _plan_reset(self, key: KeyT) -> Plan[bool]:
+        cache = self.denial_cache
+        ticket = cache.sent("reset", (key,)) if cache is not None else None
+        try:
+            # No key is a full bucket. A cluster client routes DEL by its key.
+            deleted = yield ("DEL", key)
+        except BaseException:
+            if ticket is not None:
+                ticket.failed()
+            raise
+        if ticket is not None:
+            ticket.answered(True, 0, ())
+        return bool(deleted)
 
     def _plan_detect(self, probe_key: KeyT) -> Plan[str]:
         yield from self._engine.call("peek", ((probe_key, _PROBE, 1.0),))
@@ -629,13 +730,14 @@ def _local_many(local: _local.LocalBuckets, req: ManyRequest) -> MultiDecision:
     except ResponseError:
         return _degraded_many(req, False)
     decisions = tuple(
-        Decision(bool(a), r, w, t, k, b, c, degraded=True) for (a, r, w, t), (k, b, c) in zip(replies, req.groups)
+        Decision(bool(a), r, w, t, k, b, c, degraded=True)
+        for (a, r, w, t), (k, b, c) in zip(replies, req.groups, strict=True)
     )
     return MultiDecision(bool(allowed), retry_ms, decisions, atomic=not req.each, degraded=True)
 
 
 def _no_answer(req: object, *_: object) -> Any:
-    raise LimiterError("detect() has no answer without Redis")
+    raise LimiterError(f"{describe(req)}() has no answer without Redis")  # type: ignore[arg-type]
 
 
 def _shed_detect(req: object) -> Any:

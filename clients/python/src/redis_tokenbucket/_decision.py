@@ -33,8 +33,12 @@ class Decision(_RetryAfter):
     or the in-process bucket's for "local"). `shed` marks a refusal because
     this process was too busy to get Redis's answer in time (never
     admitted; `retry_after_ms` is a short back-off). `cached` marks a
-    denial answered from the local denial cache without a round trip. For
-    `adjust`, `cost` holds the delta.
+    denial answered from the local denial cache without a round trip.
+
+    For `adjust`, `cost` holds the delta, and `allowed` and
+    `retry_after_ms` are about the next request of cost 1 (or `max`, if
+    smaller): whether it would pass now, else when it will. So
+    `retry_after_ms` is 0 whenever `allowed` is True, on every call.
     """
 
     allowed: bool
@@ -70,7 +74,17 @@ class Decision(_RetryAfter):
             cost=cost,
             degraded=False,
             cached=False,
+            shed=False,
         )
+        return d
+
+    @classmethod
+    def from_adjust(cls, reply: Sequence[int], key: KeyT, bucket: Bucket, delta: float) -> Decision:
+        """TB.ADJUST's reply, whose `allowed` is always 1 and whose retry
+        time is for a request of cost 1 (or `max`): admitted is what that
+        request would be."""
+        d = cls.from_reply(reply, key, bucket, delta)
+        d.__dict__["allowed"] = d.retry_after_ms == 0
         return d
 
 

@@ -14,6 +14,7 @@ built (hatch_build.py).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -48,6 +49,10 @@ def module_args(op: Op, groups: Sequence[Group]) -> Args:
 # ---- the Functions library (lua/tb.lua) -------------------------------------
 
 LIBRARY_FILE = "tb.lua"
+# FCALL_RO tb_version 0: the version of the library a server has loaded.
+VERSION_ARGS: Args = ("FCALL_RO", "tb_version", 0)
+# How the library states its version (lua/tb.lua).
+_VERSION_LINE = re.compile(rb"^local LIBRARY_VERSION = '([^'\r\n]+)'$", re.MULTILINE)
 # FCALL_RO for the read-only one, so it also runs on replicas.
 FUNCTIONS: dict[Op, tuple[str, str]] = {
     "consume": ("FCALL", "tb_consume"),
@@ -115,10 +120,22 @@ class LuaMissing(RuntimeError):
 def lua_source(name: str) -> bytes:
     """A packaged Lua file, from the package's lua/ folder."""
     try:
-        return resources.files(__package__).joinpath("lua", name).read_bytes()
+        # One name per joinpath: Traversable.joinpath takes one before Python 3.11.
+        return resources.files(__package__).joinpath("lua").joinpath(name).read_bytes()
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise LuaMissing(f"redis_tokenbucket has no lua/{name}: install it from a built wheel") from exc
 
 
 def library_source() -> bytes:
     return lua_source(LIBRARY_FILE)
+
+
+@cache
+def library_version() -> str:
+    """The version of the library this package ships, as its `tb_version`
+    answers it."""
+    found = _VERSION_LINE.findall(library_source())
+    if len(found) != 1:
+        raise LuaMissing(f"redis_tokenbucket's lua/{LIBRARY_FILE} states no version: no one LIBRARY_VERSION line")
+    version: bytes = found[0]
+    return version.decode()

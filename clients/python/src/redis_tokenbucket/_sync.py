@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Callable, Optional, TypeVar, Union, cast
+from typing import Any, Optional, TypeVar, Union, cast
 
 from redis import Redis
 from redis.cluster import RedisCluster
@@ -127,6 +127,12 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         ``atomic=False`` always goes bucket by bucket.
         """
         return self._run(self._job_many(groups, atomic, timeout, on_error))
+
+    def reset(self, key: KeyT, *, timeout: Optional[float] = None) -> bool:
+        """Deletes the bucket at `key` (DEL: whatever the key holds), so it
+        is full again, and drops any denial the cache holds for it. True if
+        there was a key to delete. Redis errors raise, whatever `on_error`."""
+        return self._run(self._job_reset(key, timeout))
 
     def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
         """Finds the backend now with a read-only TB.PEEK of `probe_key`

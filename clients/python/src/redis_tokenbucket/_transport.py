@@ -27,7 +27,8 @@ import importlib.util
 import select
 import sys
 import threading
-from typing import Any, Callable, Literal, Optional
+from collections.abc import Callable
+from typing import Any, Literal, Optional
 
 import redis
 import redis.asyncio
@@ -233,8 +234,6 @@ def sync_connections(client: Any, timeout: Optional[float]) -> Optional[SyncConn
 
 # ---- asyncio -----------------------------------------------------------------
 
-_UNCANCEL = sys.version_info >= (3, 11)
-
 
 class _Deadline:
     """One timer for one wait of one task. When it fires, `expired()`
@@ -277,7 +276,7 @@ class _Deadline:
         (then the cancellation is undone and the caller raises instead)."""
         if not self.fired:
             return False
-        if _UNCANCEL and self.task is not None:
+        if sys.version_info >= (3, 11) and self.task is not None:
             self.task.uncancel()
         return True
 

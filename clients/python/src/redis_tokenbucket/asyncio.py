@@ -7,9 +7,9 @@ same plans (``_core``), only the I/O differs.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Callable, Optional, TypeVar, Union, cast
+from typing import Any, Optional, TypeVar, Union, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -99,6 +99,12 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         """Charges every `(key, bucket, cost)` or none (TB.MCONSUME); see
         ``redis_tokenbucket.Limiter.consume_many`` for Cluster slots."""
         return await self._run(self._job_many(groups, atomic, timeout, on_error))
+
+    async def reset(self, key: KeyT, *, timeout: Optional[float] = None) -> bool:
+        """Deletes the bucket at `key` (DEL: whatever the key holds), so it
+        is full again, and drops any denial the cache holds for it. True if
+        there was a key to delete. Redis errors raise, whatever `on_error`."""
+        return await self._run(self._job_reset(key, timeout))
 
     async def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
         """Finds the backend now with a read-only TB.PEEK of `probe_key`

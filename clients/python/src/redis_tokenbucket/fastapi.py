@@ -6,18 +6,20 @@ and the 429 answer. Needs the extra: ``pip install redis-tokenbucket[fastapi]``.
     per_key = Rule(Bucket(10, 0.17, name="key"), api_key())
 
     app = FastAPI()
-    install(app)  # the 429/503 problem+json answers
+    install(app)  # the 429/503 problem+json answers, and the fields on every response
 
     @app.get("/v1/models", dependencies=[Depends(RateLimit(limiter, per_key, per_ip))])
-    async def models() -> dict: ...
+    async def models() -> dict:
+        return {"data": []}
 
     # or every route: app.add_middleware(RateLimitMiddleware, limiter=limiter, rules=[per_key, per_ip])
 
 Every request is charged against all its rules at once (`consume_many`:
 all or nothing). Admitted responses carry the RateLimit fields; a denial
 is a 429 with them, Retry-After and an RFC 9457 problem body of type
-quota-exceeded naming the violated policies. When Redis fails and the
-policy is "closed" the answer is 503; "open" admits without fields.
+quota-exceeded naming the violated policies. A call refused without
+Redis's word (shed under overload, or Redis failing under the policy
+"closed") is a 503 with Retry-After; "open" admits without fields.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the
@@ -27,9 +29,10 @@ import hashlib
 import inspect
 import ipaddress
 import json
-from collections.abc import Awaitable, Iterable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
@@ -45,7 +48,10 @@ from .headers import rate_limit_headers
 
 __all__ = [
     "QUOTA_EXCEEDED",
+    "BucketFunc",
+    "KeyFunc",
     "RateLimit",
+    "RateLimitHeaders",
     "RateLimitMiddleware",
     "RateLimitRefused",
     "Rule",
@@ -61,6 +67,14 @@ PROBLEM_JSON = "application/problem+json"
 
 KeyFunc = Callable[[Request], Union[Optional[str], Awaitable[Optional[str]]]]
 """The request's identity for one rule, or None to skip the rule."""
+
+BucketFunc = Callable[[Request], Union[Bucket, Awaitable[Bucket]]]
+"""The bucket for this request (the caller's tier, say)."""
+
+# Where install(app)'s middleware leaves the dependency the fields to send.
+_HEADERS_SCOPE_KEY = "redis_tokenbucket.headers"
+
+log = logging.getLogger("redis_tokenbucket")
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
@@ -144,18 +158,42 @@ class Rule:
     """One bucket per identity: requests are charged `cost` against the
     bucket at `prefix:name:identity`, the identity being what `key`
     returns. The bucket's name names the policy in the headers and in
-    `violated-policies`. `cost` may be a function of the request."""
+    `violated-policies`.
 
-    bucket: Bucket
+    `bucket` may be a function of the request (sync or async) returning the
+    Bucket for it, for limits that depend on the caller::
+
+        TIERS = {"free": Bucket(10, 0.17, name="user"), "pro": Bucket(100, 2, name="user")}
+        Rule(lambda request: TIERS[request.state.tier], user_id())
+
+    Buckets of one rule that share a name share the key, so a caller who
+    changes tier keeps the balance it has (a higher max adds no tokens at
+    once). `cost` may be a function of the request too.
+    """
+
+    bucket: Union[Bucket, BucketFunc]
     key: KeyFunc
     cost: Union[float, Callable[[Request], float]] = 1
     prefix: str = "rl"
 
     def __post_init__(self) -> None:
-        if self.bucket.name is None:
-            raise ValueError("a Rule's bucket needs a name: Bucket(max, rate, name='user')")
-        if not callable(self.cost):
-            check_cost(self.cost, self.bucket)
+        if isinstance(self.bucket, Bucket):
+            _check_named(self.bucket)
+            if not callable(self.cost):
+                check_cost(self.cost, self.bucket)
+        elif not callable(self.bucket):
+            raise TypeError(f"a Rule's bucket is a Bucket or a function of the request, got {self.bucket!r}")
+
+    async def bucket_for(self, request: Request) -> Bucket:
+        """The rule's bucket for this request."""
+        if isinstance(self.bucket, Bucket):
+            return self.bucket
+        bucket = self.bucket(request)
+        if inspect.isawaitable(bucket):
+            bucket = await bucket
+        if not isinstance(bucket, Bucket):
+            raise TypeError(f"a Rule's bucket function must return a Bucket, got {type(bucket).__name__}")
+        return _check_named(bucket)
 
     async def group(self, request: Request) -> Optional[tuple[str, Bucket, float]]:
         identity = self.key(request)
@@ -163,8 +201,15 @@ class Rule:
             identity = await identity
         if identity is None:
             return None
+        bucket = await self.bucket_for(request)
         cost = self.cost(request) if callable(self.cost) else self.cost
-        return (f"{self.prefix}:{self.bucket.name}:{identity}", self.bucket, cost)
+        return (f"{self.prefix}:{bucket.name}:{identity}", bucket, cost)
+
+
+def _check_named(bucket: Bucket) -> Bucket:
+    if bucket.name is None:
+        raise ValueError("a Rule's bucket needs a name: Bucket(max, rate, name='user')")
+    return bucket
 
 
 def problem_response(decision: MultiDecision, *, legacy_headers: bool = False) -> JSONResponse:
@@ -217,9 +262,39 @@ async def _refused_handler(request: Request, exc: Exception) -> Response:
 
 
 def install(app: Any) -> None:
-    """Registers the handler that sends `RateLimitRefused` answers as they
-    are (a FastAPI or Starlette app)."""
+    """Prepares a FastAPI or Starlette app for the `RateLimit` dependency:
+    registers the handler that sends `RateLimitRefused` answers as they
+    are, and a middleware that puts the admitted request's RateLimit fields
+    on whatever response the route sends (a dict FastAPI serialises, or a
+    Response the route builds itself: JSONResponse, StreamingResponse...).
+    Call it before the app starts."""
     app.add_exception_handler(RateLimitRefused, _refused_handler)
+    app.add_middleware(RateLimitHeaders)
+
+
+class RateLimitHeaders:
+    """ASGI middleware that `install(app)` adds: the fields the
+    `RateLimit` dependency chose for a request go on its response, however
+    the route built it. Without it, FastAPI keeps them only on responses it
+    builds from a route's return value."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        # A dict the dependency fills: shared by any copy of the scope made further in.
+        headers: dict[str, str] = {}
+        scope[_HEADERS_SCOPE_KEY] = headers
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start" and headers:
+                MutableHeaders(scope=message).update(headers)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 # ---- the dependency and the middleware ------------------------------------------------
@@ -247,6 +322,7 @@ class RateLimit:
         self.timeout = timeout
         self.atomic = atomic
         self.legacy_headers = legacy_headers
+        self._warned = False  # about a missing install(app), once
 
     async def check(self, request: Request) -> Optional[MultiDecision]:
         """Charges the request; None when no rule applies to it."""
@@ -272,9 +348,21 @@ class RateLimit:
         decision = await self.check(request)
         if decision is None:
             return None
+        chosen: Optional[dict[str, str]] = request.scope.get(_HEADERS_SCOPE_KEY)
         refusal = self.answer(decision)
         if refusal is not None:
+            if chosen is not None:
+                chosen.clear()  # the refusal carries its own
             raise RateLimitRefused(refusal, _body(refusal))
+        if chosen is not None:
+            chosen.update(self.headers(decision))
+            return decision
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "RateLimit is used without install(app): its RateLimit fields reach only the responses FastAPI "
+                "builds from a route's return value, not a Response the route returns itself"
+            )
         response.headers.update(self.headers(decision))
         return decision
 

@@ -1,0 +1,199 @@
+// Sends one operation on the backend in use, and finds that backend: on
+// first use, and again when a reply says it is gone (a failover to a node
+// without the module, FUNCTION FLUSH, a restart). The call itself is the
+// probe: a refusal means nothing ran, so nothing is charged twice.
+
+import { LIBRARY_VERSION } from "./contract.js";
+import { NoBackendError } from "./errors.js";
+import {
+  type Arg,
+  EVAL_SCRIPT,
+  evalArgs,
+  fcallArgs,
+  type Group,
+  LOAD_ARGS,
+  moduleArgs,
+  type Op,
+  VERSION_ARGS,
+} from "./scripts.js";
+
+export type BackendName = "module" | "functions" | "eval";
+export const BACKENDS: readonly BackendName[] = ["module", "functions", "eval"];
+
+/** How the engine reaches Redis: one command (routed by `key` on a Cluster), or one to every primary. */
+export interface IO {
+  send(args: readonly Arg[], key: Group["key"] | undefined, readonly: boolean): Promise<unknown>;
+  everyPrimary(args: readonly Arg[]): Promise<unknown[]>;
+}
+
+export interface Logger {
+  error(message: string): void;
+  warn(message: string): void;
+  info?(message: string): void;
+}
+
+function text(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/**
+ * The server (or a cluster client) says this command doesn't exist here,
+ * or that this user may not run it.
+ */
+export function refused(error: unknown): boolean {
+  const t = text(error).toLowerCase();
+  return t.includes("unknown command") || t.includes("no permissions to run");
+}
+
+/** The Functions library is not loaded (never, or flushed since). */
+function functionMissing(error: unknown): boolean {
+  return /function not found/i.test(text(error));
+}
+
+function noScript(error: unknown): boolean {
+  return text(error).startsWith("NOSCRIPT");
+}
+
+/** A backend can't serve this server: try the next one. */
+class Unavailable extends Error {
+  constructor(
+    readonly backend: BackendName,
+    override readonly cause: unknown,
+  ) {
+    super(`${backend}: ${text(cause)}`);
+  }
+}
+
+export class Engine {
+  backend: BackendName | undefined;
+  /** Whether the server's library was found to be this package's since the backend was found. */
+  private libraryChecked = false;
+
+  constructor(
+    readonly forced: BackendName | undefined,
+    private readonly logger: Logger,
+  ) {
+    if (forced !== undefined && !BACKENDS.includes(forced)) {
+      throw new RangeError(`backend must be one of ${BACKENDS.join(", ")} (or undefined to detect it)`);
+    }
+    this.backend = forced;
+  }
+
+  async call(op: Op, groups: readonly Group[], io: IO): Promise<unknown> {
+    const backend = this.backend;
+    if (backend !== undefined) {
+      try {
+        return await this.send(backend, op, groups, io);
+      } catch (error) {
+        if (!(error instanceof Unavailable)) throw error;
+        if (this.forced !== undefined) throw new NoBackendError([[backend, error.cause]]);
+        this.logger.warn(`rate limiter: the ${backend} backend is gone (${text(error.cause)}), detecting again`);
+        this.backend = undefined;
+        this.libraryChecked = false;
+      }
+    }
+    return this.detect(op, groups, io);
+  }
+
+  private async detect(op: Op, groups: readonly Group[], io: IO): Promise<unknown> {
+    const failures: [string, unknown][] = [];
+    for (const name of BACKENDS) {
+      let reply: unknown;
+      try {
+        reply = await this.send(name, op, groups, io);
+      } catch (error) {
+        if (!(error instanceof Unavailable)) throw error;
+        failures.push([name, error.cause]);
+        continue;
+      }
+      this.backend = name;
+      this.logger.info?.(`rate limiter: using the ${name} backend`);
+      return reply;
+    }
+    throw new NoBackendError(failures);
+  }
+
+  private async send(backend: BackendName, op: Op, groups: readonly Group[], io: IO): Promise<unknown> {
+    const key = groups[0]?.key;
+    const readonly = op === "peek";
+    if (backend === "module") {
+      try {
+        return await io.send(moduleArgs(op, groups), key, readonly);
+      } catch (error) {
+        if (refused(error)) throw new Unavailable(backend, error);
+        throw error;
+      }
+    }
+    if (backend === "functions") return this.fcall(fcallArgs(op, groups), key, readonly, io);
+    return this.eval(evalArgs(op, groups), key, io);
+  }
+
+  private async fcall(args: Arg[], key: Group["key"] | undefined, readonly: boolean, io: IO): Promise<unknown> {
+    if (!this.libraryChecked) {
+      await this.checkLibrary(io);
+      this.libraryChecked = true;
+    }
+    try {
+      return await io.send(args, key, readonly);
+    } catch (error) {
+      if (refused(error)) throw new Unavailable("functions", error);
+      if (!functionMissing(error)) throw error;
+    }
+    await this.load(io); // flushed since (FUNCTION FLUSH, a restart without persistence)
+    return io.send(args, key, readonly);
+  }
+
+  /**
+   * The library on the server (every primary) must be this package's copy:
+   * `FCALL_RO tb_version 0` names it. A missing, older or foreign one is
+   * replaced with this package's; where FUNCTION is refused, the EVAL
+   * script (always this package's) serves instead.
+   */
+  private async checkLibrary(io: IO): Promise<void> {
+    let versions: unknown[];
+    try {
+      versions = await io.everyPrimary(VERSION_ARGS);
+    } catch (error) {
+      if (refused(error)) throw new Unavailable("functions", error);
+      if (!functionMissing(error)) throw error;
+      versions = [];
+    }
+    const other = versions.find((v) => v !== LIBRARY_VERSION);
+    if (versions.length > 0 && other === undefined) return;
+    if (other !== undefined) {
+      this.logger.warn(
+        `rate limiter: the server's Lua library is ${String(other)}, loading this package's ${LIBRARY_VERSION}`,
+      );
+    }
+    await this.load(io);
+  }
+
+  private async load(io: IO): Promise<void> {
+    try {
+      // REPLACE: idempotent when gateways race, or some Cluster primaries have it already.
+      await io.everyPrimary(LOAD_ARGS);
+    } catch (error) {
+      // Refused (Redis 6.2, an ACL without FUNCTION, a managed service
+      // that disables it): the EVAL script needs no loading.
+      if (refused(error) || /^ERR /.test(text(error))) throw new Unavailable("functions", error);
+      throw error;
+    }
+  }
+
+  private async eval(tail: Arg[], key: Group["key"] | undefined, io: IO): Promise<unknown> {
+    try {
+      return await io.send(["EVALSHA", EVAL_SCRIPT.sha, ...tail], key, false);
+    } catch (error) {
+      if (refused(error)) throw new Unavailable("eval", error);
+      if (!noScript(error)) throw error;
+      // Not cached on this node (restart, failover, SCRIPT FLUSH)
+    }
+    try {
+      // EVAL runs the script and caches it for the next EVALSHA.
+      return await io.send(["EVAL", EVAL_SCRIPT.source, ...tail], key, false);
+    } catch (error) {
+      if (refused(error)) throw new Unavailable("eval", error);
+      throw error;
+    }
+  }
+}

@@ -1,0 +1,50 @@
+// The limiter's own errors (invalid arguments are `InvalidArgument`, a
+// RangeError, in bucket.ts).
+
+/** Base class of the limiter's own errors. */
+export class LimiterError extends Error {
+  constructor(text: string, options?: { cause?: unknown }) {
+    super(text, options);
+    this.name = new.target.name;
+  }
+}
+
+/**
+ * No backend could serve the call: the server has no TB.* commands, refuses
+ * the Functions library, and refuses EVAL too (or the forced backend is
+ * refused). `causes` holds each backend's error. A usage error: no
+ * `onError` policy applies.
+ */
+export class NoBackendError extends LimiterError {
+  readonly causes: ReadonlyArray<readonly [string, unknown]>;
+  constructor(causes: ReadonlyArray<readonly [string, unknown]>) {
+    const detail = causes.map(([name, e]) => `${name}: ${e instanceof Error ? e.message : String(e)}`).join("; ");
+    super(`no rate-limit backend answered (${detail})`);
+    this.causes = causes;
+  }
+}
+
+/**
+ * `consumeMany(..., { atomic: true })` on a Redis Cluster with keys in more
+ * than one hash slot: one atomic call can't reach them all.
+ */
+export class CrossSlotError extends LimiterError {}
+
+/**
+ * Thrown instead of calling Redis while the circuit breaker is open (Redis
+ * failed several times lately) and the policy is "raise".
+ */
+export class CircuitOpenError extends LimiterError {}
+
+/**
+ * Redis got the command and sent no reply within the budget (a Redis
+ * failure: the policy applies).
+ */
+export class RedisTimeoutError extends LimiterError {}
+
+/**
+ * The call could not get its decision in time for a local reason (the
+ * event loop too far behind): the process is overloaded, Redis did not
+ * fail. Never admitted; a limiter turns it into a shed decision.
+ */
+export class Shed extends LimiterError {}

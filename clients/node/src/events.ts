@@ -1,0 +1,26 @@
+// Decision events: what the `onDecision` hook of a limiter receives, once
+// per decision, for metrics (docs/failure-model.md, Decision events).
+
+import type { BreakerState } from "./breaker.js";
+
+/** One decision, as metrics see it: the fields of the Python package's DecisionEvent. */
+export interface DecisionEvent {
+  /** "consume", "peek", "adjust" or "consume_many" (the Python package's names, so dashboards match). */
+  readonly op: "consume" | "peek" | "adjust" | "consume_many";
+  /** The names of the buckets, joined by "," ("" if unnamed). */
+  readonly policy: string;
+  readonly allowed: boolean;
+  readonly degraded: boolean;
+  readonly shed: boolean;
+  readonly cached: boolean;
+  /**
+   * "module", "functions", "eval", "local" (the in-process buckets of
+   * onError "local"), or "" when no backend answered (a shed call, a policy
+   * answer, a cached denial before any call).
+   */
+  readonly backend: string;
+  /** Milliseconds the call took, waiting included. */
+  readonly latencyMs: number;
+  /** The breaker's state after the call ("closed" without a breaker). */
+  readonly breaker: BreakerState;
+}

@@ -1,0 +1,179 @@
+// Express: a middleware charging each request against its rules, and a
+// Store for express-rate-limit backed by the limiter's token buckets.
+// Neither imports express: they use the request and response as Express
+// passes them.
+
+import { Bucket } from "./bucket.js";
+import type { MultiDecision } from "./decision.js";
+import { rateLimitHeaders } from "./headers.js";
+import { check, checkRules, type LimitOptions, type NodeRequest, PROBLEM_JSON, type Rule, refusal } from "./http.js";
+import type { Limiter } from "./limiter.js";
+
+export { apiKey, clientIp, type KeyFunction, type NodeRequest, QUOTA_EXCEEDED, type Rule } from "./http.js";
+
+interface ExpressResponse {
+  setHeader(name: string, value: string): unknown;
+  status(code: number): ExpressResponse;
+  type(type: string): ExpressResponse;
+  send(body: string): unknown;
+  locals?: Record<string, unknown>;
+}
+
+type Next = (error?: unknown) => void;
+
+export interface MiddlewareOptions<R extends NodeRequest> extends LimitOptions {
+  /** The buckets each request is charged against, in one all-or-nothing call. */
+  rules: readonly Rule<R>[];
+  /** True to let a request through unlimited (health checks, say). */
+  skip?: (request: R) => boolean;
+}
+
+/**
+ * `app.use(rateLimit(limiter, { rules: [...] }))`: admitted requests carry
+ * RateLimit-Policy and RateLimit; a denial is a 429 problem with them and
+ * Retry-After; a shed call or a failing-closed limiter is a 503 with
+ * Retry-After. The decision is in `res.locals.rateLimit`. Errors the
+ * limiter throws (usage errors, onError "raise") go to `next(error)`.
+ */
+export function rateLimit<R extends NodeRequest>(limiter: Limiter, options: MiddlewareOptions<R>) {
+  checkRules(options.rules);
+  return (request: R, response: ExpressResponse, next: Next): void => {
+    if (options.skip?.(request)) {
+      next();
+      return;
+    }
+    check(limiter, options.rules, request, options).then((decision: MultiDecision | undefined) => {
+      if (decision === undefined) return next();
+      if (response.locals) response.locals.rateLimit = decision;
+      const refused = refusal(decision, options);
+      if (refused === undefined) {
+        for (const [k, v] of Object.entries(rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }))) {
+          response.setHeader(k, v);
+        }
+        return next();
+      }
+      for (const [k, v] of Object.entries(refused.headers)) response.setHeader(k, v);
+      response.status(refused.status).type(PROBLEM_JSON).send(JSON.stringify(refused.body));
+    }, next);
+  };
+}
+
+/** express-rate-limit's answer to increment and get. */
+export interface ClientRateLimitInfo {
+  totalHits: number;
+  resetTime: Date | undefined;
+}
+
+export interface StoreOptions {
+  /**
+   * The bucket every key gets. By default it is made from the middleware's
+   * `limit` and `windowMs` (a burst of `limit`, refilled at `limit` per
+   * window), which must then be numbers.
+   */
+  bucket?: Bucket;
+  /** Key prefix in Redis (default "rl:erl:"). */
+  prefix?: string;
+}
+
+/**
+ * A Store for express-rate-limit: `rateLimit({ windowMs, limit, store: new
+ * TokenBucketStore(limiter) })`. Each key is a token bucket of `limit`
+ * tokens refilled at `limit` per `windowMs`, so clients get a smooth rate
+ * instead of a window that resets all at once; an existing setup switches
+ * by changing its `store:`.
+ *
+ * `increment` charges one token: `totalHits` is the tokens used (`limit`
+ * minus what is left) when admitted, and `limit + 1` when denied, so that
+ * express-rate-limit answers 429; `resetTime` is when the request would
+ * pass (denied) or the bucket is full (admitted), so its Retry-After and
+ * RateLimit-Reset are the bucket's. `decrement` refunds a token
+ * (skipSuccessfulRequests, skipFailedRequests), `resetKey` fills the
+ * bucket, `get` peeks. The limiter's onError applies: a degraded "open"
+ * answer counts no hits, "closed" and shed answers count `limit + 1`.
+ */
+export class TokenBucketStore {
+  readonly localKeys = false;
+  readonly prefix: string;
+  private bucket: Bucket | undefined;
+  // express-rate-limit decrements (skipFailedRequests, skipSuccessfulRequests)
+  // requests it refused too, whose increment charged nothing here: such a
+  // decrement must refund nothing. Denials not yet decremented, per key.
+  private readonly uncharged = new Map<string, number>();
+  private tracksDenials = false;
+
+  constructor(
+    readonly limiter: Limiter,
+    options: StoreOptions = {},
+  ) {
+    this.bucket = options.bucket;
+    this.prefix = options.prefix ?? "rl:erl:";
+  }
+
+  /** Called by express-rate-limit with the middleware's options. */
+  init(options: {
+    limit?: unknown;
+    max?: unknown;
+    windowMs?: unknown;
+    skipFailedRequests?: unknown;
+    skipSuccessfulRequests?: unknown;
+  }): void {
+    this.tracksDenials = Boolean(options.skipFailedRequests || options.skipSuccessfulRequests);
+    if (this.bucket !== undefined) return;
+    const limit = options.limit ?? options.max;
+    const windowMs = options.windowMs;
+    if (typeof limit !== "number" || typeof windowMs !== "number") {
+      throw new TypeError(
+        "TokenBucketStore needs numeric limit and windowMs, or a bucket: new TokenBucketStore(limiter, { bucket })",
+      );
+    }
+    this.bucket = new Bucket({ max: limit, rate: limit / (windowMs / 1000) });
+  }
+
+  private get limits(): Bucket {
+    if (this.bucket === undefined)
+      throw new TypeError("TokenBucketStore: init() was not called, and no bucket was given");
+    return this.bucket;
+  }
+
+  async increment(key: string): Promise<ClientRateLimitInfo> {
+    const bucket = this.limits;
+    const d = await this.limiter.consume(this.prefix + key, bucket, 1);
+    const limit = Math.floor(bucket.max);
+    if (!d.allowed) {
+      if (this.tracksDenials) {
+        if (this.uncharged.size >= 10_000) this.uncharged.clear(); // bounded: a lost entry refunds one token
+        this.uncharged.set(key, (this.uncharged.get(key) ?? 0) + 1);
+      }
+      return { totalHits: limit + 1, resetTime: new Date(Date.now() + d.retryAfterMs) };
+    }
+    if (d.degraded && d.retryAfterMs === 0 && d.resetAfterMs === 0) return { totalHits: 0, resetTime: undefined };
+    return { totalHits: limit - Math.max(d.remaining, 0), resetTime: new Date(Date.now() + d.resetAfterMs) };
+  }
+
+  async decrement(key: string): Promise<void> {
+    const denied = this.uncharged.get(key) ?? 0;
+    if (denied > 0) {
+      if (denied === 1) this.uncharged.delete(key);
+      else this.uncharged.set(key, denied - 1);
+      return; // its increment charged nothing
+    }
+    await this.limiter.adjust(this.prefix + key, this.limits, 1);
+  }
+
+  async resetKey(key: string): Promise<void> {
+    const bucket = this.limits;
+    // A refund of the whole capacity fills the bucket, which deletes the key.
+    await this.limiter.adjust(this.prefix + key, bucket, 2 * bucket.max);
+  }
+
+  async get(key: string): Promise<ClientRateLimitInfo | undefined> {
+    const bucket = this.limits;
+    const d = await this.limiter.peek(this.prefix + key, bucket, 0);
+    if (d.degraded || d.shed) return undefined;
+    if (d.resetAfterMs === 0) return { totalHits: 0, resetTime: undefined };
+    return {
+      totalHits: Math.floor(bucket.max) - Math.max(d.remaining, 0),
+      resetTime: new Date(Date.now() + d.resetAfterMs),
+    };
+  }
+}

@@ -1,0 +1,38 @@
+// Atomic token-bucket rate limiting on Redis, for Node.
+//
+//   import { Bucket, Limiter } from "redis-tokenbucket";
+//   const lim = new Limiter(redis, { onError: "open", timeoutMs: 50 });
+//   const d = await lim.consume("rl:user:42", new Bucket({ max: 10, rate: 0.17 }));
+//
+// Uses the TB.* module where the server has it, else the Lua library that
+// ships inside this package (Functions, or the EVAL script), with the same
+// replies on the same keys.
+
+export type { ClientKind, RedisLike } from "./adapters.js";
+export { Breaker, type BreakerOptions, type BreakerState } from "./breaker.js";
+export { type Amount, Bucket, type BucketOptions, InvalidArgument, type Key } from "./bucket.js";
+export { DenialCache } from "./cache.js";
+export { LIBRARY_VERSION } from "./contract.js";
+export { Decision, MultiDecision } from "./decision.js";
+export { type BackendName, type Logger, refused } from "./engine.js";
+export {
+  CircuitOpenError,
+  CrossSlotError,
+  LimiterError,
+  NoBackendError,
+  RedisTimeoutError,
+  Shed,
+} from "./errors.js";
+export type { DecisionEvent } from "./events.js";
+export { type HeaderOptions, rateLimitHeaders } from "./headers.js";
+export { hashTagged } from "./keys.js";
+export {
+  type CallOptions,
+  DEFAULT_TIMEOUT_MS,
+  type GroupIn,
+  Limiter,
+  type LimiterOptions,
+  type ManyOptions,
+  type OnError,
+} from "./limiter.js";
+export { EVAL_SCRIPT, EVAL_SOURCE, LIBRARY_SOURCE } from "./scripts.js";

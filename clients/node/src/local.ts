@@ -1,0 +1,220 @@
+// The bounded fail-open of onError "local": while Redis is failing, each
+// process answers from token buckets of its own, with `max` and `rate`
+// divided by the number of processes that share the limit.
+//
+// The arithmetic is not written again here: these buckets run the
+// package's own Lua library (the tb.lua that Redis runs as Functions), in
+// process, on wasmoon (Lua 5.4 compiled to WebAssembly; an optional peer
+// dependency). What this file adds is the part of Redis that library
+// touches: eight commands (TIME, TYPE, HLEN, HMGET, HSET, DEL, PEXPIREAT,
+// GET) over a Map, and what Redis's Lua 5.1 has that 5.4 lacks (numbers
+// that are all doubles, math.frexp and math.ldexp).
+//
+// Approximate by design: each process sees only its own traffic, so the
+// whole fleet admits about the limit only while load spreads evenly over
+// `processes` processes, and a bucket starts full in each process when the
+// breaker opens (what a client already spent in Redis is not known here).
+
+import { Bucket, encode } from "./bucket.js";
+import { LIBRARY_SOURCE } from "./lua.js";
+import type { Group, Op } from "./scripts.js";
+
+export const MISSING = 'onError "local" needs wasmoon: npm install wasmoon';
+
+// Redis's Lua is 5.1, where every number is a double; in 5.4 "10" reads as
+// an integer, and the library's arithmetic on integers could overflow
+// where 5.1 rounds. So tonumber gives doubles, as 5.1's does. 5.4 also
+// dropped math.frexp and math.ldexp, which the library uses for the
+// smallest charging cost: exact versions by halving and doubling.
+const PRELUDE = `
+local raw_tonumber = tonumber
+tonumber = function(s, base)
+  local v = raw_tonumber(s, base)
+  if math.type(v) == 'integer' then return v + 0.0 end
+  return v
+end
+math.frexp = function(x)
+  if x == 0 or x ~= x or x == math.huge or x == -math.huge then return x, 0 end
+  local m, e = math.abs(x), 0
+  while m >= 1 do m = m / 2; e = e + 1 end
+  while m < 0.5 do m = m * 2; e = e - 1 end
+  if x < 0 then m = -m end
+  return m, e
+end
+math.ldexp = function(m, e) return m * 2.0 ^ e end
+__tb_functions = {}
+redis = {
+  call = __tb_call,
+  pcall = __tb_call,
+  error_reply = function(message) return { err = message } end,
+  status_reply = function(message) return { ok = message } end,
+  register_function = function(f) __tb_functions[f.function_name] = f.callback end,
+}
+`;
+
+const FUNCTIONS: Record<Op, string> = {
+  consume: "tb_consume",
+  peek: "tb_peek",
+  adjust: "tb_adjust",
+  mconsume: "tb_mconsume",
+};
+
+// Sweep out expired buckets after this many writes (buckets also expire
+// when next read), so memory follows the live keys.
+const SWEEP_EVERY = 4096;
+
+/** A reply error of the library, as Redis would send it. */
+export class LocalReplyError extends Error {
+  override name = "ReplyError";
+}
+
+interface Stored {
+  fields: Map<string, string>;
+  expiresAt: number | undefined; // ms since the epoch
+}
+
+type LuaFunction = (keys: string[], args: string[]) => unknown;
+
+/** Token buckets in this process, run by the package's Lua library. */
+export class LocalBuckets {
+  private readonly data = new Map<string, Stored>();
+  private writes = 0;
+  private readonly shares = new Map<Bucket, Bucket>();
+
+  private constructor(
+    readonly processes: number,
+    private readonly functions: Record<Op, LuaFunction>,
+  ) {}
+
+  /** Starts a Lua VM with the library loaded (wasmoon compiles its WebAssembly once). */
+  static async create(processes: number): Promise<LocalBuckets> {
+    let wasmoon: { LuaFactory: new () => { createEngine(options?: object): Promise<LuaEngine> } };
+    try {
+      const name = "wasmoon"; // an optional peer: not resolved at build time
+      wasmoon = await import(name);
+    } catch (error) {
+      throw new Error(MISSING, { cause: error });
+    }
+    const engine = await new wasmoon.LuaFactory().createEngine({ injectObjects: false, enableProxy: false });
+    let self: LocalBuckets | undefined;
+    engine.global.set("__tb_call", (command: string, ...args: unknown[]) => {
+      if (self === undefined) throw new Error("the local buckets are not ready");
+      return self.call(command, args);
+    });
+    await engine.doString(PRELUDE);
+    // The shebang line is Redis's, not Lua's.
+    await engine.doString(LIBRARY_SOURCE.replace(/^#![^\n]*\n/, ""));
+    const registered = engine.global.get("__tb_functions") as Record<string, LuaFunction>;
+    const functions = {} as Record<Op, LuaFunction>;
+    for (const [op, name] of Object.entries(FUNCTIONS) as [Op, string][]) {
+      const fn = registered[name];
+      if (typeof fn !== "function") throw new Error(`the Lua library has no ${name}`);
+      functions[op] = fn;
+    }
+    self = new LocalBuckets(processes, functions);
+    return self;
+  }
+
+  /** This process's part of a bucket. */
+  share(bucket: Bucket): Bucket {
+    if (this.processes === 1) return bucket;
+    let part = this.shares.get(bucket);
+    if (part === undefined) {
+      part = new Bucket({ max: bucket.max / this.processes, rate: bucket.rate / this.processes, name: bucket.name });
+      if (this.shares.size > 4096) this.shares.clear();
+      this.shares.set(bucket, part);
+    }
+    return part;
+  }
+
+  /**
+   * What FCALL tb_<op> would answer for `groups`, here, on this process's
+   * share of each bucket. A reply error is thrown as a LocalReplyError.
+   */
+  run(op: Op, groups: readonly Group[]): unknown {
+    const keys = groups.map((g) => g.id);
+    const args: string[] = [];
+    for (const g of groups) {
+      const part = this.share(g.bucket);
+      args.push(part.args[0], part.args[1], encode(g.amount));
+    }
+    return reply(this.functions[op](keys, args));
+  }
+
+  get size(): number {
+    return this.data.size;
+  }
+
+  // ---- the Redis the library sees ------------------------------------------
+
+  private call(command: string, args: unknown[]): unknown {
+    const name = command.toUpperCase();
+    const nowMs = Date.now();
+    if (name === "TIME") {
+      const us = BigInt(Math.round(performance.timeOrigin * 1000 + performance.now() * 1000));
+      return [String(us / 1_000_000n), String(us % 1_000_000n)];
+    }
+    const key = String(args[0]);
+    const entry = this.live(key, nowMs);
+    switch (name) {
+      case "TYPE":
+        return { ok: entry === undefined ? "none" : "hash" };
+      case "HLEN":
+        return entry === undefined ? 0 : entry.fields.size;
+      case "HMGET":
+        return args.slice(1).map((f) => entry?.fields.get(String(f)) ?? false);
+      case "HSET": {
+        let target = entry;
+        if (target === undefined) {
+          target = { fields: new Map(), expiresAt: undefined };
+          this.data.set(key, target);
+        }
+        for (let i = 1; i + 1 < args.length; i += 2) target.fields.set(String(args[i]), String(args[i + 1]));
+        this.wrote(nowMs);
+        return (args.length - 1) / 2;
+      }
+      case "PEXPIREAT":
+        if (entry === undefined) return 0;
+        entry.expiresAt = Number(args[1]);
+        return 1;
+      case "DEL":
+        return this.data.delete(key) ? 1 : 0;
+      case "GET":
+        return false; // no key here ever holds a string
+      default:
+        throw new Error(`ERR the local fallback does not run ${command}`);
+    }
+  }
+
+  private live(key: string, nowMs: number): Stored | undefined {
+    const entry = this.data.get(key);
+    if (entry?.expiresAt !== undefined && entry.expiresAt <= nowMs) {
+      this.data.delete(key);
+      return undefined;
+    }
+    return entry;
+  }
+
+  private wrote(nowMs: number): void {
+    this.writes++;
+    if (this.writes % SWEEP_EVERY !== 0) return;
+    for (const [key, entry] of this.data) {
+      if (entry.expiresAt !== undefined && entry.expiresAt <= nowMs) this.data.delete(key);
+    }
+  }
+}
+
+interface LuaEngine {
+  global: { set(name: string, value: unknown): void; get(name: string): unknown };
+  doString(source: string): Promise<unknown>;
+}
+
+/** A Lua reply as Redis would send it: integers, arrays, errors thrown. */
+function reply(value: unknown): unknown {
+  if (typeof value === "number") return Math.trunc(value);
+  if (Array.isArray(value)) return value.map(reply);
+  if (value !== null && typeof value === "object" && "err" in value) {
+    throw new LocalReplyError(String((value as { err: unknown }).err));
+  }
+  return value;
+}

@@ -1,0 +1,90 @@
+// How each operation is spelled on each backend, and the Lua it needs.
+//
+// The one place that knows the module's commands, the library's function
+// names and the EVAL script's calling convention: each function turns an
+// operation and its checked (key, bucket, amount) groups into the
+// arguments of one Redis command. The replies are the same on every backend.
+
+import { createHash } from "node:crypto";
+import { type Bucket, encode, type Key } from "./bucket.js";
+import { EVAL_SOURCE, LIBRARY_SOURCE } from "./lua.js";
+
+export type Op = "consume" | "peek" | "adjust" | "mconsume";
+export type Arg = string | Buffer;
+
+/** A checked group: key, bucket, cost (or delta for adjust). */
+export interface Group {
+  readonly key: Key;
+  /** The key's identity (keys.ts keyId). */
+  readonly id: string;
+  readonly bucket: Bucket;
+  readonly amount: number;
+}
+
+// ---- the module ---------------------------------------------------------------
+
+const COMMANDS: Record<Op, string> = {
+  consume: "TB.CONSUME",
+  peek: "TB.PEEK",
+  adjust: "TB.ADJUST",
+  mconsume: "TB.MCONSUME",
+};
+
+/** TB.<OP> key max rate amount [key max rate amount ...] */
+export function moduleArgs(op: Op, groups: readonly Group[]): Arg[] {
+  const args: Arg[] = [COMMANDS[op]];
+  for (const g of groups) args.push(g.key, g.bucket.args[0], g.bucket.args[1], encode(g.amount));
+  return args;
+}
+
+// ---- the Functions library (lua/tb.lua) ---------------------------------------
+
+// FCALL_RO for the read-only one, so it also runs on replicas.
+const FUNCTIONS: Record<Op, readonly [string, string]> = {
+  consume: ["FCALL", "tb_consume"],
+  peek: ["FCALL_RO", "tb_peek"],
+  adjust: ["FCALL", "tb_adjust"],
+  mconsume: ["FCALL", "tb_mconsume"],
+};
+
+/** FCALL tb_<op> numkeys key... max rate amount ... */
+export function fcallArgs(op: Op, groups: readonly Group[]): Arg[] {
+  const [command, name] = FUNCTIONS[op];
+  return [command, name, String(groups.length), ...keys(groups), ...limits(groups)];
+}
+
+/** The library's version: FCALL_RO tb_version 0. */
+export const VERSION_ARGS: readonly Arg[] = ["FCALL_RO", "tb_version", "0"];
+
+/** FUNCTION LOAD REPLACE <library>: idempotent when gateways race. */
+export const LOAD_ARGS: readonly Arg[] = ["FUNCTION", "LOAD", "REPLACE", LIBRARY_SOURCE];
+
+// Lua takes keys and arguments apart: every key first, then one
+// `max rate amount` group per key, in the same order.
+
+function keys(groups: readonly Group[]): Key[] {
+  return groups.map((g) => g.key);
+}
+
+function limits(groups: readonly Group[]): string[] {
+  const out: string[] = [];
+  for (const g of groups) out.push(g.bucket.args[0], g.bucket.args[1], encode(g.amount));
+  return out;
+}
+
+// ---- the EVAL script (lua/gen_eval.py) ---------------------------------------
+
+/** The EVAL script and its SHA1. */
+export const EVAL_SCRIPT = { source: EVAL_SOURCE, sha: createHash("sha1").update(EVAL_SOURCE).digest("hex") };
+
+/**
+ * What follows `EVALSHA <sha>` (or `EVAL <source>`): numkeys key... <op>
+ * max rate amount ..., the operation named as in FCALL tb_<op>. Plain
+ * EVALSHA for peek too: EVALSHA_RO needs Redis 7, and Redis 6.2 is what
+ * this backend is mostly for.
+ */
+export function evalArgs(op: Op, groups: readonly Group[]): Arg[] {
+  return [String(groups.length), ...keys(groups), op, ...limits(groups)];
+}
+
+export { EVAL_SOURCE, LIBRARY_SOURCE };

@@ -1,0 +1,160 @@
+// Bucket and argument checks: the module's rules and texts, before any round trip.
+
+import assert from "node:assert/strict";
+import { after, test } from "node:test";
+import { Bucket, InvalidArgument, Limiter } from "redis-tokenbucket";
+import { client } from "./clients.mjs";
+import { calls, stopAll, target } from "./servers.mjs";
+
+after(stopAll);
+
+// [max, rate, cost, field, message]: the module's own cases, docs/commands.md.
+const BAD = [
+  ["x", 1, 1, "max", "max must be a finite decimal number"],
+  ["nan", 1, 1, "max", "max must be a finite decimal number"],
+  [Number.POSITIVE_INFINITY, 1, 1, "max", "max must be a finite decimal number"],
+  ["0x10", 1, 1, "max", "max must be a finite decimal number"],
+  [" 10", 1, 1, "max", "max must be a finite decimal number"],
+  ["", 1, 1, "max", "max must be a finite decimal number"],
+  ["1e309", 1, 1, "max", "max must be a finite decimal number"],
+  ["\u0661\u0660", 1, 1, "max", "max must be a finite decimal number"],
+  [true, 1, 1, "max", "max must be a finite decimal number"],
+  [0, 1, 1, "max", "max must be > 0 and <= 1e12"],
+  [-1, 1, 1, "max", "max must be > 0 and <= 1e12"],
+  ["1e-400", 1, 1, "max", "max must be > 0 and <= 1e12"],
+  [2e12, 1, 1, "max", "max must be > 0 and <= 1e12"],
+  [10, "inf", 1, "rate", "rate must be a finite decimal number"],
+  [10, 0, 1, "rate", "rate must be > 0 and <= 1e12"],
+  [10, -0.5, 1, "rate", "rate must be > 0 and <= 1e12"],
+  [10, 1e13, 1, "rate", "rate must be > 0 and <= 1e12"],
+  [1e12, 1, 1, "rate", "rate is too low for max: max/rate must be <= 1e10 seconds"],
+  [10, 1, "0x1", "cost", "cost must be a finite decimal number"],
+  [10, 1, Number.NaN, "cost", "cost must be a finite decimal number"],
+  [10, 1, -1, "cost", "cost must be >= 0"],
+  [10, 1, 11, "cost", "cost must not exceed max, it could never pass"],
+  [0.5, 1, 1, "cost", "cost must not exceed max, it could never pass"],
+  [1e12, 1000, 0.00001, "cost", "cost is too small to charge a bucket of this max: use 0 or at least max/2^53"],
+  [1, 1, 1e-17, "cost", "cost is too small to charge a bucket of this max: use 0 or at least max/2^53"],
+];
+
+test("bad arguments throw the module's error, and the module says the same", async () => {
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  try {
+    const lim = new Limiter(c.client);
+    for (const [max, rate, cost, field, text] of BAD) {
+      const err = await (async () => {
+        try {
+          await lim.consume("rl:bad", new Bucket({ max, rate }), cost);
+        } catch (e) {
+          return e;
+        }
+        return undefined;
+      })();
+      assert.ok(err instanceof InvalidArgument, `${max} ${rate} ${cost}: ${err}`);
+      assert.ok(err instanceof RangeError);
+      assert.deepEqual([err.field, err.message], [field, text], `${max} ${rate} ${cost}`);
+      // The module, given the same text, refuses it with the same words.
+      const raw = [max, rate, cost].map((v) => (typeof v === "number" ? String(v) : String(v)));
+      if (typeof max === "boolean") continue; // no text form
+      const reply = await c.client.call("TB.CONSUME", "rl:bad", ...raw).then(
+        () => "admitted",
+        (e) => e.message,
+      );
+      assert.equal(reply, `ERR ${text}`, `the module on ${raw}`);
+    }
+    // Only the raw calls reached Redis.
+    assert.equal(await calls(t.server, "tb.consume"), BAD.length - 1);
+  } finally {
+    c.close();
+  }
+});
+
+test("the grammar takes decimals as the module does", () => {
+  for (const [value, expected] of [
+    ["10", 10],
+    ["+.5", 0.5],
+    ["5.", 5],
+    ["1E3", 1000],
+    [0.17, 0.17],
+  ]) {
+    assert.equal(new Bucket({ max: value, rate: 1 }).max, expected);
+  }
+});
+
+test("the smallest charging cost is the module's", async () => {
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  try {
+    const lim = new Limiter(c.client);
+    for (const max of [1, 3, 1e12, 0.75, 2 ** 39]) {
+      const b = new Bucket({ max, rate: max });
+      const least = max / 2 ** 53;
+      const d = await lim.consume(`rl:least:${max}`, b, least * 2);
+      assert.ok(d.allowed);
+      await assert.rejects(lim.consume(`rl:least:${max}`, b, least / 4), /cost is too small/);
+      const raw = await c.client
+        .call("TB.CONSUME", "rl:raw", String(max), String(max), String(least / 4))
+        .catch((e) => e.message);
+      assert.match(String(raw), /cost is too small/);
+    }
+  } finally {
+    c.close();
+  }
+});
+
+test("a Bucket is an immutable value with a checked name", () => {
+  const b = new Bucket({ max: 10, rate: 0.17, name: "user" });
+  assert.deepEqual([b.max, b.rate, b.name, b.args], [10, 0.17, "user", ["10", "0.17"]]);
+  assert.throws(() => {
+    b.max = 3;
+  }, TypeError);
+  assert.equal(b.named("ip").name, "ip");
+  assert.ok(b.named("ip").sameLimits(b));
+  assert.throws(() => new Bucket({ max: 1, rate: 1, name: "" }), /name must be a non-empty string of printable ASCII/);
+  assert.throws(() => new Bucket({ max: 1, rate: 1, name: "é" }), /printable ASCII/);
+  assert.throws(() => new Bucket(10), TypeError);
+});
+
+test("consumeMany reports the module's first error, with its group", async () => {
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  try {
+    const lim = new Limiter(c.client);
+    const b = new Bucket({ max: 5, rate: 1 });
+    const cases = [
+      [
+        [
+          ["a", b, 1],
+          ["b", b, 6],
+        ],
+        "cost",
+        "cost must not exceed max, it could never pass (group 2)",
+      ],
+      [
+        [
+          ["a", b, 1],
+          ["b", b, 1],
+          [Buffer.from("a"), b, 1],
+        ],
+        "key",
+        "duplicate key: group 3 repeats the key of group 1",
+      ],
+    ];
+    for (const [groups, field, text] of cases) {
+      await assert.rejects(
+        lim.consumeMany(groups),
+        (e) => e instanceof InvalidArgument && e.field === field && e.message === text,
+      );
+      const raw = ["TB.MCONSUME", ...groups.flatMap(([k, bb, cost]) => [k, ...bb.args, String(cost)])];
+      assert.equal(await c.client.call(...raw).catch((e) => e.message), `ERR ${text}`);
+    }
+    await assert.rejects(lim.consumeMany([]), /at least one/);
+    const many = Array.from({ length: 10_001 }, (_, i) => [`k${i}`, b, 1]);
+    await assert.rejects(lim.consumeMany(many), /too many buckets: at most 10000 groups per call/);
+    await assert.rejects(lim.consumeMany([["a", { max: 1, rate: 1 }, 1]]), /expected a Bucket \(group 1\)/);
+    await assert.rejects(lim.consume(42, b), /a key must be a string or a Buffer/);
+  } finally {
+    c.close();
+  }
+});

@@ -1,0 +1,64 @@
+// The IETF RateLimit and RateLimit-Policy fields and Retry-After, exactly.
+
+import assert from "node:assert/strict";
+import { after, test } from "node:test";
+import { Bucket, Decision, Limiter, MultiDecision, rateLimitHeaders } from "redis-tokenbucket";
+import { client } from "./clients.mjs";
+import { stopAll, TARGETS, target } from "./servers.mjs";
+
+after(stopAll);
+
+const USER = new Bucket({ max: 10, rate: 0.17, name: "user" });
+const IP = new Bucket({ max: 600, rate: 30, name: "ip" });
+
+test("one bucket admitted, and denied with Retry-After rounded up", () => {
+  assert.deepEqual(rateLimitHeaders(new Decision(true, 9, 0, 5883, "k", USER, 1)), {
+    "RateLimit-Policy": '"user";q=10;w=59',
+    RateLimit: '"user";r=9;t=6',
+  });
+  assert.deepEqual(rateLimitHeaders(new Decision(false, 0, 5001, 58830, "k", USER, 1)), {
+    "RateLimit-Policy": '"user";q=10;w=59',
+    RateLimit: '"user";r=0;t=6',
+    "Retry-After": "6",
+  });
+});
+
+test("several buckets in order, the legacy fields for the tightest", () => {
+  const m = new MultiDecision(false, 5883, [
+    new Decision(false, 0, 5883, 58830, "u", USER, 1),
+    new Decision(true, 599, 0, 34, "i", IP, 1),
+  ]);
+  assert.deepEqual(rateLimitHeaders(m, { legacy: true }), {
+    "RateLimit-Policy": '"user";q=10;w=59, "ip";q=600;w=20',
+    RateLimit: '"user";r=0;t=6, "ip";r=599;t=1',
+    "X-RateLimit-Limit": "10",
+    "X-RateLimit-Remaining": "0",
+    "Retry-After": "6",
+  });
+  // Admitted: the tightest is the emptiest share; debt shows as 0; unnamed is "default".
+  const ok = new MultiDecision(true, 0, [
+    new Decision(true, 9, 0, 5883, "u", USER, 1),
+    new Decision(true, -3, 0, 100, "i", new Bucket({ max: 600, rate: 30 }), 1),
+  ]);
+  const h = rateLimitHeaders(ok, { legacy: true });
+  assert.equal(h.RateLimit, '"user";r=9;t=6, "default";r=0;t=1');
+  assert.equal(h["X-RateLimit-Limit"], "600");
+});
+
+test("a degraded or shed decision has nothing to report", () => {
+  assert.deepEqual(rateLimitHeaders(new Decision(true, 0, 0, 0, "k", USER, 1, { degraded: true })), {});
+  assert.deepEqual(rateLimitHeaders(new Decision(false, 0, 1000, 0, "k", USER, 1, { shed: true })), {});
+});
+
+test("from real calls on every backend", async () => {
+  for (const name of Object.keys(TARGETS)) {
+    const t = await target(name);
+    const c = await client("ioredis", t.port, t.auth);
+    const lim = new Limiter(c.client);
+    const small = new Bucket({ max: 1, rate: 0.5, name: "u" });
+    assert.equal(rateLimitHeaders(await lim.consume("h", small)).RateLimit, '"u";r=0;t=2');
+    const denied = rateLimitHeaders(await lim.consume("h", small));
+    assert.equal(denied["Retry-After"], "2");
+    c.close();
+  }
+});
