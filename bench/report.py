@@ -623,6 +623,18 @@ def document(run, tables, optimisations: str) -> str:
     return template.substitute(fields).rstrip("\n") + "\n"
 
 
+def kept_sections(path: Path) -> str:
+    """What other benches wrote into the same document (`make
+    bench-gateway`, `make bench-python`, `make bench-node`): every section
+    after this report's last one ("Optimisations"), kept as it is."""
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    at = text.find("\n## Optimisations")
+    after = text.find("\n## ", at + 1) if at >= 0 else -1
+    return "" if after < 0 else text[after + 1 :]
+
+
 def main():
     run = load(Path(sys.argv[1]))
     tables = {name: table(run) for name, table in TABLES.items()}
@@ -632,7 +644,8 @@ def main():
     if len(sys.argv) > 2:
         opt = HERE / "optimisations.md"
         doc = document(run, tables, opt.read_text() if opt.exists() else "")
-        Path(sys.argv[2]).write_text(doc)
+        kept = kept_sections(Path(sys.argv[2]))
+        Path(sys.argv[2]).write_text(doc + ("\n" + kept if kept else ""))
         print(f"\nwrote {sys.argv[2]}")
 
 
