@@ -49,11 +49,13 @@ DIST_TGZ     := $(DIST_DIR)/$(DIST_NAME).tar.gz
 # this prints the TB_SERVER_<NAME>=path lines the Python tests read.
 TB_SERVERS   := cargo run -q --release -p testkit --no-default-features --bin tb-servers --
 # contrib/prometheus: Debian's exporter and Prometheus, and the test-only
-# tools its tests use (nothing ships them).
+# tools its tests use (nothing ships them; prometheus-client is what its
+# Python example imports, never a dependency of the package).
 PROM_PKGS    := prometheus prometheus-redis-exporter
 PROM_TOOLS   := promql-parser==0.12.0 'grafana-foundation-sdk==1769699379!11.6.0' \
-                pyyaml==6.0.3 types-PyYAML==6.0.12.20261122
-PROM_TESTS   := contrib/prometheus/tests
+                pyyaml==6.0.3 types-PyYAML==6.0.12.20261122 prometheus-client==0.26.0
+PROM_DIR     := contrib/prometheus
+PROM_TESTS   := $(PROM_DIR)/tests
 # What the fuzz smoke run did, for `make test`'s last line.
 FUZZ_STATUS  := target/fuzz-smoke.status
 FUZZ_SECONDS ?= 120
@@ -61,7 +63,7 @@ FUZZ_SECONDS ?= 120
 .PHONY: help build run test test-rust test-matrix test-examples test-python test-dist \
         test-prometheus test-node lint lint-rust lint-python lint-prometheus lint-node lint-generated contract \
         deps build-deps run-deps prometheus-deps venv python-tools python-wheel node-tools install dist \
-        bench bench-python bench-node bench-gateway bench-prometheus fuzz fuzz-smoke soak clean
+        bench bench-python bench-node bench-gateway bench-leases bench-prometheus fuzz fuzz-smoke soak clean
 
 help: ## list these targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z][a-z0-9-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -155,7 +157,9 @@ python-wheel: python-tools
 test-node: deps venv build python-wheel node-tools ## the Node package, packed and installed as a user would, on every server; the Express example
 	bash scripts/test-node.sh
 
-test-prometheus: prometheus-deps build ## contrib/prometheus live: redis_exporter, Prometheus, rules, dashboard (module and Lua library)
+# The live test runs the Python package (from this checkout) with the example's hook.
+test-prometheus: prometheus-deps build python-tools ## contrib/prometheus live: redis_exporter, Prometheus, rules, dashboard, the Python package's metrics (module and Lua library)
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./$(PY_CLIENT)
 	servers="$$($(TB_SERVERS))" && env $$servers $(VENV)/bin/pytest -q $(PROM_TESTS)
 
 test-dist: deps dist ## the release tarball and `make install` on a fresh server
@@ -183,9 +187,9 @@ lint-python: python-tools
 	$(VENV)/bin/mypy --strict --config-file $(PY_CLIENT)/pyproject.toml $(PY_CLIENT)/src
 
 lint-prometheus: python-tools $(VENV)/.prometheus-tools
-	$(VENV)/bin/ruff check $(PROM_TESTS)
-	$(VENV)/bin/ruff format --check $(PROM_TESTS)
-	$(VENV)/bin/mypy --config-file $(PROM_TESTS)/pyproject.toml $(PROM_TESTS)
+	$(VENV)/bin/ruff check $(PROM_DIR)
+	$(VENV)/bin/ruff format --check $(PROM_DIR)
+	$(VENV)/bin/mypy --config-file $(PROM_DIR)/pyproject.toml $(PROM_TESTS) $(PROM_DIR)/python
 
 lint-node: node-tools ## tsc --noEmit (strict) and biome on the Node package, its tests, bench and example
 	cd $(NODE_CLIENT) && node scripts/build.mjs --lua-only && npx tsc --noEmit -p tsconfig.json && npx biome check . ../../examples/express-gateway
@@ -226,6 +230,9 @@ bench-node: deps build node-tools ## the Node client: its overhead per call, its
 bench-gateway: deps venv build python-tools ## the example gateway under wrk at 200/400/1000 connections: admitted vs budget, degraded, shed
 	$(MAKE) --no-print-directory -C examples/fastapi-gateway install
 	$(PY) examples/fastapi-gateway/bench/gateway.py --report docs/benchmarks.md
+
+bench-leases: deps venv build ## ACQUIRE+RELEASE pairs on keys of 1, 100 and 10,000 live leases: module, FCALL, a sorted-set script
+	$(PY) bench/leases.py --report docs/benchmarks.md
 
 bench-prometheus: prometheus-deps build ## what contrib/prometheus's collect script costs Redis per scrape
 	$(PY) $(PROM_TESTS)/scrape_cost.py --out contrib/prometheus/scrape-cost.md

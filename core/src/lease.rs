@@ -26,15 +26,12 @@ impl Lease {
     /// can't overflow). `None` for anything else, which makes the key not
     /// a lease key.
     pub fn parse(value: &[u8]) -> Option<Lease> {
+        // Every call reads every lease of its key: digits are summed in
+        // place, with no UTF-8 check or general integer parser.
         let colon = value.iter().position(|&b| b == b':')?;
-        let (expires, weight) = (&value[..colon], &value[colon + 1..]);
-        let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
-        if !digits(expires) || !digits(weight) {
-            return None;
-        }
         let lease = Lease {
-            expires_us: parse_i64(expires)?,
-            weight: parse_i64(weight)?,
+            expires_us: digits(&value[..colon])?,
+            weight: digits(&value[colon + 1..])?,
         };
         (1..=MAX_LEASE_LIMIT)
             .contains(&lease.weight)
@@ -49,6 +46,26 @@ impl Lease {
     pub fn is_live(&self, now_us: i64) -> bool {
         now_us < self.expires_us
     }
+}
+
+/// The value of 1 to 19 ASCII digits, if it fits an i64 (leading zeros
+/// allowed, as Rust's parser takes them); `None` for anything else.
+fn digits(s: &[u8]) -> Option<i64> {
+    if s.is_empty() || s.len() > 19 {
+        // 20 or more digits fit only with leading zeros: the slow path.
+        return (s.len() > 19 && s.iter().all(u8::is_ascii_digit))
+            .then(|| parse_i64(s))
+            .flatten();
+    }
+    let mut v: u64 = 0;
+    for &b in s {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        v = v * 10 + u64::from(d);
+    }
+    i64::try_from(v).ok()
 }
 
 /// Whole milliseconds from `now_us` until `at_us`, rounded up: waiting that
@@ -405,6 +422,38 @@ mod tests {
 
     fn lease(expires_us: i64, weight: i64) -> String {
         format!("{expires_us}:{weight}")
+    }
+
+    #[test]
+    fn stored_values_read_as_the_integer_parser_reads_them() {
+        let mut rng = testkit::Rng(0x5EED_1EA5);
+        let mut samples: Vec<String> = vec![
+            "0".into(),
+            "9223372036854775807".into(),
+            "9223372036854775808".into(),
+            "18446744073709551615".into(),
+            "00000000000000000000001".into(),
+            "0009223372036854775807".into(),
+            "1a".into(),
+            "".into(),
+            "+1".into(),
+            "-1".into(),
+            " 1".into(),
+        ];
+        for _ in 0..20_000 {
+            let x = rng.next();
+            samples.push((x >> (x % 64)).to_string());
+            samples.push(format!("{:0width$}", x % 1000, width = (x % 25) as usize));
+        }
+        for s in samples {
+            let want = s
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| parse_i64(s.as_bytes()))
+                .flatten()
+                .filter(|_| !s.is_empty());
+            assert_eq!(digits(s.as_bytes()), want, "{s:?}");
+        }
     }
 
     #[test]

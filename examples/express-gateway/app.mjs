@@ -4,7 +4,7 @@
 
 import express from "express";
 import { Breaker, Limiter, MultiDecision, rateLimitHeaders } from "redis-tokenbucket";
-import { clientIp } from "redis-tokenbucket/express";
+import { clientIp, holdUntilSent } from "redis-tokenbucket/express";
 import { keyId } from "./config.mjs";
 import { countTokens, LLMError, StubLLM } from "./llm.mjs";
 
@@ -68,6 +68,97 @@ function requirePrincipal(req) {
   return req.principal;
 }
 
+/**
+ * A streamed chat's answer when its lease was not acquired: shed or Redis
+ * failing (the route fails closed) is a 503, a full set of streams or a
+ * bucket that can't pay a 429.
+ */
+function refuseLease(lease) {
+  if (lease.shed) throw new GatewayError(503, { error: "overloaded" }, { "Retry-After": String(lease.retryAfter) });
+  if (lease.degraded) throw new GatewayError(503, { error: "rate_limiter_unavailable" }, { "Retry-After": "1" });
+  const waits = [...lease.deniedBy].sort((a, b) => b.retryAfterMs - a.retryAfterMs);
+  const dimension = lease.busy ? "streams" : waits[0].bucket.name;
+  throw new GatewayError(
+    429,
+    { error: "rate_limited", dimension, retry_after: lease.retryAfter },
+    rateLimitHeaders(lease, { legacy: true }),
+  );
+}
+
+/**
+ * One of the user's `streams` slots, with every bucket of the request and
+ * the LLM reservation charged in the same TB.ACQUIRE, all or nothing. In
+ * cluster mode the buckets live in other slots than the lease key: the
+ * slot first, then the buckets one by one (`enforce`), and the slot given
+ * back if they deny. Sets the response's fields; returns the lease.
+ */
+async function takeStreamSlot(req, res, budget) {
+  const { settings, limiter } = req.app.locals;
+  const key = `rl:streams:${req.principal.userId}`;
+  const streams = settings.limits.forTier(req.principal.tier).streams;
+  if (!settings.clusterMode) {
+    const buckets = [...requestGroups(req, settings.limits), budget];
+    const lease = await limiter.acquire(key, streams, { buckets, onError: "closed" });
+    if (!lease.acquired) refuseLease(lease);
+    res.set(rateLimitHeaders(lease, { legacy: true }));
+    return lease;
+  }
+  const lease = await limiter.acquire(key, streams, { onError: "closed" });
+  if (!lease.acquired) refuseLease(lease);
+  let decision;
+  try {
+    decision = await enforce(req, res, "fail_closed", [budget]);
+  } catch (error) {
+    await limiter.release(lease).catch((e) => console.error(`could not give back stream slot ${lease.id}: ${e}`));
+    throw error;
+  }
+  const fields = rateLimitHeaders(lease);
+  for (const [name, value] of Object.entries(rateLimitHeaders(decision, { legacy: true }))) {
+    fields[name] = fields[name] ? `${fields[name]}, ${value}` : value;
+  }
+  res.set(fields);
+  return lease;
+}
+
+/**
+ * POST /v1/chat with "stream": true: server-sent events, one per token,
+ * then the usage and [DONE]. The slot is renewed while the stream runs and
+ * released after its last byte, or at once when the client goes away; then
+ * the LLM budget is settled with what was generated (all of it back if
+ * nothing was).
+ */
+async function chatStream(req, res, { prompt, maxTokens, budget, reserved, settle }) {
+  const { limiter, llm } = req.app.locals;
+  const lease = await takeStreamSlot(req, res, budget);
+  const promptTokens = countTokens(prompt);
+  let generated = 0;
+  let gone = false;
+  res.once("close", () => {
+    gone = !res.writableFinished;
+  });
+  holdUntilSent(limiter, lease, res, async () => {
+    const used = generated ? promptTokens + generated : 0;
+    if (used !== reserved) await settle(reserved - used);
+  });
+  res.status(200).set({ "Content-Type": "text/event-stream", "Cache-Control": "no-cache" });
+  res.flushHeaders();
+  try {
+    for await (const token of llm.stream(prompt, maxTokens)) {
+      if (gone) return; // the client went away: stop generating
+      generated++;
+      res.write(`data: ${JSON.stringify({ token })}\n\n`);
+    }
+  } catch (error) {
+    if (!(error instanceof LLMError)) console.error(error);
+    console.warn(`model backend failed mid-stream after ${generated} tokens: ${error.message}`);
+    res.end(`event: error\ndata: ${JSON.stringify({ error: "upstream_failed" })}\n\n`);
+    return;
+  }
+  const usage = { prompt_tokens: promptTokens, completion_tokens: generated, reserved_tokens: reserved };
+  res.write(`data: ${JSON.stringify({ usage })}\n\n`);
+  res.end("data: [DONE]\n\n");
+}
+
 /** Express 5 passes a rejected handler's error to the error middleware. */
 const limited = (policy) => async (req, res, next) => {
   await enforce(req, res, policy); // first, so bad keys still pay their IP bucket
@@ -79,7 +170,7 @@ const limited = (policy) => async (req, res, next) => {
  * The gateway. `redis` is an ioredis Redis or Cluster (the caller owns
  * it); `llm` a model backend with complete(prompt, maxTokens).
  */
-export function createApp(settings, { redis, llm = new StubLLM() }) {
+export function createApp(settings, { redis, llm = new StubLLM(settings.stubTokenDelayMs ?? 0) }) {
   const app = express();
   app.locals.settings = settings;
   app.locals.llm = llm;
@@ -114,10 +205,11 @@ export function createApp(settings, { redis, llm = new StubLLM() }) {
   app.get("/v1/models", limited("fail_open"), (_req, res) => res.json({ data: [{ id: "stub-echo" }] }));
 
   app.post("/v1/chat", async (req, res) => {
-    const { prompt, max_tokens: maxTokens } = req.body ?? {};
+    const { prompt, max_tokens: maxTokens, stream = false } = req.body ?? {};
     if (typeof prompt !== "string" || !prompt || !Number.isInteger(maxTokens) || maxTokens <= 0) {
       throw new GatewayError(422, { error: "invalid_request" });
     }
+    if (typeof stream !== "boolean") throw new GatewayError(422, { error: "invalid_request" });
     const { limits } = settings;
     const reserved = countTokens(prompt) + maxTokens;
     const extra = [];
@@ -131,8 +223,6 @@ export function createApp(settings, { redis, llm = new StubLLM() }) {
       }
       extra.push([`rl:llm:user:${req.principal.userId}`, budget, reserved]);
     }
-    const decision = await enforce(req, res, "fail_closed", extra);
-    requirePrincipal(req);
     const limiter = req.app.locals.limiter;
     // The answer is already paid for upstream; a lost settlement (logged by
     // the limiter) only skews this user's budget until it refills.
@@ -141,6 +231,11 @@ export function createApp(settings, { redis, llm = new StubLLM() }) {
       const d = await limiter.adjust(key, bucket, delta, { onError: "open" });
       return d.degraded ? undefined : d;
     };
+    if (stream && req.principal) {
+      return chatStream(req, res, { prompt, maxTokens, budget: extra[0], reserved, settle });
+    }
+    const decision = await enforce(req, res, "fail_closed", extra);
+    requirePrincipal(req);
     let completion;
     try {
       completion = await req.app.locals.llm.complete(prompt, maxTokens);

@@ -4,18 +4,19 @@ token budget per user. Run: uvicorn app:app --no-proxy-headers (see README).
 
 from __future__ import annotations
 
+import json
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import AsyncIterator, Callable, Literal, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis, RedisCluster
-from redis_tokenbucket import Breaker, Bucket, Decision, MultiDecision, rate_limit_headers
+from redis_tokenbucket import Breaker, Bucket, Decision, Lease, MultiDecision, rate_limit_headers
 from redis_tokenbucket.asyncio import Limiter
-from redis_tokenbucket.fastapi import client_ip
+from redis_tokenbucket.fastapi import client_ip, hold_until_sent, install
 
 from auth import authenticate
 from config import Limits, Principal, Settings
@@ -46,6 +47,8 @@ class GatewayError(Exception):
 class ChatRequest(BaseModel):
     prompt: str = Field(min_length=1)
     max_tokens: int = Field(gt=0)
+    # Server-sent events, one per token, instead of one JSON answer.
+    stream: bool = False
 
 
 def request_groups(request: Request, limits: Limits) -> list[Group]:
@@ -145,11 +148,12 @@ async def settle(request: Request, budget: Group, delta: float) -> Decision | No
     return None if settled.degraded else settled
 
 
-@router.post("/v1/chat")
-async def chat(body: ChatRequest, request: Request, response: Response) -> dict:
+@router.post("/v1/chat", response_model=None)
+async def chat(body: ChatRequest, request: Request, response: Response) -> dict | StreamingResponse:
     """Reserves prompt + max_tokens LLM tokens in the same all-or-nothing
     check as the request buckets, calls the model, then settles: the unused
-    part comes back, all of it if the model fails."""
+    part comes back, all of it if the model fails. A streamed chat also
+    takes one of the user's `streams` slots, in that same call."""
     limits: Limits = request.app.state.settings.limits
     reserved = count_tokens(body.prompt) + body.max_tokens
     extra = []
@@ -159,6 +163,8 @@ async def chat(body: ChatRequest, request: Request, response: Response) -> dict:
             detail = f"{reserved} tokens exceed the budget of {budget.max:g}"
             raise GatewayError(413, {"error": "over_budget", "detail": detail})
         extra.append((f"rl:llm:user:{principal.user_id}", budget.named("llm"), float(reserved)))
+        if body.stream:
+            return await chat_stream(body, request, principal, extra[0], reserved)
     decision = await enforce(request, response, "fail_closed", extra)
     require_principal(request)
 
@@ -191,6 +197,93 @@ async def chat(body: ChatRequest, request: Request, response: Response) -> dict:
     }
 
 
+def refuse_lease(lease: Lease) -> None:
+    """A streamed chat's answer when its lease was not acquired: shed or
+    Redis failing (the route fails closed) is a 503, a full set of streams
+    or a bucket that can't pay a 429."""
+    if lease.shed:
+        raise GatewayError(503, {"error": "overloaded"}, {"Retry-After": str(lease.retry_after)})
+    if lease.degraded:
+        raise GatewayError(503, {"error": "rate_limiter_unavailable"}, {"Retry-After": "1"})
+    dimension = "streams" if lease.busy else max(lease.denied_by, key=lambda d: d.retry_after_ms).bucket.name
+    raise GatewayError(
+        429,
+        {"error": "rate_limited", "dimension": dimension, "retry_after": lease.retry_after},
+        rate_limit_headers(lease, legacy=True),
+    )
+
+
+async def take_stream_slot(request: Request, principal: Principal, budget: Group) -> tuple[Lease, dict[str, str]]:
+    """One of the user's `streams` slots, with every bucket of the request
+    and the LLM reservation charged in the same TB.ACQUIRE, all or nothing.
+    In cluster mode the buckets live in other slots than the lease key: the
+    slot first, then the buckets one by one (`enforce`), and the slot given
+    back if they deny. Returns the lease and the response's fields."""
+    settings: Settings = request.app.state.settings
+    limiter: Limiter = request.app.state.limiter
+    key = f"rl:streams:{principal.user_id}"
+    streams = settings.limits.streams(principal.tier)
+    if not settings.cluster_mode:
+        groups = [*request_groups(request, settings.limits), budget]
+        lease = await limiter.acquire(key, streams, buckets=groups, on_error="closed")
+        if not lease.acquired:
+            refuse_lease(lease)
+        return lease, rate_limit_headers(lease, legacy=True)
+    lease = await limiter.acquire(key, streams, on_error="closed")
+    if not lease.acquired:
+        refuse_lease(lease)
+    try:
+        decision = await enforce(request, Response(), "fail_closed", [budget])
+    except BaseException:
+        try:
+            await limiter.release(lease)
+        except Exception as exc:  # left to expire
+            log.warning("could not give back stream slot %r: %s", lease.id, exc)
+        raise
+    assert decision is not None  # fail_closed: a degraded answer raised
+    fields = rate_limit_headers(lease)
+    for name, value in rate_limit_headers(decision, legacy=True).items():
+        fields[name] = f"{fields[name]}, {value}" if name in fields else value
+    return lease, fields
+
+
+async def chat_stream(
+    body: ChatRequest, request: Request, principal: Principal, budget: Group, reserved: int
+) -> StreamingResponse:
+    """POST /v1/chat with "stream": true. The slot is renewed while the
+    stream runs and released after its last byte, or at once when the client
+    goes away; then the LLM budget is settled with what was generated (all
+    of it back if nothing was)."""
+    limiter: Limiter = request.app.state.limiter
+    llm: LLMBackend = request.app.state.llm
+    lease, fields = await take_stream_slot(request, principal, budget)
+    prompt_tokens = count_tokens(body.prompt)
+    generated = 0
+
+    async def settle_after() -> None:
+        used = prompt_tokens + generated if generated else 0
+        if used != reserved:
+            await settle(request, budget, reserved - used)
+
+    await hold_until_sent(request, limiter, lease, then=settle_after)
+
+    async def events() -> AsyncIterator[str]:
+        nonlocal generated
+        try:
+            async for token in llm.stream(body.prompt, body.max_tokens):
+                generated += 1
+                yield f"data: {json.dumps({'token': token})}\n\n"
+        except LLMError as exc:
+            log.warning("model backend failed mid-stream after %d tokens: %s", generated, exc)
+            yield f"event: error\ndata: {json.dumps({'error': 'upstream_failed'})}\n\n"
+            return
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated, "reserved_tokens": reserved}
+        yield f"data: {json.dumps({'usage': usage})}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=fields)
+
+
 def connect(settings: Settings) -> Redis | RedisCluster:
     timeouts = {"socket_timeout": settings.redis_timeout, "socket_connect_timeout": settings.redis_timeout}
     if settings.cluster_mode:
@@ -220,7 +313,7 @@ def create_app(
 
     app = FastAPI(title="redis-tokenbucket gateway example", lifespan=lifespan)
     app.state.settings = settings
-    app.state.llm = llm or StubLLM()
+    app.state.llm = llm or StubLLM(settings.stub_token_delay_ms)
     address = client_ip(settings.trusted_proxies)
 
     @app.middleware("http")
@@ -228,6 +321,10 @@ def create_app(
         authenticate(request, settings.api_keys)
         request.state.client_ip = address(request)
         return await call_next(request)
+
+    # Outermost: it releases a streamed chat's slot after the last byte, or
+    # as soon as the server reports the client gone.
+    install(app)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:

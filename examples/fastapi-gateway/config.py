@@ -12,7 +12,7 @@ import os
 from typing import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, model_validator
-from redis_tokenbucket import Bucket
+from redis_tokenbucket import Bucket, Concurrency
 
 
 class TokenBucket(BaseModel):
@@ -37,13 +37,20 @@ class TokenBucket(BaseModel):
 
 class TierLimits(BaseModel):
     """The buckets of one tier: requests per user and per API key, and the
-    LLM token budget per user (in tokens, not requests)."""
+    LLM token budget per user (in tokens, not requests); and `streams`, the
+    streamed chats a user may have in flight at once."""
 
     model_config = ConfigDict(frozen=True)
 
     user: TokenBucket
     key: TokenBucket
     llm: TokenBucket
+    streams: int = 2
+
+    @model_validator(mode="after")
+    def _valid_streams(self) -> TierLimits:
+        Concurrency(self.streams, 1)  # raises a ValueError naming `limit`
+        return self
 
 
 class Limits(BaseModel):
@@ -54,17 +61,20 @@ class Limits(BaseModel):
             user=TokenBucket(max=10, rate=0.17),
             key=TokenBucket(max=10, rate=0.17),
             llm=TokenBucket(max=20_000, rate=10),
+            streams=2,
         ),
         "standard": TierLimits(
             user=TokenBucket(max=60, rate=1),
             key=TokenBucket(max=60, rate=1),
             llm=TokenBucket(max=200_000, rate=100),
+            streams=8,
         ),
         "enterprise": TierLimits(
             # An enterprise account spreads load over several keys.
             user=TokenBucket(max=3000, rate=50),
             key=TokenBucket(max=1500, rate=25),
             llm=TokenBucket(max=2_000_000, rate=1000),
+            streams=64,
         ),
     }
     # One IP bucket for everybody, not per tier: `rl:ip:<addr>` is shared by
@@ -74,16 +84,25 @@ class Limits(BaseModel):
     # enterprise ones. It is a flood guard, so it must admit one enterprise
     # key at full speed.
     ip: TokenBucket = TokenBucket(max=600, rate=30)
+    # How long a streamed chat's slot lives without a renewal (ms). The
+    # gateway renews it about every third of that while the stream runs; a
+    # gateway that dies frees its slots this long after its last renewal.
+    stream_lease_ms: int = 30_000
 
     @model_validator(mode="after")
     def _has_free(self) -> Limits:
         if "free" not in self.tiers:
             raise ValueError("tiers must define 'free', the fallback tier")
+        Concurrency(1, self.stream_lease_ms)  # raises a ValueError naming `lease_ms`
         return self
 
     def for_tier(self, tier: str | None) -> TierLimits:
         """A missing or unknown tier gets the free limits, never none."""
         return self.tiers.get(tier or "free", self.tiers["free"])
+
+    def streams(self, tier: str | None) -> Concurrency:
+        """The tier's limit of streamed chats in flight, per user."""
+        return Concurrency(self.for_tier(tier).streams, self.stream_lease_ms, name="streams")
 
 
 class Principal(BaseModel):
@@ -131,6 +150,9 @@ class Settings(BaseModel):
     # Peers whose X-Forwarded-For is believed. Empty: the header is ignored.
     trusted_proxies: list[IPvAnyNetwork] = []
     limits: Limits = Limits()
+    # The stub model's pause before each token (ms), so that streams stay
+    # open long enough to be seen (tests, demos). 0: as fast as it can.
+    stub_token_delay_ms: int = Field(default=0, ge=0)
     # SHA-256 of the API key (see key_id) -> principal; raw keys are never kept.
     api_keys: dict[str, Principal] = DEMO_API_KEYS
 
@@ -139,7 +161,7 @@ class Settings(BaseModel):
         """GATEWAY_* variables; JSON for the structured ones."""
         raw: dict[str, object] = {}
         for name in ("redis_url", "redis_timeout", "redis_max_connections", "cluster_mode", "breaker_failures",
-                     "breaker_window", "breaker_cooldown"):  # fmt: skip
+                     "breaker_window", "breaker_cooldown", "stub_token_delay_ms"):  # fmt: skip
             if (value := env.get(f"GATEWAY_{name.upper()}")) is not None:
                 raw[name] = value
         if proxies := env.get("GATEWAY_TRUSTED_PROXIES"):

@@ -24,8 +24,8 @@ export class InvalidArgument extends RangeError {
   }
 }
 
-/** The contract's message `name`, without the reply's `ERR ` prefix. */
-function refusal(field: string, name: ErrorName, values: Record<string, string | number> = {}): InvalidArgument {
+/** An InvalidArgument with the contract's message `name`, without the reply's `ERR ` prefix. */
+export function refusal(field: string, name: ErrorName, values: Record<string, string | number> = {}): InvalidArgument {
   return new InvalidArgument(field, message(name, values).replace(/^ERR /, ""));
 }
 
@@ -92,7 +92,7 @@ export function checkDelta(delta: unknown): number {
   return number(delta, "delta");
 }
 
-function checkName(name: unknown): string {
+export function checkName(name: unknown): string {
   // Policy names are sf-strings in the RateLimit fields: printable ASCII.
   if (typeof name !== "string" || !/^[ -~]+$/.test(name)) {
     throw new InvalidArgument("name", "name must be a non-empty string of printable ASCII");

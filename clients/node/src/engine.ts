@@ -11,9 +11,11 @@ import {
   evalArgs,
   fcallArgs,
   type Group,
+  type LeaseHead,
   LOAD_ARGS,
   moduleArgs,
   type Op,
+  readOnly,
   VERSION_ARGS,
 } from "./scripts.js";
 
@@ -79,11 +81,12 @@ export class Engine {
     this.backend = forced;
   }
 
-  async call(op: Op, groups: readonly Group[], io: IO): Promise<unknown> {
+  /** Sends `op` on its groups (a lease operation: on its key and head, the groups its buckets). */
+  async call(op: Op, groups: readonly Group[], io: IO, lease?: LeaseHead): Promise<unknown> {
     const backend = this.backend;
     if (backend !== undefined) {
       try {
-        return await this.send(backend, op, groups, io);
+        return await this.send(backend, op, groups, io, lease);
       } catch (error) {
         if (!(error instanceof Unavailable)) throw error;
         if (this.forced !== undefined) throw new NoBackendError([[backend, error.cause]]);
@@ -92,15 +95,15 @@ export class Engine {
         this.libraryChecked = false;
       }
     }
-    return this.detect(op, groups, io);
+    return this.detect(op, groups, io, lease);
   }
 
-  private async detect(op: Op, groups: readonly Group[], io: IO): Promise<unknown> {
+  private async detect(op: Op, groups: readonly Group[], io: IO, lease: LeaseHead | undefined): Promise<unknown> {
     const failures: [string, unknown][] = [];
     for (const name of BACKENDS) {
       let reply: unknown;
       try {
-        reply = await this.send(name, op, groups, io);
+        reply = await this.send(name, op, groups, io, lease);
       } catch (error) {
         if (!(error instanceof Unavailable)) throw error;
         failures.push([name, error.cause]);
@@ -113,19 +116,25 @@ export class Engine {
     throw new NoBackendError(failures);
   }
 
-  private async send(backend: BackendName, op: Op, groups: readonly Group[], io: IO): Promise<unknown> {
-    const key = groups[0]?.key;
-    const readonly = op === "peek";
+  private async send(
+    backend: BackendName,
+    op: Op,
+    groups: readonly Group[],
+    io: IO,
+    lease: LeaseHead | undefined,
+  ): Promise<unknown> {
+    const key = lease === undefined ? groups[0]?.key : lease.key;
+    const readonly = readOnly(op);
     if (backend === "module") {
       try {
-        return await io.send(moduleArgs(op, groups), key, readonly);
+        return await io.send(moduleArgs(op, groups, lease), key, readonly);
       } catch (error) {
         if (refused(error)) throw new Unavailable(backend, error);
         throw error;
       }
     }
-    if (backend === "functions") return this.fcall(fcallArgs(op, groups), key, readonly, io);
-    return this.eval(evalArgs(op, groups), key, io);
+    if (backend === "functions") return this.fcall(fcallArgs(op, groups, lease), key, readonly, io);
+    return this.eval(evalArgs(op, groups, lease), key, io);
   }
 
   private async fcall(args: Arg[], key: Group["key"] | undefined, readonly: boolean, io: IO): Promise<unknown> {

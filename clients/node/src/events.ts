@@ -5,9 +5,16 @@ import type { BreakerState } from "./breaker.js";
 
 /** One decision, as metrics see it: the fields of the Python package's DecisionEvent. */
 export interface DecisionEvent {
-  /** "consume", "peek", "adjust" or "consume_many" (the Python package's names, so dashboards match). */
-  readonly op: "consume" | "peek" | "adjust" | "consume_many";
-  /** The names of the buckets, joined by "," ("" if unnamed). */
+  /**
+   * "consume", "peek", "adjust", "consume_many" or "acquire" (the Python
+   * package's names, so dashboards match). Renewals, releases and
+   * in-flight reads decide nothing and make no event.
+   */
+  readonly op: "consume" | "peek" | "adjust" | "consume_many" | "acquire";
+  /**
+   * The names of the buckets, joined by "," ("" if unnamed); an acquire's
+   * Concurrency name first. `allowed` is an acquire's `acquired`.
+   */
   readonly policy: string;
   readonly allowed: boolean;
   readonly degraded: boolean;

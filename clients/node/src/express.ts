@@ -1,17 +1,43 @@
-// Express: a middleware charging each request against its rules, and a
-// Store for express-rate-limit backed by the limiter's token buckets.
-// Neither imports express: they use the request and response as Express
+// Express: a middleware charging each request against its rules, one
+// holding a concurrency slot per request until its response is done, and
+// a Store for express-rate-limit backed by the limiter's token buckets.
+// None imports express: they use the request and response as Express
 // passes them.
 
 import { Bucket } from "./bucket.js";
 import type { MultiDecision } from "./decision.js";
 import { rateLimitHeaders } from "./headers.js";
-import { check, checkRules, type LimitOptions, type NodeRequest, PROBLEM_JSON, type Rule, refusal } from "./http.js";
+import {
+  acquireFor,
+  type ConcurrencyLimitOptions,
+  check,
+  checkConcurrencyOptions,
+  checkRules,
+  holdUntilSent,
+  type LimitOptions,
+  type NodeRequest,
+  PROBLEM_JSON,
+  type ResponseEvents,
+  type Rule,
+  refusal,
+} from "./http.js";
+import type { Lease } from "./lease.js";
 import type { Limiter } from "./limiter.js";
 
-export { apiKey, clientIp, type KeyFunction, type NodeRequest, QUOTA_EXCEEDED, type Rule } from "./http.js";
+export {
+  apiKey,
+  type ConcurrencyLimitOptions,
+  type ConcurrencyRule,
+  clientIp,
+  holdUntilSent,
+  type KeyFunction,
+  type NodeRequest,
+  QUOTA_EXCEEDED,
+  type ResponseEvents,
+  type Rule,
+} from "./http.js";
 
-interface ExpressResponse {
+interface ExpressResponse extends ResponseEvents {
   setHeader(name: string, value: string): unknown;
   status(code: number): ExpressResponse;
   type(type: string): ExpressResponse;
@@ -48,6 +74,42 @@ export function rateLimit<R extends NodeRequest>(limiter: Limiter, options: Midd
       const refused = refusal(decision, options);
       if (refused === undefined) {
         for (const [k, v] of Object.entries(rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }))) {
+          response.setHeader(k, v);
+        }
+        return next();
+      }
+      for (const [k, v] of Object.entries(refused.headers)) response.setHeader(k, v);
+      response.status(refused.status).type(PROBLEM_JSON).send(JSON.stringify(refused.body));
+    }, next);
+  };
+}
+
+/**
+ * `app.use(concurrencyLimit(limiter, { concurrency: { concurrency, key } }))`:
+ * each request holds one slot (or `weight`) of its identity's Concurrency
+ * from when it arrives until its response has been sent or its client has
+ * gone away (the response's 'finish' or 'close'), renewed meanwhile; a
+ * streamed response holds it until the stream ends. Bucket `rules` are
+ * charged in the same TB.ACQUIRE. An admitted request carries the
+ * RateLimit fields (`"streams";q=8;qu="concurrent-requests"`, `r` the slots
+ * left); no slot is a 429 problem with them and Retry-After; a shed call
+ * or a failing-closed limiter is a 503 with Retry-After. The lease is in
+ * `res.locals.lease`. Errors the limiter throws go to `next(error)`.
+ */
+export function concurrencyLimit<R extends NodeRequest>(limiter: Limiter, options: ConcurrencyLimitOptions<R>) {
+  checkConcurrencyOptions(options);
+  return (request: R, response: ExpressResponse, next: Next): void => {
+    if (options.skip?.(request)) {
+      next();
+      return;
+    }
+    acquireFor(limiter, options, request).then((lease: Lease | undefined) => {
+      if (lease === undefined) return next();
+      if (response.locals) response.locals.lease = lease;
+      const refused = refusal(lease, options);
+      if (refused === undefined) {
+        holdUntilSent(limiter, lease, response);
+        for (const [k, v] of Object.entries(rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }))) {
           response.setHeader(k, v);
         }
         return next();

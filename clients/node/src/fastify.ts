@@ -1,18 +1,44 @@
 // Fastify: a plugin adding an onRequest hook that charges each request
 // against its rules (for every route of the instance it is registered on),
-// and the hook alone, for single routes. Fastify is not imported.
+// the hook alone, for single routes, and a hook holding a concurrency slot
+// per request until its response is done. Fastify is not imported.
 
 import { rateLimitHeaders } from "./headers.js";
-import { check, checkRules, type LimitOptions, type NodeRequest, PROBLEM_JSON, type Rule, refusal } from "./http.js";
+import {
+  acquireFor,
+  type ConcurrencyLimitOptions,
+  check,
+  checkConcurrencyOptions,
+  checkRules,
+  holdUntilSent,
+  type LimitOptions,
+  type NodeRequest,
+  PROBLEM_JSON,
+  type ResponseEvents,
+  type Rule,
+  refusal,
+} from "./http.js";
 import type { Limiter } from "./limiter.js";
 
-export { apiKey, clientIp, type KeyFunction, type NodeRequest, QUOTA_EXCEEDED, type Rule } from "./http.js";
+export {
+  apiKey,
+  type ConcurrencyLimitOptions,
+  type ConcurrencyRule,
+  clientIp,
+  holdUntilSent,
+  type KeyFunction,
+  type NodeRequest,
+  QUOTA_EXCEEDED,
+  type Rule,
+} from "./http.js";
 
 interface FastifyReply {
   code(status: number): FastifyReply;
   header(name: string, value: string): FastifyReply;
   type(type: string): FastifyReply;
   send(body: string): FastifyReply;
+  /** Node's http.ServerResponse under the reply. */
+  raw?: ResponseEvents;
 }
 
 interface FastifyInstance {
@@ -47,6 +73,38 @@ export function rateLimitHook<R extends NodeRequest>(limiter: Limiter, options: 
     const refused = refusal(decision, options);
     if (refused === undefined) {
       for (const [k, v] of Object.entries(rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }))) {
+        reply.header(k, v);
+      }
+      return undefined;
+    }
+    for (const [k, v] of Object.entries(refused.headers)) reply.header(k, v);
+    return reply.code(refused.status).type(PROBLEM_JSON).send(JSON.stringify(refused.body));
+  };
+}
+
+/**
+ * An onRequest hook holding a concurrency slot per request:
+ * `fastify.get("/x", { onRequest: concurrencyHook(limiter, { concurrency: { concurrency, key } }) }, handler)`,
+ * or `fastify.addHook("onRequest", concurrencyHook(...))` for every route
+ * of an instance. The slot is held from the request's arrival until its
+ * response has been sent or its client has gone away (the raw response's
+ * 'finish' or 'close'), renewed meanwhile; bucket `rules` are charged in
+ * the same TB.ACQUIRE. Admitted requests carry the RateLimit fields (the
+ * lease is `request.lease`); no slot is a 429 problem with them and
+ * Retry-After; a shed call or a failing-closed limiter is a 503.
+ */
+export function concurrencyHook<R extends NodeRequest>(limiter: Limiter, options: ConcurrencyLimitOptions<R>) {
+  checkConcurrencyOptions(options);
+  return async (request: R, reply: FastifyReply): Promise<unknown> => {
+    if (options.skip?.(request)) return undefined;
+    const lease = await acquireFor(limiter, options, request);
+    if (lease === undefined) return undefined;
+    (request as R & { lease?: unknown }).lease = lease;
+    const refused = refusal(lease, options);
+    if (refused === undefined) {
+      if (reply.raw === undefined) throw new TypeError("concurrencyHook needs Fastify's reply.raw");
+      holdUntilSent(limiter, lease, reply.raw);
+      for (const [k, v] of Object.entries(rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }))) {
         reply.header(k, v);
       }
       return undefined;

@@ -5,22 +5,29 @@ import type { Decision, MultiDecision } from "./decision.js";
 import { MultiDecision as Multi } from "./decision.js";
 import { type HeaderOptions, rateLimitHeaders } from "./headers.js";
 import { PROBLEM_JSON, refusal } from "./http.js";
+import { Lease } from "./lease.js";
 
 export { QUOTA_EXCEEDED } from "./http.js";
 
 /**
- * The Response refusing a request, or null when the decision admits it:
- * 429 with RateLimit, RateLimit-Policy, Retry-After and a problem+json
- * body for a denial; 503 with Retry-After for a shed call or a
- * failing-closed limiter.
+ * The Response refusing a request, or null when the decision (or lease)
+ * admits it: 429 with RateLimit, RateLimit-Policy, Retry-After and a
+ * problem+json body for a denial; 503 with Retry-After for a shed call or
+ * a failing-closed limiter. A lease's slot is the caller's to release
+ * (`lim.hold`, or `lim.keeper(lease)` until the Response's body is done).
  *
  *   const d = await limiter.consume(key, bucket);
  *   const refused = rateLimitResponse(d);
  *   if (refused) return refused;
  */
-export function rateLimitResponse(decision: Decision | MultiDecision, options: HeaderOptions = {}): Response | null {
+export function rateLimitResponse(
+  decision: Decision | MultiDecision | Lease,
+  options: HeaderOptions = {},
+): Response | null {
   const multi =
-    decision instanceof Multi ? decision : new Multi(decision.allowed, decision.retryAfterMs, [decision], decision);
+    decision instanceof Multi || decision instanceof Lease
+      ? decision
+      : new Multi(decision.allowed, decision.retryAfterMs, [decision], decision);
   const refused = refusal(multi, { legacyHeaders: options.legacy ?? false });
   if (refused === undefined) return null;
   return new Response(JSON.stringify(refused.body), {
@@ -32,7 +39,7 @@ export function rateLimitResponse(decision: Decision | MultiDecision, options: H
 /** `response` with the decision's RateLimit fields added (for an admitted request). */
 export function withRateLimitHeaders(
   response: Response,
-  decision: Decision | MultiDecision,
+  decision: Decision | MultiDecision | Lease,
   options: HeaderOptions = {},
 ): Response {
   for (const [k, v] of Object.entries(rateLimitHeaders(decision, options))) response.headers.set(k, v);

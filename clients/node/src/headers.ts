@@ -6,15 +6,33 @@
 //   RateLimit-Policy: "user";q=10;w=59, "ip";q=600;w=20
 //   RateLimit: "user";r=9;t=6, "ip";r=599;t=1
 //
-// `q` is the burst (max, rounded down), `w` the seconds to refill all of it
+// `q` is the burst (max, rounded down, and at least 1: a bucket whose max
+// is below 1 still admits what costs less), `w` the seconds to refill all of it
 // (ceil(max / rate)), `r` the whole tokens left (0 while in debt), `t` the
 // seconds, rounded up, until that bucket stops limiting: its retry time
 // when it denies, else the time until it is full. A bucket without a name
 // is "default". A denial adds Retry-After in whole seconds, rounded up, so
 // a retry then passes. The legacy X-RateLimit-Limit/-Remaining describe
 // the most restrictive bucket only.
+//
+// A Lease's Concurrency is a policy of the draft's quota unit
+// "concurrent-requests", with no window:
+//
+//   RateLimit-Policy: "streams";q=8;qu="concurrent-requests", "user";q=10;w=59
+//   RateLimit: "streams";r=6, "user";r=9;t=6
+//
+// `q` is the limit, `r` the slots left after the call, and `t` (only when
+// no slot is free) the seconds until one is, rounded up. The legacy fields
+// describe the slots when they deny, else the most restrictive bucket.
 
+import type { Bucket } from "./bucket.js";
 import { type Decision, MultiDecision, wholeSeconds } from "./decision.js";
+import { Lease } from "./lease.js";
+
+/** A bucket's burst in whole tokens, as the fields state it: rounded down, but never 0. */
+function quota(bucket: Bucket): number {
+  return Math.max(1, Math.floor(bucket.max));
+}
 
 function sfString(text: string): string {
   // Names are printable ASCII (Bucket checks), so escaping is all that's left.
@@ -27,28 +45,57 @@ export interface HeaderOptions {
 }
 
 /**
- * The fields for a response to the request `decision` answered. Empty for
- * a degraded or shed decision: Redis said nothing to report.
+ * The fields for a response to the request `decision` answered: a
+ * Decision, a MultiDecision, or a Lease (its Concurrency first, then its
+ * buckets). Empty for a degraded or shed decision: Redis said nothing to
+ * report.
  */
 export function rateLimitHeaders(
-  decision: Decision | MultiDecision,
+  decision: Decision | MultiDecision | Lease,
   options: HeaderOptions = {},
 ): Record<string, string> {
   if (decision.degraded || decision.shed) return {};
-  const decisions = decision instanceof MultiDecision ? decision.decisions : [decision];
-  const tightest = decision instanceof MultiDecision ? decision.tightest : decision;
   const policy: string[] = [];
   const current: string[] = [];
+  let decisions: readonly Decision[];
+  let allowed: boolean;
+  let legacy: [number, number];
+  if (decision instanceof Lease) {
+    const c = decision.concurrency;
+    const name = sfString(c.name ?? "default");
+    policy.push(`${name};q=${c.limit};qu="concurrent-requests"`);
+    // `t` only when the slots are what it waits for: a slot has no reset time.
+    current.push(`${name};r=${decision.remaining}${decision.busy ? `;t=${decision.retryAfter}` : ""}`);
+    decisions = decision.decisions;
+    allowed = decision.acquired;
+    legacy =
+      decision.busy || decisions.length === 0
+        ? [c.limit, decision.remaining]
+        : legacyOf(new MultiDecision(allowed, decision.retryAfterMs, decisions).tightest);
+  } else if (decision instanceof MultiDecision) {
+    decisions = decision.decisions;
+    allowed = decision.allowed;
+    legacy = legacyOf(decision.tightest);
+  } else {
+    decisions = [decision];
+    allowed = decision.allowed;
+    legacy = legacyOf(decision);
+  }
   for (const d of decisions) {
     const name = sfString(d.bucket.name ?? "default");
-    policy.push(`${name};q=${Math.floor(d.bucket.max)};w=${Math.ceil(d.bucket.max / d.bucket.rate)}`);
+    policy.push(`${name};q=${quota(d.bucket)};w=${Math.ceil(d.bucket.max / d.bucket.rate)}`);
     current.push(`${name};r=${Math.max(d.remaining, 0)};t=${wholeSeconds(d.waitMs)}`);
   }
   const headers: Record<string, string> = { "RateLimit-Policy": policy.join(", "), RateLimit: current.join(", ") };
   if (options.legacy) {
-    headers["X-RateLimit-Limit"] = String(Math.floor(tightest.bucket.max));
-    headers["X-RateLimit-Remaining"] = String(Math.max(tightest.remaining, 0));
+    headers["X-RateLimit-Limit"] = String(legacy[0]);
+    headers["X-RateLimit-Remaining"] = String(legacy[1]);
   }
-  if (!decision.allowed) headers["Retry-After"] = String(decision.retryAfter);
+  if (!allowed) headers["Retry-After"] = String(decision.retryAfter);
   return headers;
+}
+
+/** X-RateLimit-Limit and -Remaining of the most restrictive bucket. */
+function legacyOf(tightest: Decision): [number, number] {
+  return [quota(tightest.bucket), Math.max(tightest.remaining, 0)];
 }

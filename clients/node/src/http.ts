@@ -1,6 +1,7 @@
-// What the framework helpers share: rules (a bucket per identity), the
-// identity functions, and the HTTP answer for a decision
-// (docs/failure-model.md, HTTP answers):
+// What the framework helpers share: rules (a bucket per identity),
+// concurrency rules (a slot per identity, held until the response is
+// done), the identity functions, and the HTTP answer for a decision or a
+// lease (docs/failure-model.md, HTTP answers):
 //
 //   admitted                 the route's status, RateLimit and RateLimit-Policy
 //   denied by Redis          429, the fields, Retry-After, a problem+json body
@@ -14,7 +15,8 @@ import { BlockList, isIP } from "node:net";
 import { type Amount, type Bucket, checkCost } from "./bucket.js";
 import type { MultiDecision } from "./decision.js";
 import { rateLimitHeaders } from "./headers.js";
-import type { Limiter, ManyOptions } from "./limiter.js";
+import { type Concurrency, checkInt, Lease } from "./lease.js";
+import type { GroupIn, Limiter, ManyOptions } from "./limiter.js";
 
 /** The request, as Node's http server gives it (Express and Fastify requests are this too). */
 export interface NodeRequest {
@@ -52,13 +54,8 @@ export function checkRules<R>(rules: readonly Rule<R>[]): void {
   }
 }
 
-/** Charges a request against its rules in one consumeMany; undefined when no rule applies. */
-export async function check<R>(
-  limiter: Limiter,
-  rules: readonly Rule<R>[],
-  request: R,
-  options: LimitOptions = {},
-): Promise<MultiDecision | undefined> {
+/** A request's `[key, bucket, cost]` groups under its rules (a rule whose key is undefined is skipped). */
+async function groupsOf<R>(rules: readonly Rule<R>[], request: R): Promise<GroupIn[]> {
   const groups: [string, Bucket, Amount][] = [];
   for (const rule of rules) {
     const identity = await rule.key(request);
@@ -66,9 +63,126 @@ export async function check<R>(
     const cost = typeof rule.cost === "function" ? rule.cost(request) : (rule.cost ?? 1);
     groups.push([`${rule.prefix ?? "rl"}:${rule.bucket.name}:${identity}`, rule.bucket, cost]);
   }
+  return groups;
+}
+
+/** Charges a request against its rules in one consumeMany; undefined when no rule applies. */
+export async function check<R>(
+  limiter: Limiter,
+  rules: readonly Rule<R>[],
+  request: R,
+  options: LimitOptions = {},
+): Promise<MultiDecision | undefined> {
+  const groups = await groupsOf(rules, request);
   if (groups.length === 0) return undefined;
   const { atomic, onError, timeoutMs } = options;
   return limiter.consumeMany(groups, { atomic, onError, timeoutMs });
+}
+
+// ---- concurrency: a slot per identity, held until the response is done -------------
+
+export interface ConcurrencyRule<R = NodeRequest> {
+  /**
+   * The limit; its name names the policy in the headers and in
+   * `violated-policies`. Or a function of the request (the caller's tier).
+   */
+  concurrency: Concurrency | ((request: R) => Concurrency);
+  /** The identity: each request holds a slot of `prefix:name:identity`. */
+  key: KeyFunction<R>;
+  /** Slots per request (default 1), or a function of the request. */
+  weight?: number | ((request: R) => number);
+  /** Key prefix (default "rl"). */
+  prefix?: string;
+}
+
+export interface ConcurrencyLimitOptions<R> extends Pick<LimitOptions, "onError" | "timeoutMs" | "legacyHeaders"> {
+  /** The slot each request holds until its response is done. */
+  concurrency: ConcurrencyRule<R>;
+  /**
+   * Buckets charged in the same TB.ACQUIRE as the slot, all or nothing. On
+   * a Cluster their keys must share the lease key's hash slot (a hash tag
+   * in the identity); else limit them with the rate-limit helper instead.
+   */
+  rules?: readonly Rule<R>[];
+  /** True to let a request through unlimited (health checks, say). */
+  skip?: (request: R) => boolean;
+}
+
+function checkNamed(concurrency: Concurrency): void {
+  if (concurrency.name === undefined) {
+    throw new RangeError(
+      "a concurrency rule's Concurrency needs a name: new Concurrency({ limit, leaseMs, name: 'streams' })",
+    );
+  }
+}
+
+/** Checks a concurrency rule and its bucket rules when they are written. */
+export function checkConcurrencyOptions<R>(options: ConcurrencyLimitOptions<R>): void {
+  const rule = options.concurrency;
+  if (rule === null || typeof rule !== "object") throw new TypeError("concurrency: expected { concurrency, key }");
+  if (typeof rule.concurrency !== "function") {
+    checkNamed(rule.concurrency);
+    if (rule.weight !== undefined && typeof rule.weight !== "function") rule.concurrency.checkWeight(rule.weight);
+  } else if (rule.weight !== undefined && typeof rule.weight !== "function") {
+    checkInt(rule.weight, "weight", 1);
+  }
+  if (options.rules !== undefined && options.rules.length > 0) checkRules(options.rules);
+}
+
+/**
+ * Takes the request's slot, with its bucket rules charged in the same
+ * call; undefined when the concurrency rule's key is undefined (no limit).
+ */
+export async function acquireFor<R>(
+  limiter: Limiter,
+  options: ConcurrencyLimitOptions<R>,
+  request: R,
+): Promise<Lease | undefined> {
+  const rule = options.concurrency;
+  const identity = await rule.key(request);
+  if (identity === undefined) return undefined;
+  const concurrency = typeof rule.concurrency === "function" ? rule.concurrency(request) : rule.concurrency;
+  checkNamed(concurrency);
+  const weight = typeof rule.weight === "function" ? rule.weight(request) : (rule.weight ?? 1);
+  const buckets = await groupsOf(options.rules ?? [], request);
+  const key = `${rule.prefix ?? "rl"}:${concurrency.name}:${identity}`;
+  return limiter.acquire(key, concurrency, {
+    weight,
+    buckets,
+    onError: options.onError,
+    timeoutMs: options.timeoutMs,
+  });
+}
+
+/** Node's http.ServerResponse as far as holding a slot needs it (Express's res, Fastify's reply.raw). */
+export interface ResponseEvents {
+  once(event: "finish" | "close", listener: () => void): unknown;
+  readonly writableFinished?: boolean;
+  readonly destroyed?: boolean;
+}
+
+/**
+ * Renews `lease` until the response has been sent ('finish') or its
+ * connection closed ('close': a client gone mid-stream), then releases it
+ * and calls `then` (to settle a token budget, say; what it throws or
+ * rejects with is logged). A lease that was not acquired is left alone.
+ */
+export function holdUntilSent(limiter: Limiter, lease: Lease, response: ResponseEvents, then?: () => unknown): void {
+  if (!lease.acquired) return;
+  const keeper = limiter.keeper(lease);
+  let done = false;
+  const end = () => {
+    if (done) return;
+    done = true;
+    // end() never rejects; what `then` throws is logged.
+    void keeper
+      .end()
+      .then(() => then?.())
+      .catch((error: unknown) => limiter.logger.error(`rate limiter: holdUntilSent's then() failed: ${String(error)}`));
+  };
+  response.once("finish", end);
+  response.once("close", end);
+  if (response.writableFinished || response.destroyed) end(); // over before we listened
 }
 
 export const QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -81,9 +195,15 @@ export interface Refusal {
   body: Record<string, unknown>;
 }
 
-/** The refusal to send for a decision, or undefined to let the request through. */
-export function refusal(decision: MultiDecision, options: { legacyHeaders?: boolean } = {}): Refusal | undefined {
-  if (decision.allowed) return undefined;
+/**
+ * The refusal to send for a decision or a lease, or undefined to let the
+ * request through.
+ */
+export function refusal(
+  decision: MultiDecision | Lease,
+  options: { legacyHeaders?: boolean } = {},
+): Refusal | undefined {
+  if (decision instanceof Lease ? decision.acquired : decision.allowed) return undefined;
   // A denial with numbers is a bucket's (Redis's, or the in-process one of
   // onError "local"): 429. Without: shed, or failing closed: 503.
   if (decision.shed || (decision.degraded && decision.retryAfterMs === 0)) {
@@ -100,6 +220,10 @@ export function refusal(decision: MultiDecision, options: { legacyHeaders?: bool
     };
   }
   const violated = decision.deniedBy.map((d) => d.bucket.name ?? "default");
+  // A lease denied for want of a slot (or with no bucket to blame) names its Concurrency first.
+  if (decision instanceof Lease && (decision.busy || violated.length === 0)) {
+    violated.unshift(decision.concurrency.name ?? "default");
+  }
   const headers = rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false });
   // A degraded denial (onError "local") has no RateLimit fields, but its wait.
   headers["Retry-After"] ??= String(decision.retryAfter);

@@ -3,6 +3,7 @@
 //   import { Bucket, Limiter } from "redis-tokenbucket";
 //   const lim = new Limiter(redis, { onError: "open", timeoutMs: 50 });
 //   const d = await lim.consume("rl:user:42", new Bucket({ max: 10, rate: 0.17 }));
+//   await lim.hold("rl:streams:42", new Concurrency({ limit: 8, leaseMs: 30_000 }), async (lease) => ...);
 //
 // Uses the TB.* module where the server has it, else the Lua library that
 // ships inside this package (Functions, or the EVAL script), with the same
@@ -25,8 +26,11 @@ export {
 } from "./errors.js";
 export type { DecisionEvent } from "./events.js";
 export { type HeaderOptions, rateLimitHeaders } from "./headers.js";
+export type { LeaseKeeper } from "./hold.js";
 export { hashTagged } from "./keys.js";
+export { Busy, Concurrency, type ConcurrencyOptions, type Held, Lease } from "./lease.js";
 export {
+  type AcquireOptions,
   type CallOptions,
   DEFAULT_TIMEOUT_MS,
   type GroupIn,
@@ -34,5 +38,6 @@ export {
   type LimiterOptions,
   type ManyOptions,
   type OnError,
+  type UpkeepOptions,
 } from "./limiter.js";
 export { EVAL_SCRIPT, EVAL_SOURCE, LIBRARY_SOURCE } from "./scripts.js";

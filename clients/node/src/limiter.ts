@@ -1,19 +1,22 @@
 // The Limiter: argument checks, backend detection (engine.ts), Cluster
-// routing and the Cluster fallback, the denial cache, and the failure
-// policy with the breaker and the local buckets (docs/failure-model.md).
+// routing and the Cluster fallback, the denial cache, the failure policy
+// with the breaker and the local buckets (docs/failure-model.md), and the
+// concurrency leases (acquire, renew, release, inFlight, hold).
 
 import { type Arg, type Connection, connect, type RedisLike } from "./adapters.js";
 import { Breaker, type BreakerState, PROBE, SKIP } from "./breaker.js";
-import { type Amount, Bucket, checkCost, checkDelta, InvalidArgument, type Key } from "./bucket.js";
+import { type Amount, Bucket, checkCost, checkDelta, InvalidArgument, type Key, refusal } from "./bucket.js";
 import { DenialCache } from "./cache.js";
-import { MAX_GROUPS, message } from "./contract.js";
+import { MAX_GROUPS } from "./contract.js";
 import { Decision, MultiDecision } from "./decision.js";
 import { type BackendName, Engine, type IO, type Logger } from "./engine.js";
 import { CircuitOpenError, CrossSlotError, Shed } from "./errors.js";
 import type { DecisionEvent } from "./events.js";
+import { Keeper, type LeaseKeeper } from "./hold.js";
 import { keyId } from "./keys.js";
+import { Busy, Concurrency, checkId, Lease, newId } from "./lease.js";
 import { LocalBuckets, LocalReplyError } from "./local.js";
-import type { Group, Op } from "./scripts.js";
+import type { BucketOp, Group, LeaseHead, LeaseOp } from "./scripts.js";
 import { bounded, classify } from "./transport.js";
 
 export type OnError = "raise" | "open" | "closed" | "local";
@@ -74,11 +77,41 @@ export interface ManyOptions extends CallOptions {
 /** `[key, bucket]` or `[key, bucket, cost]`. */
 export type GroupIn = readonly [Key, Bucket] | readonly [Key, Bucket, Amount];
 
+export interface AcquireOptions extends CallOptions {
+  /** The slots this lease takes, `1 <= weight <= limit` (default 1). */
+  weight?: number;
+  /**
+   * `[key, bucket, cost]` groups charged in the same decision, all or
+   * nothing (TB.ACQUIRE's BUCKET clauses). On a Cluster their keys must
+   * share the lease key's hash slot.
+   */
+  buckets?: Iterable<GroupIn>;
+  /** The lease's id, 1 to 256 bytes (default: a new UUID). Acquiring a live id again renews it. */
+  id?: Key;
+}
+
+/** Options of renew, release and inFlight: they decide nothing, so no policy applies. */
+export interface UpkeepOptions {
+  /** This call's budget in ms (default: the limiter's). */
+  timeoutMs?: number;
+}
+
 type OneOp = "consume" | "peek" | "adjust";
 
+/** A lease operation as sent: its key, the lease, and what goes before the buckets. */
+interface LeaseCall {
+  readonly op: LeaseOp;
+  readonly id: string; // keyId of the lease key
+  readonly head: LeaseHead;
+  readonly concurrency: Concurrency | undefined; // undefined for inflight
+  readonly leaseId: Key;
+  readonly weight: number;
+}
+
 interface Job<T> {
-  op: DecisionEvent["op"] | "detect";
+  op: DecisionEvent["op"] | "detect" | "renew" | "release" | "inflight";
   groups: readonly Group[];
+  lease?: LeaseCall;
   each: boolean; // bucket by bucket (consumeMany across slots)
   timeoutMs: number | null;
   onError: OnError;
@@ -117,7 +150,8 @@ export class Limiter {
   onDecision: ((event: DecisionEvent) => void) | undefined;
   private readonly conn: Connection;
   private readonly engine: Engine;
-  private readonly logger: Logger;
+  /** Where warnings and degraded answers go (the `logger` option). */
+  readonly logger: Logger;
   private local: Promise<LocalBuckets> | undefined;
   private readonly lastReport = new Map<OnError, number>();
   private readonly unreported = new Map<OnError, number>();
@@ -207,6 +241,146 @@ export class Limiter {
     return this.run(job);
   }
 
+  // ---- concurrency leases ----------------------------------------------------------
+
+  /**
+   * Takes `weight` (default 1) of the key's `concurrency.limit` slots for
+   * `concurrency.leaseMs`, charging every `[key, bucket, cost]` of
+   * `buckets` in the same decision, all or nothing (TB.ACQUIRE). The Lease
+   * says whether it was acquired, and when to retry if not. The failure
+   * policy applies as for `consume` (docs/failure-model.md).
+   */
+  async acquire(key: Key, concurrency: Concurrency, options: AcquireOptions = {}): Promise<Lease> {
+    return this.run(this.acquireJob(key, concurrency, options));
+  }
+
+  /**
+   * Extends the lease to `leaseMs` from now (TB.RENEW): true; false, and
+   * `lease.lost` set, when it expired or was released: it is never taken
+   * again (acquire again instead). Redis errors throw, whatever the policy.
+   */
+  async renew(lease: Lease, options: UpkeepOptions = {}): Promise<boolean> {
+    checkLease(lease);
+    const call = leaseCall("renew", lease);
+    if (lease.held !== "redis" || !lease.acquired) return this.offRedis(call, lease);
+    return this.run(
+      this.upkeepJob(call, options, async (io) => {
+        const reply = await this.engine.call("renew", [], io, call.head);
+        const [renewed, expiresInMs] = pair(reply);
+        return renewedOrLost(lease, renewed === 1, expiresInMs);
+      }),
+    );
+  }
+
+  /**
+   * Gives the slot back (TB.RELEASE): true if the lease was live; releasing
+   * again is harmless (false). Redis errors throw, whatever the policy.
+   */
+  async release(lease: Lease, options: UpkeepOptions = {}): Promise<boolean> {
+    checkLease(lease);
+    const call = leaseCall("release", lease);
+    if (lease.held !== "redis" || !lease.acquired) return this.offRedis(call, lease);
+    return this.run(
+      this.upkeepJob(call, options, async (io) => {
+        const [released] = pair(await this.engine.call("release", [], io, call.head));
+        lease.released = true;
+        return released === 1;
+      }),
+    );
+  }
+
+  /** The weight of the key's live leases (TB.INFLIGHT, read-only); Redis errors throw. */
+  async inFlight(key: Key, options: UpkeepOptions = {}): Promise<number> {
+    const call: LeaseCall = {
+      op: "inflight",
+      id: keyId(key),
+      head: { key, head: [] },
+      concurrency: undefined,
+      leaseId: "",
+      weight: 0,
+    };
+    return this.run(
+      this.upkeepJob(call, options, async (io) => {
+        const reply = await this.engine.call("inflight", [], io, call.head);
+        if (typeof reply !== "number" && typeof reply !== "string") {
+          throw new TypeError(`unexpected reply from Redis: ${JSON.stringify(reply)}`);
+        }
+        return Number(reply);
+      }),
+    );
+  }
+
+  /**
+   * `await lim.hold(key, concurrency, async (lease) => ...)`: acquires a
+   * lease (with `options` as `acquire` takes them), throwing Busy (with the
+   * denied Lease) if there is none; renews it in the background about every
+   * `leaseMs / 3` while `work` runs (`lease.lost` is set if a renewal finds
+   * it gone); and releases it however `work` ends, returning what it
+   * returns or throwing what it throws. A release that fails is logged and
+   * the lease left to expire.
+   */
+  async hold<T>(
+    key: Key,
+    concurrency: Concurrency,
+    work: (lease: Lease) => T | Promise<T>,
+    options: AcquireOptions = {},
+  ): Promise<T> {
+    checkWork(work);
+    const job = this.acquireJob(key, concurrency, options);
+    return this.keep(await this.run(job), work);
+  }
+
+  /** What `hold` does for a lease `acquire` returned: Busy if it was not acquired. */
+  async keep<T>(lease: Lease, work: (lease: Lease) => T | Promise<T>): Promise<T> {
+    checkWork(work);
+    const keeper = this.keeper(lease);
+    try {
+      return await work(lease);
+    } finally {
+      await keeper.end();
+    }
+  }
+
+  /**
+   * Renews an acquired lease in the background from now until `end()`,
+   * which releases it: for lifetimes that are events rather than a
+   * function (a response, a socket). Busy if the lease was not acquired.
+   */
+  keeper(lease: Lease): LeaseKeeper {
+    checkLease(lease);
+    if (!lease.acquired) throw new Busy(lease);
+    return new Keeper(this, lease, this.logger);
+  }
+
+  /**
+   * Renewing or releasing a lease that holds no slot in Redis: a denied
+   * one (nothing to do), one admitted by onError "open" (no slot anywhere:
+   * renewing keeps it, releasing ends it), or one of the in-process
+   * fallback (onError "local"), which answers for it. No Redis, no breaker.
+   */
+  private async offRedis(call: LeaseCall, lease: Lease): Promise<boolean> {
+    let answer: boolean;
+    if (!lease.acquired) {
+      answer = false;
+    } else if (lease.held === "local") {
+      const local = await this.localBuckets();
+      const [done, value] = pair(local.runLease(call.op, call.id, call.head.head, []));
+      if (call.op === "renew") {
+        answer = renewedOrLost(lease, done === 1, value);
+      } else {
+        lease.released = true;
+        answer = done === 1;
+      }
+    } else if (call.op === "renew") {
+      answer = !lease.released;
+      if (!answer) lease.lost = true;
+    } else {
+      answer = !lease.released;
+      lease.released = true;
+    }
+    return answer;
+  }
+
   // ---- requests: checked before anything is sent ------------------------------
 
   private one(op: OneOp, key: Key, bucket: Bucket, amount: Amount, options: CallOptions = {}): Job<Decision> {
@@ -229,25 +403,8 @@ export class Limiter {
     // duplicate keys; the first error wins.
     const list = [...given];
     if (list.length === 0) throw new InvalidArgument("groups", "consumeMany needs at least one [key, bucket, cost]");
-    if (list.length > MAX_GROUPS) {
-      throw new InvalidArgument("groups", message("too_many_groups").replace(/^ERR /, ""));
-    }
-    const groups: Group[] = list.map((entry, i) => {
-      if (!Array.isArray(entry) || entry.length < 2 || entry.length > 3) {
-        throw new TypeError(`group ${i + 1}: expected [key, bucket] or [key, bucket, cost]`);
-      }
-      const [key, bucket, cost] = entry as [Key, Bucket, Amount | undefined];
-      checkBucket(bucket, i + 1);
-      return { key, id: keyId(key, i + 1), bucket, amount: checkCost(cost ?? 1, bucket, i + 1) };
-    });
-    const seen = new Map<string, number>();
-    groups.forEach((g, i) => {
-      const first = seen.get(g.id);
-      if (first !== undefined) {
-        throw new InvalidArgument("key", message("duplicate_key", { group: i + 1, first }).replace(/^ERR /, ""));
-      }
-      seen.set(g.id, i + 1);
-    });
+    const groups = checkGroups(list);
+    checkDuplicates(groups);
     const split = this.conn.cluster && groups.length > 1 && new Set(groups.map((g) => this.conn.slot(g.id))).size > 1;
     if (split && options.atomic === true) {
       const slots = groups.map((g) => `${JSON.stringify(g.id)}: ${this.conn.slot(g.id)}`).join(", ");
@@ -264,6 +421,52 @@ export class Limiter {
       ...this.options(options),
       plan: (io) => this.planMany(groups, each, io),
       answers: ANSWER_MANY,
+    };
+  }
+
+  private acquireJob(key: Key, concurrency: Concurrency, options: AcquireOptions): Job<Lease> {
+    // The module's order: the id, the weight, the buckets (their count,
+    // each left to right), a bucket on the lease key, duplicates.
+    const id = keyId(key);
+    checkConcurrency(concurrency);
+    const leaseId = options.id === undefined ? newId() : checkId(options.id);
+    const weight = concurrency.checkWeight(options.weight ?? 1);
+    const groups = checkGroups([...(options.buckets ?? [])]);
+    checkDuplicates(groups, id);
+    if (this.conn.cluster && groups.length > 0) {
+      const slots = new Set([id, ...groups.map((g) => g.id)].map((k) => this.conn.slot(k)));
+      if (slots.size > 1) {
+        const where = [id, ...groups.map((g) => g.id)].map((k) => `${JSON.stringify(k)}: ${this.conn.slot(k)}`);
+        throw new CrossSlotError(
+          `acquire needs the lease key and its buckets in one Cluster hash slot, got ${where.join(", ")}; ` +
+            "put the shared part in a hash tag (hashTagged)",
+        );
+      }
+    }
+    const head: Arg[] = [String(concurrency.limit), String(concurrency.leaseMs), leaseId, String(weight)];
+    const call: LeaseCall = { op: "acquire", id, head: { key, head }, concurrency, leaseId, weight };
+    return {
+      op: "acquire",
+      groups,
+      lease: call,
+      each: false,
+      ...this.options(options),
+      plan: (io) => this.planAcquire(call, groups, io),
+      answers: ANSWER_LEASE,
+    };
+  }
+
+  /** A job for renew, release or inflight: no policy (a Redis failure throws), a shed call throws. */
+  private upkeepJob<T>(call: LeaseCall, options: UpkeepOptions, plan: (io: IO) => Promise<T>): Job<T> {
+    return {
+      op: call.op,
+      groups: [],
+      lease: call,
+      each: false,
+      timeoutMs: options.timeoutMs === undefined ? this.timeoutMs : checkTimeout(options.timeoutMs, false),
+      onError: "raise",
+      plan,
+      answers: answerNone(call),
     };
   }
 
@@ -358,11 +561,23 @@ export class Limiter {
     return new MultiDecision(true, 0, charged, { atomic: false });
   }
 
+  private async planAcquire(call: LeaseCall, groups: readonly Group[], io: IO): Promise<Lease> {
+    const reply = await this.engine.call("acquire", groups, io, call.head);
+    const lease = leaseFromReply(reply, call, groups, false);
+    // Its buckets paid: their cached denials may pass sooner now. An
+    // acquire's own denial is never cached (a release can free a slot at
+    // any time).
+    if (lease.acquired && this.denialCache !== undefined) {
+      for (const g of groups) if (g.amount > 0) this.denialCache.forget(g.id);
+    }
+    return lease;
+  }
+
   // ---- running a job, and the failure policy ----------------------------------------
 
   private cached<T>(job: Job<T>): T | undefined {
     const cache = this.denialCache;
-    if (cache === undefined || job.op === "adjust" || job.op === "detect") return undefined;
+    if (cache === undefined || job.op === "adjust" || job.op === "detect" || job.lease !== undefined) return undefined;
     const hit = cache.lookup(
       job.groups.map((g) => g.id),
       job.groups.map((g) => g.bucket),
@@ -475,7 +690,8 @@ export class Limiter {
     const more = this.unreported.get(policy) ?? 0;
     this.unreported.delete(policy);
     this.lastReport.set(policy, now);
-    const what = `${job.op} ${job.groups.map((g) => JSON.stringify(g.id)).join(", ")}`;
+    const ids = job.lease === undefined ? [] : [job.lease.id];
+    const what = `${job.op} ${[...ids, ...job.groups.map((g) => g.id)].map((id) => JSON.stringify(id)).join(", ")}`;
     const why = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
     const tail = more ? ` (${more} more degraded answers since the last report)` : "";
     this.logger.error(`rate limiter unavailable (fail-${policy}: ${OUTCOME[policy]}) for ${what}: ${why}${tail}`);
@@ -484,16 +700,25 @@ export class Limiter {
   /** Reports a decision to the onDecision hook (never throwing into the call). */
   private settled<T>(job: Job<T>, result: T, started: number): T {
     const hook = this.onDecision;
-    if (hook === undefined || job.op === "detect") return result;
-    const d = result as unknown as Decision | MultiDecision;
+    const op = job.op;
+    // Renewals, releases and in-flight reads decide nothing: no event (as
+    // in the Python package).
+    if (hook === undefined || op === "detect" || op === "renew" || op === "release" || op === "inflight") {
+      return result;
+    }
     const names = job.groups.map((g) => g.bucket.name ?? "");
+    if (job.lease?.concurrency !== undefined) names.unshift(job.lease.concurrency.name ?? "");
+    let flags: Pick<DecisionEvent, "allowed" | "degraded" | "shed" | "cached">;
+    if (result instanceof Lease) {
+      flags = { allowed: result.acquired, degraded: result.degraded, shed: result.shed, cached: false };
+    } else {
+      const d = result as unknown as Decision | MultiDecision;
+      flags = { allowed: d.allowed, degraded: d.degraded, shed: d.shed, cached: d.cached };
+    }
     const event: DecisionEvent = {
-      op: job.op,
+      op,
       policy: names.join(",").replace(/^,+|,+$/g, ""),
-      allowed: d.allowed,
-      degraded: d.degraded,
-      shed: d.shed,
-      cached: d.cached,
+      ...flags,
       backend: job.source ?? this.engine.backend ?? "",
       latencyMs: performance.now() - started,
       breaker: this.breakerState,
@@ -505,6 +730,142 @@ export class Limiter {
     }
     return result;
   }
+}
+
+// ---- leases ----------------------------------------------------------------------
+
+function leaseCall(op: "renew" | "release", lease: Lease): LeaseCall {
+  const head: Arg[] = op === "renew" ? [lease.id, String(lease.concurrency.leaseMs)] : [lease.id];
+  return {
+    op,
+    id: keyId(lease.key),
+    head: { key: lease.key, head },
+    concurrency: lease.concurrency,
+    leaseId: lease.id,
+    weight: lease.weight,
+  };
+}
+
+/**
+ * A lease from TB.ACQUIRE's reply: the module's, or the in-process
+ * library's (`degraded`, decided against `concurrency`, this process's share).
+ */
+function leaseFromReply(
+  reply: unknown,
+  call: LeaseCall,
+  groups: readonly Group[],
+  degraded: boolean,
+  concurrency = call.concurrency as Concurrency,
+): Lease {
+  if (!Array.isArray(reply) || reply.length !== 4 + groups.length) {
+    throw new TypeError(`unexpected reply from Redis: ${JSON.stringify(reply)}`);
+  }
+  const [acquired, inUse, retry, expires] = reply.slice(0, 4).map(Number) as [number, number, number, number];
+  const decisions = groups.map((g, i) => {
+    const d = Decision.fromReply(reply[4 + i], g.key, g.bucket, g.amount);
+    return degraded ? d.with({ degraded: true }) : d;
+  });
+  return new Lease({
+    acquired: acquired === 1,
+    inUse,
+    retryAfterMs: retry,
+    expiresInMs: expires,
+    id: call.leaseId,
+    key: call.head.key,
+    concurrency,
+    weight: call.weight,
+    decisions,
+    degraded,
+    held: acquired === 1 ? (degraded ? "local" : "redis") : "none",
+  });
+}
+
+/** `[a, b]` of integers: TB.RENEW's and TB.RELEASE's replies. */
+function pair(reply: unknown): [number, number] {
+  if (!Array.isArray(reply) || reply.length !== 2) {
+    throw new TypeError(`unexpected reply from Redis: ${JSON.stringify(reply)}`);
+  }
+  return [Number(reply[0]), Number(reply[1])];
+}
+
+function renewedOrLost(lease: Lease, renewed: boolean, expiresInMs: number): boolean {
+  if (renewed) lease.expiresInMs = expiresInMs;
+  else lease.lost = true;
+  return renewed;
+}
+
+function leaseJob(job: Job<Lease>): LeaseCall {
+  return job.lease as LeaseCall;
+}
+
+function degradedLease(job: Job<Lease>, acquired: boolean): Lease {
+  const call = leaseJob(job);
+  return new Lease({
+    acquired,
+    inUse: 0,
+    retryAfterMs: 0,
+    expiresInMs: 0,
+    id: call.leaseId,
+    key: call.head.key,
+    concurrency: call.concurrency as Concurrency,
+    weight: call.weight,
+    decisions: job.groups.map((g) => degradedOne(g, acquired)),
+    degraded: true,
+    held: "none",
+  });
+}
+
+const ANSWER_LEASE: Answers<Lease> = {
+  policy: degradedLease,
+  // A semaphore of this process's share of the limit (and of each bucket),
+  // run by the package's Lua library.
+  local: (local, job) => {
+    const call = leaseJob(job);
+    let reply: unknown;
+    try {
+      reply = local.runLease("acquire", call.id, call.head.head, job.groups);
+    } catch (error) {
+      // A weight above this process's share of the limit: it can't fit here.
+      if (error instanceof LocalReplyError) return degradedLease(job, false);
+      throw error;
+    }
+    // What it was decided against: this process's share (its busy and remaining are about that).
+    const c = call.concurrency as Concurrency;
+    const share = new Concurrency({ limit: local.shareOfLimit(c), leaseMs: c.leaseMs, name: c.name });
+    return leaseFromReply(reply, call, job.groups, true, share);
+  },
+  shed: (job) => {
+    const call = leaseJob(job);
+    return new Lease({
+      acquired: false,
+      inUse: 0,
+      retryAfterMs: SHED_RETRY_MS,
+      expiresInMs: 0,
+      id: call.leaseId,
+      key: call.head.key,
+      concurrency: call.concurrency as Concurrency,
+      weight: call.weight,
+      decisions: job.groups.map(
+        (g) => new Decision(false, 0, SHED_RETRY_MS, 0, g.key, g.bucket, g.amount, { shed: true }),
+      ),
+      shed: true,
+      held: "none",
+    });
+  },
+};
+
+/** Renew, release and inflight decide nothing: no policy answers for them, and a shed one throws. */
+function answerNone<T>(call: LeaseCall): Answers<T> {
+  const fail = (): T => {
+    throw new Error("unreachable: no policy answers for a lease's upkeep");
+  };
+  return {
+    policy: fail,
+    local: fail,
+    shed: () => {
+      throw new Shed(`too busy to get Redis's answer in time for ${call.op} ${JSON.stringify(call.id)}`);
+    },
+  };
 }
 
 // ---- answers without Redis -------------------------------------------------------
@@ -524,7 +885,7 @@ const ANSWER_ONE: Answers<Decision> = {
     const g = job.groups[0] as Group;
     let reply: unknown;
     try {
-      reply = local.run(job.op as Op, [g]);
+      reply = local.run(job.op as BucketOp, [g]);
     } catch (error) {
       // A cost above this process's share of max: it can't pass here.
       if (error instanceof LocalReplyError) return degradedOne(g, false);
@@ -567,6 +928,50 @@ const ANSWER_MANY: Answers<MultiDecision> = {
     return new MultiDecision(false, SHED_RETRY_MS, decisions, { atomic: !job.each, shed: true });
   },
 };
+
+/**
+ * Buckets given as `[key, bucket]` or `[key, bucket, cost]`, checked in the
+ * module's order: their count, then each left to right.
+ */
+function checkGroups(list: readonly unknown[]): Group[] {
+  if (list.length > MAX_GROUPS) throw refusal("groups", "too_many_groups");
+  return list.map((entry, i) => {
+    if (!Array.isArray(entry) || entry.length < 2 || entry.length > 3) {
+      throw new TypeError(`group ${i + 1}: expected [key, bucket] or [key, bucket, cost]`);
+    }
+    const [key, bucket, cost] = entry as [Key, Bucket, Amount | undefined];
+    checkBucket(bucket, i + 1);
+    return { key, id: keyId(key, i + 1), bucket, amount: checkCost(cost ?? 1, bucket, i + 1) };
+  });
+}
+
+/** The module's last checks: a bucket on the lease key (`leaseId`, a keyId), then a key in two groups. */
+function checkDuplicates(groups: readonly Group[], leaseId?: string): void {
+  if (leaseId !== undefined) {
+    const at = groups.findIndex((g) => g.id === leaseId);
+    if (at >= 0) throw refusal("buckets", "bucket_is_lease_key", { group: at + 1 });
+  }
+  const seen = new Map<string, number>();
+  groups.forEach((g, i) => {
+    const first = seen.get(g.id);
+    if (first !== undefined) throw refusal("key", "duplicate_key", { group: i + 1, first });
+    seen.set(g.id, i + 1);
+  });
+}
+
+function checkConcurrency(concurrency: unknown): void {
+  if (!(concurrency instanceof Concurrency)) {
+    throw new TypeError(`expected a Concurrency, got ${concurrency === null ? "null" : typeof concurrency}`);
+  }
+}
+
+function checkLease(lease: unknown): void {
+  if (!(lease instanceof Lease)) throw new TypeError("expected a Lease (what acquire returns)");
+}
+
+function checkWork(work: unknown): void {
+  if (typeof work !== "function") throw new TypeError("hold and keep take the work as a function of the lease");
+}
 
 function checkBucket(bucket: unknown, group?: number): void {
   if (!(bucket instanceof Bucket)) {

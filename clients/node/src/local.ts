@@ -1,23 +1,27 @@
 // The bounded fail-open of onError "local": while Redis is failing, each
 // process answers from token buckets of its own, with `max` and `rate`
-// divided by the number of processes that share the limit.
+// divided by the number of processes that share the limit, and from
+// leases of its own, with a Concurrency's limit divided likewise (at
+// least 1).
 //
-// The arithmetic is not written again here: these buckets run the
-// package's own Lua library (the tb.lua that Redis runs as Functions), in
-// process, on wasmoon (Lua 5.4 compiled to WebAssembly; an optional peer
-// dependency). What this file adds is the part of Redis that library
-// touches: eight commands (TIME, TYPE, HLEN, HMGET, HSET, DEL, PEXPIREAT,
-// GET) over a Map, and what Redis's Lua 5.1 has that 5.4 lacks (numbers
-// that are all doubles, math.frexp and math.ldexp).
+// The arithmetic is not written again here: these buckets and leases run
+// the package's own Lua library (the tb.lua that Redis runs as Functions),
+// in process, on wasmoon (Lua 5.4 compiled to WebAssembly; an optional
+// peer dependency). What this file adds is the part of Redis that library
+// touches: ten commands (TIME, TYPE, HLEN, HMGET, HGETALL, HSET, HDEL,
+// DEL, PEXPIREAT, GET) over a Map, and what Redis's Lua 5.1 has that 5.4
+// lacks (numbers that are all doubles, math.frexp and math.ldexp, unpack).
 //
 // Approximate by design: each process sees only its own traffic, so the
 // whole fleet admits about the limit only while load spreads evenly over
 // `processes` processes, and a bucket starts full in each process when the
 // breaker opens (what a client already spent in Redis is not known here).
 
+import { createHash } from "node:crypto";
 import { Bucket, encode } from "./bucket.js";
+import { keyId } from "./keys.js";
 import { LIBRARY_SOURCE } from "./lua.js";
-import type { Group, Op } from "./scripts.js";
+import type { Arg, BucketOp, Group, LeaseOp, Op } from "./scripts.js";
 
 export const MISSING = 'onError "local" needs wasmoon: npm install wasmoon';
 
@@ -25,7 +29,8 @@ export const MISSING = 'onError "local" needs wasmoon: npm install wasmoon';
 // an integer, and the library's arithmetic on integers could overflow
 // where 5.1 rounds. So tonumber gives doubles, as 5.1's does. 5.4 also
 // dropped math.frexp and math.ldexp, which the library uses for the
-// smallest charging cost: exact versions by halving and doubling.
+// smallest charging cost: exact versions by halving and doubling; and
+// 5.1's global unpack is 5.4's table.unpack.
 const PRELUDE = `
 local raw_tonumber = tonumber
 tonumber = function(s, base)
@@ -42,6 +47,7 @@ math.frexp = function(x)
   return m, e
 end
 math.ldexp = function(m, e) return m * 2.0 ^ e end
+unpack = table.unpack
 __tb_functions = {}
 redis = {
   call = __tb_call,
@@ -57,6 +63,10 @@ const FUNCTIONS: Record<Op, string> = {
   peek: "tb_peek",
   adjust: "tb_adjust",
   mconsume: "tb_mconsume",
+  acquire: "tb_acquire",
+  release: "tb_release",
+  renew: "tb_renew",
+  inflight: "tb_inflight",
 };
 
 // Sweep out expired buckets after this many writes (buckets also expire
@@ -131,7 +141,7 @@ export class LocalBuckets {
    * What FCALL tb_<op> would answer for `groups`, here, on this process's
    * share of each bucket. A reply error is thrown as a LocalReplyError.
    */
-  run(op: Op, groups: readonly Group[]): unknown {
+  run(op: BucketOp, groups: readonly Group[]): unknown {
     const keys = groups.map((g) => g.id);
     const args: string[] = [];
     for (const g of groups) {
@@ -139,6 +149,30 @@ export class LocalBuckets {
       args.push(part.args[0], part.args[1], encode(g.amount));
     }
     return reply(this.functions[op](keys, args));
+  }
+
+  /** This process's part of a Concurrency's limit: at least 1. */
+  shareOfLimit(concurrency: { readonly limit: number }): number {
+    return Math.max(1, Math.floor(concurrency.limit / this.processes));
+  }
+
+  /**
+   * What FCALL tb_<op> would answer for a lease operation on the key
+   * `leaseKey` (its keys.ts keyId), here: an acquire's limit (at least 1) and its
+   * buckets are this process's share. `head` is what the operation takes
+   * before its buckets (scripts.ts LeaseHead), the lease id first for all
+   * but acquire and inflight. A weight above the share is a reply error.
+   */
+  runLease(op: LeaseOp, leaseKey: string, head: readonly Arg[], groups: readonly Group[]): unknown {
+    const args = head.map((a) => keyId(a));
+    const at = op === "acquire" ? 2 : 0; // where the lease id is
+    if (op !== "inflight") args[at] = localId(args[at] as string);
+    if (op === "acquire") args[0] = String(this.shareOfLimit({ limit: Number(args[0]) }));
+    for (const g of groups) {
+      const part = this.share(g.bucket);
+      args.push(part.args[0], part.args[1], encode(g.amount));
+    }
+    return reply(this.functions[op]([leaseKey, ...groups.map((g) => g.id)], args));
   }
 
   get size(): number {
@@ -163,6 +197,15 @@ export class LocalBuckets {
         return entry === undefined ? 0 : entry.fields.size;
       case "HMGET":
         return args.slice(1).map((f) => entry?.fields.get(String(f)) ?? false);
+      case "HGETALL":
+        return entry === undefined ? [] : [...entry.fields].flat();
+      case "HDEL": {
+        if (entry === undefined) return 0;
+        let gone = 0;
+        for (const f of args.slice(1)) if (entry.fields.delete(String(f))) gone++;
+        if (entry.fields.size === 0) this.data.delete(key); // Redis deletes a hash left empty
+        return gone;
+      }
       case "HSET": {
         let target = entry;
         if (target === undefined) {
@@ -202,6 +245,17 @@ export class LocalBuckets {
       if (entry.expiresAt !== undefined && entry.expiresAt <= nowMs) this.data.delete(key);
     }
   }
+}
+
+/**
+ * A lease id as the local library sees it: Lua gets JavaScript strings as
+ * UTF-8, so an id of bytes (keys.ts keyId) could grow past the 256 bytes
+ * the library takes; such an id goes as its SHA-256.
+ */
+function localId(id: string): string {
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: the ASCII range, NUL included
+  if (/^[\x00-\x7f]*$/.test(id)) return id;
+  return createHash("sha256").update(id, "latin1").digest("hex");
 }
 
 interface LuaEngine {

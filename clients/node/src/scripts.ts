@@ -9,8 +9,25 @@ import { createHash } from "node:crypto";
 import { type Bucket, encode, type Key } from "./bucket.js";
 import { EVAL_SOURCE, LIBRARY_SOURCE } from "./lua.js";
 
-export type Op = "consume" | "peek" | "adjust" | "mconsume";
+export type BucketOp = "consume" | "peek" | "adjust" | "mconsume";
+export type LeaseOp = "acquire" | "release" | "renew" | "inflight";
+export type Op = BucketOp | LeaseOp;
 export type Arg = string | Buffer;
+
+/** The read-only operations: FCALL_RO, and routed as reads. */
+export function readOnly(op: Op): boolean {
+  return op === "peek" || op === "inflight";
+}
+
+/**
+ * A lease operation's key and the arguments that come before its buckets:
+ * `limit lease_ms id weight` (acquire), `id` (release), `id lease_ms`
+ * (renew), none (inflight). Its groups are an acquire's buckets.
+ */
+export interface LeaseHead {
+  readonly key: Key;
+  readonly head: readonly Arg[];
+}
 
 /** A checked group: key, bucket, cost (or delta for adjust). */
 export interface Group {
@@ -28,10 +45,22 @@ const COMMANDS: Record<Op, string> = {
   peek: "TB.PEEK",
   adjust: "TB.ADJUST",
   mconsume: "TB.MCONSUME",
+  acquire: "TB.ACQUIRE",
+  release: "TB.RELEASE",
+  renew: "TB.RENEW",
+  inflight: "TB.INFLIGHT",
 };
 
-/** TB.<OP> key max rate amount [key max rate amount ...] */
-export function moduleArgs(op: Op, groups: readonly Group[]): Arg[] {
+/**
+ * TB.<OP> key max rate amount [key max rate amount ...]; for a lease
+ * operation TB.<OP> key head... [BUCKET bkey max rate cost ...].
+ */
+export function moduleArgs(op: Op, groups: readonly Group[], lease?: LeaseHead): Arg[] {
+  if (lease !== undefined) {
+    const args: Arg[] = [COMMANDS[op], lease.key, ...lease.head];
+    for (const g of groups) args.push("BUCKET", g.key, g.bucket.args[0], g.bucket.args[1], encode(g.amount));
+    return args;
+  }
   const args: Arg[] = [COMMANDS[op]];
   for (const g of groups) args.push(g.key, g.bucket.args[0], g.bucket.args[1], encode(g.amount));
   return args;
@@ -45,11 +74,22 @@ const FUNCTIONS: Record<Op, readonly [string, string]> = {
   peek: ["FCALL_RO", "tb_peek"],
   adjust: ["FCALL", "tb_adjust"],
   mconsume: ["FCALL", "tb_mconsume"],
+  acquire: ["FCALL", "tb_acquire"],
+  release: ["FCALL", "tb_release"],
+  renew: ["FCALL", "tb_renew"],
+  inflight: ["FCALL_RO", "tb_inflight"],
 };
 
-/** FCALL tb_<op> numkeys key... max rate amount ... */
-export function fcallArgs(op: Op, groups: readonly Group[]): Arg[] {
+/**
+ * FCALL tb_<op> numkeys key... max rate amount ...; for a lease operation
+ * the lease key comes first, then the bucket keys, then its head, then
+ * `max rate cost` per bucket (lua/tb.lua's form, docs/fallback.md).
+ */
+export function fcallArgs(op: Op, groups: readonly Group[], lease?: LeaseHead): Arg[] {
   const [command, name] = FUNCTIONS[op];
+  if (lease !== undefined) {
+    return [command, name, String(1 + groups.length), lease.key, ...keys(groups), ...lease.head, ...limits(groups)];
+  }
   return [command, name, String(groups.length), ...keys(groups), ...limits(groups)];
 }
 
@@ -79,11 +119,15 @@ export const EVAL_SCRIPT = { source: EVAL_SOURCE, sha: createHash("sha1").update
 
 /**
  * What follows `EVALSHA <sha>` (or `EVAL <source>`): numkeys key... <op>
- * max rate amount ..., the operation named as in FCALL tb_<op>. Plain
- * EVALSHA for peek too: EVALSHA_RO needs Redis 7, and Redis 6.2 is what
- * this backend is mostly for.
+ * max rate amount ..., the operation named as in FCALL tb_<op>, then what
+ * that function takes (a lease operation: its key first, its head after
+ * the operation). Plain EVALSHA for peek and inflight too: EVALSHA_RO
+ * needs Redis 7, and Redis 6.2 is what this backend is mostly for.
  */
-export function evalArgs(op: Op, groups: readonly Group[]): Arg[] {
+export function evalArgs(op: Op, groups: readonly Group[], lease?: LeaseHead): Arg[] {
+  if (lease !== undefined) {
+    return [String(1 + groups.length), lease.key, ...keys(groups), op, ...lease.head, ...limits(groups)];
+  }
   return [String(groups.length), ...keys(groups), op, ...limits(groups)];
 }
 

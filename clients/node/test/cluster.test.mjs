@@ -1,11 +1,12 @@
 // A Redis Cluster of 3 primaries, with and without the module, through the
 // cluster clients of ioredis and node-redis: routing, the library on every
 // primary, consumeMany across slots (bucket by bucket, refunded on a
-// denial) or in one slot (one atomic call), and strict mode.
+// denial) or in one slot (one atomic call), and strict mode; leases on
+// every shard, with their buckets under a hash tag.
 
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
-import { Bucket, CrossSlotError, hashTagged, LIBRARY_VERSION, Limiter } from "redis-tokenbucket";
+import { Bucket, Concurrency, CrossSlotError, hashTagged, LIBRARY_VERSION, Limiter } from "redis-tokenbucket";
 import { clusterClient, LIBRARIES } from "./clients.mjs";
 import { Cluster, calls, clean, rejected, SLOW } from "./servers.mjs";
 
@@ -131,6 +132,66 @@ for (const backend of ["module", "functions"]) {
       c.close();
     }
   });
+}
+
+const STREAMS = new Concurrency({ limit: 2, leaseMs: 60_000, name: "streams" });
+
+for (const backend of ["module", "functions"]) {
+  for (const lib of ["ioredis", "redis6"]) {
+    test(`${backend} cluster through ${lib}: leases on every shard, buckets under a hash tag, cross-slot refused`, async () => {
+      const cluster = clusters[backend];
+      for (const n of cluster.nodes) await clean(n);
+      const c = await clusterClient(lib, cluster.port);
+      try {
+        const lim = new Limiter(c.client);
+        const keys = Array.from({ length: 9 }, (_, i) => `rl:streams:${i}`);
+        // The backend found, and a connection to each node up (as in the consume test).
+        for (const k of keys) await lim.release(await lim.acquire(k, STREAMS));
+        for (const n of cluster.nodes) {
+          const admin = n.admin();
+          await admin.call("CONFIG", "RESETSTAT");
+          admin.disconnect();
+        }
+        const leases = [];
+        for (const k of keys) leases.push(await lim.acquire(k, STREAMS));
+        assert.ok(leases.every((l) => l.acquired && l.inUse === 1));
+        const command = backend === "module" ? "tb.acquire" : "fcall";
+        const counts = await everywhere(cluster, command);
+        // One call per acquire, on the lease key's own node: no redirections.
+        assert.equal(
+          counts.reduce((a, b) => a + b, 0),
+          keys.length,
+        );
+        assert.ok(counts.every((n) => n > 0));
+        assert.deepEqual(await Promise.all(cluster.nodes.map((n) => rejected(n, command))), [0, 0, 0]);
+        for (const [i, l] of leases.entries()) {
+          assert.equal(await lim.inFlight(keys[i]), 1);
+          assert.ok(await lim.renew(l));
+          assert.ok(await lim.release(l));
+        }
+        // The lease key and its buckets in one slot: one atomic call.
+        const [streams, user] = hashTagged("u1", ["streams", "user"]);
+        const first = await lim.acquire(streams, STREAMS, { buckets: [[user, USER, 2]] });
+        assert.deepEqual([first.acquired, first.decisions[0].remaining], [true, 1]);
+        const poor = await lim.acquire(streams, STREAMS, { buckets: [[user, USER, 2]] });
+        assert.deepEqual([poor.acquired, poor.busy, poor.inUse], [false, false, 1]);
+        assert.equal(await lim.inFlight(streams), 1);
+        // Keys in two slots: CrossSlotError before anything is sent.
+        const before = (await everywhere(cluster, command)).reduce((a, b) => a + b, 0);
+        await assert.rejects(
+          lim.acquire("rl:streams:u2", STREAMS, { buckets: [["rl:user:u2", USER]] }),
+          (e) => e instanceof CrossSlotError && /hash tag/.test(e.message),
+        );
+        assert.equal(
+          (await everywhere(cluster, command)).reduce((a, b) => a + b, 0),
+          before,
+        );
+        assert.equal(await lim.inFlight("rl:streams:u2"), 0);
+      } finally {
+        c.close();
+      }
+    });
+  }
 }
 
 test("hashTagged checks its parts", () => {

@@ -1,6 +1,6 @@
 // The same decisions whoever asks: the module and the Lua library (Functions
-// and EVAL) through the Node client on the same keys, and the Node and
-// Python clients taking turns on the same keys.
+// and EVAL) through the Node client on the same keys, for buckets and for
+// leases, and the Node and Python clients taking turns on the same keys.
 //
 // Replies carry times that shrink as the clock runs (retry and reset count
 // from now), so those are compared within the time the runs took;
@@ -11,7 +11,7 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
 import { after, test } from "node:test";
-import { Bucket, Limiter } from "redis-tokenbucket";
+import { Bucket, Concurrency, Limiter } from "redis-tokenbucket";
 import { client } from "./clients.mjs";
 import { SLOW, stopAll, target } from "./servers.mjs";
 
@@ -136,6 +136,130 @@ test("module, Functions and EVAL give the same replies on the same keys", async 
     for (const [i, r] of replies.entries()) assertSame(ref[i], r, refTook + took + 1, `${backend} step ${i}`);
   }
   c.close();
+});
+
+// A lease's life, with buckets: [operation, lease key, arguments].
+const CONCURRENCY = {
+  C2: new Concurrency({ limit: 2, leaseMs: 60_000, name: "s" }),
+  C3: new Concurrency({ limit: 3, leaseMs: 30_000 }),
+};
+const LEASES = [
+  ["acquire", "s", "C2", { id: "a" }],
+  ["acquire", "s", "C2", { id: "a" }], // a live id renews, counted once
+  ["acquire", "s", "C2", { id: "b", buckets: [["u", "A", 2]] }],
+  ["acquire", "s", "C2", { id: "c", buckets: [["u", "A", 1]] }], // full: the bucket is not charged
+  [
+    "acquire",
+    "t",
+    "C3",
+    {
+      id: "d",
+      weight: 2,
+      buckets: [
+        ["u", "A", 4],
+        ["v", "LLM", 100],
+      ],
+    },
+  ], // u can't pay
+  [
+    "acquire",
+    "t",
+    "C3",
+    {
+      id: "d",
+      weight: 3,
+      buckets: [
+        ["u", "A", 3],
+        ["v", "LLM", 100],
+      ],
+    },
+  ],
+  ["renew", "s", "a"],
+  ["release", "s", "a"],
+  ["release", "s", "a"], // again: nothing
+  ["renew", "s", "a"], // released: never recreated
+  ["inflight", "s"],
+  ["acquire", "s", "C2", { id: "e", weight: 2 }], // 1 + 2 > 2
+  ["release", "s", "b"],
+  ["inflight", "s"],
+  ["acquire", "s", "C2", { id: "e", weight: 2 }],
+  ["inflight", "t"],
+  ["inflight", "nothing"],
+];
+
+async function runLeases(lim, prefix) {
+  const t0 = performance.now();
+  const leases = {};
+  const out = [];
+  for (const [op, key, ...args] of LEASES) {
+    if (op === "acquire") {
+      const [c, options] = args;
+      const buckets = (options.buckets ?? []).map(([k, b, cost]) => [prefix + k, bucket(b), cost]);
+      const l = await lim.acquire(prefix + key, CONCURRENCY[c], { ...options, buckets });
+      leases[options.id] = l;
+      out.push([l.acquired, l.inUse, l.retryAfterMs, l.expiresInMs, l.decisions.map(normal)]);
+    } else if (op === "renew") {
+      const l = leases[args[0]];
+      out.push([await lim.renew(l), l.expiresInMs, l.lost]);
+    } else if (op === "release") {
+      out.push([await lim.release(leases[args[0]])]);
+    } else {
+      out.push([await lim.inFlight(prefix + key)]);
+    }
+  }
+  return [out, performance.now() - t0];
+}
+
+/** Equal but for times, which may differ by `slack` ms (they count down from each call's clock). */
+function assertClose(a, b, slack, where) {
+  if (Array.isArray(a)) {
+    assert.ok(Array.isArray(b) && a.length === b.length, `${where}: ${JSON.stringify(a)} vs ${JSON.stringify(b)}`);
+    for (const [i, x] of a.entries()) assertClose(x, b[i], slack, where);
+  } else if (typeof a === "number" && a > 1000) {
+    assert.ok(Math.abs(a - b) <= slack, `${where}: ${a} vs ${b}`);
+  } else {
+    assert.equal(a, b, where);
+  }
+}
+
+test("module, Functions and EVAL give the same lease replies and the same lease hashes", async () => {
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  try {
+    const runs = {};
+    const hashes = {};
+    for (const backend of ["module", "functions", "eval"]) {
+      runs[backend] = await runLeases(new Limiter(c.client, { backend }), `${backend}:`);
+      const fields = await c.client.hgetall(`${backend}:t`);
+      hashes[backend] = Object.entries(fields).map(([id, v]) => [id, v.split(":")[1]]);
+    }
+    const [ref, refTook] = runs.module;
+    // The hand-worked answers of a few steps, on the module.
+    assert.deepEqual(ref[1].slice(0, 3), [true, 1, 0]);
+    assert.deepEqual(ref[3].slice(0, 2), [false, 2]);
+    assert.deepEqual(
+      ref[3][4].map((d) => d.slice(0, 2)),
+      [[true, 3]],
+    );
+    // Denied: no bucket charged; each says whether it alone could pay, and what it holds.
+    assert.deepEqual(
+      ref[4][4].map((d) => d.slice(0, 2)),
+      [
+        [false, 3],
+        [true, 100_000],
+      ],
+    );
+    assert.deepEqual([ref[7], ref[8], ref[9].slice(0, 1), ref[9][2]], [[true], [false], [false], true]);
+    assert.deepEqual([ref[10], ref[13], ref[14][0], ref[15], ref[16]], [[1], [0], true, [3], [0]]);
+    assert.deepEqual(hashes.module, [["d", "3"]]);
+    for (const backend of ["functions", "eval"]) {
+      const [replies, took] = runs[backend];
+      for (const [i, r] of replies.entries()) assertClose(ref[i], r, refTook + took + 1, `${backend} step ${i}`);
+      assert.deepEqual(hashes[backend], hashes.module);
+    }
+  } finally {
+    c.close();
+  }
 });
 
 /** The Python package's Limiter in a child process, one step per line. */

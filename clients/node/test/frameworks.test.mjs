@@ -1,15 +1,17 @@
 // Express (the middleware, and the Store under express-rate-limit itself),
-// Fastify (the plugin and the hook), and fetch handlers (Hono), over HTTP.
+// Fastify (the plugin and the hook), and fetch handlers (Hono), over HTTP;
+// concurrency slots held until the response is done (Express, Fastify).
 
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import express from "express";
 import { rateLimit as expressRateLimit } from "express-rate-limit";
 import Fastify from "fastify";
 import { Hono } from "hono";
-import { Bucket, Limiter } from "redis-tokenbucket";
-import { clientIp, rateLimit, TokenBucketStore } from "redis-tokenbucket/express";
-import { rateLimitPlugin } from "redis-tokenbucket/fastify";
+import { Bucket, Concurrency, Limiter } from "redis-tokenbucket";
+import { clientIp, concurrencyLimit, rateLimit, TokenBucketStore } from "redis-tokenbucket/express";
+import { concurrencyHook, rateLimitPlugin } from "redis-tokenbucket/fastify";
 import { rateLimitResponse, withRateLimitHeaders } from "redis-tokenbucket/fetch";
 import { client } from "./clients.mjs";
 import { Server, SLOW, stopAll, target } from "./servers.mjs";
@@ -217,4 +219,209 @@ test("clientIp believes X-Forwarded-For only from trusted proxies", () => {
   assert.equal(ip(req("2001:db8::1")), "2001:db8::/64");
   assert.equal(ip(req("10.0.0.5", "garbage, 10.0.0.9")), "10.0.0.9");
   assert.equal(ip(req("fd00::1", "2001:db8:0:0:1::1")), "2001:db8::/64");
+});
+
+// ---- concurrency: a slot per request until its response is done ---------------------
+
+const STREAMS = new Concurrency({ limit: 1, leaseMs: 60_000, name: "streams" });
+const CALLS = new Bucket({ max: 10, rate: SLOW, name: "user" });
+
+async function until(check, ms, what) {
+  const deadline = performance.now() + ms;
+  while (!(await check())) {
+    if (performance.now() > deadline) assert.fail(`${what}: not within ${ms} ms`);
+    await sleep(10);
+  }
+}
+
+/** A streamed response: its status, headers and first chunk read, the rest left for later. */
+async function open(url, headers = {}) {
+  const abort = new AbortController();
+  const r = await fetch(url, { headers, signal: abort.signal });
+  const reader = r.body.getReader();
+  const first = new TextDecoder().decode((await reader.read()).value);
+  return {
+    status: r.status,
+    headers: Object.fromEntries(r.headers),
+    first,
+    async rest() {
+      let text = "";
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) return text;
+        text += new TextDecoder().decode(value);
+      }
+    },
+    /** The client goes away: its connection closed mid-stream. */
+    close: () => abort.abort(),
+  };
+}
+
+/** A route that streams a first chunk, then waits for `release()` to end. */
+function gated() {
+  const waiting = [];
+  return {
+    async handle(write, end) {
+      write("first\n");
+      await new Promise((resolve) => waiting.push(resolve));
+      end("last\n");
+    },
+    release: () => {
+      for (const resolve of waiting.splice(0)) resolve();
+    },
+  };
+}
+
+test("express concurrencyLimit: a slot held until the response is sent or the client goes away; 429 with the fields", async () => {
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  const lim = new Limiter(c.client);
+  const gate = gated();
+  const app = express();
+  app.use(
+    concurrencyLimit(lim, {
+      concurrency: { concurrency: STREAMS, key: (req) => req.headers["x-user"] },
+      rules: [{ bucket: CALLS, key: (req) => req.headers["x-user"] }],
+      skip: (req) => req.path === "/healthz",
+    }),
+  );
+  app.get("/stream", (_req, res) =>
+    gate.handle(
+      (x) => res.write(x),
+      (x) => res.end(x),
+    ),
+  );
+  app.get("/lease", (_req, res) => res.json({ id: res.locals.lease.id, held: res.locals.lease.held }));
+  app.get("/boom", () => {
+    throw new Error("boom");
+  });
+  app.get("/healthz", (_req, res) => res.send("ok"));
+  const s = await serve(app);
+  const inFlight = () => lim.inFlight("rl:streams:alice");
+  try {
+    const a = await open(`${s.url}/stream`, { "x-user": "alice" });
+    assert.deepEqual([a.status, a.first], [200, "first\n"]);
+    assert.equal(a.headers["ratelimit-policy"], '"streams";q=1;qu="concurrent-requests", "user";q=10;w=10000');
+    assert.equal(a.headers.ratelimit, '"streams";r=0, "user";r=9;t=1000');
+    assert.equal(await inFlight(), 1);
+    // No slot: a 429 that charges nothing.
+    const denied = await get(`${s.url}/stream`, { "x-user": "alice" });
+    assert.equal(denied.status, 429);
+    assert.equal(denied.headers["retry-after"], "60");
+    assert.equal(denied.headers.ratelimit, '"streams";r=0;t=60, "user";r=9;t=1000');
+    assert.deepEqual(JSON.parse(denied.body)["violated-policies"], ["streams"]);
+    assert.equal(JSON.parse(denied.body).detail, "Rate limited by streams: retry in 60 s.");
+    assert.equal((await lim.peek("rl:user:alice", CALLS)).remaining, 9);
+    // Others have their own slots; health checks and requests without an identity hold none.
+    assert.equal((await get(`${s.url}/lease`, { "x-user": "bob" })).status, 200);
+    assert.equal((await get(`${s.url}/healthz`, { "x-user": "alice" })).status, 200);
+    assert.equal((await get(`${s.url}/healthz`)).status, 200);
+    // Held until the last byte; given back then.
+    await sleep(100);
+    assert.equal(await inFlight(), 1);
+    gate.release();
+    assert.equal(await a.rest(), "last\n");
+    await until(async () => (await inFlight()) === 0, 2000, "the slot given back after the last byte");
+    // A client gone mid-stream frees its slot at once, not at the lease's expiry (60 s).
+    const b = await open(`${s.url}/stream`, { "x-user": "alice" });
+    assert.equal(await inFlight(), 1);
+    b.close();
+    await until(async () => (await inFlight()) === 0, 2000, "the slot freed when the client went away");
+    gate.release();
+    // A route that throws gives its slot back too.
+    assert.equal((await get(`${s.url}/boom`, { "x-user": "alice" })).status, 500);
+    await until(async () => (await inFlight()) === 0, 2000, "the slot given back after an error");
+    assert.deepEqual(JSON.parse((await get(`${s.url}/lease`, { "x-user": "alice" })).body).held, "redis");
+    await until(async () => (await c.client.exists("rl:streams:alice")) === 0, 2000, "the key gone");
+  } finally {
+    gate.release();
+    s.close();
+    c.close();
+  }
+});
+
+test("express concurrencyLimit with Redis down: closed is a 503, open passes without fields", async () => {
+  const server = await new Server("redis-7.0", { module: true }).start();
+  const c = await client("ioredis", server.port);
+  const quiet = { error() {}, warn() {} };
+  const app = express();
+  const concurrency = { concurrency: STREAMS, key: () => "carl" };
+  for (const onError of ["open", "closed"]) {
+    const lim = new Limiter(c.client, { onError, logger: quiet });
+    app.get(`/${onError}`, concurrencyLimit(lim, { concurrency }), (_q, r) => r.send("x"));
+  }
+  const s = await serve(app);
+  try {
+    assert.equal((await get(`${s.url}/open`)).status, 200);
+    await server.stopAndWait();
+    const closed = await get(`${s.url}/closed`);
+    assert.deepEqual([closed.status, closed.headers["retry-after"]], [503, "1"]);
+    const open = await get(`${s.url}/open`);
+    assert.deepEqual([open.status, open.headers.ratelimit], [200, undefined]);
+  } finally {
+    s.close();
+    c.close();
+  }
+});
+
+test("fastify concurrencyHook: the slot held until the reply is sent or the client goes away", async () => {
+  const t = await target("redis-7.0");
+  const c = await client("redis6", t.port);
+  const lim = new Limiter(c.client);
+  const gate = gated();
+  const app = Fastify({ forceCloseConnections: true }); // a hijacked reply's connection is not idle to Fastify
+  const hook = concurrencyHook(lim, { concurrency: { concurrency: STREAMS, key: (req) => req.headers["x-user"] } });
+  app.get("/stream", { onRequest: hook }, async (request, reply) => {
+    assert.equal(request.lease.acquired, true);
+    reply.hijack();
+    reply.raw.writeHead(200, { "content-type": "text/plain" });
+    await gate.handle(
+      (x) => reply.raw.write(x),
+      (x) => reply.raw.end(x),
+    );
+  });
+  app.get("/plain", { onRequest: hook }, async () => ({ ok: true }));
+  await app.listen({ port: 0, host: "127.0.0.1" });
+  const url = `http://127.0.0.1:${app.server.address().port}`;
+  const inFlight = () => lim.inFlight("rl:streams:dana");
+  try {
+    const a = await open(`${url}/stream`, { "x-user": "dana" });
+    assert.equal(a.status, 200);
+    assert.equal(await inFlight(), 1);
+    const denied = await get(`${url}/plain`, { "x-user": "dana" });
+    assert.deepEqual([denied.status, denied.headers["retry-after"]], [429, "60"]);
+    assert.equal(denied.headers["ratelimit-policy"], '"streams";q=1;qu="concurrent-requests"');
+    gate.release();
+    await a.rest();
+    await until(async () => (await inFlight()) === 0, 2000, "the slot given back after the last byte");
+    const ok = await get(`${url}/plain`, { "x-user": "dana" });
+    assert.deepEqual([ok.status, ok.headers.ratelimit], [200, '"streams";r=0']);
+    await until(async () => (await inFlight()) === 0, 2000, "the slot given back after a plain reply");
+    const b = await open(`${url}/stream`, { "x-user": "dana" });
+    assert.equal(await inFlight(), 1);
+    b.close();
+    await until(async () => (await inFlight()) === 0, 2000, "the slot freed when the client went away");
+  } finally {
+    gate.release();
+    await app.close();
+    c.close();
+  }
+});
+
+test("concurrency rules are checked when written", () => {
+  const lim = new Limiter({ call() {}, status: "ready" });
+  const unnamed = new Concurrency({ limit: 1, leaseMs: 1000 });
+  assert.throws(() => concurrencyLimit(lim, { concurrency: { concurrency: unnamed, key: () => "x" } }), /needs a name/);
+  assert.throws(
+    () => concurrencyHook(lim, { concurrency: { concurrency: STREAMS, key: () => "x", weight: 2 } }),
+    /weight must not exceed limit/,
+  );
+  assert.throws(
+    () =>
+      concurrencyLimit(lim, {
+        concurrency: { concurrency: STREAMS, key: () => "x" },
+        rules: [{ bucket: USER.named("u"), key: () => "x", cost: 3 }],
+      }),
+    /cost must not exceed max/,
+  );
 });

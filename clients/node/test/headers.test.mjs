@@ -2,7 +2,7 @@
 
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
-import { Bucket, Decision, Limiter, MultiDecision, rateLimitHeaders } from "redis-tokenbucket";
+import { Bucket, Concurrency, Decision, Lease, Limiter, MultiDecision, rateLimitHeaders } from "redis-tokenbucket";
 import { client } from "./clients.mjs";
 import { stopAll, TARGETS, target } from "./servers.mjs";
 
@@ -45,9 +45,58 @@ test("several buckets in order, the legacy fields for the tightest", () => {
   assert.equal(h["X-RateLimit-Limit"], "600");
 });
 
+test("a bucket whose max is below 1 states a quota of 1, as it admits costs below its max", () => {
+  const half = new Bucket({ max: 0.5, rate: 0.1, name: "tiny" });
+  const h = rateLimitHeaders(new MultiDecision(true, 0, [new Decision(true, 0, 0, 5000, "k", half, 0.5)]), {
+    legacy: true,
+  });
+  assert.equal(h["RateLimit-Policy"], '"tiny";q=1;w=5');
+  assert.equal(h["X-RateLimit-Limit"], "1");
+});
+
 test("a degraded or shed decision has nothing to report", () => {
   assert.deepEqual(rateLimitHeaders(new Decision(true, 0, 0, 0, "k", USER, 1, { degraded: true })), {});
   assert.deepEqual(rateLimitHeaders(new Decision(false, 0, 1000, 0, "k", USER, 1, { shed: true })), {});
+});
+
+const STREAMS = new Concurrency({ limit: 8, leaseMs: 30_000, name: "streams" });
+
+function lease(fields) {
+  const base = { retryAfterMs: 0, expiresInMs: 30_000, id: "i", key: "k", concurrency: STREAMS, weight: 1 };
+  return new Lease({ decisions: [], held: "redis", ...base, ...fields });
+}
+
+test("a lease: the concurrent-requests policy first, r the slots left, t only when no slot is free", () => {
+  assert.deepEqual(rateLimitHeaders(lease({ acquired: true, inUse: 2 }), { legacy: true }), {
+    "RateLimit-Policy": '"streams";q=8;qu="concurrent-requests"',
+    RateLimit: '"streams";r=6',
+    "X-RateLimit-Limit": "8",
+    "X-RateLimit-Remaining": "6",
+  });
+  assert.deepEqual(rateLimitHeaders(lease({ acquired: false, inUse: 8, retryAfterMs: 12_001, expiresInMs: 0 })), {
+    "RateLimit-Policy": '"streams";q=8;qu="concurrent-requests"',
+    RateLimit: '"streams";r=0;t=13',
+    "Retry-After": "13",
+  });
+  // With buckets: theirs follow; a bucket's denial puts no t on the slots.
+  const denied = lease({
+    acquired: false,
+    inUse: 2,
+    retryAfterMs: 5001,
+    expiresInMs: 0,
+    decisions: [new Decision(false, 0, 5001, 58830, "u", USER, 1)],
+  });
+  assert.deepEqual(rateLimitHeaders(denied, { legacy: true }), {
+    "RateLimit-Policy": '"streams";q=8;qu="concurrent-requests", "user";q=10;w=59',
+    RateLimit: '"streams";r=6, "user";r=0;t=6',
+    "X-RateLimit-Limit": "10",
+    "X-RateLimit-Remaining": "0",
+    "Retry-After": "6",
+  });
+  const unnamed = new Concurrency({ limit: 2, leaseMs: 1000 });
+  assert.equal(rateLimitHeaders(lease({ acquired: true, inUse: 1, concurrency: unnamed })).RateLimit, '"default";r=1');
+  assert.deepEqual(rateLimitHeaders(lease({ acquired: true, inUse: 0, degraded: true, held: "none" })), {});
+  assert.deepEqual(rateLimitHeaders(lease({ acquired: false, inUse: 0, shed: true, retryAfterMs: 1000 })), {});
 });
 
 test("from real calls on every backend", async () => {
@@ -59,6 +108,10 @@ test("from real calls on every backend", async () => {
     assert.equal(rateLimitHeaders(await lim.consume("h", small)).RateLimit, '"u";r=0;t=2');
     const denied = rateLimitHeaders(await lim.consume("h", small));
     assert.equal(denied["Retry-After"], "2");
+    const one = new Concurrency({ limit: 1, leaseMs: 4000, name: "s" });
+    assert.equal(rateLimitHeaders(await lim.acquire("l", one)).RateLimit, '"s";r=0');
+    const full = rateLimitHeaders(await lim.acquire("l", one));
+    assert.deepEqual([full.RateLimit, full["Retry-After"]], ['"s";r=0;t=4', "4"]);
     c.close();
   }
 });

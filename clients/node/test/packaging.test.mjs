@@ -28,6 +28,11 @@ test("CommonJS and ESM both load, with type declarations for each", async () => 
   const cjs = require("redis-tokenbucket");
   const esm = await import("redis-tokenbucket");
   assert.equal(typeof cjs.Limiter, "function");
+  for (const name of ["Concurrency", "Lease", "Busy"]) {
+    assert.deepEqual([typeof cjs[name], typeof esm[name]], ["function", "function"], name);
+  }
+  assert.equal(typeof require("redis-tokenbucket/express").concurrencyLimit, "function");
+  assert.equal(typeof (await import("redis-tokenbucket/fastify")).concurrencyHook, "function");
   assert.equal(cjs.LIBRARY_VERSION, esm.LIBRARY_VERSION);
   for (const sub of ["express", "fastify", "fetch"]) {
     assert.equal(typeof require(`redis-tokenbucket/${sub}`), "object");

@@ -62,7 +62,7 @@ def stub_limiter() -> Limiter:
     """A Limiter whose connection is a stub that always admits."""
     lim = Limiter(redis.Redis(), backend="module")
     reply = [1, 5, 0, 0]
-    lim._execute = lambda command: reply
+    lim._send = lambda command, timeout: reply  # what sends a plan's commands
     return lim
 
 
@@ -144,11 +144,11 @@ def client_work() -> tuple[float, float]:
     sync = (time.perf_counter() - start) / n * 1e6
 
     async def main() -> float:
-        async def execute(command: Any) -> list[int]:
+        async def send(command: Any, timeout: Any) -> list[int]:
             return reply
 
         alim = tb_asyncio.Limiter(redis.asyncio.Redis(), backend="module")
-        alim._execute = execute
+        alim._send = send
         start = time.perf_counter()
         for _ in range(n):
             await alim.consume("bench:k", BIG)

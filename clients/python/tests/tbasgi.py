@@ -43,3 +43,83 @@ class PeerFromHeader:
             peer = dict(scope["headers"]).get(b"x-test-peer", self.default.encode()).decode()
             scope = {**scope, "client": (peer, 50000)}
         await self.app(scope, receive, send)
+
+
+class Streamed:
+    """What a client that went away mid-stream saw: the status, the headers
+    and the body chunks it read."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+
+
+async def read_then_disconnect(
+    app: Callable[..., Any],
+    path: str,
+    headers: Optional[dict[str, str]] = None,
+    chunks: int = 1,
+    while_connected: Optional[Callable[[], Any]] = None,
+    disconnect: bool = True,
+) -> Streamed:
+    """A GET of `path` that reads `chunks` body chunks, then goes away: the
+    server's `http.disconnect` is what the app receives next, as uvicorn
+    sends it when the client's socket closes, and what it sends then is
+    dropped. The app's next send waits while `while_connected()` (awaited)
+    runs. With
+    `disconnect=False` the client then reads the rest of the answer."""
+    import asyncio
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+        "client": (DEFAULT_PEER, 50000),
+        "server": ("testserver", 80),
+    }
+    seen = Streamed()
+    read_enough = asyncio.Event()
+    go_on = asyncio.Event()
+    gone = asyncio.Event()
+    requested = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if gone.is_set():
+            return  # dropped, as uvicorn drops what is sent to a closed connection
+        if message["type"] == "http.response.start":
+            seen.status = message["status"]
+            seen.headers = {k.decode(): v.decode() for k, v in message["headers"]}
+        elif message["type"] == "http.response.body":
+            if message.get("body"):
+                seen.chunks.append(message["body"])
+            if not message.get("more_body", False):
+                read_enough.set()  # the whole answer: nothing left to go away from
+            elif not read_enough.is_set() and len(seen.chunks) >= chunks:
+                read_enough.set()
+                await go_on.wait()
+
+    task = asyncio.ensure_future(app(scope, receive, send))
+    await read_enough.wait()
+    if while_connected is not None:
+        await while_connected()
+    if disconnect:
+        gone.set()
+    go_on.set()
+    await task
+    return seen

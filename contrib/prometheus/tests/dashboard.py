@@ -8,17 +8,40 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import promql_parser
+from prometheus_client import CollectorRegistry
+from redis_tokenbucket import DecisionEvent
 
 from promstack import DASHBOARD
+from tb_metrics import TokenBucketMetrics
 
 # Grafana's own variables, with values a Prometheus query can take.
 BUILTINS = {"__rate_interval": "1m", "__interval": "1m", "__range": "1h"}
 # $name, ${name}, ${name:format}, [[name]]
 VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
 LABEL_VALUES = re.compile(r"label_values\((?:(.+),\s*)?(\w+)\)")
+
+
+# The series of the Python package's example hook (python/tb_metrics.py).
+CLIENT_PREFIX = "redis_tokenbucket_"
+
+
+def client_series() -> dict[str, set[str]]:
+    """Every series name python/tb_metrics.py exports, with its label names:
+    found by feeding it an event and a watched limiter, and collecting."""
+    registry = CollectorRegistry()
+    metrics = TokenBucketMetrics(registry)
+    metrics.on_decision(DecisionEvent("consume", "user", True, False, False, False, "module", 0.001, "closed"))
+    metrics.watch(SimpleNamespace(leases_held=0, breaker_state="closed"))
+    return {
+        sample.name: set(sample.labels)
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name.startswith(CLIENT_PREFIX) and not sample.name.endswith("_created")
+    }
 
 
 def load() -> dict[str, Any]:

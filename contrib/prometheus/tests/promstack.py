@@ -1,6 +1,8 @@
 """redis_exporter and Prometheus from Debian's packages, on free loopback
-ports, each in its own directory, killed afterwards; and Prometheus's HTTP
-API. Used by the live test and the scrape-cost measurement.
+ports, each in its own directory, killed afterwards; Prometheus's HTTP
+API; and a gateway's metrics endpoint (the Python package's limiters with
+the example's hook, python/tb_metrics.py). Used by the live test and the
+scrape-cost measurement.
 
 Redis servers come from the Python package's test kit
 (clients/python/tests/tbservers.py), the one way the repository starts them.
@@ -20,9 +22,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
+from prometheus_client import CollectorRegistry, start_http_server
 
 ROOT = Path(__file__).resolve().parents[3]
 CONTRIB = ROOT / "contrib" / "prometheus"
+EXAMPLE = CONTRIB / "python" / "tb_metrics.py"
 COLLECT_SCRIPT = CONTRIB / "tb-collect.lua"
 RULES = CONTRIB / "tb-rules.yml"
 DASHBOARD = CONTRIB / "tb-dashboard.json"
@@ -35,9 +39,10 @@ PROMTOOL_BIN = "promtool"
 
 # Appended, not prepended, as examples/fastapi-gateway does.
 sys.path.append(str(ROOT / "clients" / "python" / "tests"))
+sys.path.append(str(EXAMPLE.parent))
 from tbservers import Server, free_port  # noqa: E402
 
-__all__ = ["Exporter", "Prometheus", "Server", "wait_for"]
+__all__ = ["Exporter", "MetricsEndpoint", "Prometheus", "Server", "free_port", "wait_for"]
 
 T = TypeVar("T")
 
@@ -157,18 +162,40 @@ class Exporter(Process):
         return http_get(f"http://{self.address}/metrics").decode()
 
 
+class MetricsEndpoint:
+    """A prometheus_client registry served over HTTP on a free loopback
+    port, as a gateway process serves its metrics."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        # Port 0: the kernel picks a free one, so no other process can take it first.
+        self._server, self._thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self._server.server_port}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
 class Prometheus(Process):
     """Prometheus scraping `targets` every second as job "redis" (the job
-    the rules expect) and evaluating `rule_files` every second."""
+    the rules expect), and `gateways` as job "gateway", and evaluating
+    `rule_files` every second."""
 
     name = "prometheus"
 
-    def __init__(self, workdir: Path, targets: list[str], rule_files: tuple[Path, ...] = (RULES,)) -> None:
+    def __init__(
+        self, workdir: Path, targets: list[str], rule_files: tuple[Path, ...] = (RULES,), gateways: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(workdir)
+        jobs = {"redis": targets, "gateway": list(gateways)}
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(f) for f in rule_files],
-            "scrape_configs": [{"job_name": "redis", "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [{"job_name": j, "static_configs": [{"targets": t}]} for j, t in jobs.items() if t],
         }
         self.config = workdir / "prometheus.yml"
         workdir.mkdir(parents=True, exist_ok=True)
@@ -204,6 +231,10 @@ class Prometheus(Process):
     def values(self, expr: str, label: str) -> dict[str, float]:
         """An instant query's values by one label."""
         return {s["metric"].get(label, ""): float(s["value"][1]) for s in self.query(expr)}
+
+    def table(self, expr: str, *labels: str) -> dict[tuple[str, ...], float]:
+        """An instant query's values keyed by the values of `labels`."""
+        return {tuple(s["metric"].get(n, "") for n in labels): float(s["value"][1]) for s in self.query(expr)}
 
     def value(self, expr: str) -> float | None:
         """The value of a query that selects at most one series."""

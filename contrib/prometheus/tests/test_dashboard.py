@@ -7,6 +7,7 @@ Prometheus and name series it has is test_live.py's part."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import promql_parser
@@ -16,6 +17,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 import dashboard
+from dashboard import Query
 
 GRID_WIDTH = 24
 
@@ -86,7 +88,7 @@ def test_queries_use_the_prometheus_datasource_variable(board: dict[str, Any]) -
 
 def test_every_query_parses_and_names_its_metrics(board: dict[str, Any]) -> None:
     queries = dashboard.queries(board)
-    assert len(queries) == 11  # 10 panel queries and the $instance variable
+    assert len(queries) == 23  # 21 panel queries, the $instance and $gateway variables
     for q in queries:
         promql_parser.parse(q.expr)  # raises on a syntax error
         assert q.metric_names(), q.where
@@ -97,10 +99,32 @@ def test_an_undefined_variable_is_refused(board: dict[str, Any]) -> None:
         dashboard.fill("rate(x{instance=~'$nosuch'}[$__rate_interval])", board)
 
 
+def test_the_client_series_are_the_examples_own(board: dict[str, Any]) -> None:
+    """The gateway panels name exactly the series python/tb_metrics.py
+    exports (a histogram through its buckets), with its labels, under the
+    $gateway variable (the exporters' $instance is another set)."""
+    exported = dashboard.client_series()
+    used: set[str] = set()
+    for q in dashboard.queries(board):
+        for selector in q.selectors():
+            (name,) = Query(q.where, selector).metric_names()
+            if name.startswith(dashboard.CLIENT_PREFIX):
+                used.add(name)
+                assert name in exported, f"{q.where}: {name} is not a series of the example"
+                labels = set(re.findall(r"(\w+)(?:=|!=|=~|!~)", selector)) - {"__name__"}
+                assert labels <= exported[name] | {"instance", "job"}, f"{q.where}: {selector}"
+    assert used == {n for n in exported if not n.endswith(("_count", "_sum"))}
+    for p in dashboard.panels(board):
+        for t in p.get("targets", []):
+            if dashboard.CLIENT_PREFIX in t["expr"]:
+                assert "$gateway" in t["expr"] and "$instance" not in t["expr"], p["title"]
+
+
 def test_the_issues_panels_are_there(board: dict[str, Any]) -> None:
     """Issue 27's list: admitted and denied per second, the denied share,
-    TB.* calls and latency from redis_commands_*, errors and panics, and a
-    marked place for leases in flight."""
+    TB.* calls and latency from redis_commands_*, errors and panics, leases
+    (acquired and busy per second, the busy share, held by gateways), and
+    the Python package's hook beside the server's series."""
     by_title = {p["title"]: p for p in dashboard.panels(board)}
     exprs = {title: " ".join(t["expr"] for t in p.get("targets", [])) for title, p in by_title.items()}
     assert 'tb_admitted"' in exprs["Admitted and denied per second"]
@@ -112,6 +136,12 @@ def test_the_issues_panels_are_there(board: dict[str, Any]) -> None:
     assert "redis_latency_percentiles_usec" in exprs["Latency percentiles since the server started"]
     assert "tb_errors" in exprs["Errors per second"]
     assert "tb_panics" in exprs["Panics since the module loaded"]
-    placeholder = [p for p in board["panels"] if p["type"] == "row" and "Leases in flight" in p["title"]]
-    assert placeholder and "placeholder" in placeholder[0]["title"]
-    assert "Placeholder" in by_title["Leases in flight: placeholder"]["options"]["content"]
+    assert 'tb_acquired"' in exprs["Lease calls per second"] and 'tb_busy"' in exprs["Lease calls per second"]
+    assert "tb_busy" in exprs["Busy share of lease acquires"]
+    assert by_title["Busy share of lease acquires"]["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    assert "redis_tokenbucket_leases_held" in exprs["Leases held by gateway processes"]
+    assert "by (outcome)" in exprs["Gateway decisions per second by outcome"]
+    assert "by (policy)" in exprs["Gateway denied share by policy"]
+    assert "histogram_quantile" in exprs["Gateway decision latency"]
+    assert "redis_tokenbucket_breaker_state" in exprs["Gateway limiters by breaker state"]
+    assert not [p for p in dashboard.panels(board) if p["type"] == "text" or "placeholder" in p["title"].lower()]

@@ -5,54 +5,11 @@
 
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
-import Redis from "ioredis";
 import { calls, Server, stopAll, target } from "../../servers.mjs";
-import { createApp } from "../app.mjs";
-import { DEMO_API_KEYS, limits } from "../config.mjs";
 import { LLMError } from "../llm.mjs";
+import { gateway } from "./kit.mjs";
 
 after(stopAll);
-
-const SLOW = 0.001;
-const TINY = {
-  tiers: {
-    free: { user: { max: 3, rate: SLOW }, key: { max: 5, rate: SLOW }, llm: { max: 100, rate: SLOW } },
-    standard: { user: { max: 6, rate: SLOW }, key: { max: 6, rate: SLOW }, llm: { max: 1000, rate: SLOW } },
-  },
-  ip: { max: 8, rate: SLOW },
-};
-
-function settings(overrides = {}) {
-  return {
-    redisTimeoutMs: 100,
-    breaker: { failures: 5, windowMs: 10_000, cooldownMs: 2_000 },
-    clusterMode: false,
-    trustedProxies: [],
-    limits: limits(TINY),
-    apiKeys: DEMO_API_KEYS,
-    ...overrides,
-  };
-}
-
-async function gateway(port, options = {}) {
-  const redis = new Redis({ port, maxRetriesPerRequest: 1 });
-  redis.on("error", () => {});
-  const server = createApp(settings(options.settings), { redis, llm: options.llm }).listen(0, "127.0.0.1");
-  await new Promise((r) => server.once("listening", r));
-  const base = `http://127.0.0.1:${server.address().port}`;
-  return {
-    async call(method, path, { key, body } = {}) {
-      const headers = { ...(key ? { "x-api-key": key } : {}), ...(body ? { "content-type": "application/json" } : {}) };
-      const r = await fetch(base + path, { method, headers, body: body ? JSON.stringify(body) : undefined });
-      return { status: r.status, headers: Object.fromEntries(r.headers), body: await r.json() };
-    },
-    redis,
-    close() {
-      server.close();
-      redis.disconnect();
-    },
-  };
-}
 
 for (const name of ["redis-7.0+module", "redis-7.0"]) {
   test(`${name}: capacity + 1 gives one 429 with the headers, one Redis call per request`, async () => {

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,28 +100,23 @@ def _wait_http(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise RuntimeError("uvicorn did not answer /healthz")
 
 
-def run_load(redis_url: str, connections: int, seconds: int, workers: int = 2) -> Load:
-    """Starts the gateway, drives it with wrk, stops it; the answers counted."""
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        raise RuntimeError("wrk is missing: `make test-examples` or `make bench-gateway` installs it")
+@contextmanager
+def serve_gateway(env: dict[str, str], workers: int = 1) -> Iterator[int]:
+    """The gateway under uvicorn, configured by `env` (GATEWAY_* variables),
+    on a free port, which it yields; stopped on exit. Shared with the tests
+    that need real HTTP (tests/test_streams.py)."""
     port = _free_port()
-    env = {**os.environ, **gateway_env(redis_url)}
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "uvicorn.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "uvicorn", "app:app", "--workers", str(workers), "--port", str(port),
                  "--no-proxy-headers", "--no-access-log", "--log-level", "warning", "--backlog", "4096"],
-                cwd=EXAMPLE, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=EXAMPLE, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         try:
             _wait_http(port, proc, log)
-            result = subprocess.run(
-                [wrk, "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", str(HERE / "load.lua"),
-                 f"http://127.0.0.1:{port}", "--", str(USERS)],
-                capture_output=True, text=True, timeout=seconds + 60,
-            )  # fmt: skip
+            yield port
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -127,6 +124,19 @@ def run_load(redis_url: str, connections: int, seconds: int, workers: int = 2) -
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def run_load(redis_url: str, connections: int, seconds: int, workers: int = 2) -> Load:
+    """Starts the gateway, drives it with wrk, stops it; the answers counted."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise RuntimeError("wrk is missing: `make test-examples` or `make bench-gateway` installs it")
+    with serve_gateway(gateway_env(redis_url), workers) as port:
+        result = subprocess.run(
+            [wrk, "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", str(HERE / "load.lua"),
+             f"http://127.0.0.1:{port}", "--", str(USERS)],
+            capture_output=True, text=True, timeout=seconds + 60,
+        )  # fmt: skip
     line = re.search(r"^RESULT (.*)$", result.stdout, re.M)
     if line is None:
         raise RuntimeError(f"wrk gave no result: {result.stdout}\n{result.stderr}")

@@ -33,17 +33,19 @@ def bucket(max_: float, rate: float = SLOW) -> TokenBucket:
     return TokenBucket(max=max_, rate=rate)
 
 
-def tier(user: TokenBucket, key: TokenBucket, llm: TokenBucket = bucket(100)) -> TierLimits:
-    return TierLimits(user=user, key=key, llm=llm)
+def tier(user: TokenBucket, key: TokenBucket, llm: TokenBucket = bucket(100), streams: int = 2) -> TierLimits:
+    return TierLimits(user=user, key=key, llm=llm, streams=streams)
 
 
 LIMITS = Limits(
     tiers={
-        "free": tier(bucket(3), bucket(5), bucket(100)),
-        "standard": tier(bucket(4), bucket(6), bucket(1000)),
-        "enterprise": tier(bucket(8), bucket(5), bucket(1000)),
+        "free": tier(bucket(3), bucket(5), bucket(100), streams=2),
+        "standard": tier(bucket(4), bucket(6), bucket(1000), streams=3),
+        "enterprise": tier(bucket(8), bucket(5), bucket(1000), streams=4),
     },
     ip=bucket(50),
+    # Far longer than any test: only a release frees a stream's slot in time.
+    stream_lease_ms=60_000,
 )
 
 # Raw test keys -> principals. The gateway only ever sees their hashes.

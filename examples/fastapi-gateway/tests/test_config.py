@@ -7,6 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from redis_tokenbucket import Concurrency
+
 from config import Limits, Settings, TierLimits, TokenBucket, key_id
 
 
@@ -23,6 +25,18 @@ def test_defaults_are_the_issue_tiers():
     assert tiers["enterprise"].key == TokenBucket(max=1500, rate=25)
     # The shared IP bucket lets one enterprise key through at full speed.
     assert Limits().ip.rate >= tiers["enterprise"].key.rate
+    # Streamed chats in flight per user, and their lease.
+    assert [tiers[t].streams for t in ("free", "standard", "enterprise")] == [2, 8, 64]
+    assert Limits().stream_lease_ms == 30_000
+    assert Limits().streams("standard") == Concurrency(8, 30_000, name="streams")
+    assert Limits().streams("platinum").limit == 2
+
+
+@pytest.mark.parametrize(("streams", "lease_ms"), [(0, 1000), (1_000_001, 1000), (2, 0), (2, 86_400_001)])
+def test_bad_stream_limits_are_rejected_with_the_modules_message(streams, lease_ms):
+    free = {n: {"max": 2, "rate": 0.5} for n in ("user", "key", "llm")}
+    with pytest.raises(ValidationError, match="limit must be|lease_ms must be"):
+        Limits.model_validate({"tiers": {"free": {**free, "streams": streams}}, "stream_lease_ms": lease_ms})
 
 
 def test_unknown_or_missing_tier_is_free():
@@ -47,11 +61,13 @@ def test_settings_from_env():
         "GATEWAY_TRUSTED_PROXIES": "10.0.0.0/8, 192.0.2.1",
         "GATEWAY_LIMITS": json.dumps(limits),
         "GATEWAY_API_KEYS": json.dumps({key_id("s3cret"): {"user_id": "dora", "tier": "standard"}}),
+        "GATEWAY_STUB_TOKEN_DELAY_MS": "25",
     })
     assert settings.redis_url == "redis://cache:6380/1" and settings.cluster_mode
     assert [str(n) for n in settings.trusted_proxies] == ["10.0.0.0/8", "192.0.2.1/32"]
     assert settings.limits.ip == TokenBucket(max=9, rate=3)
     assert settings.api_keys[key_id("s3cret")].user_id == "dora"
+    assert settings.stub_token_delay_ms == 25 and Settings().stub_token_delay_ms == 0
 
 
 def test_bad_env_fails_at_startup():

@@ -20,6 +20,7 @@ from ._decision import Decision, MultiDecision
 from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError
 from ._events import DecisionEvent
 from ._keys import hash_tagged
+from ._lease import Busy, Concurrency, Lease
 from ._sync import Limiter
 from .headers import rate_limit_headers
 
@@ -27,13 +28,16 @@ __all__ = [
     "BackendName",
     "Breaker",
     "Bucket",
+    "Busy",
     "CircuitOpenError",
+    "Concurrency",
     "CrossSlotError",
     "Decision",
     "DecisionEvent",
     "DenialCache",
     "InvalidArgument",
     "KeyT",
+    "Lease",
     "Limiter",
     "LimiterError",
     "MultiDecision",

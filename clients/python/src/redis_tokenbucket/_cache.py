@@ -25,9 +25,11 @@ Ids = tuple[bytes, ...]
 
 DEFAULT_ENTRIES = 10_000
 
-CacheOp = Literal["consume", "peek", "adjust", "mconsume", "each", "reset"]
+CacheOp = Literal["consume", "peek", "adjust", "mconsume", "each", "reset", "acquire"]
 """What a request does, as far as the cache cares: `each` is a consume_many
-charged bucket by bucket (refunded on a denial), `reset` deletes the key."""
+charged bucket by bucket (refunded on a denial), `reset` deletes the key,
+`acquire` charges its buckets with a lease (its denial is never kept: a
+release can free a slot at any time)."""
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,10 @@ class DenialCache:
             self._entries.move_to_end(ids)
             self.hits += 1
         elapsed_ms = (now - entry.at) * 1000
+        # Rounded to the µs first: `until` is a sum of floats, and the noise
+        # of (at + retry) - at must not round a whole ms up.
         return CachedDenial(
-            max(1, math.ceil((entry.until - now) * 1000)),
+            max(1, math.ceil(round((entry.until - now) * 1000, 3))),
             tuple(_aged(d, elapsed_ms) for d in entry.decisions),
         )
 
@@ -149,7 +153,7 @@ class DenialCache:
             self._release(ticket)
             for key in _written(ticket, allowed, decisions):
                 self._forget(key)
-            if allowed or ticket.stale or retry_after_ms <= 0 or ticket.op in ("adjust", "reset"):
+            if allowed or ticket.stale or retry_after_ms <= 0 or ticket.op in ("adjust", "reset", "acquire"):
                 return
             self._remember(ticket, retry_after_ms, decisions)
 
@@ -240,7 +244,7 @@ def _written(ticket: Ticket, allowed: bool, decisions: Sequence[Decision]) -> Se
         return ticket.ids
     if op == "peek":
         return ()
-    if allowed:  # consume, mconsume, each: every bucket paid its cost
+    if allowed:  # consume, mconsume, each, acquire: every bucket paid its cost
         return [key for key, d in zip(ticket.ids, decisions, strict=True) if d.cost > 0]
     if op == "each":
         # Denied bucket by bucket: those before the denying one were

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Generic, Literal, Optional, TypeVar, Union
+from typing import Any, Generic, Literal, Optional, TypeVar, Union, cast
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
@@ -34,10 +34,13 @@ from ._decision import Decision, MultiDecision
 from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError
 from ._events import DecisionEvent
 from ._keys import check_key, client_encoding, key_bytes
+from ._lease import Concurrency, Held, Lease, check_id, new_id
 from ._scripts import (
     VERSION_ARGS,
     Args,
+    BucketOp,
     Group,
+    LeaseHead,
     Op,
     eval_args,
     eval_script,
@@ -133,24 +136,26 @@ class Engine:
         self._library_checked = False
         self._library_checking = False
 
-    def call(self, op: Op, groups: Sequence[Group]) -> Plan[Any]:
+    def call(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None) -> Plan[Any]:
+        """Sends `op` on its groups (a lease operation: on its key and head,
+        with the groups as its buckets) and returns the reply."""
         backend = self.backend
         if backend is not None:
             try:
-                return (yield from self._send(backend, op, groups))
+                return (yield from self._send(backend, op, groups, lease))
             except _Unavailable as gone:
                 if self.forced:
                     raise NoBackendError([(backend, gone.cause)]) from gone.cause
                 log.warning("rate limiter: the %s backend is gone (%s), detecting again", backend, gone.cause)
                 self.backend = None
-        return (yield from self._detect(op, groups))
+        return (yield from self._detect(op, groups, lease))
 
-    def _detect(self, op: Op, groups: Sequence[Group]) -> Plan[Any]:
+    def _detect(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
         # The call itself is the probe: a refusal means nothing ran.
         failures: list[tuple[str, BaseException]] = []
         for name in BACKENDS:
             try:
-                reply = yield from self._send(name, op, groups)
+                reply = yield from self._send(name, op, groups, lease)
             except _Unavailable as exc:
                 failures.append((name, exc.cause))
                 continue
@@ -159,27 +164,28 @@ class Engine:
             return reply
         raise NoBackendError(failures)
 
-    def _send(self, backend: BackendName, op: Op, groups: Sequence[Group]) -> Plan[Any]:
+    def _send(self, backend: BackendName, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
         if backend == "module":
             try:
-                return (yield module_args(op, groups))
+                return (yield module_args(op, groups, lease))
             except Exception as exc:
                 if refused(exc):
                     raise _Unavailable(backend, exc) from exc
                 raise
         if backend == "functions":
-            return (yield from self._fcall(op, groups))
-        return (yield from self._eval(eval_args(op, groups)))
+            return (yield from self._fcall(op, groups, lease))
+        return (yield from self._eval(eval_args(op, groups, lease)))
 
-    def _fcall(self, op: Op, groups: Sequence[Group]) -> Plan[Any]:
+    def _fcall(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
         if self._library_checking:
             # Another call is checking or loading the library right now: a
             # burst of first calls (or of calls after FUNCTION FLUSH) must
             # not each load it, since every FUNCTION LOAD compiles it while
             # Redis waits. The EVAL script needs no loading and answers the
             # same.
-            return (yield from self._eval(eval_args(op, groups)))
-        args, key = fcall_args(op, groups), groups[0][0]
+            return (yield from self._eval(eval_args(op, groups, lease)))
+        args = fcall_args(op, groups, lease)
+        key = lease[0] if lease is not None else groups[0][0]
         if not self._library_checked:
             self._library_checking = True
             try:
@@ -288,7 +294,7 @@ class Engine:
 class OneRequest:
     __slots__ = ("amount", "bucket", "key", "op")
 
-    def __init__(self, op: Op, key: KeyT, bucket: Bucket, amount: float) -> None:
+    def __init__(self, op: BucketOp, key: KeyT, bucket: Bucket, amount: float) -> None:
         self.op, self.key, self.bucket, self.amount = op, key, bucket, amount
 
 
@@ -298,6 +304,28 @@ class ManyRequest:
     def __init__(self, groups: tuple[Group, ...], each: bool) -> None:
         self.groups = groups
         self.each = each  # bucket by bucket instead of one MCONSUME
+
+
+class LeaseRequest:
+    """A lease operation: its key, the Concurrency it is under (None for
+    inflight), the lease id and weight, the buckets of an acquire, and the
+    arguments sent before them (`head`, see _scripts.LeaseHead)."""
+
+    __slots__ = ("concurrency", "groups", "head", "id", "key", "op", "weight")
+
+    def __init__(
+        self,
+        op: Op,
+        key: KeyT,
+        concurrency: Optional[Concurrency],
+        lease_id: KeyT,
+        weight: int,
+        groups: Sequence[Group],
+        head: Args,
+    ) -> None:
+        self.op, self.key, self.concurrency, self.id, self.weight = op, key, concurrency, lease_id, weight
+        self.groups = tuple(groups)
+        self.head = head
 
 
 class Job(Generic[T]):
@@ -314,7 +342,7 @@ class Job(Generic[T]):
         plan: Optional[Plan[T]],
         done: Optional[T],
         answers: Answers[T],
-        req: Union[OneRequest, ManyRequest, str],
+        req: Union[OneRequest, ManyRequest, LeaseRequest, str],
         options: tuple[Optional[float], OnError],
     ) -> None:
         self.plan, self.done, self.answers, self.req = plan, done, answers, req
@@ -414,6 +442,9 @@ class LimiterBase(Generic[C]):
             _local.require()
         self._local: Optional[_local.LocalBuckets] = None
         self.on_decision = on_decision
+        # The leases this limiter holds, as (key, id) in the bytes Redis
+        # sees: a set, so a retried acquire of a held id counts once.
+        self._held: set[tuple[bytes, bytes]] = set()
         self._errors = _ErrorLog()
         # Made once: the hot path calls it directly.
         self._send = self._sender()
@@ -424,13 +455,21 @@ class LimiterBase(Generic[C]):
         return self.breaker.state if self.breaker is not None else "closed"
 
     @property
+    def leases_held(self) -> int:
+        """How many leases this limiter holds now: acquired through it and
+        not given back since. One counts from the acquire that takes it (a
+        retried acquire of a held id counts once) until `release` is called
+        for it, whatever the answer, or a renewal finds it lost."""
+        return len(self._held)
+
+    @property
     def backend(self) -> Optional[BackendName]:
         """The backend in use ("module", "functions" or "eval"); None until a call finds it."""
         return self._engine.backend
 
     # ---- requests: checked before anything is sent -----------------------
 
-    def _check_one(self, op: Op, key: KeyT, bucket: Bucket, amount: Any) -> OneRequest:
+    def _check_one(self, op: BucketOp, key: KeyT, bucket: Bucket, amount: Any) -> OneRequest:
         key = check_key(key)
         _check_bucket(bucket)
         value = check_delta(amount) if op == "adjust" else check_cost(amount, bucket)
@@ -442,22 +481,8 @@ class LimiterBase(Generic[C]):
         given = list(groups)
         if not given:
             raise InvalidArgument("groups", "consume_many needs at least one (key, bucket, cost)")
-        if len(given) > MAX_GROUPS:
-            raise invalid("groups", "too_many_groups")
-        checked: list[Group] = []
-        for i, group in enumerate(given, 1):
-            key, bucket, *cost = group
-            key = check_key(key, i)
-            _check_bucket(bucket, i)
-            if len(cost) > 1:
-                raise ValueError(f"group {i}: expected (key, bucket) or (key, bucket, cost)")
-            checked.append((key, bucket, check_cost(cost[0] if cost else 1, bucket, i)))
-        seen: dict[bytes, int] = {}
-        for i, (key, _, _) in enumerate(checked, 1):
-            raw = key_bytes(key, self._encoding)
-            if raw in seen:
-                raise invalid("key", "duplicate_key", group=i, first=seen[raw])
-            seen[raw] = i
+        checked = _check_groups(given)
+        self._check_duplicates(checked)
         split = self._cluster and len(checked) > 1 and len({self._slot(k) for k, _, _ in checked}) > 1
         if split and atomic:
             slots = ", ".join(f"{k!r}: {self._slot(k)}" for k, _, _ in checked)
@@ -466,6 +491,42 @@ class LimiterBase(Generic[C]):
                 "put the shared part in a hash tag (redis_tokenbucket.hash_tagged) or pass atomic=None"
             )
         return ManyRequest(tuple(checked), each=split or atomic is False)
+
+    def _check_duplicates(self, groups: Sequence[Group], lease_key: Optional[KeyT] = None) -> None:
+        """The module's last checks: a bucket on the lease key, then a key
+        in two groups."""
+        if lease_key is not None:
+            raw = key_bytes(lease_key, self._encoding)
+            for i, (key, _, _) in enumerate(groups, 1):
+                if key_bytes(key, self._encoding) == raw:
+                    raise invalid("buckets", "bucket_is_lease_key", group=i)
+        seen: dict[bytes, int] = {}
+        for i, (key, _, _) in enumerate(groups, 1):
+            raw = key_bytes(key, self._encoding)
+            if raw in seen:
+                raise invalid("key", "duplicate_key", group=i, first=seen[raw])
+            seen[raw] = i
+
+    def _check_acquire(
+        self, key: KeyT, concurrency: Concurrency, weight: Any, buckets: Iterable[GroupIn], lease_id: Any
+    ) -> LeaseRequest:
+        # The module's order: the id, the weight, the buckets (their count,
+        # each left to right), a bucket on the lease key, duplicates.
+        key = check_key(key)
+        if not isinstance(concurrency, Concurrency):
+            raise TypeError(f"expected a Concurrency, got {type(concurrency).__name__}")
+        lease_id = new_id() if lease_id is None else check_id(lease_id, self._encoding)
+        weight = concurrency.check_weight(weight)
+        groups = _check_groups(list(buckets))
+        self._check_duplicates(groups, key)
+        if self._cluster and groups and len({self._slot(k) for k in (key, *(k for k, _, _ in groups))}) > 1:
+            slots = ", ".join(f"{k!r}: {self._slot(k)}" for k in (key, *(k for k, _, _ in groups)))
+            raise CrossSlotError(
+                f"acquire needs the lease key and its buckets in one Cluster hash slot, got {slots}; "
+                "put the shared part in a hash tag (redis_tokenbucket.hash_tagged)"
+            )
+        head = (str(concurrency.limit), str(concurrency.lease_ms), lease_id, str(weight))
+        return LeaseRequest("acquire", key, concurrency, lease_id, weight, groups, head)
 
     def _sender(self) -> Callable[[Command, Optional[float]], Any]:
         """What sends a command a plan yields, with its timeout: the sync
@@ -497,7 +558,13 @@ class LimiterBase(Generic[C]):
     # ---- jobs: what the public methods run --------------------------------
 
     def _job_one(
-        self, op: Op, key: KeyT, bucket: Bucket, amount: Any, timeout: Optional[float], on_error: Optional[OnError]
+        self,
+        op: BucketOp,
+        key: KeyT,
+        bucket: Bucket,
+        amount: Any,
+        timeout: Optional[float],
+        on_error: Optional[OnError],
     ) -> Job[Decision]:
         req = self._check_one(op, key, bucket, amount)
         options = self._options(timeout, on_error)
@@ -523,6 +590,42 @@ class LimiterBase(Generic[C]):
     def _job_reset(self, key: KeyT, timeout: Optional[float]) -> Job[bool]:
         plan = self._plan_reset(check_key(key))
         return Job(plan, None, ANSWER_NONE, "reset", self._options(timeout, "raise"))
+
+    def _job_acquire(
+        self,
+        key: KeyT,
+        concurrency: Concurrency,
+        weight: Any,
+        buckets: Iterable[GroupIn],
+        lease_id: Any,
+        timeout: Optional[float],
+        on_error: Optional[OnError],
+    ) -> Job[Lease]:
+        req = self._check_acquire(key, concurrency, weight, buckets, lease_id)
+        return Job(self._plan_acquire(req), None, ANSWER_LEASE, req, self._options(timeout, on_error))
+
+    def _job_renew(self, lease: Lease, timeout: Optional[float]) -> Job[bool]:
+        req = _lease_request("renew", lease)
+        options = self._options(timeout, "raise")
+        if lease.held != "redis" or not lease.acquired:
+            return Job(None, self._off_redis(req, lease), ANSWER_NONE, req, options)
+        return Job(self._plan_renew(req, lease), None, ANSWER_NONE, req, options)
+
+    def _job_release(self, lease: Lease, timeout: Optional[float]) -> Job[bool]:
+        req = _lease_request("release", lease)
+        options = self._options(timeout, "raise")
+        if lease.acquired:
+            # Given back now, whatever the answer: a release Redis can't
+            # take leaves the lease to expire, and its holder holds it no more.
+            self._held.discard(self._lease_ident(req))
+        if lease.held != "redis" or not lease.acquired:
+            return Job(None, self._off_redis(req, lease), ANSWER_NONE, req, options)
+        return Job(self._plan_release(req, lease), None, ANSWER_NONE, req, options)
+
+    def _job_inflight(self, key: KeyT, timeout: Optional[float]) -> Job[int]:
+        key = check_key(key)
+        req = LeaseRequest("inflight", key, None, "", 1, (), ())
+        return Job(self._plan_inflight(req), None, ANSWER_NONE, req, self._options(timeout, "raise"))
 
     # ---- plans -----------------------------------------------------------
 
@@ -621,6 +724,63 @@ class LimiterBase(Generic[C]):
             ticket.answered(True, 0, ())
         return bool(deleted)
 
+    def _plan_acquire(self, req: LeaseRequest) -> Plan[Lease]:
+        cache = self.denial_cache
+        # The buckets it charges: cached denials of them are forgotten. An
+        # acquire's own denial is never cached (a release can free a slot
+        # at any time).
+        ticket = cache.sent("acquire", [k for k, _, _ in req.groups]) if cache is not None and req.groups else None
+        try:
+            reply = yield from self._engine.call("acquire", req.groups, (req.key, req.head))
+        except BaseException:
+            if ticket is not None:
+                ticket.failed()
+            raise
+        lease = _lease_from_reply(reply, req, degraded=False)
+        if ticket is not None:
+            ticket.answered(lease.acquired, lease.retry_after_ms, lease.decisions)
+        return lease
+
+    def _plan_renew(self, req: LeaseRequest, lease: Lease) -> Plan[bool]:
+        renewed, expires_ms = yield from self._engine.call("renew", (), (req.key, req.head))
+        return self._renewed(req, lease, bool(renewed), int(expires_ms))
+
+    def _renewed(self, req: LeaseRequest, lease: Lease, renewed: bool, expires_ms: int) -> bool:
+        if renewed:
+            lease.expires_in_ms = expires_ms
+        else:
+            lease.lost = True  # expired, or released by another: no longer held
+            self._held.discard(self._lease_ident(req))
+        return renewed
+
+    def _plan_release(self, req: LeaseRequest, lease: Lease) -> Plan[bool]:
+        released, _ = yield from self._engine.call("release", (), (req.key, req.head))
+        lease.released = True
+        return bool(released)
+
+    def _plan_inflight(self, req: LeaseRequest) -> Plan[int]:
+        in_use = yield from self._engine.call("inflight", (), (req.key, ()))
+        return int(in_use)
+
+    def _off_redis(self, req: LeaseRequest, lease: Lease) -> bool:
+        """Renewing or releasing a lease that holds no slot in Redis: a
+        denied one (nothing to do), one admitted by on_error="open" (no
+        slot anywhere: renewing keeps it, releasing ends it), or one of the
+        in-process fallback (on_error="local"), which answers for it."""
+        if not lease.acquired:
+            return False
+        if lease.held == "local":
+            reply = self._local_buckets().run_lease(req.op, req.key, req.head, ())
+            if req.op == "renew":
+                return self._renewed(req, lease, bool(reply[0]), int(reply[1]))
+            lease.released = True
+            return bool(reply[0])
+        if req.op == "renew":
+            return not lease.released
+        released = not lease.released
+        lease.released = True
+        return released
+
     def _plan_detect(self, probe_key: KeyT) -> Plan[str]:
         yield from self._engine.call("peek", ((probe_key, _PROBE, 1.0),))
         return self._engine.backend or ""
@@ -673,23 +833,34 @@ class LimiterBase(Generic[C]):
             self._local = _local.LocalBuckets(self.processes)
         return self._local
 
+    def _lease_ident(self, req: LeaseRequest) -> tuple[bytes, bytes]:
+        return key_bytes(req.key, self._encoding), key_bytes(req.id, self._encoding)
+
     def _settled(self, job: Job[T], result: T, started: float) -> T:
-        """Reports a decision to the on_decision hook (never raising into the call)."""
+        """Counts a lease an acquire took as held, and reports a decision
+        to the on_decision hook (never raising into the call)."""
+        req = job.req
+        if isinstance(req, LeaseRequest) and req.op == "acquire" and cast(Lease, result).acquired:
+            self._held.add(self._lease_ident(req))
         hook = self.on_decision
         if hook is None:
             return result
         latency = time.perf_counter() - started
-        req = job.req
         op: str
         if isinstance(req, OneRequest):
             op, names = req.op, req.bucket.name or ""
         elif isinstance(req, ManyRequest):
             op, names = "consume_many", ",".join(b.name or "" for _, b, _ in req.groups).strip(",")
+        elif isinstance(req, LeaseRequest) and req.op == "acquire" and req.concurrency is not None:
+            op = "acquire"
+            names = ",".join([req.concurrency.name or "", *(b.name or "" for _, b, _ in req.groups)]).strip(",")
         else:
-            return result  # detect(): not a decision
+            return result  # detect(), reset() and a lease's upkeep: not decisions
         backend = job.source if job.source is not None else (self._engine.backend or "")
         d: Any = result
-        event = DecisionEvent(op, names, d.allowed, d.degraded, d.shed, d.cached, backend, latency, self.breaker_state)
+        allowed = d.acquired if isinstance(d, Lease) else d.allowed
+        cached = getattr(d, "cached", False)
+        event = DecisionEvent(op, names, allowed, d.degraded, d.shed, cached, backend, latency, self.breaker_state)
         try:
             hook(event)
         except Exception:
@@ -736,17 +907,84 @@ def _local_many(local: _local.LocalBuckets, req: ManyRequest) -> MultiDecision:
     return MultiDecision(bool(allowed), retry_ms, decisions, atomic=not req.each, degraded=True)
 
 
+def _lease_from_reply(reply: Sequence[Any], req: LeaseRequest, degraded: bool) -> Lease:
+    acquired, in_use, retry_ms, expires_ms, *replies = reply
+    decisions = tuple(
+        Decision(bool(a), int(r), int(w), int(t), k, b, c, degraded=degraded)
+        for (a, r, w, t), (k, b, c) in zip(replies, req.groups, strict=True)
+    )
+    assert req.concurrency is not None
+    held: Held = ("local" if degraded else "redis") if acquired else "none"
+    return Lease(
+        bool(acquired), int(in_use), int(retry_ms), int(expires_ms), req.id, req.key, req.concurrency,
+        req.weight, decisions, degraded=degraded, held=held,
+    )  # fmt: skip
+
+
+def _degraded_lease(req: LeaseRequest, allowed: bool) -> Lease:
+    assert req.concurrency is not None
+    decisions = tuple(Decision(allowed, 0, 0, 0, k, b, c, degraded=True) for k, b, c in req.groups)
+    return Lease(allowed, 0, 0, 0, req.id, req.key, req.concurrency, req.weight, decisions, degraded=True, held="none")
+
+
+def _shed_lease(req: LeaseRequest) -> Lease:
+    assert req.concurrency is not None
+    decisions = tuple(Decision(False, 0, SHED_RETRY_MS, 0, k, b, c, shed=True) for k, b, c in req.groups)
+    return Lease(
+        False, 0, SHED_RETRY_MS, 0, req.id, req.key, req.concurrency, req.weight, decisions, shed=True, held="none"
+    )
+
+
+def _local_lease(local: _local.LocalBuckets, req: LeaseRequest) -> Lease:
+    """The in-process fallback's answer: a semaphore of this process's share
+    of the limit (and of each bucket), run by the package's Lua library."""
+    try:
+        reply = local.run_lease("acquire", req.key, req.head, req.groups)
+    except ResponseError:  # a weight above this process's share of the limit: it can't fit here
+        return _degraded_lease(req, False)
+    lease = _lease_from_reply(reply, req, degraded=True)
+    assert req.concurrency is not None
+    # What it was decided against: this process's share (its `busy` and
+    # `remaining` are about that).
+    lease.concurrency = replace(req.concurrency, limit=_local.share_limit(req.concurrency.limit, local.processes))
+    return lease
+
+
 def _no_answer(req: object, *_: object) -> Any:
     raise LimiterError(f"{describe(req)}() has no answer without Redis")  # type: ignore[arg-type]
 
 
 def _shed_detect(req: object) -> Any:
-    raise Shed("too busy to probe Redis in time")
+    raise Shed(f"too busy to get Redis's answer in time for {describe(req)}")  # type: ignore[arg-type]
 
 
 ANSWER_ONE: Answers[Decision] = Answers(_degraded_one, _local_one, _shed_one)
 ANSWER_MANY: Answers[MultiDecision] = Answers(_degraded_many, _local_many, _shed_many)
 ANSWER_NONE: Answers[Any] = Answers(_no_answer, _no_answer, _shed_detect)
+ANSWER_LEASE: Answers[Lease] = Answers(_degraded_lease, _local_lease, _shed_lease)
+
+
+def _check_groups(given: list[Any]) -> list[Group]:
+    """Buckets given as (key, bucket) or (key, bucket, cost), checked in the
+    module's order: their count, then each left to right."""
+    if len(given) > MAX_GROUPS:
+        raise invalid("groups", "too_many_groups")
+    checked: list[Group] = []
+    for i, group in enumerate(given, 1):
+        key, bucket, *cost = group
+        key = check_key(key, i)
+        _check_bucket(bucket, i)
+        if len(cost) > 1:
+            raise ValueError(f"group {i}: expected (key, bucket) or (key, bucket, cost)")
+        checked.append((key, bucket, check_cost(cost[0] if cost else 1, bucket, i)))
+    return checked
+
+
+def _lease_request(op: Op, lease: Lease) -> LeaseRequest:
+    if not isinstance(lease, Lease):
+        raise TypeError(f"expected a Lease (what acquire returns), got {type(lease).__name__}")
+    head: Args = (lease.id, str(lease.concurrency.lease_ms)) if op == "renew" else (lease.id,)
+    return LeaseRequest(op, lease.key, lease.concurrency, lease.id, lease.weight, (), head)
 
 
 def _check_bucket(bucket: Any, group: Optional[int] = None) -> None:
@@ -769,10 +1007,10 @@ def _check_on_error(on_error: str) -> OnError:
     raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
 
 
-def describe(req: Union[OneRequest, ManyRequest, str]) -> str:
+def describe(req: Union[OneRequest, ManyRequest, LeaseRequest, str]) -> str:
     """What a log line says the degraded call was about."""
     if isinstance(req, str):
         return req
-    if isinstance(req, OneRequest):
+    if isinstance(req, (OneRequest, LeaseRequest)):
         return f"{req.op} {req.key!r}"
     return "consume_many " + ", ".join(repr(k) for k, _, _ in req.groups)

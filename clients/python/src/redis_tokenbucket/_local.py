@@ -1,13 +1,14 @@
 """The bounded fail-open of ``on_error="local"``: while Redis is failing,
 each process answers from token buckets of its own, with `max` and `rate`
-divided by the number of processes that share the limit.
+divided by the number of processes that share the limit, and from leases
+of its own, with a `Concurrency` limit divided likewise (at least 1).
 
-The arithmetic is not written again here: these buckets run the package's
-own Lua library (the `tb.lua` that Redis runs as Functions), in process,
-on lupa's Lua 5.1, the Lua of Redis. What this file adds is the part of
-Redis that library touches: eight commands (TIME, TYPE, HLEN, HMGET, HSET,
-DEL, PEXPIREAT, GET) over a dict. Needs the extra: ``pip install
-"redis-tokenbucket[local]"``.
+The arithmetic is not written again here: these buckets and leases run the
+package's own Lua library (the `tb.lua` that Redis runs as Functions), in
+process, on lupa's Lua 5.1, the Lua of Redis. What this file adds is the
+part of Redis that library touches: ten commands (TIME, TYPE, HLEN, HMGET,
+HGETALL, HSET, HDEL, DEL, PEXPIREAT, GET) over a dict. Needs the extra:
+``pip install "redis-tokenbucket[local]"``.
 
 Approximate by design: each process sees only its own traffic, so the
 whole fleet admits about the limit only while load spreads evenly over
@@ -26,7 +27,8 @@ from typing import Any, Optional
 from redis.exceptions import ResponseError
 
 from ._bucket import Bucket
-from ._scripts import Group, Op, library_source
+from ._keys import KeyT
+from ._scripts import Args, Group, Op, library_source
 
 try:  # Redis runs Lua 5.1; lupa ships it next to newer ones.
     from lupa.lua51 import LuaRuntime  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -43,6 +45,10 @@ _FUNCTIONS: dict[Op, bytes] = {
     "peek": b"tb_peek",
     "adjust": b"tb_adjust",
     "mconsume": b"tb_mconsume",
+    "acquire": b"tb_acquire",
+    "release": b"tb_release",
+    "renew": b"tb_renew",
+    "inflight": b"tb_inflight",
 }
 
 # The library's entry points, registered as Redis would (redis.register_function).
@@ -82,6 +88,12 @@ def share(bucket: Bucket, processes: int) -> Bucket:
     return Bucket(bucket.max / processes, bucket.rate / processes, bucket.name)
 
 
+def share_limit(limit: int, processes: int) -> int:
+    """This process's part of a Concurrency limit: at least one slot, so a
+    limit below the number of processes still admits here."""
+    return max(1, limit // processes)
+
+
 class LocalBuckets:
     """Token buckets in this process, run by the package's Lua library."""
 
@@ -110,6 +122,19 @@ class LocalBuckets:
             reply = self._functions[op](self._lua.table_from(keys), self._lua.table_from(args))
             return _python(reply)
 
+    def run_lease(self, op: Op, key: KeyT, head: Args, groups: Sequence[Group]) -> Any:
+        """What FCALL tb_<op> would answer for a lease operation, here: an
+        acquire's limit (at least 1) and buckets are this process's share.
+        A weight that can't fit a share is an error reply, raised."""
+        if op == "acquire":
+            head = (str(share_limit(int(head[0]), self.processes)), *head[1:])
+        local = [(k, share(b, self.processes), c) for k, b, c in groups]
+        keys = [_bytes(k) for k in (key, *(k for k, _, _ in local))]
+        args = [_bytes(a) for a in head] + [a.encode() for _, b, c in local for a in (*b._args, repr(c))]
+        with self._lock:
+            reply = self._functions[op](self._lua.table_from(keys), self._lua.table_from(args))
+            return _python(reply)
+
     def __len__(self) -> int:
         return len(self._data)
 
@@ -131,6 +156,16 @@ class LocalBuckets:
         if name == b"HMGET":
             fields = entry[0] if entry is not None else {}
             return self._lua.table_from([fields.get(bytes(f), False) for f in args[1:]])
+        if name == b"HGETALL":
+            fields = entry[0] if entry is not None else {}
+            return self._lua.table_from([x for pair in fields.items() for x in pair])
+        if name == b"HDEL":
+            if entry is None:
+                return 0
+            gone = sum(entry[0].pop(bytes(f), None) is not None for f in args[1:])
+            if not entry[0]:
+                del self._data[key]  # Redis deletes a hash left empty
+            return gone
         if name == b"HSET":
             if entry is None:
                 entry = self._data[key] = [{}, None]
@@ -162,6 +197,10 @@ class LocalBuckets:
         if self._writes % _SWEEP_EVERY == 0:
             for key in [k for k, (_, at) in self._data.items() if at is not None and at <= now_ms]:
                 del self._data[key]
+
+
+def _bytes(value: KeyT) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 def _python(value: Any) -> Any:

@@ -19,14 +19,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from ._bucket import Bucket, KeyT, encode
 
-Op = Literal["consume", "peek", "adjust", "mconsume"]
+BucketOp = Literal["consume", "peek", "adjust", "mconsume"]
+LeaseOp = Literal["acquire", "release", "renew", "inflight"]
+Op = Literal[BucketOp, LeaseOp]
 Args = tuple[Any, ...]
 Group = tuple[KeyT, Bucket, float]
 """(key, bucket, cost or delta), checked."""
+LeaseHead = tuple[KeyT, Args]
+"""A lease operation's key and the arguments before its buckets: `limit
+lease_ms id weight` (acquire), `id` (release), `id lease_ms` (renew), none
+(inflight)."""
 
 # ---- the module -----------------------------------------------------------
 
@@ -35,11 +41,19 @@ COMMANDS: dict[Op, str] = {
     "peek": "TB.PEEK",
     "adjust": "TB.ADJUST",
     "mconsume": "TB.MCONSUME",
+    "acquire": "TB.ACQUIRE",
+    "release": "TB.RELEASE",
+    "renew": "TB.RENEW",
+    "inflight": "TB.INFLIGHT",
 }
 
 
-def module_args(op: Op, groups: Sequence[Group]) -> Args:
-    """TB.<OP> key max rate amount [key max rate amount ...]"""
+def module_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None) -> Args:
+    """TB.<OP> key max rate amount [key max rate amount ...], or for a lease
+    operation TB.<OP> key head... [BUCKET bkey max rate cost ...]"""
+    if lease is not None:
+        key, head = lease
+        return (COMMANDS[op], key, *head, *(a for k, b, n in groups for a in ("BUCKET", k, *b._args, encode(n))))
     if len(groups) == 1:  # the common case, without the generator
         key, bucket, amount = groups[0]
         return (COMMANDS[op], key, *bucket._args, encode(amount))
@@ -59,12 +73,21 @@ FUNCTIONS: dict[Op, tuple[str, str]] = {
     "peek": ("FCALL_RO", "tb_peek"),
     "adjust": ("FCALL", "tb_adjust"),
     "mconsume": ("FCALL", "tb_mconsume"),
+    "acquire": ("FCALL", "tb_acquire"),
+    "release": ("FCALL", "tb_release"),
+    "renew": ("FCALL", "tb_renew"),
+    "inflight": ("FCALL_RO", "tb_inflight"),
 }
 
 
-def fcall_args(op: Op, groups: Sequence[Group]) -> Args:
-    """FCALL tb_<op> numkeys key... max rate amount ..."""
+def fcall_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None) -> Args:
+    """FCALL tb_<op> numkeys key... max rate amount ...; for a lease
+    operation the lease key comes first, then the bucket keys, then its
+    head, then max rate cost per bucket (lua/tb.lua's form)."""
     command, function = FUNCTIONS[op]
+    if lease is not None:
+        key, head = lease
+        return (command, function, 1 + len(groups), key, *_keys(groups), *head, *_limits(groups))
     return (command, function, len(groups), *_keys(groups), *_limits(groups))
 
 
@@ -85,12 +108,15 @@ def _limits(groups: Sequence[Group]) -> list[str]:
 EVAL_FILE = "tb-eval.lua"
 
 
-def eval_args(op: Op, groups: Sequence[Group]) -> Args:
+def eval_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None) -> Args:
     """What follows `EVALSHA <sha>` (or `EVAL <source>`): numkeys key...
     <op> max rate amount ..., the operation named as in FCALL tb_<op>
-    (consume, peek, adjust, mconsume), then what that function takes.
-    Plain EVALSHA for peek too: EVALSHA_RO needs Redis 7, and Redis 6.2 is
-    what this backend is mostly for."""
+    (consume, peek, adjust, mconsume, acquire, ...), then what that
+    function takes. Plain EVALSHA for peek and inflight too: EVALSHA_RO
+    needs Redis 7, and Redis 6.2 is what this backend is mostly for."""
+    if lease is not None:
+        key, head = lease
+        return (1 + len(groups), key, *_keys(groups), op, *head, *_limits(groups))
     return (len(groups), *_keys(groups), op, *_limits(groups))
 
 

@@ -15,6 +15,8 @@ from ._bucket import Bucket, KeyT
 from ._core import PROBE_KEY, Command, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
 from ._errors import LimiterError
+from ._hold import Hold
+from ._lease import Concurrency, Lease
 from ._transport import SyncConnections, sync_connections
 
 T = TypeVar("T")
@@ -127,6 +129,65 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         ``atomic=False`` always goes bucket by bucket.
         """
         return self._run(self._job_many(groups, atomic, timeout, on_error))
+
+    def acquire(
+        self,
+        key: KeyT,
+        concurrency: Concurrency,
+        weight: int = 1,
+        buckets: Iterable[GroupIn] = (),
+        *,
+        id: Optional[KeyT] = None,
+        timeout: Optional[float] = None,
+        on_error: Optional[OnError] = None,
+    ) -> Lease:
+        """Takes `weight` of the key's `concurrency.limit` slots for
+        `concurrency.lease_ms`, charging every `(key, bucket, cost)` of
+        `buckets` in the same decision, all or nothing (TB.ACQUIRE). `id`
+        names the lease (a new UUID by default); acquiring a live id again
+        renews it. The Lease says whether it was acquired, and when to
+        retry if not."""
+        return self._run(self._job_acquire(key, concurrency, weight, buckets, id, timeout, on_error))
+
+    def renew(self, lease: Lease, *, timeout: Optional[float] = None) -> bool:
+        """Extends the lease to `lease_ms` from now (TB.RENEW). False, and
+        `lease.lost` set, when it expired or was released: it is never
+        taken again (acquire again instead). Redis errors raise."""
+        return self._run(self._job_renew(lease, timeout))
+
+    def release(self, lease: Lease, *, timeout: Optional[float] = None) -> bool:
+        """Gives the slot back (TB.RELEASE): True if the lease was live;
+        releasing again is harmless. Redis errors raise."""
+        return self._run(self._job_release(lease, timeout))
+
+    def in_flight(self, key: KeyT, *, timeout: Optional[float] = None) -> int:
+        """The weight of the key's live leases (TB.INFLIGHT, read-only)."""
+        return self._run(self._job_inflight(key, timeout))
+
+    def hold(
+        self,
+        key: KeyT,
+        concurrency: Concurrency,
+        weight: int = 1,
+        buckets: Iterable[GroupIn] = (),
+        *,
+        id: Optional[KeyT] = None,
+        timeout: Optional[float] = None,
+        on_error: Optional[OnError] = None,
+    ) -> Hold:
+        """``with lim.hold(key, concurrency) as lease:`` acquires a lease,
+        raising `Busy` (with the denied Lease) if there is no slot; renews
+        it on a daemon thread about every `lease_ms / 3` while the block
+        runs (`lease.lost` is set if a renewal finds it gone); and releases
+        it however the block ends. A release that fails is logged and the
+        lease left to expire."""
+        return Hold(self, lambda: self.acquire(key, concurrency, weight, buckets, id=id, timeout=timeout,
+                                               on_error=on_error))  # fmt: skip
+
+    def keep(self, lease: Lease) -> Hold:
+        """``with lim.keep(lease):`` renews and releases a lease `acquire`
+        returned, as `hold` does (`Busy` if it was not acquired)."""
+        return Hold(self, None, lease)
 
     def reset(self, key: KeyT, *, timeout: Optional[float] = None) -> bool:
         """Deletes the bucket at `key` (DEL: whatever the key holds), so it

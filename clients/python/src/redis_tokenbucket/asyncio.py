@@ -19,6 +19,8 @@ from ._bucket import Bucket, KeyT
 from ._core import PROBE_KEY, Command, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
 from ._errors import LimiterError
+from ._hold import AsyncHold
+from ._lease import Concurrency, Lease
 from ._transport import AsyncConnections, async_connections, bounded
 
 __all__ = ["Limiter"]
@@ -44,10 +46,12 @@ async def drive(plan: Plan[T], send: Callable[[Command, Optional[float]], Any], 
 
 class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     """Token buckets in Redis, awaitable. See ``redis_tokenbucket.Limiter``
-    for the options. Here the budget is one timer per command, armed when
-    it is written; on a client the limiter keeps no connections of (a
-    Cluster, ...) the timer bounds the client's whole call. ``aclose()``
-    (or ``async with``) closes the limiter's own connections."""
+    for the options. Over a plain ``redis.asyncio.Redis`` the tasks' commands
+    share the limiter's own connection, those of one event-loop iteration
+    written together, and each command's budget runs from its write; on a
+    client the limiter keeps no connections of (a Cluster, ...) a timer
+    bounds the client's whole call. ``aclose()`` (or ``async with``) closes
+    the limiter's own connections."""
 
     _conns: Optional[AsyncConnections] = None
 
@@ -99,6 +103,57 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         """Charges every `(key, bucket, cost)` or none (TB.MCONSUME); see
         ``redis_tokenbucket.Limiter.consume_many`` for Cluster slots."""
         return await self._run(self._job_many(groups, atomic, timeout, on_error))
+
+    async def acquire(
+        self,
+        key: KeyT,
+        concurrency: Concurrency,
+        weight: int = 1,
+        buckets: Iterable[GroupIn] = (),
+        *,
+        id: Optional[KeyT] = None,
+        timeout: Optional[float] = None,
+        on_error: Optional[OnError] = None,
+    ) -> Lease:
+        """Takes `weight` of the key's slots, with `buckets` charged in the
+        same decision (TB.ACQUIRE); see ``redis_tokenbucket.Limiter.acquire``."""
+        return await self._run(self._job_acquire(key, concurrency, weight, buckets, id, timeout, on_error))
+
+    async def renew(self, lease: Lease, *, timeout: Optional[float] = None) -> bool:
+        """Extends the lease to `lease_ms` from now (TB.RENEW); False, and
+        `lease.lost` set, when it is gone."""
+        return await self._run(self._job_renew(lease, timeout))
+
+    async def release(self, lease: Lease, *, timeout: Optional[float] = None) -> bool:
+        """Gives the slot back (TB.RELEASE): True if the lease was live."""
+        return await self._run(self._job_release(lease, timeout))
+
+    async def in_flight(self, key: KeyT, *, timeout: Optional[float] = None) -> int:
+        """The weight of the key's live leases (TB.INFLIGHT, read-only)."""
+        return await self._run(self._job_inflight(key, timeout))
+
+    def hold(
+        self,
+        key: KeyT,
+        concurrency: Concurrency,
+        weight: int = 1,
+        buckets: Iterable[GroupIn] = (),
+        *,
+        id: Optional[KeyT] = None,
+        timeout: Optional[float] = None,
+        on_error: Optional[OnError] = None,
+    ) -> AsyncHold:
+        """``async with lim.hold(key, concurrency) as lease:`` acquires a
+        lease (`Busy` if there is no slot), renews it in a task about every
+        `lease_ms / 3` while the block runs, and releases it however the
+        block ends, a cancellation included (the release is shielded)."""
+        return AsyncHold(self, lambda: self.acquire(key, concurrency, weight, buckets, id=id, timeout=timeout,
+                                                    on_error=on_error))  # fmt: skip
+
+    def keep(self, lease: Lease) -> AsyncHold:
+        """``async with lim.keep(lease):`` renews and releases a lease
+        `acquire` returned, as `hold` does (`Busy` if it was not acquired)."""
+        return AsyncHold(self, None, lease)
 
     async def reset(self, key: KeyT, *, timeout: Optional[float] = None) -> bool:
         """Deletes the bucket at `key` (DEL: whatever the key holds), so it

@@ -25,6 +25,7 @@ Redis's word (shed under overload, or Redis failing under the policy
 # No `from __future__ import annotations` here: FastAPI reads the
 # dependency's signature at run time, and can't resolve string annotations
 # on a callable instance.
+import asyncio
 import hashlib
 import inspect
 import ipaddress
@@ -43,12 +44,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ._bucket import Bucket, check_cost
 from ._core import OnError
 from ._decision import MultiDecision
+from ._hold import AsyncHold, background
+from ._lease import Busy, Concurrency, Lease, check_int
 from .asyncio import Limiter
 from .headers import rate_limit_headers
 
 __all__ = [
     "QUOTA_EXCEEDED",
     "BucketFunc",
+    "ConcurrencyFunc",
+    "ConcurrencyLimit",
+    "ConcurrencyMiddleware",
+    "ConcurrencyRule",
     "KeyFunc",
     "RateLimit",
     "RateLimitHeaders",
@@ -57,6 +64,7 @@ __all__ = [
     "Rule",
     "api_key",
     "client_ip",
+    "hold_until_sent",
     "install",
     "problem_response",
     "user_id",
@@ -71,8 +79,13 @@ KeyFunc = Callable[[Request], Union[Optional[str], Awaitable[Optional[str]]]]
 BucketFunc = Callable[[Request], Union[Bucket, Awaitable[Bucket]]]
 """The bucket for this request (the caller's tier, say)."""
 
-# Where install(app)'s middleware leaves the dependency the fields to send.
+ConcurrencyFunc = Callable[[Request], Union[Concurrency, Awaitable[Concurrency]]]
+"""The Concurrency for this request (the caller's tier, say)."""
+
+# Where install(app)'s middleware leaves the dependency the fields to send,
+# and the leases to hold until the response's last byte.
 _HEADERS_SCOPE_KEY = "redis_tokenbucket.headers"
+_HOLDS_SCOPE_KEY = "redis_tokenbucket.holds"
 
 log = logging.getLogger("redis_tokenbucket")
 
@@ -212,10 +225,13 @@ def _check_named(bucket: Bucket) -> Bucket:
     return bucket
 
 
-def problem_response(decision: MultiDecision, *, legacy_headers: bool = False) -> JSONResponse:
+def problem_response(decision: Union[MultiDecision, Lease], *, legacy_headers: bool = False) -> JSONResponse:
     """The 429 for a denial: the RateLimit fields, Retry-After, and a
-    problem+json body naming the buckets that could not pay."""
+    problem+json body naming the policies that refused: the buckets that
+    could not pay, and a Lease's Concurrency when no slot was free."""
     violated = [d.bucket.name or "default" for d in decision.denied_by]
+    if isinstance(decision, Lease) and (decision.busy or not violated):
+        violated.insert(0, decision.concurrency.name or "default")
     body = {
         "type": QUOTA_EXCEEDED,
         "title": "Request cannot be satisfied as assigned quota has been exceeded",
@@ -229,7 +245,7 @@ def problem_response(decision: MultiDecision, *, legacy_headers: bool = False) -
     return JSONResponse(body, status_code=429, headers=headers, media_type=PROBLEM_JSON)
 
 
-def unavailable_response(decision: Optional[MultiDecision] = None) -> JSONResponse:
+def unavailable_response(decision: Union[MultiDecision, Lease, None] = None) -> JSONResponse:
     """The 503 of a fail-closed limiter whose Redis could not answer, or of
     a shed decision (this process too busy to get Redis's answer in time),
     with Retry-After."""
@@ -262,21 +278,25 @@ async def _refused_handler(request: Request, exc: Exception) -> Response:
 
 
 def install(app: Any) -> None:
-    """Prepares a FastAPI or Starlette app for the `RateLimit` dependency:
-    registers the handler that sends `RateLimitRefused` answers as they
-    are, and a middleware that puts the admitted request's RateLimit fields
-    on whatever response the route sends (a dict FastAPI serialises, or a
-    Response the route builds itself: JSONResponse, StreamingResponse...).
-    Call it before the app starts."""
+    """Prepares a FastAPI or Starlette app for the `RateLimit` and
+    `ConcurrencyLimit` dependencies: registers the handler that sends
+    `RateLimitRefused` answers as they are, and a middleware that puts the
+    admitted request's RateLimit fields on whatever response the route
+    sends (a dict FastAPI serialises, or a Response the route builds
+    itself: JSONResponse, StreamingResponse...), and holds the request's
+    leases until the response's last byte is sent. Call it before the app
+    starts."""
     app.add_exception_handler(RateLimitRefused, _refused_handler)
     app.add_middleware(RateLimitHeaders)
 
 
 class RateLimitHeaders:
     """ASGI middleware that `install(app)` adds: the fields the
-    `RateLimit` dependency chose for a request go on its response, however
-    the route built it. Without it, FastAPI keeps them only on responses it
-    builds from a route's return value."""
+    `RateLimit` and `ConcurrencyLimit` dependencies chose for a request go
+    on its response, however the route built it (without it, FastAPI keeps
+    them only on responses it builds from a route's return value); and the
+    leases they took (or `hold_until_sent` was given) are renewed until the
+    response's last byte is sent, or the client is gone, and released then."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -285,16 +305,116 @@ class RateLimitHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        # A dict the dependency fills: shared by any copy of the scope made further in.
+        # Filled by the dependencies: shared by any copy of the scope made further in.
         headers: dict[str, str] = {}
         scope[_HEADERS_SCOPE_KEY] = headers
+        holds = scope[_HOLDS_SCOPE_KEY] = _Holds()
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start" and headers:
                 MutableHeaders(scope=message).update(headers)
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        await _run_holding(self.app, scope, receive, send_with_headers, holds)
+
+
+def _add_fields(chosen: dict[str, str], fields: dict[str, str]) -> None:
+    """Adds a dependency's fields to those another one chose for the same
+    response: the RateLimit lists are joined, the rest replaced."""
+    for name, value in fields.items():
+        if name in ("RateLimit", "RateLimit-Policy") and chosen.get(name):
+            chosen[name] = f"{chosen[name]}, {value}"
+        else:
+            chosen[name] = value
+
+
+# ---- holding leases until the last byte -----------------------------------------
+
+
+Then = Callable[[], Awaitable[None]]
+
+
+class _Holds:
+    """The leases a request holds until its response's last byte: each an
+    entered `hold`, renewing; `end()` releases them all (once), then runs
+    what was to follow each release."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[AsyncHold, Optional[Then]]] = []
+        self._ending: Optional[asyncio.Future[Any]] = None
+
+    def add(self, hold: AsyncHold, then: Optional[Then] = None) -> None:
+        self._held.append((hold, then))
+        if self._ending is not None:  # the response is over already
+            background(self._release([(hold, then)]))
+
+    def end(self) -> Optional[asyncio.Future[Any]]:
+        """Starts giving the slots back, at once, without waiting for it."""
+        if self._ending is None and self._held:
+            self._ending = background(self._release(list(self._held)))
+        return self._ending
+
+    @staticmethod
+    async def _release(held: list[tuple[AsyncHold, Optional[Then]]]) -> None:
+        for hold, then in held:
+            await hold.__aexit__(None, None, None)
+            if then is not None:
+                try:
+                    await then()
+                except Exception:
+                    log.exception("the function to run after the response's lease was released raised")
+
+
+async def _run_holding(app: ASGIApp, scope: Scope, receive: Receive, send: Send, holds: _Holds) -> None:
+    """Runs the app; its leases are released when the last byte of the
+    response is sent, when the server reports the client gone (an
+    http.disconnect, a send that fails), or when the app ends, whichever is
+    first. A StreamingResponse (Starlette's) listens for the disconnect, so
+    a client that goes away frees its slot at once, not at the lease's
+    expiry."""
+
+    async def watch_receive() -> Message:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            holds.end()
+        return message
+
+    async def watch_send(message: Message) -> None:
+        try:
+            await send(message)
+        except OSError:
+            holds.end()
+            raise
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            holds.end()
+
+    try:
+        await app(scope, watch_receive, watch_send)
+    finally:
+        ending = holds.end()
+        if ending is not None:
+            # Shielded: a cancelled request still gives its slots back.
+            await asyncio.shield(ending)
+
+
+async def hold_until_sent(request: Request, limiter: Limiter, lease: Lease, then: Optional[Then] = None) -> None:
+    """Holds a lease a route acquired itself (`limiter.acquire`) until the
+    last byte of the response is sent, or the client is gone: renewed in the
+    background about every `lease_ms / 3` until then, released then, and
+    `then()` awaited after the release (to settle a budget, say). Needs
+    `install(app)`. `Busy` if the lease was not acquired."""
+    holds = request.scope.get(_HOLDS_SCOPE_KEY)
+    if not isinstance(holds, _Holds):
+        raise RuntimeError(_NEEDS_INSTALL)
+    hold = limiter.keep(lease)
+    await hold.__aenter__()
+    holds.add(hold, then)
+
+
+_NEEDS_INSTALL = (
+    "holding a lease until the response is sent needs install(app): its middleware releases the lease after "
+    "the last byte (use ConcurrencyMiddleware for an app without it)"
+)
 
 
 # ---- the dependency and the middleware ------------------------------------------------
@@ -355,7 +475,7 @@ class RateLimit:
                 chosen.clear()  # the refusal carries its own
             raise RateLimitRefused(refusal, _body(refusal))
         if chosen is not None:
-            chosen.update(self.headers(decision))
+            _add_fields(chosen, self.headers(decision))
             return decision
         if not self._warned:
             self._warned = True
@@ -419,3 +539,204 @@ class RateLimitMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+# ---- concurrency: slots held while a response is sent ------------------------------
+
+
+@dataclass(frozen=True)
+class ConcurrencyRule:
+    """At most `concurrency.limit` requests in flight per identity: each
+    request takes `weight` slots of the lease key `prefix:name:identity`,
+    the identity being what `key` returns (None skips the rule), and holds
+    them until the last byte of its response is sent, or its client is gone.
+
+    `concurrency` may be a function of the request (sync or async)
+    returning the Concurrency for it (the caller's tier, say); `weight` may
+    be a function of the request too. The Concurrency's name names the
+    policy in the headers and in `violated-policies`::
+
+        STREAMS = {"free": Concurrency(2, 30_000, name="streams"), "pro": Concurrency(8, 30_000, name="streams")}
+        ConcurrencyRule(lambda request: STREAMS[request.state.tier], user_id())
+    """
+
+    concurrency: Union[Concurrency, ConcurrencyFunc]
+    key: KeyFunc
+    weight: Union[int, Callable[[Request], int]] = 1
+    prefix: str = "rl"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.concurrency, Concurrency):
+            _check_concurrency_named(self.concurrency)
+            if not callable(self.weight):
+                self.concurrency.check_weight(self.weight)
+        elif not callable(self.concurrency):
+            kind = f"got {self.concurrency!r}"
+            raise TypeError(f"a ConcurrencyRule's concurrency is a Concurrency or a function of the request, {kind}")
+        elif not callable(self.weight):
+            check_int(self.weight, "weight", 1)
+
+    async def concurrency_for(self, request: Request) -> Concurrency:
+        """The rule's Concurrency for this request."""
+        if isinstance(self.concurrency, Concurrency):
+            return self.concurrency
+        concurrency = self.concurrency(request)
+        if inspect.isawaitable(concurrency):
+            concurrency = await concurrency
+        if not isinstance(concurrency, Concurrency):
+            raise TypeError(
+                f"a ConcurrencyRule's concurrency function must return a Concurrency, got {type(concurrency).__name__}"
+            )
+        return _check_concurrency_named(concurrency)
+
+    async def slot(self, request: Request) -> Optional[tuple[str, Concurrency, int]]:
+        """(lease key, Concurrency, weight) for this request, or None."""
+        identity = self.key(request)
+        if inspect.isawaitable(identity):
+            identity = await identity
+        if identity is None:
+            return None
+        concurrency = await self.concurrency_for(request)
+        weight = self.weight(request) if callable(self.weight) else self.weight
+        return (f"{self.prefix}:{concurrency.name}:{identity}", concurrency, weight)
+
+
+def _check_concurrency_named(concurrency: Concurrency) -> Concurrency:
+    if concurrency.name is None:
+        raise ValueError("a ConcurrencyRule's Concurrency needs a name: Concurrency(8, 30_000, name='streams')")
+    return concurrency
+
+
+class ConcurrencyLimit:
+    """A dependency that holds a slot of `rule` for each request until the
+    last byte of its response is sent (a StreamingResponse's too: until the
+    stream ends or the client goes away): ``Depends(ConcurrencyLimit(limiter,
+    rule))``. Needs `install(app)`, whose middleware releases the slot.
+
+    Bucket `rules` are charged in the same decision (one TB.ACQUIRE, all or
+    nothing); on a Redis Cluster their keys and the lease key must share a
+    hash slot (CrossSlotError otherwise), so use RateLimit for buckets that
+    can't. No slot free is a 429 with Retry-After and the RateLimit fields
+    (`"streams";q=8;qu="concurrent-requests"`); a shed request or Redis
+    failing under "closed" is a 503; "open" admits. Returns the Lease (None
+    when the rule does not apply)."""
+
+    def __init__(
+        self,
+        limiter: Limiter,
+        rule: ConcurrencyRule,
+        *rules: Rule,
+        on_error: Optional[OnError] = None,
+        timeout: Optional[float] = None,
+        legacy_headers: bool = False,
+    ) -> None:
+        if not isinstance(rule, ConcurrencyRule):
+            raise TypeError(f"ConcurrencyLimit needs a ConcurrencyRule first, got {type(rule).__name__}")
+        self.limiter = limiter
+        self.rule = rule
+        self.rules: Sequence[Rule] = rules
+        self.on_error = on_error
+        self.timeout = timeout
+        self.legacy_headers = legacy_headers
+
+    async def hold(self, request: Request) -> Optional[tuple[Lease, Optional[AsyncHold]]]:
+        """Acquires the request's slot (and charges its buckets): the Lease,
+        and the entered hold that renews it when it was acquired; None when
+        the rule does not apply."""
+        slot = await self.rule.slot(request)
+        if slot is None:
+            return None
+        key, concurrency, weight = slot
+        groups = [g for g in [await rule.group(request) for rule in self.rules] if g is not None]
+        hold = self.limiter.hold(
+            key, concurrency, weight, groups, timeout=self.timeout, on_error=self.on_error
+        )  # fmt: skip
+        try:
+            return await hold.__aenter__(), hold
+        except Busy as busy:
+            return busy.lease, None
+
+    def answer(self, lease: Lease) -> Optional[JSONResponse]:
+        """The refusal to send, or None to let the request through."""
+        if lease.acquired:
+            return None
+        if lease.shed or (lease.degraded and lease.retry_after_ms == 0):
+            return unavailable_response(lease)
+        return problem_response(lease, legacy_headers=self.legacy_headers)
+
+    def headers(self, lease: Lease) -> dict[str, str]:
+        return rate_limit_headers(lease, legacy=self.legacy_headers)
+
+    async def __call__(self, request: Request) -> Optional[Lease]:
+        holds = request.scope.get(_HOLDS_SCOPE_KEY)
+        if not isinstance(holds, _Holds):
+            raise RuntimeError(_NEEDS_INSTALL)
+        held = await self.hold(request)
+        if held is None:
+            return None
+        lease, hold = held
+        chosen: dict[str, str] = request.scope[_HEADERS_SCOPE_KEY]
+        refusal = self.answer(lease)
+        if refusal is not None or hold is None:
+            assert refusal is not None
+            chosen.clear()  # the refusal carries its own
+            raise RateLimitRefused(refusal, _body(refusal))
+        holds.add(hold)
+        _add_fields(chosen, self.headers(lease))
+        return lease
+
+
+class ConcurrencyMiddleware:
+    """ASGI middleware holding a slot of `rule` for every HTTP request until
+    the last byte of its response is sent, or its client is gone:
+    ``app.add_middleware(ConcurrencyMiddleware, limiter=limiter,
+    rule=ConcurrencyRule(...))``. Bucket `rules` are charged in the same
+    decision; `exempt(request)` True skips a request. Answers as
+    ConcurrencyLimit does; needs no install(app)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limiter: Limiter,
+        rule: ConcurrencyRule,
+        rules: Sequence[Rule] = (),
+        *,
+        on_error: Optional[OnError] = None,
+        timeout: Optional[float] = None,
+        legacy_headers: bool = False,
+        exempt: Optional[Callable[[Request], bool]] = None,
+    ) -> None:
+        self.app = app
+        self.limit = ConcurrencyLimit(
+            limiter, rule, *rules, on_error=on_error, timeout=timeout, legacy_headers=legacy_headers
+        )
+        self.exempt = exempt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        if self.exempt is not None and self.exempt(request):
+            await self.app(scope, receive, send)
+            return
+        held = await self.limit.hold(request)
+        if held is None:
+            await self.app(scope, receive, send)
+            return
+        lease, hold = held
+        refusal = self.limit.answer(lease)
+        if refusal is not None or hold is None:
+            assert refusal is not None
+            await refusal(scope, receive, send)
+            return
+        holds = _Holds()
+        holds.add(hold)
+        headers = self.limit.headers(lease)
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).update(headers)
+            await send(message)
+
+        await _run_holding(self.app, scope, receive, send_with_headers, holds)

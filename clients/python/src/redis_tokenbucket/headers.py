@@ -14,6 +14,15 @@ it denies, else the time until it is full. A bucket without a name is
 "default". A denial adds Retry-After in whole seconds, rounded up, so a
 retry then passes. The legacy X-RateLimit-Limit/-Remaining describe the
 most restrictive bucket only.
+
+A Lease's Concurrency is a policy of the draft's quota unit
+"concurrent-requests", with no window::
+
+    RateLimit-Policy: "streams";q=8;qu="concurrent-requests", "user";q=10;w=59
+    RateLimit: "streams";r=6, "user";r=9;t=6
+
+`q` is the limit, `r` the slots left after the call, and `t` (only when
+no slot is free) the seconds until one is, rounded up.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from typing import Union
 
 from ._bucket import Bucket
 from ._decision import Decision, MultiDecision, whole_seconds
+from ._lease import Lease
 
 __all__ = ["rate_limit_headers"]
 
@@ -38,24 +48,45 @@ def quota(bucket: Bucket) -> int:
     return max(1, math.floor(bucket.max))
 
 
-def rate_limit_headers(decision: Union[Decision, MultiDecision], *, legacy: bool = False) -> dict[str, str]:
-    """The fields for a response to the request `decision` answered.
-    Empty for a degraded or shed decision: Redis said nothing to report."""
+def rate_limit_headers(decision: Union[Decision, MultiDecision, Lease], *, legacy: bool = False) -> dict[str, str]:
+    """The fields for a response to the request `decision` answered: a
+    Decision, a MultiDecision, or a Lease (its Concurrency first, then its
+    buckets). Empty for a degraded or shed decision: Redis said nothing to
+    report."""
     if decision.degraded or decision.shed:
         return {}
-    if isinstance(decision, MultiDecision):
-        decisions, tightest = decision.decisions, decision.tightest
+    policy: list[str] = []
+    current: list[str] = []
+    limit_remaining: tuple[int, int]
+    if isinstance(decision, Lease):
+        c = decision.concurrency
+        name = _sf_string(c.name or "default")
+        policy.append(f'{name};q={c.limit};qu="concurrent-requests"')
+        # `t` only when the slots are what it waits for: a slot has no reset time.
+        current.append(f"{name};r={decision.remaining}" + (f";t={decision.retry_after}" if decision.busy else ""))
+        decisions, allowed = decision.decisions, decision.acquired
+        if decision.busy or not decisions:
+            limit_remaining = (c.limit, decision.remaining)
+        else:
+            limit_remaining = _legacy(MultiDecision(allowed, decision.retry_after_ms, decisions).tightest)
+    elif isinstance(decision, MultiDecision):
+        decisions, allowed = decision.decisions, decision.allowed
+        limit_remaining = _legacy(decision.tightest)
     else:
-        decisions, tightest = (decision,), decision
-    policy, current = [], []
+        decisions, allowed = (decision,), decision.allowed
+        limit_remaining = _legacy(decision)
     for d in decisions:
         name = _sf_string(d.bucket.name or "default")
         policy.append(f"{name};q={quota(d.bucket)};w={math.ceil(d.bucket.max / d.bucket.rate)}")
         current.append(f"{name};r={max(d.remaining, 0)};t={whole_seconds(d.wait_ms)}")
     headers = {"RateLimit-Policy": ", ".join(policy), "RateLimit": ", ".join(current)}
     if legacy:
-        headers["X-RateLimit-Limit"] = str(quota(tightest.bucket))
-        headers["X-RateLimit-Remaining"] = str(max(tightest.remaining, 0))
-    if not decision.allowed:
+        headers["X-RateLimit-Limit"] = str(limit_remaining[0])
+        headers["X-RateLimit-Remaining"] = str(limit_remaining[1])
+    if not allowed:
         headers["Retry-After"] = str(decision.retry_after)
     return headers
+
+
+def _legacy(tightest: Decision) -> tuple[int, int]:
+    return quota(tightest.bucket), max(tightest.remaining, 0)
