@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """RESP command streams for `redis-cli --pipe`, to create many buckets fast.
 
-    gen.py KIND COUNT KEYFMT [FIRST | rand:RANGE]
+    gen.py KIND COUNT KEYFMT [FIRST | rand:RANGE] [-- WORD...]
 
 KIND is one of:
   tb     TB.CONSUME key 100 0.01 1          (module)
@@ -12,6 +12,10 @@ KIND is one of:
   fcallbig  FCALL tb_consume 1 key 1000000 0.001 1 (the same, in Lua)
   tbhot  TB.CONSUME key 1 0.0001 1          (the denied case's bucket)
   hset   HSET key tokens 1.5 ts 1764513600123456 (the throughput ceiling)
+  cellbig  CL.THROTTLE key 999999 1 1000 1  (redis-cell: tbbig's bucket)
+  cellhot  CL.THROTTLE key 0 1 10000 1      (redis-cell: tbhot's bucket)
+  cmd    the WORDs after `--`, the word KEY replaced by the key (FCALL of
+         another library, EVALSHA of a script)
   mcbig  TB.MCONSUME of 10,000 groups (key 1000000 0.001 1 each): the i-th
          command takes the keys KEYFMT % j for j in 10,000 i .. 10,000 i + 9,999
 
@@ -40,7 +44,12 @@ def command(*args: bytes) -> bytes:
 
 def main() -> None:
     kind, count, keyfmt = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
-    spec = sys.argv[4] if len(sys.argv) > 4 else "0"
+    rest = sys.argv[4:]
+    words = []
+    if "--" in rest:
+        words = [w.encode() for w in rest[rest.index("--") + 1 :]]
+        rest = rest[: rest.index("--")]
+    spec = rest[0] if rest else "0"
     if spec.startswith("rand:"):
         rng, bound = random.Random(20251130), int(spec[5:])
         numbers = (rng.randrange(bound) for _ in range(count))
@@ -69,6 +78,12 @@ def main() -> None:
         parts = [command(b"FCALL", b"tb_consume", b"1", b"\0", b"100", b"0.01", b"1")]
     elif kind == "fcallbig":
         parts = [command(b"FCALL", b"tb_consume", b"1", b"\0", b"1000000", b"0.001", b"1")]
+    elif kind == "cellbig":
+        parts = [command(b"CL.THROTTLE", b"\0", b"999999", b"1", b"1000", b"1")]
+    elif kind == "cellhot":
+        parts = [command(b"CL.THROTTLE", b"\0", b"0", b"1", b"10000", b"1")]
+    elif kind == "cmd" and words:
+        parts = [command(*(b"\0" if w == b"KEY" else w for w in words))]
     elif kind == "plain":
         ts = str(now_us).encode()
         at = str(now_us // 1000 + 100_000).encode()

@@ -2,8 +2,9 @@
 #
 # After `bench_workdir PREFIX`: WORK (a temporary directory) and PIDS (every
 # server started; all killed, and WORK removed, on exit). start_server reads
-# SERVER, MODULE and WRAP (a command line to run the server under); rps reads
-# PORT, SERVER_PID and RANGE.
+# SERVER, MODULE, CELL_SO (redis-cell, loaded before MODULE when set) and
+# WRAP (a command line to run the server under); rps reads PORT, SERVER_PID
+# and RANGE.
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
@@ -48,7 +49,7 @@ start_server() {
   mkdir -p "$WORK/$name"
   "${SRV[@]}" ${WRAP:-} "$SERVER" --bind 127.0.0.1 --port "$PORT" --save '' \
     --appendonly no --dir "$WORK/$name" --logfile "$WORK/$name/server.log" \
-    --loadmodule "$MODULE" "$@" >"$WORK/$name/stdout.log" 2>&1 &
+    ${CELL_SO:+--loadmodule "$CELL_SO"} --loadmodule "$MODULE" "$@" >"$WORK/$name/stdout.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 600); do
     redis-cli -p "$PORT" PING 2>/dev/null | grep -q PONG && return 0

@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # `make bench`: throughput, memory per bucket, keyspace scale and
-# instructions per command of the tb module, against plain HSET and the Lua
-# library. Prints a table and writes docs/benchmarks.md (see bench/report.py).
+# instructions per command of the tb module, against plain HSET, redis-cell's
+# CL.THROTTLE (when given), the Lua library and a bare Lua token bucket
+# (bench/bare.lua). Prints a table and writes docs/benchmarks.md (see
+# bench/report.py).
 #
-# Only loopback; every server started here is killed on exit. About 6-10
+# Only loopback; every server started here is killed on exit. About 15-20
 # minutes on 2 cores. Knobs (environment):
 #   BENCH_ROUNDS=5       interleaved rounds of the throughput cases (median)
 #   BENCH_SCALE=1        multiplies every request count (0.2 for a smoke run)
-#   BENCH_BIG=5000000    keys of the large keyspace of the scale case
+#   BENCH_BIG="5000000 10000000"  keys of the large keyspaces of the scale
+#                        case (a size is left out when memory is short)
 #   BENCH_NO_DOC=1       print the table, leave docs/benchmarks.md alone
 #   BENCH_SKIP=...       space-separated sections to skip: tput mem scale mcbig instr
+#   BENCH_INSTR=...      the instruction cases to run (default: all; names
+#                        as in INSTR_CASES below)
+#   BENCH_INSTR_SERVERS=3  callgrind servers per instruction case (median)
+#   BENCH_CELL_SO=path   redis-cell's libredis_cell.so: every server loads it
+#                        first, so CL.THROTTLE is redis-cell's, and the
+#                        CL.THROTTLE rows run (docs/benchmarks.md says how to
+#                        build it); without it the report says they did not
 #   BENCH_MODULE=path    another build of the module (before/after comparisons)
 #   BENCH_SERVER=path    another server binary (e.g. the venv's valkey-server)
 #   BENCH_OUT=dir        raw results (default target/bench)
@@ -20,14 +30,20 @@ ROOT=$PWD
 MODULE=${BENCH_MODULE:-$ROOT/target/release/libredis_tokenbucket.so}
 SERVER=${BENCH_SERVER:-redis-server}
 LUA=$ROOT/lua/tb.lua
+BARE=$ROOT/bench/bare.lua
+CELL_SO=${BENCH_CELL_SO:-}
 ROUNDS=${BENCH_ROUNDS:-5}
 SCALE=${BENCH_SCALE:-1}
-BIG=${BENCH_BIG:-5000000}
+BIG=${BENCH_BIG:-5000000 10000000}
 SKIP=" ${BENCH_SKIP:-} "
 OUT=${BENCH_OUT:-$ROOT/target/bench}
 RESULTS=$OUT/results.tsv
 
 [ -f "$MODULE" ] || { echo "bench: $MODULE missing: run make build" >&2; exit 1; }
+if [ -n "$CELL_SO" ] && [ ! -f "$CELL_SO" ]; then
+  echo "bench: BENCH_CELL_SO=$CELL_SO: no such file" >&2
+  exit 1
+fi
 for tool in "$SERVER" redis-cli redis-benchmark python3; do
   command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 1; }
 done
@@ -38,6 +54,13 @@ bench_workdir tb-bench
 # A private copy, so a rebuild during the run cannot change what is measured.
 cp "$MODULE" "$WORK/tb.so"
 MODULE=$WORK/tb.so
+if [ -n "$CELL_SO" ]; then
+  cp "$CELL_SO" "$WORK/cell.so"
+  CELL_SO=$WORK/cell.so
+fi
+# The EVAL forms: the library's (lua/gen_eval.py) and the bare recipe's.
+python3 lua/gen_eval.py "$WORK/tb-eval.lua"
+sed '1d; s/^redis.register_function.*$/return bare_consume(KEYS, ARGV)/' "$BARE" >"$WORK/bare-eval.lua"
 
 mkdir -p "$OUT"
 : >"$RESULTS"
@@ -52,7 +75,12 @@ stop_server() {
 rc() { redis-cli -p "$PORT" "$@"; }
 
 load_lua() {
-  [ -f "$LUA" ] && rc -x FUNCTION LOAD REPLACE <"$LUA" >/dev/null
+  rc -x FUNCTION LOAD REPLACE <"$LUA" >/dev/null && rc -x FUNCTION LOAD REPLACE <"$BARE" >/dev/null
+}
+
+# The SHA1 of the script FILE, loaded into the server at PORT.
+load_script() {
+  rc -x SCRIPT LOAD <"$1"
 }
 
 n() { python3 -c "print(max(1000, int($1 * $SCALE)))"; }
@@ -60,11 +88,16 @@ n() { python3 -c "print(max(1000, int($1 * $SCALE)))"; }
 # Throughput cases: name, requests at -P 16, requests at -P 1, setup, command.
 # Counts are sized for about 3 s per run on the reference machine.
 HOT="rl:hot"
-CASES=(hset consume denied peek mconsume fcall)
+CASES=(hset consume denied peek mconsume fcall bare)
+# redis-cell's rows, on the same buckets: capacity max_burst + 1, refill
+# count / period per second.
+[ -n "$CELL_SO" ] && CASES+=(cell celldenied)
 # The random-key cases touch the same number of keys (TB.MCONSUME 3 per
 # call), so their keyspaces end the same size.
-declare -A N16=([hset]=600000 [consume]=600000 [denied]=600000 [peek]=600000 [mconsume]=200000 [fcall]=600000)
-declare -A N1=([hset]=150000 [consume]=150000 [denied]=150000 [peek]=150000 [mconsume]=50000 [fcall]=150000)
+declare -A N16=([hset]=600000 [consume]=600000 [denied]=600000 [peek]=600000 [mconsume]=200000
+  [fcall]=600000 [bare]=600000 [cell]=600000 [celldenied]=600000)
+declare -A N1=([hset]=150000 [consume]=150000 [denied]=150000 [peek]=150000 [mconsume]=50000
+  [fcall]=150000 [bare]=150000 [cell]=150000 [celldenied]=150000)
 declare -A CMD=(
   [hset]="HSET rl:__rand_int__ tokens 1.5 ts 1764513600123456"
   [consume]="TB.CONSUME rl:__rand_int__ 1000000 0.001 1"
@@ -72,6 +105,15 @@ declare -A CMD=(
   [peek]="TB.PEEK $HOT 1 0.0001 1"
   [mconsume]="TB.MCONSUME rl:__rand_int__:a 1000000 0.001 1 rl:__rand_int__:b 1000000 0.001 1 rl:__rand_int__:c 1000000 0.001 1"
   [fcall]="FCALL tb_consume 1 rl:__rand_int__ 1000000 0.001 1"
+  [bare]="FCALL bare_consume 1 rl:__rand_int__ 1000000 0.001 1"
+  [cell]="CL.THROTTLE rl:__rand_int__ 999999 1 1000 1"
+  [celldenied]="CL.THROTTLE $HOT 0 1 10000 1"
+)
+# What drains the hot key of a denied case first (the bucket holds 1).
+declare -A DRAIN=(
+  [denied]="TB.CONSUME $HOT 1 0.0001 1"
+  [peek]="TB.CONSUME $HOT 1 0.0001 1"
+  [celldenied]="CL.THROTTLE $HOT 0 1 10000 1"
 )
 
 {
@@ -85,6 +127,7 @@ declare -A CMD=(
   echo "rounds	$ROUNDS"
   echo "scale	$SCALE"
   echo "big	$BIG"
+  echo "cell	${BENCH_CELL_SO:-}"
   echo "commit	$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src core 2>/dev/null || echo '+dirty')"
 } >"$OUT/machine.tsv"
 
@@ -100,13 +143,14 @@ if [[ $SKIP != *" tput "* ]]; then
   for round in $(seq "$ROUNDS"); do
     for p in 16 1; do
       for case in "${CASES[@]}"; do
-        if [ "$case" = fcall ] && [ "$HAVE_LUA" = 0 ]; then
+        if [[ $case == fcall || $case == bare ]] && [ "$HAVE_LUA" = 0 ]; then
           continue
         fi
         rc FLUSHALL >/dev/null
-        if [ "$case" = denied ] || [ "$case" = peek ]; then
+        if [ -n "${DRAIN[$case]:-}" ]; then
           # Drain the hot bucket: max 1 at 0.0001/s stays empty for hours.
-          rc TB.CONSUME "$HOT" 1 0.0001 1 >/dev/null
+          # shellcheck disable=SC2086
+          rc ${DRAIN[$case]} >/dev/null
         fi
         if [ "$p" = 16 ]; then count=$(n "${N16[$case]}"); else count=$(n "${N1[$case]}"); fi
         # shellcheck disable=SC2086 # CMD is split into words on purpose
@@ -140,14 +184,29 @@ if [[ $SKIP != *" mem "* ]]; then
 fi
 
 # ---- keyspace scale -------------------------------------------------------
-# Two servers, one with 10,000 buckets and one with $BIG, so the runs can be
+# One server per size, 10,000 buckets and each of $BIG, so the runs can be
 # interleaved. Keys match redis-benchmark's (rl: + 12 digits), so every call
 # updates an existing bucket. HSET of the same keys runs too, as a control:
 # what a larger keyspace costs Redis itself (it overwrites the two fields;
 # the buckets stay valid and TB.CONSUME stays admitted).
 if [[ $SKIP != *" scale "* ]]; then
   declare -A SCALE_PORT SCALE_PID
-  for size in 10000 "$BIG"; do
+  # A size is left out unless the machine has room for it and the sizes
+  # before it: about 200 bytes a bucket in used_memory, 400 with the
+  # allocator's and the fill's slack.
+  avail_kb=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo)
+  sizes=(10000)
+  need=0
+  for size in $BIG; do
+    need=$((need + size * 400 / 1024))
+    if [ "$need" -lt "$avail_kb" ]; then
+      sizes+=("$size")
+    else
+      echo "scale: $size keys left out (needs ~$((need / 1024)) MiB, $((avail_kb / 1024)) MiB available)"
+      record scale_skipped "$size" "$((avail_kb / 1024))"
+    fi
+  done
+  for size in "${sizes[@]}"; do
     start_server "scale$size" --enable-debug-command local
     SCALE_PORT[$size]=$PORT
     SCALE_PID[$size]=${PIDS[-1]}
@@ -164,7 +223,7 @@ if [[ $SKIP != *" scale "* ]]; then
   done
   for round in $(seq "$ROUNDS"); do
     for case in consume hset; do
-      for size in 10000 "$BIG"; do
+      for size in "${sizes[@]}"; do
         PORT=${SCALE_PORT[$size]}
         SERVER_PID=${SCALE_PID[$size]}
         count=$(n 600000)
@@ -174,6 +233,10 @@ if [[ $SKIP != *" scale "* ]]; then
         printf 'round %s  scale %-8s %-8s -P 16 %12s ops/s  server cpu %ss\n' "$round" "$size" "$case" "$v" "${cpu:-?}"
       done
     done
+  done
+  # Free the memory before the callgrind runs.
+  for size in "${sizes[@]}"; do
+    stop_server "${SCALE_PORT[$size]}" "${SCALE_PID[$size]}"
   done
 fi
 
@@ -215,63 +278,110 @@ if [[ $SKIP != *" mcbig "* ]]; then
 fi
 
 # ---- instructions per command (callgrind) ---------------------------------
-# Each case runs on a fresh server under callgrind twice, with N and 2N
-# commands; (cost(2N) - cost(N)) / N cancels start-up and shutdown. The
-# commands come from bench/gen.py through redis-cli --pipe, with keys drawn
-# by a fixed seed, so both runs see the same stream (redis-benchmark's
-# unseeded keys made the figures vary by ~3% between runs). Two figures:
+# Each case runs on fresh servers under callgrind ($INSTR_SERVERS of them;
+# the report takes the median). Callgrind dumps its counts at each DBSIZE
+# (--dump-before=dbsizeCommand): one after start-up and the case's setup,
+# one after the N measured commands, so the second dump holds just those.
+# The commands come from bench/gen.py through redis-cli --pipe, with keys
+# drawn by a fixed seed, so every server sees the same stream. Two figures:
 # inside call() (the command proper) and the whole process (also reading,
-# parsing and writing).
+# parsing and writing) less serverCron, the timer, which runs on wall time
+# (a slower run under valgrind, or a busier machine, would charge the
+# commands more of it). What still differs between servers is mostly the
+# random seed of Redis's dict hash: how long a chain a command-table lookup
+# walks (the client's command, and each RM_Replicate's), hence the median.
+# --activerehashing no: a growing keyspace is rehashed in steps of the
+# commands that touch it, not for a millisecond of wall time per tick.
+#
+# Cases: new keys (random over 1,000,000), existing buckets (10,000 made
+# first, then random over them) and a drained hot key, for TB.CONSUME, for
+# redis-cell's CL.THROTTLE (BENCH_CELL_SO), for the Lua library's
+# tb_consume through FCALL and through EVALSHA, and for the bare recipe
+# (bench/bare.lua) through both.
+INSTR_SERVERS=${BENCH_INSTR_SERVERS:-3}
+INSTR_CASES=(hset consume update denied)
+[ -n "$CELL_SO" ] && INSTR_CASES+=(cell cellupdate celldenied)
+INSTR_CASES+=(fcall fcallupdate bare bareupdate eval bareeval)
+FCALL_ARGS="1000000 0.001 1"
+# instr_case CASE setup|run COUNT: what CASE needs first, or its COUNT
+# measured commands.
+instr_case() {
+  local case=$1 phase=$2 count=$3 keys='rl:%012d' range=1000000 words=() sha
+  case $case in
+    hset) words=(HSET KEY tokens 1.5 ts 1764513600123456) ;;
+    consume | update) words=(TB.CONSUME KEY $FCALL_ARGS) ;;
+    denied) words=(TB.CONSUME KEY 1 0.0001 1) keys=$HOT ;;
+    cell | cellupdate) words=(CL.THROTTLE KEY 999999 1 1000 1) ;;
+    celldenied) words=(CL.THROTTLE KEY 0 1 10000 1) keys=$HOT ;;
+    fcall | fcallupdate) words=(FCALL tb_consume 1 KEY $FCALL_ARGS) ;;
+    bare | bareupdate) words=(FCALL bare_consume 1 KEY $FCALL_ARGS) ;;
+    eval) words=(EVALSHA @tb-eval 1 KEY consume $FCALL_ARGS) ;;
+    bareeval) words=(EVALSHA @bare-eval 1 KEY $FCALL_ARGS) ;;
+    *) echo "bench: unknown instruction case $case" >&2; exit 1 ;;
+  esac
+  [[ $case == *update ]] && range=10000
+  if [ "$phase" = setup ]; then
+    [[ $case == fcall* || $case == bare* ]] && load_lua
+    if [[ ${words[1]} == @* ]]; then
+      sha=$(load_script "$WORK/${words[1]#@}.lua")
+      echo "$sha" >"$WORK/sha"
+    fi
+    if [[ $case == *update ]]; then
+      pipe_in cmd 10000 "$keys" -- "${words[@]}"
+    elif [[ $keys == "$HOT" ]]; then
+      # Drain the hot bucket (it holds 1).
+      pipe_in cmd 1 "$keys" -- "${words[@]}"
+    fi
+    return
+  fi
+  [[ ${words[1]} == @* ]] && words[1]=$(cat "$WORK/sha")
+  if [[ $keys == "$HOT" ]]; then
+    pipe_in cmd "$count" "$keys" -- "${words[@]}"
+  else
+    pipe_in cmd "$count" "$keys" "rand:$range" -- "${words[@]}"
+  fi
+}
 if [[ $SKIP != *" instr "* ]] && command -v valgrind >/dev/null; then
   IN=$(n 20000)
-  cases=(hset consume update denied)
-  # FCALL: whole server only, as call() recurses through redis.call.
-  [ -f "$LUA" ] && cases+=(fcall)
-  for case in "${cases[@]}"; do
-    for mult in 1 2; do
-      cg=$OUT/callgrind.$case.$mult.out
-      WRAP="valgrind --tool=callgrind --callgrind-out-file=$cg" start_server "cg$case$mult"
-      count=$((IN * mult))
-      case $case in
-        hset) pipe_in hset "$count" 'rl:%012d' rand:1000000 ;;
-        consume) pipe_in tbbig "$count" 'rl:%012d' rand:1000000 ;;
-        fcall)
-          load_lua
-          pipe_in fcallbig "$count" 'rl:%012d' rand:1000000
-          ;;
-        update)
-          # TB.CONSUME on 10,000 existing buckets, as in the scale case.
-          pipe_in tbbig 10000 'rl:%012d'
-          pipe_in tbbig "$count" 'rl:%012d' rand:10000
-          ;;
-        denied)
-          rc TB.CONSUME "$HOT" 1 0.0001 1 >/dev/null
-          pipe_in tbhot "$count" "$HOT"
-          ;;
-      esac
+  # shellcheck disable=SC2068 # the default list is split into words
+  for case in ${BENCH_INSTR:-${INSTR_CASES[@]}}; do
+    for server in $(seq "$INSTR_SERVERS"); do
+      cg=$OUT/callgrind.$case.$server.out
+      rm -f "$cg" "$cg".*
+      WRAP="valgrind --tool=callgrind --callgrind-out-file=$cg --dump-before=dbsizeCommand" \
+        start_server "cg$case$server" --activerehashing no
+      instr_case "$case" setup "$IN"
+      rc DBSIZE >/dev/null
+      instr_case "$case" run "$IN"
+      rc DBSIZE >/dev/null
       stop_server "$PORT" "${PIDS[-1]}"
-      read -r total incall < <(callgrind_annotate --inclusive=yes "$cg" 2>/dev/null | awk '
+      # The second dump: the measured commands.
+      mv "$cg.2" "$cg"
+      rm -f "$cg".*
+      read -r total incall cron < <(callgrind_annotate --inclusive=yes "$cg" 2>/dev/null | awk '
         / PROGRAM TOTALS/ { gsub(",", "", $1); t = $1 }
         /\?\?\?:call \[/ { gsub(",", "", $1); c = $1 }
-        END { print t, c }')
-      record instr "$case" "$count" "$total" "$incall"
+        /\?\?\?:serverCron \[/ { gsub(",", "", $1); s = $1 }
+        END { print t, c, s + 0 }')
+      record instr "$case" "$server" "$IN" "$((total - cron))" "$incall"
       # Where TB.CONSUME's cost goes: the module API functions it calls
       # (Redis's own code) and its handler, inclusive. Valkey spells the
       # API `VM_`; --threshold=100 lists every function.
       if [ "$case" = consume ] || [ "$case" = update ]; then
-        callgrind_annotate --inclusive=yes --threshold=100 "$cg" 2>/dev/null | awk -v c="$case" -v n="$count" '
+        callgrind_annotate --inclusive=yes --threshold=100 "$cg" 2>/dev/null | awk -v c="$case" -v s="$server" -v n="$IN" '
           match($0, /\?\?\?:[^ ]+ \[/) {
             f = substr($0, RSTART + 4, RLENGTH - 6)
             sub(/^(RM|VM)_/, "", f)
             sub(/^(Redis|Valkey)ModuleCommandDispatcher$/, "Dispatcher", f)
             sub(/^redis_tokenbucket::commands::consume$/, "handler", f)
-            if (f ~ /^(HashSet|HashGet|Replicate|SetAbsExpire|ReplyWithArray|ReplyWithLongLong|OpenKey|CloseKey|CreateString|FreeString|SignalModifiedKey|NotifyKeyspaceEvent|Dispatcher|handler)$/) {
+            if (f ~ /^(HashSet|HashGet|Replicate|SetAbsExpire|ReplyWithArray|ReplyWithLongLong|OpenKey|CloseKey|CreateString|FreeString|SignalModifiedKey|NotifyKeyspaceEvent|StringPtrLen|KeyType|ValueLength|Dispatcher|handler)$/) {
               gsub(",", "", $1)
-              printf "fn\t%s\t%s\t%s\t%s\n", c, n, f, $1
+              printf "fn\t%s\t%s\t%s\t%s\t%s\n", c, s, n, f, $1
             }
           }' >>"$RESULTS"
       fi
-      printf 'callgrind %-8s n=%-6s total %14s  in call() %14s\n' "$case" "$count" "$total" "$incall"
+      printf 'callgrind %-11s server %s  per command: whole %8.0f  in call() %8.0f\n' \
+        "$case" "$server" "$(((total - cron) / IN))" "$((incall / IN))"
     done
   done
 fi

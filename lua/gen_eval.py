@@ -45,6 +45,19 @@ def header(block: str) -> str:
 --     max1 rate1 cost1 ... maxN rateN costN    (weight there if 4 + 3N arguments follow)
 """
 
+# The marker line where the EVAL form answers consume and peek: every EVAL
+# defines the library afresh, and these two need only what is defined
+# above it, so they skip defining the rest.
+EARLY_MARK = "-- >>> eval: early dispatch\n"
+EARLY = """\
+-- Consume and peek are answered here, before the rest of the library is
+-- defined (each EVAL defines it afresh): they need nothing below.
+if ARGV[1] == 'consume' or ARGV[1] == 'peek' then
+  if redis.replicate_commands then redis.replicate_commands() end
+  if table.remove(ARGV, 1) == 'consume' then return tb_consume(KEYS, ARGV) end
+  return tb_peek(KEYS, ARGV)
+end
+"""
 
 DISPATCH = """\
 -- Redis 6.x replicates scripts verbatim unless told otherwise, and a
@@ -77,13 +90,15 @@ def shared_block(source: str) -> str:
     block = source[start:end]
     if "local OPERATIONS = {" not in block:
         raise SystemExit(f"{SOURCE}: the shared block does not define OPERATIONS")
+    if block.count(EARLY_MARK) != 1:
+        raise SystemExit(f"{SOURCE}: expected one {EARLY_MARK.strip()!r} line in the shared block")
     return block
 
 
 def script() -> str:
     """The EVAL script for the current lua/tb.lua."""
     block = shared_block(SOURCE.read_text(encoding="utf-8"))
-    return header(block) + block + DISPATCH
+    return header(block) + block.replace(EARLY_MARK, EARLY) + DISPATCH
 
 
 def main(argv: list) -> int:

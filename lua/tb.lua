@@ -76,7 +76,7 @@ local MSG = {
   one_of = 'ERR {arg} must be one of {values}',
   internal = 'ERR tb internal error: {what}',
 }
-local LIBRARY_VERSION = '0.1.0+091b88eb668d'
+local LIBRARY_VERSION = '0.1.0+ba2b2eb2d130'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -112,12 +112,17 @@ end
 -- and surrounding spaces, so the text is checked first. Returns nil for
 -- anything else, including values that overflow to infinity.
 local function parse_decimal(s)
-  local i = 1
-  local sign = string.sub(s, 1, 1)
-  if sign == '+' or sign == '-' then i = 2 end
-  local rest = string.match(s, '^%d+%.?%d*()', i) or string.match(s, '^%.%d+()', i)
-  if not rest then return nil end
-  if rest <= #s and not string.find(s, '^[eE][+-]?%d+$', rest) then return nil end
+  -- Most texts (every stored balance, most arguments) are digits with an
+  -- optional point: one find says so, the rest of the grammar is checked
+  -- only for the others.
+  if not string.find(s, '^[+-]?%d+%.?%d*$') then
+    local i = 1
+    local sign = string.sub(s, 1, 1)
+    if sign == '+' or sign == '-' then i = 2 end
+    local rest = string.match(s, '^%d+%.?%d*()', i) or string.match(s, '^%.%d+()', i)
+    if not rest then return nil end
+    if rest <= #s and not string.find(s, '^[eE][+-]?%d+$', rest) then return nil end
+  end
   -- strtod underneath: correctly rounded, like Rust's parse.
   local v = tonumber(s)
   if v == nil or v ~= v or v == math.huge or v == -math.huge then return nil end
@@ -125,22 +130,37 @@ local function parse_decimal(s)
 end
 
 -- An optionally negative integer of at most 16 digits (the `ts` field), as
--- two exact halves {hi, lo} with value hi * 1e8 + lo: 16 digits can exceed
+-- two exact halves hi, lo with value hi * 1e8 + lo: 16 digits can exceed
 -- 2^53, and the module subtracts in exact integers before rounding once.
+-- Returns nil for anything else.
 local function parse_int16(s)
+  -- The module's own timestamps: 16 digits, no sign.
+  if #s == 16 and not string.find(s, '%D') then
+    return tonumber(string.sub(s, 1, 8)), tonumber(string.sub(s, 9))
+  end
   local neg, digits = string.match(s, '^(%-?)(%d+)$')
   if not digits or #digits > 16 then return nil end
   local cut = #digits - 8
   local hi = cut > 0 and tonumber(string.sub(digits, 1, cut)) or 0
   local lo = tonumber(string.sub(digits, cut > 0 and cut + 1 or 1))
-  if neg == '-' then return { -hi, -lo } end
-  return { hi, lo }
+  if neg == '-' then return -hi, -lo end
+  return hi, lo
 end
 
 -- ---- arguments (core/src/args.rs, same order of checks) -------------------
 
+-- The last max and rate that validated and their limits, and the same for
+-- the last cost (with the max it was checked against). A gateway calls
+-- with a handful of tiers, so most calls repeat the previous call's
+-- numbers; in the Functions library these locals last from call to call
+-- (the EVAL script starts afresh each time). Validation is a function of
+-- the texts alone, so the memo never changes an answer.
+local last_max_s, last_rate_s, last_limits
+local last_cost_s, last_cost_max, last_cost
+
 -- max and rate, or nil and the error text.
 local function parse_limits(max_s, rate_s, g)
+  if max_s == last_max_s and rate_s == last_rate_s then return last_limits end
   local max = parse_decimal(max_s)
   if not max then return nil, not_a_number('max', g) end
   if not (max > 0 and max <= MAX_CAPACITY) then
@@ -154,7 +174,8 @@ local function parse_limits(max_s, rate_s, g)
   if max / rate > MAX_FILL_SECONDS then
     return nil, msg('fill_too_slow', g)
   end
-  return { max = max, rate = rate }
+  last_max_s, last_rate_s, last_limits = max_s, rate_s, { max = max, rate = rate }
+  return last_limits
 end
 
 local function cost_above_max(g)
@@ -178,6 +199,7 @@ local function charges_nothing(cost, max)
 end
 
 local function parse_cost(s, limits, g)
+  if s == last_cost_s and limits.max == last_cost_max then return last_cost end
   local cost = parse_decimal(s)
   if not cost then return nil, not_a_number('cost', g) end
   if cost < 0 then return nil, msg('cost_negative', g) end
@@ -185,18 +207,24 @@ local function parse_cost(s, limits, g)
   if charges_nothing(cost, limits.max) then
     return nil, msg('cost_too_small', g)
   end
+  last_cost_s, last_cost_max, last_cost = s, limits.max, cost
   return cost
 end
 
 -- ---- bucket arithmetic (core/src/bucket.rs, operation for operation) ------
 
-local function refill(l, tokens, elapsed_us)
-  return math.min(tokens + elapsed_us / 1000000 * l.rate, l.max)
-end
+-- A stored bucket is {tokens, hi, lo}: the balance, and its ts as exact
+-- halves (ts = hi * 1e8 + lo); `now` is the clock() table. math.min,
+-- math.max and math.floor are written out where calls are frequent: a Lua
+-- call costs more than the comparison, and `x - x % 1` is math.floor(x)
+-- exactly (x % 1 is x - floor(x), which a double always holds).
 
 -- Keeps a balance in [-max, max]: a lowered max clamps stored tokens.
 local function clamp(l, tokens)
-  return math.min(math.max(tokens, -l.max), l.max)
+  local max = l.max
+  if -max > tokens then tokens = -max end
+  if max < tokens then tokens = max end
+  return tokens
 end
 
 -- The balance at `now` of a bucket stored as `stored` (false: missing,
@@ -207,12 +235,16 @@ local function current_at(l, stored, hi, lo)
   local max = l.max
   if not stored then return max end
   -- (now - ts) rounded once: every partial result here is an exact integer.
-  local elapsed = (hi - stored.ts[1]) * 1e8 + (lo - stored.ts[2])
+  local elapsed = (hi - stored.hi) * 1e8 + (lo - stored.lo)
   if elapsed < 0 then elapsed = 0 end
-  -- clamp() and refill() written out: the times search calls this a few
-  -- times per call, and a Lua call costs more than the arithmetic.
-  local tokens = math.min(math.max(stored.tokens, -max), max)
-  return math.min(tokens + elapsed / 1000000 * l.rate, max)
+  -- clamp() and the refill written out: the times search calls this a
+  -- few times per call.
+  local tokens = stored.tokens
+  if -max > tokens then tokens = -max end
+  if max < tokens then tokens = max end
+  tokens = tokens + elapsed / 1000000 * l.rate
+  if max < tokens then tokens = max end
+  return tokens
 end
 
 local function current(l, stored, now)
@@ -222,7 +254,8 @@ end
 -- Whether a call `ms` whole milliseconds after `now` sees at least
 -- `target`: now moved on as exact halves, with no table made per try.
 local function passes(l, stored, now, ms, target)
-  local hi = math.floor(ms / 100000)
+  local hi = ms / 100000
+  hi = hi - hi % 1
   return current_at(l, stored, now.hi + hi, now.lo + (ms - hi * 100000) * 1000) >= target
 end
 
@@ -237,7 +270,8 @@ local function first_passing(guess, l, stored, now, target)
     while lo > 0 and passes(l, stored, now, lo, target) do
       hi = lo
       step = step * 2
-      lo = math.max(hi - step, 0)
+      lo = hi - step
+      if lo < 0 then lo = 0 end
     end
   else
     lo, hi = guess, guess + 1
@@ -245,11 +279,13 @@ local function first_passing(guess, l, stored, now, target)
       if hi >= MAX_WAIT_MS then return MAX_WAIT_MS end
       lo = hi
       step = step * 2
-      hi = math.min(lo + step, MAX_WAIT_MS)
+      hi = lo + step
+      if hi > MAX_WAIT_MS then hi = MAX_WAIT_MS end
     end
   end
   while hi - lo > 1 do
-    local mid = lo + math.floor((hi - lo) / 2)
+    local half = (hi - lo) / 2
+    local mid = lo + (half - half % 1)
     if passes(l, stored, now, mid, target) then hi = mid else lo = mid end
   end
   return hi
@@ -264,9 +300,16 @@ local function ms_from(l, stored, now, cur, target)
   if cur >= target then return 0 end
   if not stored then return 0 end
   -- The refill counts from ts, ahead of now (a wait first) or behind it.
-  local from_ts = (stored.ts[1] - now.hi) * 1e8 + (stored.ts[2] - now.lo)
-  local guess = math.ceil((from_ts + (target - clamp(l, stored.tokens)) / l.rate * 1000000) / 1000)
-  if guess >= 1 then guess = math.min(guess, MAX_WAIT_MS) else guess = 1 end
+  local from_ts = (stored.hi - now.hi) * 1e8 + (stored.lo - now.lo)
+  -- The first guess, rounded up (x + (-x) % 1 is math.ceil(x)); any
+  -- guess finds the same answer.
+  local guess = (from_ts + (target - clamp(l, stored.tokens)) / l.rate * 1000000) / 1000
+  guess = guess + (-guess) % 1
+  if guess >= 1 then
+    if guess > MAX_WAIT_MS then guess = MAX_WAIT_MS end
+  else
+    guess = 1
+  end
   return first_passing(guess, l, stored, now, target)
 end
 
@@ -279,7 +322,7 @@ local function settle(l, stored, now, allowed, tokens, writes, retry_for)
   local after = stored
   if writes then
     after = false
-    if tokens < l.max then after = { tokens = tokens, ts = { now.hi, now.lo } } end
+    if tokens < l.max then after = { tokens = tokens, hi = now.hi, lo = now.lo } end
   end
   -- `tokens` is what `after` holds at now: the balance if nothing was
   -- written, else what was.
@@ -300,16 +343,11 @@ local function charge(l, stored, now, cur, cost, charging)
   return settle(l, stored, now, allowed, tokens, writes, retry_for)
 end
 
--- retry is for a request of cost 1, or max if smaller.
-local function adjust(l, stored, now, delta)
-  local tokens = clamp(l, current(l, stored, now) + delta)
-  return settle(l, stored, now, true, tokens, true, math.min(l.max, 1))
-end
-
 -- {allowed, remaining, retry_after_ms, reset_after_ms}; all are already
 -- whole numbers, so the integer replies are exact.
 local function reply(o)
-  return { o.allowed and 1 or 0, math.floor(o.tokens), o.retry, o.reset }
+  local tokens = o.tokens
+  return { o.allowed and 1 or 0, tokens - tokens % 1, o.retry, o.reset }
 end
 
 -- ---- the keyspace (src/keyspace.rs) ---------------------------------------
@@ -320,44 +358,55 @@ end
 local function clock()
   local t = redis.call('TIME')
   local sec, usec = tonumber(t[1]), tonumber(t[2])
+  local up = usec + 999
   return {
     us = sec * 1000000 + usec,
     sec = sec,
     usec = usec,
-    hi = math.floor(sec / 100),
+    hi = (sec - sec % 100) / 100,
     lo = (sec % 100) * 1000000 + usec,
-    ceil_ms = sec * 1000 + math.ceil(usec / 1000),
+    ceil_ms = sec * 1000 + (up - up % 1000) / 1000,
   }
 end
 
--- A key's bucket: false if the key is missing, else {tokens, ts}. On error
--- nil and the message (state errors carry the group in TB.MCONSUME).
+-- A key's bucket: false if the key is missing, else {tokens, hi, lo}. On
+-- error nil and the message (state errors carry the group in TB.MCONSUME).
 local function load(key, g)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind == 'none' then return false end
-  if kind ~= 'hash' then return nil, MSG.wrongtype end
-  if redis.call('HLEN', key) ~= 2 then return nil, msg('bad_fields', g) end
+  -- HLEN answers all but one of the questions in one call: 0 for a missing
+  -- key (a hash is never empty), WRONGTYPE for anything but a hash, and
+  -- the field count. Any other error is raised, from this same line, as
+  -- redis.call would raise it (Redis 6 raised the text, not the table).
+  local n = redis.pcall('HLEN', key) if type(n) == 'table' and not string.find(n.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(n) end error(n.err, 0) end
+  if n == 0 then return false end
+  if type(n) == 'table' then return nil, MSG.wrongtype end
+  if n ~= 2 then return nil, msg('bad_fields', g) end
   local f = redis.call('HMGET', key, 'tokens', 'ts')
   if not f[1] or not f[2] then return nil, msg('bad_fields', g) end
   local tokens = parse_decimal(f[1])
   if not tokens then return nil, msg('bad_tokens', g) end
-  local ts = parse_int16(f[2])
-  if not ts then return nil, msg('bad_ts', g) end
-  return { tokens = tokens, ts = ts }
+  local hi, lo = parse_int16(f[2])
+  if not hi then return nil, msg('bad_ts', g) end
+  return { tokens = tokens, hi = hi, lo = lo }
 end
 
 -- Stores a new balance, or deletes the key when the bucket is full (no key
 -- is a full bucket). The expiry is when it would be full again.
 local function save(key, existed, l, o, now)
-  if o.tokens >= l.max then
+  local tokens = o.tokens
+  if tokens >= l.max then
     if existed then redis.call('DEL', key) end
     return
   end
-  local tokens = o.tokens
-  if tokens == 0 then tokens = 0 end -- never write "-0"
-  -- %.17g round-trips a double (tostring would keep only 14 digits).
-  redis.call('HSET', key, 'tokens', string.format('%.17g', tokens),
-    'ts', string.format('%d', now.us))
+  -- %.17g round-trips a double (tostring would keep only 14 digits); it
+  -- writes an integer below 2^53 as %d does, which is cheaper. Zero is
+  -- written "0", never "-0".
+  local text
+  if tokens % 1 == 0 and tokens < 9007199254740992 and tokens > -9007199254740992 then
+    text = string.format('%d', tokens)
+  else
+    text = string.format('%.17g', tokens)
+  end
+  redis.call('HSET', key, 'tokens', text, 'ts', string.format('%d', now.us))
   redis.call('PEXPIREAT', key, string.format('%d', now.ceil_ms + o.reset))
 end
 
@@ -399,6 +448,15 @@ end
 -- Read-only (registered no-writes): a peek never writes.
 local function tb_peek(keys, args)
   return consume_or_peek('tb_peek', keys, args, false)
+end
+
+-- >>> eval: early dispatch
+-- (The EVAL form answers consume and peek at this line: lua/gen_eval.py.)
+
+-- retry is for a request of cost 1, or max if smaller.
+local function adjust(l, stored, now, delta)
+  local tokens = clamp(l, current(l, stored, now) + delta)
+  return settle(l, stored, now, true, tokens, true, math.min(l.max, 1))
 end
 
 -- tb_adjust: refund (delta > 0) or late charge (delta < 0); always saves.
@@ -534,7 +592,7 @@ end
 local function stored_from_tat(tat, l, now)
   local ahead = (tat[1] - now.sec) * 1e9 + (tat[2] - now.usec * 1000)
   if ahead <= 0 then return false end
-  return { tokens = l.max - ahead / 1e9 * l.rate, ts = { now.hi, now.lo } }
+  return { tokens = l.max - ahead / 1e9 * l.rate, hi = now.hi, lo = now.lo }
 end
 
 -- tb_cl_throttle: CL.THROTTLE's reply

@@ -5,7 +5,7 @@
 //! the module, then ends with the primary's exact hash and expire time
 //! instead of recomputing with its own clock.
 
-use crate::ffi::{ArgString, Ctx, Interned, Key, Load, RString};
+use crate::ffi::{ArgString, Ctx, Interned, Kept, Key, Load, RString};
 use std::ffi::CStr;
 use std::sync::OnceLock;
 use tb_core::bucket::{Effect, Limits, Stored};
@@ -52,6 +52,12 @@ fn injected(fault: Fault) -> bool {
 
 /// The field names `tokens` and `ts`, made once at load.
 static FIELDS: OnceLock<[Interned; 2]> = OnceLock::new();
+
+std::thread_local! {
+    /// The last balance written (its bits) and its `tokens` text: see
+    /// `BucketKey::tokens_string`. Commands run on Redis's main thread.
+    static LAST_TOKENS: std::cell::Cell<Option<(u64, Kept)>> = const { std::cell::Cell::new(None) };
+}
 
 /// The commands writes replicate as effects, in the order checked.
 const EFFECTS: [&CStr; 4] = [c"HSET", c"HDEL", c"PEXPIREAT", c"DEL"];
@@ -163,32 +169,52 @@ impl<'c> BucketKey<'c> {
     }
 
     fn write(&mut self, tokens: f64, ts_us: i64, expire_at_ms: i64) -> Result<(), Step> {
-        let (ctx, name) = (self.ctx, self.key.name());
         // A redis-cell key (only CL.THROTTLE reads one) becomes a bucket
         // hash: the string goes first, on the replicas too.
         if self.cell_string {
             self.delete()?;
             self.cell_string = false;
         }
+        let tok = self.tokens_string(tokens)?;
+        let written = self.write_with(&tok, ts_us, expire_at_ms);
+        LAST_TOKENS.set(Some((tokens.to_bits(), tok)));
+        written
+    }
+
+    /// The `tokens` value as a Redis string: the last one written if this
+    /// balance is the same (every new bucket of a tier writes max - cost),
+    /// else a new one, which replaces it. HashSet copies the text and a
+    /// replication only holds a reference, so a string kept unchanged can
+    /// serve any number of writes.
+    fn tokens_string(&self, tokens: f64) -> Result<Kept, Step> {
+        match LAST_TOKENS.take() {
+            Some((bits, kept)) if bits == tokens.to_bits() => Ok(kept),
+            last => {
+                if let Some((_, kept)) = last {
+                    self.ctx.release(kept);
+                }
+                self.ctx
+                    .keep(Text::tokens(tokens).as_bytes())
+                    .ok_or(Step::HashSet)
+            }
+        }
+    }
+
+    /// `write` with the `tokens` string made.
+    fn write_with(&mut self, tok: &Kept, ts_us: i64, expire_at_ms: i64) -> Result<(), Step> {
+        let (ctx, name) = (self.ctx, self.key.name());
         let [tokens_field, ts_field] = FIELDS.get().ok_or(Step::HashSet)?;
-        let tok = ctx
-            .string(Text::tokens(tokens).as_bytes())
-            .ok_or(Step::HashSet)?;
         let ts = ctx
             .string(Text::int(ts_us).as_bytes())
             .ok_or(Step::HashSet)?;
-        // Format `l` would build this with two allocations, not one.
-        let at = ctx
-            .string(Text::int(expire_at_ms).as_bytes())
-            .ok_or(Step::HashSet)?;
-        if injected(Fault::HashSet) || !self.key.hash_set(tokens_field, &tok, ts_field, &ts) {
+        if injected(Fault::HashSet) || !self.key.hash_set(tokens_field, tok, ts_field, &ts) {
             return Err(Step::HashSet);
         }
         // The events a plain HSET + PEXPIREAT would raise, as replicas and
         // the Lua fallback raise them.
         ctx.notify(true, c"hset", &name);
         let expired = !injected(Fault::Expire) && self.key.set_abs_expire(expire_at_ms);
-        if !self.replicate(c"HSET", &[&name, tokens_field, &tok, ts_field, &ts]) {
+        if !self.replicate(c"HSET", &[&name, tokens_field, tok, ts_field, &ts]) {
             return Err(Step::ReplicateHashSet);
         }
         if !expired {
@@ -197,7 +223,11 @@ impl<'c> BucketKey<'c> {
             return Err(Step::Expire);
         }
         ctx.notify(false, c"expire", &name);
-        if !self.replicate(c"PEXPIREAT", &[&name, &at]) {
+        // Only the replication needs the time as text: Redis copies it from
+        // the stack (format `l` would take two allocations, a string made
+        // here one more call and a free).
+        let at = Text::int(expire_at_ms);
+        if !ctx.replicate_key_bytes(effect(c"PEXPIREAT"), &name, at.as_bytes()) {
             return Err(Step::ReplicateExpire);
         }
         Ok(())
@@ -215,6 +245,7 @@ impl<'c> BucketKey<'c> {
         Ok(())
     }
 
+    #[inline]
     fn replicate(&self, command: &CStr, args: &[&dyn RString]) -> bool {
         replicate(self.ctx, command, args)
     }
@@ -332,13 +363,18 @@ impl<'c> LeaseKey<'c> {
     }
 }
 
-/// `Ctx::replicate`; a test build can name a command that does not exist,
-/// which is how Replicate really fails.
+/// `Ctx::replicate`, of `effect(command)`.
+#[inline]
 fn replicate(ctx: &Ctx, command: &CStr, args: &[&dyn RString]) -> bool {
-    let command = if injected(Fault::Replicate) {
+    ctx.replicate(effect(command), args)
+}
+
+/// The command an effect replicates as: `command`, but a test build can
+/// name one that does not exist, which is how Replicate really fails.
+fn effect(command: &CStr) -> &CStr {
+    if injected(Fault::Replicate) {
         c"TB-NO-SUCH-COMMAND"
     } else {
         command
-    };
-    ctx.replicate(command, args)
+    }
 }

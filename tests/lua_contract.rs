@@ -88,8 +88,29 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     let script = eval_script();
     let block = shared_block(LIBRARY);
     assert!(block.contains("local function tb_mconsume(keys, args)"));
-    assert!(script.contains(block), "shared block differs");
-    let tail = &script[script.find(block).unwrap() + block.len()..];
+    // Consume and peek are answered at the early-dispatch line, before the
+    // rest of the block is defined; the block is otherwise the same.
+    let (head, rest) = block
+        .split_once("-- >>> eval: early dispatch\n")
+        .expect("the early-dispatch line");
+    assert!(head.contains("local function tb_peek(keys, args)"));
+    assert!(!rest.contains("-- >>> eval: early dispatch"));
+    let at = script
+        .find(head)
+        .expect("the block up to the early dispatch");
+    let after = &script[at + head.len()..];
+    let early_end = after
+        .find(rest)
+        .expect("the block after the early dispatch");
+    let early = &after[..early_end];
+    for needed in [
+        "redis.replicate_commands()",
+        "return tb_consume(KEYS, ARGV)",
+        "return tb_peek(KEYS, ARGV)",
+    ] {
+        assert!(early.contains(needed), "{needed} in {early}");
+    }
+    let tail = &after[early_end + rest.len()..];
     assert!(tail.contains("redis.replicate_commands()"), "{tail}");
     assert!(tail.contains("OPERATIONS[i + 1](KEYS, ARGV)"), "{tail}");
     assert!(!script.contains("register_function") && !script.contains("#!lua"));
@@ -99,7 +120,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         assert!(block.contains(&format!("\n  '{op}', tb_{op}, '")), "{op}");
     }
     // The help text names them all, and how tb_acquire's bucket keys go.
-    let help = &script[..script.find(block).unwrap()];
+    let help = &script[..at];
     assert!(help.contains(&OPERATIONS.join(", ")), "{help}");
     assert!(
         help.contains("EVALSHA <sha> 1+N key bkey1..bkeyN acquire limit lease_ms id [weight]"),

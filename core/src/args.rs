@@ -76,61 +76,85 @@ pub(crate) fn group_limits(
     g: Option<usize>,
 ) -> Result<Limits, Error> {
     let (max, rate) = (argv.arg(i), argv.arg(i + 1));
-    if let Some(limits) = LastLimits::get(max, rate) {
+    let args = [Some(max), Some(rate)];
+    if let Some(limits) = LAST_LIMITS.with_borrow(|last| Memo::get(last, args)) {
         return Ok(limits);
     }
     let limits = validate_limits(max, rate, g)?;
-    LastLimits::set(max, rate, limits);
+    LAST_LIMITS.with_borrow_mut(|last| *last = Memo::new(args, limits));
     Ok(limits)
 }
 
-/// The last `max` and `rate` that validated, by their bytes. A gateway calls
-/// with a handful of tiers, so most calls repeat the previous call's limits,
-/// and checking them again (two decimals, the bounds, a division) was the
-/// largest part of the module's own work on an existing bucket. Validation
-/// is a pure function of the bytes, so the memo can't change an answer.
+/// The last arguments that validated, by their bytes, and what they gave.
+/// A gateway calls with a handful of tiers, so most calls repeat the
+/// previous call's numbers, and checking them again (decimals, the bounds,
+/// a division) was the largest part of the module's own work. Validation
+/// is a pure function of the bytes, so a memo can't change an answer; only
+/// successes are kept.
 #[derive(Clone, Copy)]
-struct LastLimits {
+struct Memo<T: Copy, const N: usize> {
+    /// The arguments one after the other.
     bytes: [u8; LAST_CAP],
-    max_len: usize,
-    rate_len: usize,
-    limits: Limits,
+    /// Each argument's length, `ABSENT` for an optional one not given.
+    lens: [u8; N],
+    value: T,
 }
 
-/// Longer arguments are validated every time.
+/// Longer arguments (together) are validated every time.
 const LAST_CAP: usize = 48;
 
-std::thread_local! {
-    static LAST_LIMITS: std::cell::Cell<Option<LastLimits>> = const { std::cell::Cell::new(None) };
+/// The length of an optional argument that was not given: no real one,
+/// which is at most `LAST_CAP`.
+const ABSENT: u8 = u8::MAX;
+
+impl<T: Copy, const N: usize> Memo<T, N> {
+    /// What `args` gave last time, if they are the memo's (`None`: an
+    /// optional argument not given).
+    fn get(last: &Option<Self>, args: [Option<&[u8]>; N]) -> Option<T> {
+        let last = last.as_ref()?;
+        let mut at = 0;
+        for (arg, &len) in args.iter().zip(&last.lens) {
+            match arg {
+                None if len == ABSENT => {}
+                Some(arg) if arg.len() == usize::from(len) => {
+                    let kept = last.bytes.get(at..at + arg.len())?;
+                    // Byte by byte: a few bytes each, where a call to
+                    // memcmp costs more than the comparison.
+                    if kept.iter().zip(*arg).fold(0, |d, (a, b)| d | (a ^ b)) != 0 {
+                        return None;
+                    }
+                    at += arg.len();
+                }
+                _ => return None,
+            }
+        }
+        Some(last.value)
+    }
+
+    /// A memo of `args` giving `value`; `None` if they don't fit.
+    fn new(args: [Option<&[u8]>; N], value: T) -> Option<Self> {
+        let mut memo = Memo {
+            bytes: [0; LAST_CAP],
+            lens: [ABSENT; N],
+            value,
+        };
+        let mut at = 0;
+        for (arg, len) in args.iter().zip(&mut memo.lens) {
+            if let Some(arg) = arg {
+                memo.bytes.get_mut(at..at + arg.len())?.copy_from_slice(arg);
+                *len = u8::try_from(arg.len()).ok()?;
+                at += arg.len();
+            }
+        }
+        Some(memo)
+    }
 }
 
-impl LastLimits {
-    fn get(max: &[u8], rate: &[u8]) -> Option<Limits> {
-        let last = LAST_LIMITS.with(|l| l.get())?;
-        let (m, r) = (last.max_len, last.rate_len);
-        (m == max.len()
-            && r == rate.len()
-            && last.bytes[..m] == *max
-            && last.bytes[m..m + r] == *rate)
-            .then_some(last.limits)
-    }
-
-    fn set(max: &[u8], rate: &[u8], limits: Limits) {
-        let (m, r) = (max.len(), rate.len());
-        if m + r > LAST_CAP {
-            return;
-        }
-        let mut bytes = [0u8; LAST_CAP];
-        bytes[..m].copy_from_slice(max);
-        bytes[m..m + r].copy_from_slice(rate);
-        let last = LastLimits {
-            bytes,
-            max_len: m,
-            rate_len: r,
-            limits,
-        };
-        LAST_LIMITS.with(|l| l.set(Some(last)));
-    }
+std::thread_local! {
+    static LAST_LIMITS: std::cell::RefCell<Option<Memo<Limits, 2>>> =
+        const { std::cell::RefCell::new(None) };
+    static LAST_SINGLE: std::cell::RefCell<Option<Memo<Single, 3>>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// `max` and `rate` checked in the contract's order.
@@ -169,6 +193,19 @@ pub fn parse_consume(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
     if !(4..=5).contains(&n) {
         return Err(Error::Arity(argv.command()));
     }
+    // The whole call's numbers at once: one look-up where most calls end.
+    let cost = (n == 5).then(|| argv.arg(4));
+    let args = [Some(argv.arg(2)), Some(argv.arg(3)), cost];
+    if let Some(single) = LAST_SINGLE.with_borrow(|last| Memo::get(last, args)) {
+        return Ok(single);
+    }
+    let single = validate_consume(argv, n)?;
+    LAST_SINGLE.with_borrow_mut(|last| *last = Memo::new(args, single));
+    Ok(single)
+}
+
+/// `parse_consume` after the arity check, without its memo.
+fn validate_consume(argv: &(impl Argv + ?Sized), n: usize) -> Result<Single, Error> {
     let limits = group_limits(argv, 2, None)?;
     let amount = if n == 5 {
         group_cost(argv.arg(4), &limits, None)?
@@ -407,6 +444,50 @@ mod tests {
             group_limits(a.as_slice(), 2, None),
             Err(Error::MaxOutOfRange(None))
         );
+    }
+
+    #[test]
+    fn remembered_calls_answer_as_validation_does() {
+        // Sequences of calls drawn from a small pool, so repeats (the memo's
+        // hits) and changes of one argument are frequent: every answer is
+        // the unremembered one. The pool has a cost argument that is given
+        // but empty, which must never match a call without one.
+        let pool: &[&[&str]] = &[
+            &["10", "1"],
+            &["10", "1", "1"],
+            &["10", "1", ""],
+            &["10", "1", "2"],
+            &["0.5", "1"],
+            &["0.5", "1", "0.5"],
+            &["10", "x", "1"],
+            &["1e12", "1000", "0.00001"],
+            &["1e12", "1000", "1"],
+            &["10", "1", "11"],
+            &["10", "1", "-1"],
+            &["1", "10"],
+            &["1", "10", "1"],
+            &["100", "0.01"],
+            &["10", "1", "1", "9"],
+            &["10"],
+        ];
+        let mut rng = testkit::Rng(0x0DDB_1A5E_5BAD_5EED);
+        for _ in 0..20_000 {
+            let pick = pool[rng.index(pool.len())];
+            let mut words = vec!["tb.consume", "k"];
+            words.extend_from_slice(pick);
+            let a = argv(&words);
+            let n = a.len();
+            let expected = if (4..=5).contains(&n) {
+                validate_consume(a.as_slice(), n)
+            } else {
+                Err(Error::Arity(CONSUME))
+            };
+            assert_eq!(parse_consume(a.as_slice()), expected, "{pick:?}");
+        }
+        // Too long to remember: validated every time, still the same answer.
+        let long = "1".repeat(30);
+        let a = argv(&["c", "k", &long, "0.1", &long]);
+        assert_eq!(parse_consume(a.as_slice()), Err(Error::MaxOutOfRange(None)));
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub enum Effect {
 impl Outcome {
     /// `remaining` in the reply: floor of the balance. May be negative in debt.
     pub fn remaining(&self) -> i64 {
-        self.tokens.floor() as i64
+        floor_i64(self.tokens)
     }
 
     /// The reply array `[allowed, remaining, retry_after_ms, reset_after_ms]`.
@@ -124,12 +124,7 @@ impl Limits {
         // first) or behind it (some of the refill has already happened).
         let from_ts_us = -elapsed_us(now_us, s.ts_us);
         let refill_us = (target - self.clamp(s.tokens)) / self.rate * 1_000_000.0;
-        let guess = ((from_ts_us + refill_us) / 1000.0).ceil();
-        let guess = if guess >= 1.0 {
-            guess.min(MAX_WAIT_MS as f64) as i64
-        } else {
-            1
-        };
+        let guess = ceil_i64((from_ts_us + refill_us) / 1000.0).clamp(1, MAX_WAIT_MS);
         first_passing(guess, passes)
     }
 
@@ -231,6 +226,28 @@ impl Limits {
             .div_euclid(1000)
             .saturating_add(i64::from(now_us.rem_euclid(1000) != 0))
             .saturating_add(reset_after_ms)
+    }
+}
+
+/// `x.floor() as i64` (saturating, NaN to 0) without a call to libm's
+/// floor, which baseline x86-64 has no instruction for: the conversion
+/// truncates toward zero, one step down fixes a negative fraction.
+pub fn floor_i64(x: f64) -> i64 {
+    let t = x as i64;
+    if (t as f64) > x && t != i64::MIN {
+        t - 1
+    } else {
+        t
+    }
+}
+
+/// `x.ceil() as i64` (saturating, NaN to 0), as `floor_i64`.
+fn ceil_i64(x: f64) -> i64 {
+    let t = x as i64;
+    if (t as f64) < x && t != i64::MAX {
+        t + 1
+    } else {
+        t
     }
 }
 
@@ -507,6 +524,43 @@ mod tests {
         assert_eq!(retry, 0);
         assert_eq!(out[0].tokens, 4.0);
         assert_eq!(out[1].tokens, 1.0);
+    }
+
+    #[test]
+    fn integer_floor_and_ceil_are_the_float_ones() {
+        let mut values = vec![
+            0.0,
+            -0.0,
+            0.5,
+            -0.5,
+            1.0,
+            -1.0,
+            1.5,
+            -1.5,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::MAX,
+            f64::MIN,
+            f64::MIN_POSITIVE,
+            -f64::MIN_POSITIVE,
+            9_223_372_036_854_775_807.0,
+            -9_223_372_036_854_775_808.0,
+            -9_223_372_036_854_777_856.0,
+            4_503_599_627_370_496.5,
+            -4_503_599_627_370_496.5,
+        ];
+        let mut rng = testkit::Rng(0xC0FF_EE00_1234_5678);
+        for _ in 0..200_000 {
+            let x = rng.next();
+            values.push(f64::from_bits(x));
+            values.push((x % 2_000_000) as f64 / 1000.0 - 1000.0);
+            values.push(((x >> 12) as f64 - 2f64.powi(51)) / 2f64.powi((x % 60) as i32));
+        }
+        for x in values {
+            assert_eq!(floor_i64(x), x.floor() as i64, "{x:?}");
+            assert_eq!(ceil_i64(x), x.ceil() as i64, "{x:?}");
+        }
     }
 
     #[test]

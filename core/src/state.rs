@@ -101,8 +101,9 @@ impl Text {
         let t = if tokens == 0.0 { 0.0 } else { tokens };
         // Integral balances (every fresh bucket's first charge) print as
         // their integer: same text as Display, without the float
-        // formatting machinery. Below 2^53 the i64 cast is exact.
-        if t == t.trunc() && t.abs() < TWO_POW_53 {
+        // formatting machinery. Below 2^53 the i64 cast is exact, so the
+        // balance is integral when it converts back unchanged.
+        if t.abs() < TWO_POW_53 && (t as i64) as f64 == t {
             return Text::int(t as i64);
         }
         let mut out = Text::new();
@@ -136,57 +137,66 @@ impl Text {
         out
     }
 
-    /// An integer in decimal, as Display writes it.
+    /// An integer in decimal, as Display writes it. Inlined, so the text
+    /// is written where the caller keeps it rather than copied there.
+    #[inline(always)]
     pub fn int(v: i64) -> Self {
         let mut out = Text::new();
-        // Digits from the right end, where they stay.
-        let mut i = TEXT_CAP;
-        let mut n = v.unsigned_abs();
-        // Eight digits at a time in u32 (one 64-bit division each), then
-        // two at a time: a 16-digit timestamp takes two 64-bit divisions
-        // instead of eight.
-        while n >= 100_000_000 {
-            let mut low = (n % 100_000_000) as u32;
-            n /= 100_000_000;
-            for _ in 0..4 {
-                i -= 2;
-                out.buf[i..i + 2].copy_from_slice(pair(low % 100));
-                low /= 100;
+        // Groups of eight digits from the right end, where they stay: a
+        // 16-digit timestamp is one division and two groups.
+        let n = v.unsigned_abs();
+        let (high, low) = (n / 100_000_000, (n % 100_000_000) as u32);
+        let mut group = eight_digits(low);
+        out.buf[24..32].copy_from_slice(&ascii(group));
+        let mut first = 24;
+        if high != 0 {
+            let (top, middle) = (high / 100_000_000, (high % 100_000_000) as u32);
+            group = eight_digits(middle);
+            out.buf[16..24].copy_from_slice(&ascii(group));
+            first = 16;
+            if top != 0 {
+                // u64::MAX / 10^16 < 10^4: one more group holds the rest.
+                group = eight_digits(top as u32);
+                out.buf[8..16].copy_from_slice(&ascii(group));
+                first = 8;
             }
         }
-        let mut n = n as u32;
-        while n >= 100 {
-            i -= 2;
-            out.buf[i..i + 2].copy_from_slice(pair(n % 100));
-            n /= 100;
-        }
-        if n >= 10 {
-            i -= 2;
-            out.buf[i..i + 2].copy_from_slice(pair(n));
-        } else {
-            i -= 1;
-            out.buf[i] = b'0' + n as u8;
-        }
+        // The first group's leading zeros are its lowest zero bytes (its
+        // first digit is in the lowest byte); zero itself keeps one digit.
+        let zeros = (group.trailing_zeros() / 8).min(7) as usize;
+        let mut start = first + zeros;
         if v < 0 {
-            i -= 1;
-            out.buf[i] = b'-';
+            start -= 1;
+            out.buf[start] = b'-';
         }
-        out.start = i;
+        out.start = start;
         out.end = TEXT_CAP;
         out
     }
 }
 
-/// The two digits of `n` < 100.
-fn pair(n: u32) -> &'static [u8] {
-    // "00" to "99": two digits per division halves the divisions.
-    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-        2021222324252627282930313233343536373839\
-        4041424344454647484950515253545556575859\
-        6061626364656667686970717273747576777879\
-        8081828384858687888990919293949596979899";
-    let i = n as usize * 2;
-    &PAIRS[i..i + 2]
+/// The eight decimal digits of `x` < 10^8 as byte values 0..=9, the first
+/// digit in the lowest byte: lane-wise arithmetic on one u64 (two 4-digit
+/// halves, then pairs, then digits), no division loop and no table. The
+/// constants divide exactly in range: y * 10486 >> 20 is y / 100 for
+/// y < 10^4, z * 103 >> 10 is z / 10 for z < 100 (tests check every value).
+#[inline]
+fn eight_digits(x: u32) -> u64 {
+    let x = u64::from(x);
+    // 32-bit lanes: the high half (printed first) in the low lane.
+    let v = (x / 10_000) | ((x % 10_000) << 32);
+    // 16-bit lanes: y / 100 below y % 100, in each 32-bit lane.
+    let q = ((v * 10_486) >> 20) & 0x0000_007F_0000_007F;
+    let v = q | ((v - q * 100) << 16);
+    // Bytes: z / 10 below z % 10, in each 16-bit lane.
+    let q = ((v * 103) >> 10) & 0x000F_000F_000F_000F;
+    q | ((v - q * 10) << 8)
+}
+
+/// `eight_digits`' value as ASCII bytes, in print order.
+#[inline]
+fn ascii(digits: u64) -> [u8; 8] {
+    (digits | 0x3030_3030_3030_3030).to_le_bytes()
 }
 
 /// Whether `text`, the shortest decimal for the finite, non-integral `t`,
@@ -290,6 +300,45 @@ mod tests {
             format!("{t:e}")
         } else {
             format!("{t}")
+        }
+    }
+
+    #[test]
+    fn the_lane_divisions_are_exact_in_range() {
+        for y in 0..10_000u64 {
+            assert_eq!((y * 10_486) >> 20, y / 100, "{y}");
+        }
+        for z in 0..100u64 {
+            assert_eq!((z * 103) >> 10, z / 10, "{z}");
+        }
+    }
+
+    #[test]
+    fn integers_write_what_display_writes() {
+        let mut values: Vec<i64> = vec![0, i64::MAX, i64::MIN, i64::MIN + 1];
+        // Both sides of every power of ten, and of the group boundaries.
+        let mut p = 1i64;
+        for _ in 0..19 {
+            for d in [-1, 0, 1] {
+                values.extend([p + d, -(p + d)]);
+            }
+            p = p.saturating_mul(10);
+        }
+        // Every magnitude, and every digit count with random digits.
+        let mut rng = testkit::Rng(0x5851_F42D_4C95_7F2D);
+        for _ in 0..300_000 {
+            let x = rng.next();
+            values.push(x as i64);
+            values.push((x >> (x % 64)) as i64);
+            values.push(-((x % 10_000_000_000_000_000) as i64));
+        }
+        values.extend(-100_000..100_000);
+        for v in values {
+            assert_eq!(string(Text::int(v)), v.to_string(), "{v}");
+        }
+        let mut rng = testkit::Rng(7);
+        for x in (0..200_000u32).chain((0..200_000).map(|_| rng.below(100_000_000) as u32)) {
+            assert_eq!(ascii(eight_digits(x)), *format!("{x:08}").as_bytes(), "{x}");
         }
     }
 

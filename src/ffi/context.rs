@@ -5,13 +5,12 @@
 use super::api::{Api, ERR, OK};
 use super::call;
 use super::key::Key;
-use super::string::{string_bytes, ArgString, OwnedString, RString};
+use super::string::{string_bytes, ArgString, Kept, OwnedString, RString};
 use redis_module::raw::{self, RedisModuleCmdFunc, RedisModuleCtx, RedisModuleString};
 use std::ffi::{CStr, CString};
 use std::marker::PhantomData;
 use std::os::raw::{c_int, c_long};
-use std::ptr::NonNull;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::ptr::{self, NonNull};
 
 /// A command's context. Only `Ctx::from_raw` makes one, inside the call
 /// Redis made, and handlers only ever borrow it, so it can't outlive the
@@ -131,10 +130,20 @@ impl Ctx {
             // SAFETY: a plain read of the server's cached time.
             return unsafe { cached() }.max(0);
         }
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-            .unwrap_or(0)
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec it is given.
+        if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) } != 0 {
+            return 0;
+        }
+        // time_t and c_long are i64 on 64-bit Linux, narrower elsewhere.
+        #[allow(clippy::useless_conversion)]
+        let (sec, nsec) = (i64::from(now.tv_sec), i64::from(now.tv_nsec));
+        sec.checked_mul(1_000_000)
+            .map_or(i64::MAX, |us| us + nsec / 1000)
+            .max(0)
     }
 
     /// Opens `name` for reading, and for writing too if `write`.
@@ -167,8 +176,28 @@ impl Ctx {
         OwnedString::own(s, self.raw, self.api)
     }
 
+    /// A string holding `bytes` that outlives this call: see `Kept`.
+    pub fn keep(&self, bytes: &[u8]) -> Option<Kept> {
+        // SAFETY: CreateString copies `len` bytes from `ptr`; with a NULL
+        // context the string is not freed when the command returns.
+        let s = unsafe {
+            (self.api.create_string)(ptr::null_mut(), bytes.as_ptr().cast(), bytes.len())
+        };
+        NonNull::new(s).map(Kept)
+    }
+
+    /// Frees a string `keep` made. Redis counts references to its strings,
+    /// so one that a pending replication still holds lives until that is
+    /// done with it.
+    pub fn release(&self, kept: Kept) {
+        // SAFETY: made by CreateString with a NULL context, and consumed
+        // here, so freed once.
+        unsafe { (self.api.free_string)(ptr::null_mut(), kept.0.as_ptr()) }
+    }
+
     /// Replicates `command` with these string arguments as an effect of
     /// this call. False if Redis refused (an unknown command).
+    #[inline]
     pub fn replicate(&self, command: &CStr, args: &[&dyn RString]) -> bool {
         let (ctx, c) = (self.raw, command.as_ptr());
         let f = self.api.replicate;
@@ -197,6 +226,26 @@ impl Ctx {
                 ),
                 _ => ERR, // ruled out above
             }
+        };
+        rc == OK
+    }
+
+    /// Replicates `command key bytes` as an effect of this call, the last
+    /// argument copied from `bytes` by Redis: for a value only the
+    /// replication needs, cheaper than a string made for it. False if
+    /// Redis refused (an unknown command).
+    pub fn replicate_key_bytes(&self, command: &CStr, key: &dyn RString, bytes: &[u8]) -> bool {
+        // SAFETY: `s` takes one live Redis string, `b` a pointer and a
+        // length (size_t) that Redis copies before returning.
+        let rc = unsafe {
+            (self.api.replicate)(
+                self.raw,
+                command.as_ptr(),
+                c"sb".as_ptr(),
+                key.ptr(),
+                bytes.as_ptr(),
+                bytes.len(),
+            )
         };
         rc == OK
     }

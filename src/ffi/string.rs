@@ -30,6 +30,21 @@ unsafe impl Sync for Interned {}
 
 impl sealed::Sealed for Interned {}
 impl RString for Interned {
+    #[inline]
+    fn ptr(&self) -> *mut RedisModuleString {
+        self.0.as_ptr()
+    }
+}
+
+/// A string made during a command but kept past it (made with no context,
+/// so Redis does not free it when the command returns), until the module
+/// hands it back to `Ctx::release`. Not freed on drop: it lives in a
+/// thread-local `Cell`, which must not need a destructor.
+pub struct Kept(pub(super) NonNull<RedisModuleString>);
+
+impl sealed::Sealed for Kept {}
+impl RString for Kept {
+    #[inline]
     fn ptr(&self) -> *mut RedisModuleString {
         self.0.as_ptr()
     }
@@ -66,6 +81,7 @@ impl<'c> OwnedString<'c> {
 
 impl sealed::Sealed for OwnedString<'_> {}
 impl RString for OwnedString<'_> {
+    #[inline]
     fn ptr(&self) -> *mut RedisModuleString {
         self.ptr.as_ptr()
     }
@@ -89,6 +105,7 @@ pub struct ArgString<'a> {
 
 impl sealed::Sealed for ArgString<'_> {}
 impl RString for ArgString<'_> {
+    #[inline]
     fn ptr(&self) -> *mut RedisModuleString {
         self.ptr.as_ptr()
     }

@@ -51,6 +51,7 @@ unpack = table.unpack
 __tb_functions = {}
 redis = {
   call = __tb_call,
+  pcall = __tb_call,
   error_reply = function(message) return { err = message } end,
   status_reply = function(message) return { ok = message } end,
   register_function = function(f) __tb_functions[f.function_name] = f.callback end,

@@ -57,6 +57,7 @@ function(call)
   local functions = {}
   redis = {
     call = call,
+    pcall = call,
     error_reply = function(message) return { err = message } end,
     status_reply = function(message) return { ok = message } end,
     register_function = function(f) functions[f.function_name] = f.callback end,
