@@ -201,22 +201,26 @@ class Rule:
         """The rule's bucket for this request."""
         if isinstance(self.bucket, Bucket):
             return self.bucket
-        bucket = self.bucket(request)
-        if inspect.isawaitable(bucket):
-            bucket = await bucket
-        if not isinstance(bucket, Bucket):
-            raise TypeError(f"a Rule's bucket function must return a Bucket, got {type(bucket).__name__}")
-        return _check_named(bucket)
+        return _check_named(await _of_request(self.bucket, request, Bucket, "a Rule's bucket function"))
 
     async def group(self, request: Request) -> Optional[tuple[str, Bucket, float]]:
-        identity = self.key(request)
-        if inspect.isawaitable(identity):
-            identity = await identity
+        identity = await _of_request(self.key, request)
         if identity is None:
             return None
         bucket = await self.bucket_for(request)
         cost = self.cost(request) if callable(self.cost) else self.cost
         return (f"{self.prefix}:{bucket.name}:{identity}", bucket, cost)
+
+
+async def _of_request(func: Callable[[Request], Any], request: Request, kind: Any = object, what: str = "") -> Any:
+    """What a rule's function (sync or async) answers for this request,
+    which must be a `kind`."""
+    value = func(request)
+    if inspect.isawaitable(value):
+        value = await value
+    if not isinstance(value, kind):
+        raise TypeError(f"{what} must return a {kind.__name__}, got {type(value).__name__}")
+    return value
 
 
 def _check_named(bucket: Bucket) -> Bucket:
@@ -580,20 +584,12 @@ class ConcurrencyRule:
         """The rule's Concurrency for this request."""
         if isinstance(self.concurrency, Concurrency):
             return self.concurrency
-        concurrency = self.concurrency(request)
-        if inspect.isawaitable(concurrency):
-            concurrency = await concurrency
-        if not isinstance(concurrency, Concurrency):
-            raise TypeError(
-                f"a ConcurrencyRule's concurrency function must return a Concurrency, got {type(concurrency).__name__}"
-            )
-        return _check_concurrency_named(concurrency)
+        what = "a ConcurrencyRule's concurrency function"
+        return _check_concurrency_named(await _of_request(self.concurrency, request, Concurrency, what))
 
     async def slot(self, request: Request) -> Optional[tuple[str, Concurrency, int]]:
         """(lease key, Concurrency, weight) for this request, or None."""
-        identity = self.key(request)
-        if inspect.isawaitable(identity):
-            identity = await identity
+        identity = await _of_request(self.key, request)
         if identity is None:
             return None
         concurrency = await self.concurrency_for(request)
