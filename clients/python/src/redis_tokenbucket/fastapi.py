@@ -495,6 +495,15 @@ def _body(response: JSONResponse) -> Any:
     return json.loads(bytes(response.body))
 
 
+def _limited_request(scope: Scope, exempt: Optional[Callable[[Request], bool]]) -> Optional[Request]:
+    """The request a middleware limits; None for what it passes through
+    untouched (not HTTP, or exempt)."""
+    if scope["type"] != "http":
+        return None
+    request = Request(scope)
+    return None if exempt is not None and exempt(request) else request
+
+
 class RateLimitMiddleware:
     """ASGI middleware charging every HTTP request against `rules`, for
     all routes at once: ``app.add_middleware(RateLimitMiddleware,
@@ -520,11 +529,8 @@ class RateLimitMiddleware:
         self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        if self.exempt is not None and self.exempt(request):
+        request = _limited_request(scope, self.exempt)
+        if request is None:
             await self.app(scope, receive, send)
             return
         decision = await self.limit.check(request)
@@ -709,11 +715,8 @@ class ConcurrencyMiddleware:
         self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        if self.exempt is not None and self.exempt(request):
+        request = _limited_request(scope, self.exempt)
+        if request is None:
             await self.app(scope, receive, send)
             return
         held = await self.limit.hold(request)
