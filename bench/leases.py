@@ -42,6 +42,8 @@ from pathlib import Path
 
 import redis
 
+from doc_section import write_section
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODULE = ROOT / "target/release/libredis_tokenbucket.so"
@@ -68,7 +70,6 @@ TARGET_VS_ZSET = 1.2
 TARGET_VS_FCALL = 1.0
 PER_LEASE_INSTR = 3000
 
-BEGIN, END = "<!-- bench-leases:begin -->", "<!-- bench-leases:end -->"
 
 
 def free_port() -> int:
@@ -270,7 +271,6 @@ def growth(c: Case, one: Case) -> str:
 
 def report(cases: dict[tuple[str, int], Case], rounds: int, commit: str) -> str:
     lines = [
-        BEGIN,
         "",
         f"`make bench-leases` ({time.strftime('%Y-%m-%d')}, commit `{commit}`): "
         f"{Path(SERVER).name} {server_version()} with the module and the Functions library, on loopback; "
@@ -322,7 +322,7 @@ def report(cases: dict[tuple[str, int], Case], rounds: int, commit: str) -> str:
             ok = "PASS" if slope <= PER_LEASE_INSTR else "MISS"
             name = f"module: instructions per pair per live lease, 1 to {live:,} live, <= {PER_LEASE_INSTR:,}"
             lines.append(f"| {name} | {slope:,.0f} | {ok} |")
-    lines += ["", END]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -375,12 +375,7 @@ def main() -> None:
     text = report(cases, args.rounds, commit())
     print(text)
     if args.report:
-        doc = args.report.read_text()
-        if BEGIN in doc:
-            doc = doc[: doc.index(BEGIN)] + text + doc[doc.index(END) + len(END) :]
-        else:
-            doc = doc.rstrip("\n") + "\n\n## Concurrency leases: ACQUIRE+RELEASE (issue 21)\n\n" + text + "\n"
-        args.report.write_text(doc)
+        write_section(args.report, "bench-leases", text, "Concurrency leases: ACQUIRE+RELEASE (issue 21)")
 
 
 if __name__ == "__main__":

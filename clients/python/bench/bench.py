@@ -34,6 +34,8 @@ import redis
 import redis.asyncio
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.append(str(Path(__file__).resolve().parents[3] / "bench"))
+from doc_section import write_section
 from tbservers import Server
 
 import redis_tokenbucket.asyncio as tb_asyncio
@@ -238,7 +240,7 @@ def main() -> None:
     text = report()
     print(text)
     if options.readme:
-        write_into(options.readme, text)
+        write_section(options.readme, "bench", text)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ from limits.aio import storage as astorage
 from limits.aio import strategies as astrategies
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.append(str(Path(__file__).resolve().parents[3] / "bench"))
+from doc_section import write_section
 from tbservers import Server
 
 import redis_tokenbucket.asyncio as tb_asyncio
@@ -57,7 +59,6 @@ BIG = Bucket(1e6, 1e6)
 ITEM = parse("1000000/second")
 DENIED_B = Bucket(1, 0.001)
 DENIED_ITEM = parse("1/hour")
-BEGIN, END = "<!-- bench-peers:begin -->", "<!-- bench-peers:end -->"
 
 
 def sync_case(call: Callable[[str], Any], prefix: str) -> Callable[[int], float]:
@@ -229,12 +230,7 @@ def main() -> None:
     text = report(rounds, costs, loop, share)
     print(text)
     if args.report:
-        doc = args.report.read_text()
-        if BEGIN in doc:
-            doc = doc[: doc.index(BEGIN)] + text + doc[doc.index(END) + len(END) :]
-        else:
-            doc = doc.rstrip("\n") + "\n\n## The Python client against its peers (issue 25)\n\n" + text + "\n"
-        args.report.write_text(doc)
+        write_section(args.report, "bench-peers", text, "The Python client against its peers (issue 25)")
 
 
 def ratio(rounds: dict[str, list[float]], a: str, b: str) -> float:
@@ -260,7 +256,6 @@ def report(
         return "PASS" if ok else "MISS"
 
     rows = [
-        BEGIN,
         "",
         f"`make bench-python` ({time.strftime('%Y-%m-%d')}): Redis 7.0 with the module on loopback, Python "
         f"{sys.version.split()[0]}, redis-py {redis.__version__}, limits {limits.__version__}; {ROUNDS} interleaved "
@@ -297,7 +292,6 @@ def report(
         f"the whole call): {share[0]:.1%} sync, {share[1]:.1%} asyncio with {TASKS} tasks (the event loop's "
         "own work in the whole).",
         "",
-        END,
     ]
     return "\n".join(rows)
 

@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.append(str(Path(__file__).resolve().parents[3] / "bench"))
+from doc_section import write_section  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parent
 ROOT = EXAMPLE.parents[1]
@@ -149,7 +152,6 @@ def run_load(redis_url: str, connections: int, seconds: int, workers: int = 2) -
 
 # ---- make bench-gateway --------------------------------------------------------
 
-BEGIN, END = "<!-- bench-gateway:begin -->", "<!-- bench-gateway:end -->"
 
 
 def _server(module: bool, workdir: Path) -> Any:
@@ -163,7 +165,6 @@ def report(rows: list[tuple[str, Load]], seconds: int) -> str:
     import redis
 
     lines = [
-        BEGIN,
         "",
         f"`make bench-gateway`, {time.strftime('%Y-%m-%d')}: `examples/fastapi-gateway` under uvicorn with 2 workers, "
         f"Redis 7.0 on loopback, redis-py {redis.__version__}; wrk, 2 threads, {seconds} s per row, "
@@ -189,7 +190,7 @@ def report(rows: list[tuple[str, Load]], seconds: int) -> str:
             f"{r.admitted:,} | {r.budget:,.0f} | {r.admitted - r.budget:+,.0f} | {r.degraded:,} | {r.shed:,} | "
             f"{'PASS' if ok else 'MISS'} |"
         )
-    lines += ["", END]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -214,12 +215,7 @@ def main() -> None:
     text = report(rows, args.seconds)
     print(text)
     if args.report:
-        doc = args.report.read_text()
-        if BEGIN in doc:
-            doc = doc[: doc.index(BEGIN)] + text + doc[doc.index(END) + len(END) :]
-        else:
-            doc = doc.rstrip("\n") + "\n\n## The gateway under load (issue 26)\n\n" + text + "\n"
-        args.report.write_text(doc)
+        write_section(args.report, "bench-gateway", text, "The gateway under load (issue 26)")
 
 
 if __name__ == "__main__":
