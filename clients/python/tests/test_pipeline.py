@@ -414,3 +414,83 @@ def test_a_connection_not_up_within_the_budget_sheds_each_task_waiting_for_it(mo
     assert all(not d.allowed and d.shed and not d.degraded for d in shed)
     assert state == "closed"
     assert [(d.allowed, d.degraded, d.remaining) for d in after] == [(True, False, b.max - 1) for _, b in keys]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_commands_pack_as_redis_py_packs_them(encoding: str):
+    """The limiter's own packing (every command, sync and asyncio) against
+    redis-py's pack_command, on the kinds of argument it sends and the
+    ones only a client's encoder takes."""
+    from redis.asyncio.connection import Connection as AsyncConnection
+    from redis.connection import Connection
+
+    from redis_tokenbucket._transport import _pack
+
+    commands: list[tuple[Any, ...]] = [
+        ("TB.CONSUME", "rl:user:7", "10.0", "0.17", "1.0"),
+        ("FCALL", "tb_mconsume", 2, b"rl:{u}:a", "rl:{u}:é", "1e-05", "2", "3"),
+        ("FUNCTION LOAD", "REPLACE", "#!lua name=tb\n" + "x" * 70_000),
+        ("EVALSHA", "ab" * 20, 1, "k", "consume", -3, 0, 2**70, 1.5, memoryview(b"mv"), b""),
+        ("FCALL_RO", "tb_version", 0),
+        ("PING",),
+    ]
+    for conn in (Connection(encoding=encoding), AsyncConnection(encoding=encoding)):
+        for args in commands:
+            assert _pack(args, conn.encoder) == b"".join(conn.pack_command(*args)), args
+        for bad in (True, None):
+            with pytest.raises(redis.DataError):
+                _pack(("TB.CONSUME", bad), conn.encoder)
+
+
+def test_a_sync_reply_is_read_whole_however_it_arrives():
+    """The sync limiter's reader on a socket that hands over a reply a byte
+    at a time, then an error reply, then a connection closed mid-reply."""
+    import socket
+    import threading
+
+    from redis.connection import Connection
+
+    from redis_tokenbucket._transport import _exchange
+
+    conn = Connection(socket_timeout=5)
+    ours, theirs = socket.socketpair()
+    conn._sock = ours
+    replies = [b"*4\r\n:1\r\n:-2\r\n$3\r\nabc\r\n*-1\r\n", b"-NOSCRIPT No matching script\r\n", b"*2\r\n:1\r\n"]
+
+    def server() -> None:
+        for reply in replies:
+            theirs.recv(65536)  # the command
+            for i in range(len(reply)):
+                theirs.sendall(reply[i : i + 1])
+                time.sleep(0.001)
+        theirs.shutdown(socket.SHUT_WR)
+
+    thread = threading.Thread(target=server)
+    thread.start()
+    try:
+        assert _exchange(conn, ours, ("TB.PEEK", "k", "1", "1"), 5) == [1, -2, b"abc", None]
+        with pytest.raises(redis.exceptions.NoScriptError):
+            _exchange(conn, ours, ("EVALSHA", "x", 0), 5)
+        with pytest.raises(redis.ConnectionError, match="closed"):
+            _exchange(conn, ours, ("TB.PEEK", "k", "1", "1"), 5)
+    finally:
+        thread.join()
+        ours.close()
+        theirs.close()
+
+
+def test_a_sync_reply_not_come_within_the_budget_is_a_redis_timeout():
+    import socket
+
+    from redis.connection import Connection
+
+    from redis_tokenbucket._transport import _exchange
+
+    ours, theirs = socket.socketpair()
+    ours.settimeout(0.05)
+    try:
+        with pytest.raises(redis.TimeoutError, match=r"within 0\.05 s"):
+            _exchange(Connection(), ours, ("TB.PEEK", "k", "1", "1"), 0.05)
+    finally:
+        ours.close()
+        theirs.close()

@@ -215,15 +215,13 @@ class SyncConnections:
     def _roundtrip(self, conn: Any, args: tuple[Any, ...], budget: float) -> Any:
         if conn._sock is None:
             conn.connect()
-        if budget == self.timeout:
-            conn.send_packed_command(conn.pack_command(*args), check_health=False)
-            return conn.read_response()
-        # Another budget for this call: the socket's timeout, put back after.
         sock = conn._sock
+        if budget == self.timeout:
+            return _exchange(conn, sock, args, budget)
+        # Another budget for this call: the socket's timeout, put back after.
         sock.settimeout(budget)
         try:
-            conn.send_packed_command(conn.pack_command(*args), check_health=False)
-            return conn.read_response()
+            return _exchange(conn, sock, args, budget)
         finally:
             if conn._sock is sock:
                 sock.settimeout(self.timeout)
@@ -233,6 +231,34 @@ class SyncConnections:
             conns, self._all, self._idle = self._all, [], []
         for conn in conns:
             conn.disconnect()
+
+
+def _exchange(conn: Any, sock: Any, args: tuple[Any, ...], budget: float) -> Any:
+    """Writes one command on a limiter's own connection (redis-py connected
+    it) and reads its reply, packed and parsed here (`_pack`, `_parse`):
+    the socket's timeout is the budget."""
+    encoder = conn.encoder
+    decode = encoder.decode if encoder.decode_responses else None
+    try:
+        sock.sendall(_pack(args, encoder))
+        buffer = b""
+        while True:
+            data = sock.recv(_READ_SIZE)
+            if not data:
+                raise ConnectionError("Connection closed by server.")
+            buffer += data
+            reply, end = _parse(buffer, 0, decode, conn._parser.parse_error)
+            if end >= 0:
+                break
+    except TimeoutError:
+        raise RedisTimeoutError(f"no reply from Redis within {budget} s of the command") from None
+    except OSError as exc:
+        raise ConnectionError(f"Error while talking to Redis: {exc}") from exc
+    if end != len(buffer):
+        raise InvalidResponse(f"bytes after the reply: {buffer[end:]!r}")
+    if isinstance(reply, Exception):  # an error reply, read whole
+        raise reply
+    return reply
 
 
 def sync_connections(client: Any, timeout: Optional[float]) -> Optional[SyncConnections]:
@@ -330,7 +356,7 @@ class _Pipe:
         self.loop = asyncio.get_running_loop()
         self.open = True  # takes new commands
         self.closed = False  # the connection is gone, or going
-        self._queue: list[tuple[list[bytes], asyncio.Future[Any], float]] = []  # handed over, not written
+        self._queue: list[tuple[bytes, asyncio.Future[Any], float]] = []  # handed over, not written
         self._inflight: deque[_InFlight] = deque()
         self._timer: Optional[asyncio.TimerHandle] = None
         self._timer_due = 0.0
@@ -338,7 +364,7 @@ class _Pipe:
         owner._pipes.add(self)
         self._reader = self.loop.create_task(self._read())
 
-    def send(self, packed: list[bytes], budget: float) -> asyncio.Future[Any]:
+    def send(self, packed: bytes, budget: float) -> asyncio.Future[Any]:
         """The command's reply, a future; written with the others of this
         loop iteration."""
         future = self.loop.create_future()
@@ -360,7 +386,7 @@ class _Pipe:
         for packed, future, budget in queue:
             if future.done():
                 continue  # its task was cancelled before the write: never sent
-            data += packed
+            data.append(packed)
             due = now + budget
             inflight.append(_InFlight(future, due, budget))
             if first is None or due < first:
@@ -503,6 +529,31 @@ _READ_SIZE = 65536
 _INCOMPLETE: tuple[Any, int] = (None, -1)
 
 
+def _pack(args: tuple[Any, ...], encoder: Any) -> bytes:
+    """One command in RESP, the bytes redis-py's pack_command sends for it:
+    the first argument's words as separate arguments ("FUNCTION LOAD"),
+    str encoded as the client encodes it, an int as its decimal text, and
+    anything else through the client's encoder (which refuses a bool or
+    None). Without redis-py's calls per argument: every command is packed."""
+    words = args[0].encode().split()
+    parts = [b"*%d\r\n" % (len(words) + len(args) - 1)]
+    for word in words:
+        parts.append(b"$%d\r\n%s\r\n" % (len(word), word))
+    encoding, errors = encoder.encoding, encoder.encoding_errors
+    for arg in args[1:]:
+        kind = type(arg)
+        if kind is str:
+            data = arg.encode(encoding, errors)
+        elif kind is bytes:
+            data = arg
+        elif kind is int:
+            data = b"%d" % arg
+        else:
+            data = encoder.encode(arg)
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
 def _parse(
     buf: bytes, pos: int, decode: Optional[Callable[[bytes], Any]], error_class: Callable[[str], Exception]
 ) -> tuple[Any, int]:
@@ -588,7 +639,7 @@ class AsyncConnections:
             pipe = self._pipe
             if pipe is None or pipe.loop is not loop:
                 pipe = await self._open(budget)
-            future = pipe.send(pipe.conn.pack_command(*args), budget)
+            future = pipe.send(_pack(args, pipe.conn.encoder), budget)
             try:
                 return await future
             except asyncio.CancelledError:
