@@ -43,66 +43,66 @@ local MAX_WAIT_MS = 100000000000000
 local MAX_LEASE_LIMIT = 1000000
 local MAX_LEASE_MS = 86400000
 local MAX_LEASE_ID_BYTES = 256
--- Error reply templates; msg() fills in the {name} marks.
-local MSG = {
-  arity = "ERR wrong number of arguments for '{command}' command",
-  group = ' (group {group})',
-  not_a_number = 'ERR {arg} must be a finite decimal number{in_group}',
-  max_out_of_range = 'ERR max must be > 0 and <= 1e12{in_group}',
-  rate_out_of_range = 'ERR rate must be > 0 and <= 1e12{in_group}',
-  fill_too_slow = 'ERR rate is too low for max: max/rate must be <= 1e10 seconds{in_group}',
-  cost_negative = 'ERR cost must be >= 0{in_group}',
-  cost_above_max = 'ERR cost must not exceed max, it could never pass{in_group}',
-  cost_too_small = 'ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53{in_group}',
-  too_many_groups = 'ERR too many buckets: at most 10000 groups per call',
-  duplicate_key = 'ERR duplicate key: group {group} repeats the key of group {first}',
-  not_an_integer = 'ERR {arg} must be an integer',
-  too_small = 'ERR {arg} must be >= {least}',
-  burst_too_large = 'ERR max_burst must be < 1e12',
-  throttle_rate_too_high = 'ERR count/period must be <= 1e12 per second',
-  throttle_fill_too_slow = 'ERR count/period is too low for max_burst: (max_burst+1)*period/count must be <= 1e10 seconds',
-  wrongtype = 'WRONGTYPE Operation against a key holding the wrong kind of value',
-  bad_fields = 'ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}',
-  bad_tokens = 'ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}',
-  bad_ts = 'ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}',
-  int_out_of_range = 'ERR {arg} must be >= {least} and <= {most}',
-  weight_above_limit = 'ERR weight must not exceed limit, it could never fit',
-  bad_id = 'ERR id must be 1 to 256 bytes',
-  expected_bucket = 'ERR syntax error at argument {position}: expected BUCKET',
-  bucket_is_lease_key = 'ERR the key of group {group} is the lease key',
-  not_a_lease_key = 'ERR key is not a lease key: each field must hold <expires_at_us>:<weight>',
-  write_failed = 'ERR tb could not write the key: {step} failed, see the server log',
-  panic = 'ERR tb internal error: the command failed and was contained, see the server log',
-  one_of = 'ERR {arg} must be one of {values}',
-  internal = 'ERR tb internal error: {what}',
-}
-local LIBRARY_VERSION = '0.1.0+ba2b2eb2d130'
+-- Error reply templates, made on the first error (the EVAL script runs
+-- this block on every call); msg() fills in the {name} marks.
+local MSG
+local function messages()
+  if not MSG then
+    MSG = {
+      arity = "ERR wrong number of arguments for '{command}' command",
+      group = ' (group {group})',
+      not_a_number = 'ERR {arg} must be a finite decimal number{in_group}',
+      max_out_of_range = 'ERR max must be > 0 and <= 1e12{in_group}',
+      rate_out_of_range = 'ERR rate must be > 0 and <= 1e12{in_group}',
+      fill_too_slow = 'ERR rate is too low for max: max/rate must be <= 1e10 seconds{in_group}',
+      cost_negative = 'ERR cost must be >= 0{in_group}',
+      cost_above_max = 'ERR cost must not exceed max, it could never pass{in_group}',
+      cost_too_small = 'ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53{in_group}',
+      too_many_groups = 'ERR too many buckets: at most 10000 groups per call',
+      duplicate_key = 'ERR duplicate key: group {group} repeats the key of group {first}',
+      not_an_integer = 'ERR {arg} must be an integer',
+      too_small = 'ERR {arg} must be >= {least}',
+      burst_too_large = 'ERR max_burst must be < 1e12',
+      throttle_rate_too_high = 'ERR count/period must be <= 1e12 per second',
+      throttle_fill_too_slow = 'ERR count/period is too low for max_burst: (max_burst+1)*period/count must be <= 1e10 seconds',
+      wrongtype = 'WRONGTYPE Operation against a key holding the wrong kind of value',
+      bad_fields = 'ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}',
+      bad_tokens = 'ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}',
+      bad_ts = 'ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}',
+      int_out_of_range = 'ERR {arg} must be >= {least} and <= {most}',
+      weight_above_limit = 'ERR weight must not exceed limit, it could never fit',
+      bad_id = 'ERR id must be 1 to 256 bytes',
+      expected_bucket = 'ERR syntax error at argument {position}: expected BUCKET',
+      bucket_is_lease_key = 'ERR the key of group {group} is the lease key',
+      not_a_lease_key = 'ERR key is not a lease key: each field must hold <expires_at_us>:<weight>',
+      write_failed = 'ERR tb could not write the key: {step} failed, see the server log',
+      panic = 'ERR tb internal error: the command failed and was contained, see the server log',
+      one_of = 'ERR {arg} must be one of {values}',
+      internal = 'ERR tb internal error: {what}',
+    }
+  end
+  return MSG
+end
+local LIBRARY_VERSION = '0.1.0+608592e52d34'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
 local TINY = 4.9406564584124654e-324
 
--- ---- errors (the contract block's MSG) -------------------------------------
+-- ---- errors (the contract block's messages) --------------------------------
 
 -- The text of error `name`, its {marks} filled in from `vars`; `g`, the
 -- group of a TB.MCONSUME error, gives {in_group} (empty otherwise).
 local function msg(name, g, vars)
+  local templates = messages()
   vars = vars or {}
   if vars.in_group == nil then
-    vars.in_group = g and (string.gsub(MSG.group, '{group}', g)) or ''
+    vars.in_group = g and (string.gsub(templates.group, '{group}', g)) or ''
   end
-  return (string.gsub(MSG[name], '{([%w_]+)}', function(k)
+  return (string.gsub(templates[name], '{([%w_]+)}', function(k)
     local v = vars[k]
     if v ~= nil then return tostring(v) end
   end))
-end
-
-local function arity_error(name)
-  return redis.error_reply(msg('arity', nil, { command = name }))
-end
-
-local function not_a_number(arg, g)
-  return msg('not_a_number', g, { arg = arg })
 end
 
 -- ---- numbers (core/src/number.rs) ------------------------------------------
@@ -162,12 +162,12 @@ local last_cost_s, last_cost_max, last_cost
 local function parse_limits(max_s, rate_s, g)
   if max_s == last_max_s and rate_s == last_rate_s then return last_limits end
   local max = parse_decimal(max_s)
-  if not max then return nil, not_a_number('max', g) end
+  if not max then return nil, msg('not_a_number', g, { arg = 'max' }) end
   if not (max > 0 and max <= MAX_CAPACITY) then
     return nil, msg('max_out_of_range', g)
   end
   local rate = parse_decimal(rate_s)
-  if not rate then return nil, not_a_number('rate', g) end
+  if not rate then return nil, msg('not_a_number', g, { arg = 'rate' }) end
   if not (rate > 0 and rate <= MAX_RATE) then
     return nil, msg('rate_out_of_range', g)
   end
@@ -176,10 +176,6 @@ local function parse_limits(max_s, rate_s, g)
   end
   last_max_s, last_rate_s, last_limits = max_s, rate_s, { max = max, rate = rate }
   return last_limits
-end
-
-local function cost_above_max(g)
-  return msg('cost_above_max', g)
 end
 
 -- Whether a positive cost is too small to charge a bucket of this max:
@@ -201,9 +197,9 @@ end
 local function parse_cost(s, limits, g)
   if s == last_cost_s and limits.max == last_cost_max then return last_cost end
   local cost = parse_decimal(s)
-  if not cost then return nil, not_a_number('cost', g) end
+  if not cost then return nil, msg('not_a_number', g, { arg = 'cost' }) end
   if cost < 0 then return nil, msg('cost_negative', g) end
-  if cost > limits.max then return nil, cost_above_max(g) end
+  if cost > limits.max then return nil, msg('cost_above_max', g) end
   if charges_nothing(cost, limits.max) then
     return nil, msg('cost_too_small', g)
   end
@@ -378,7 +374,7 @@ local function load(key, g)
   -- redis.call would raise it (Redis 6 raised the text, not the table).
   local n = redis.pcall('HLEN', key) if type(n) == 'table' and not string.find(n.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(n) end error(n.err, 0) end
   if n == 0 then return false end
-  if type(n) == 'table' then return nil, MSG.wrongtype end
+  if type(n) == 'table' then return nil, msg('wrongtype') end
   if n ~= 2 then return nil, msg('bad_fields', g) end
   local f = redis.call('HMGET', key, 'tokens', 'ts')
   if not f[1] or not f[2] then return nil, msg('bad_fields', g) end
@@ -412,29 +408,26 @@ end
 
 -- ---- the operations (src/commands.rs) -------------------------------------
 
--- CONSUME and PEEK arguments: limits and cost, or nil and an error reply.
-local function single_args(name, keys, args)
-  if #keys ~= 1 or #args < 2 or #args > 3 then return nil, nil, arity_error(name) end
+-- tb_consume (`charging`) and tb_peek: parse, load, charge or look, and
+-- save what changed. A denied call, one of cost 0, or a peek writes nothing.
+-- (One function: the EVAL script defines every function on every call.)
+local function consume_or_peek(name, keys, args, charging)
+  if #keys ~= 1 or #args < 2 or #args > 3 then
+    return redis.error_reply(msg('arity', nil, { command = name }))
+  end
   local l, err = parse_limits(args[1], args[2])
-  if not l then return nil, nil, redis.error_reply(err) end
+  if not l then return redis.error_reply(err) end
   local cost = 1
   if #args == 3 then
     cost, err = parse_cost(args[3], l)
-    if not cost then return nil, nil, redis.error_reply(err) end
+    if not cost then return redis.error_reply(err) end
   elseif l.max < 1 then
     -- The default cost of 1 could never pass a bucket this small.
-    return nil, nil, redis.error_reply(cost_above_max())
+    return redis.error_reply(msg('cost_above_max'))
   end
-  return l, cost
-end
-
--- tb_consume (`charging`) and tb_peek: parse, load, charge or look, and
--- save what changed. A denied call, one of cost 0, or a peek writes nothing.
-local function consume_or_peek(name, keys, args, charging)
-  local l, cost, failed = single_args(name, keys, args)
-  if not l then return failed end
   local now = clock()
-  local stored, err = load(keys[1])
+  local stored
+  stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
   local o = charge(l, stored, now, current(l, stored, now), cost, charging)
   if o.writes then save(keys[1], stored, l, o, now) end
@@ -453,6 +446,10 @@ end
 -- >>> eval: early dispatch
 -- (The EVAL form answers consume and peek at this line: lua/gen_eval.py.)
 
+local function arity_error(name)
+  return redis.error_reply(msg('arity', nil, { command = name }))
+end
+
 -- retry is for a request of cost 1, or max if smaller.
 local function adjust(l, stored, now, delta)
   local tokens = clamp(l, current(l, stored, now) + delta)
@@ -465,7 +462,7 @@ local function tb_adjust(keys, args)
   local l, err = parse_limits(args[1], args[2])
   if not l then return redis.error_reply(err) end
   local delta = parse_decimal(args[3])
-  if not delta then return redis.error_reply(not_a_number('delta')) end
+  if not delta then return redis.error_reply(msg('not_a_number', nil, { arg = 'delta' })) end
   local now = clock()
   local stored
   stored, err = load(keys[1])
@@ -481,7 +478,7 @@ local function tb_mconsume(keys, args)
   local n = #keys
   if n == 0 or #args ~= 3 * n then return arity_error('tb_mconsume') end
   if n > MAX_GROUPS then
-    return redis.error_reply(MSG.too_many_groups)
+    return redis.error_reply(msg('too_many_groups'))
   end
   local limits, costs = {}, {}
   for g = 1, n do
@@ -561,11 +558,11 @@ local function throttle_args(args)
   period, err = int(3, 'period', 1)
   if not period then return nil, err end
   local max = burst + 1
-  if max > MAX_CAPACITY then return nil, MSG.burst_too_large end
+  if max > MAX_CAPACITY then return nil, msg('burst_too_large') end
   local rate = count / period
-  if rate > MAX_RATE then return nil, MSG.throttle_rate_too_high end
+  if rate > MAX_RATE then return nil, msg('throttle_rate_too_high') end
   if max / rate > MAX_FILL_SECONDS then
-    return nil, MSG.throttle_fill_too_slow
+    return nil, msg('throttle_fill_too_slow')
   end
   local quantity = 1
   if #args == 4 then
@@ -609,7 +606,7 @@ local function tb_cl_throttle(keys, args)
   local stored, was_string
   if redis.call('TYPE', keys[1])['ok'] == 'string' then
     local tat = parse_tat(redis.call('GET', keys[1]))
-    if not tat then return redis.error_reply(MSG.wrongtype) end
+    if not tat then return redis.error_reply(msg('wrongtype')) end
     stored, was_string = stored_from_tat(tat, l, now), true
   else
     stored, err = load(keys[1])
@@ -705,13 +702,13 @@ local function leases()
     local s = { weight = 0, latest = 0, ends = {}, weights = {}, expired = {} }
     local kind = redis.call('TYPE', key)['ok']
     if kind == 'none' then return s end
-    if kind ~= 'hash' then return nil, MSG.wrongtype end
+    if kind ~= 'hash' then return nil, msg('wrongtype') end
     local all = redis.call('HGETALL', key)
     local ends, weights, expired = s.ends, s.weights, s.expired
     local n, weight, latest = 0, 0, 0
     for i = 1, #all, 2 do
       local e, w = lease_value(all[i + 1])
-      if not e then return nil, MSG.not_a_lease_key end
+      if not e then return nil, msg('not_a_lease_key') end
       local field = all[i]
       if field == id then
         if now_us < e then s.own = { e = e, w = w } end
@@ -813,15 +810,15 @@ local function leases()
     if not limit then return nil, err end
     lease_ms, err = lease_int(args[2], 'lease_ms', 1, MAX_LEASE_MS)
     if not lease_ms then return nil, err end
-    if bad_id(args[3]) then return nil, MSG.bad_id end
+    if bad_id(args[3]) then return nil, msg('bad_id') end
     local weight = 1
     if first == 5 then
       weight = parse_i64(args[4])
       if weight == nil then return nil, msg('not_an_integer', nil, { arg = 'weight' }) end
       if weight < 1 then return nil, msg('too_small', nil, { arg = 'weight', least = 1 }) end
-      if weight > limit then return nil, MSG.weight_above_limit end
+      if weight > limit then return nil, msg('weight_above_limit') end
     end
-    if n > MAX_GROUPS then return nil, MSG.too_many_groups end
+    if n > MAX_GROUPS then return nil, msg('too_many_groups') end
     local limits, costs = {}, {}
     for g = 1, n do
       local at = first + 3 * (g - 1)
@@ -893,7 +890,7 @@ local function leases()
   local function tb_release(keys, args)
     if #keys ~= 1 or #args ~= 1 then return arity_error('tb_release') end
     local id = args[1]
-    if bad_id(id) then return redis.error_reply(MSG.bad_id) end
+    if bad_id(id) then return redis.error_reply(msg('bad_id')) end
     local s, err = scan_leases(keys[1], id, clock().us)
     if not s then return redis.error_reply(err) end
     if not s.own then return { 0, s.weight } end
@@ -911,7 +908,7 @@ local function leases()
   local function tb_renew(keys, args)
     if #keys ~= 1 or #args ~= 2 then return arity_error('tb_renew') end
     local id = args[1]
-    if bad_id(id) then return redis.error_reply(MSG.bad_id) end
+    if bad_id(id) then return redis.error_reply(msg('bad_id')) end
     local lease_ms, err = lease_int(args[2], 'lease_ms', 1, MAX_LEASE_MS)
     if not lease_ms then return redis.error_reply(err) end
     local now = clock()
