@@ -83,7 +83,7 @@ local function messages()
   end
   return MSG
 end
-local LIBRARY_VERSION = '0.1.0+608592e52d34'
+local LIBRARY_VERSION = '0.1.0+3614fa8d0736'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -149,18 +149,19 @@ end
 
 -- ---- arguments (core/src/args.rs, same order of checks) -------------------
 
--- The last max and rate that validated and their limits, and the same for
--- the last cost (with the max it was checked against). A gateway calls
--- with a handful of tiers, so most calls repeat the previous call's
--- numbers; in the Functions library these locals last from call to call
--- (the EVAL script starts afresh each time). Validation is a function of
--- the texts alone, so the memo never changes an answer.
-local last_max_s, last_rate_s, last_limits
-local last_cost_s, last_cost_max, last_cost
+-- The limits of the last max and rate that validated, which keep their
+-- texts, and on them the last cost that validated against them (cost_s,
+-- cost). A gateway calls with a handful of tiers, so most calls repeat
+-- the previous call's numbers; in the Functions library this local lasts
+-- from call to call (the EVAL script starts afresh each time, and pays
+-- for one local, not one per text). Validation is a function of the texts
+-- alone, so the memo never changes an answer.
+local last_limits
 
 -- max and rate, or nil and the error text.
 local function parse_limits(max_s, rate_s, g)
-  if max_s == last_max_s and rate_s == last_rate_s then return last_limits end
+  local last = last_limits
+  if last and max_s == last.max_s and rate_s == last.rate_s then return last end
   local max = parse_decimal(max_s)
   if not max then return nil, msg('not_a_number', g, { arg = 'max' }) end
   if not (max > 0 and max <= MAX_CAPACITY) then
@@ -174,7 +175,8 @@ local function parse_limits(max_s, rate_s, g)
   if max / rate > MAX_FILL_SECONDS then
     return nil, msg('fill_too_slow', g)
   end
-  last_max_s, last_rate_s, last_limits = max_s, rate_s, { max = max, rate = rate }
+  -- Every field made here, so setting the cost's later never grows the table.
+  last_limits = { max = max, rate = rate, max_s = max_s, rate_s = rate_s, cost_s = false, cost = false }
   return last_limits
 end
 
@@ -195,7 +197,7 @@ local function charges_nothing(cost, max)
 end
 
 local function parse_cost(s, limits, g)
-  if s == last_cost_s and limits.max == last_cost_max then return last_cost end
+  if s == limits.cost_s then return limits.cost end
   local cost = parse_decimal(s)
   if not cost then return nil, msg('not_a_number', g, { arg = 'cost' }) end
   if cost < 0 then return nil, msg('cost_negative', g) end
@@ -203,7 +205,7 @@ local function parse_cost(s, limits, g)
   if charges_nothing(cost, limits.max) then
     return nil, msg('cost_too_small', g)
   end
-  last_cost_s, last_cost_max, last_cost = s, limits.max, cost
+  limits.cost_s, limits.cost = s, cost
   return cost
 end
 
@@ -223,10 +225,10 @@ local function clamp(l, tokens)
   return tokens
 end
 
--- The balance at `now` of a bucket stored as `stored` (false: missing,
--- a full bucket): the one function every call evaluates. A ts ahead of
--- now counts as no time elapsed, so nothing refills until the clock
--- reaches it.
+-- The balance of a bucket stored as `stored` (false: missing, a full
+-- bucket) at the time hi * 1e8 + lo µs (`now` as the clock() halves): the
+-- one function every call evaluates. A ts ahead of that time counts as no
+-- time elapsed, so nothing refills until the clock reaches it.
 local function current_at(l, stored, hi, lo)
   local max = l.max
   if not stored then return max end
@@ -241,10 +243,6 @@ local function current_at(l, stored, hi, lo)
   tokens = tokens + elapsed / 1000000 * l.rate
   if max < tokens then tokens = max end
   return tokens
-end
-
-local function current(l, stored, now)
-  return current_at(l, stored, now.hi, now.lo)
 end
 
 -- Whether a call `ms` whole milliseconds after `now` sees at least
@@ -290,7 +288,7 @@ end
 -- Whole ms from `now` until a call on `stored`, with no traffic between,
 -- sees at least `target`, including the wait until a future ts; `cur` is
 -- the balance at now, which the caller knows. The search runs on
--- current() itself, the function the next call evaluates, so rounding
+-- current_at() itself, the function the next call evaluates, so rounding
 -- can't make the answer early or late; a closed form only guesses.
 local function ms_from(l, stored, now, cur, target)
   if cur >= target then return 0 end
@@ -429,7 +427,7 @@ local function consume_or_peek(name, keys, args, charging)
   local stored
   stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local o = charge(l, stored, now, current(l, stored, now), cost, charging)
+  local o = charge(l, stored, now, current_at(l, stored, now.hi, now.lo), cost, charging)
   if o.writes then save(keys[1], stored, l, o, now) end
   return reply(o)
 end
@@ -452,7 +450,7 @@ end
 
 -- retry is for a request of cost 1, or max if smaller.
 local function adjust(l, stored, now, delta)
-  local tokens = clamp(l, current(l, stored, now) + delta)
+  local tokens = clamp(l, current_at(l, stored, now.hi, now.lo) + delta)
   return settle(l, stored, now, true, tokens, true, math.min(l.max, 1))
 end
 
@@ -504,7 +502,7 @@ local function tb_mconsume(keys, args)
   for g = 1, n do
     local s, err = load(keys[g], g)
     if s == nil then return redis.error_reply(err) end
-    stored[g], cur[g] = s, current(limits[g], s, now)
+    stored[g], cur[g] = s, current_at(limits[g], s, now.hi, now.lo)
   end
   local all = true
   for g = 1, n do
@@ -615,9 +613,9 @@ local function tb_cl_throttle(keys, args)
   local charged = call.quantity <= call.limit
   local o
   if charged then
-    o = charge(l, stored, now, current(l, stored, now), call.quantity, true)
+    o = charge(l, stored, now, current_at(l, stored, now.hi, now.lo), call.quantity, true)
   else
-    o = charge(l, stored, now, current(l, stored, now), 0, false)
+    o = charge(l, stored, now, current_at(l, stored, now.hi, now.lo), 0, false)
   end
   if o.writes then
     if was_string then redis.call('DEL', keys[1]) end
@@ -863,7 +861,7 @@ local function leases()
       local b
       b, err = load(keys[g + 1], g)
       if b == nil then return redis.error_reply(err) end
-      stored[g], cur[g] = b, current(call.limits[g], b, now)
+      stored[g], cur[g] = b, current_at(call.limits[g], b, now.hi, now.lo)
     end
     local acquired = s.weight + call.weight <= call.limit
     for g = 1, n do
