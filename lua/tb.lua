@@ -83,7 +83,7 @@ local function messages()
   end
   return MSG
 end
-local LIBRARY_VERSION = '0.1.0+3614fa8d0736'
+local LIBRARY_VERSION = '0.1.0+1cd376c375e8'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -307,10 +307,11 @@ local function ms_from(l, stored, now, cur, target)
   return first_passing(guess, l, stored, now, target)
 end
 
--- An outcome: allowed, the balance after the call, retry and reset in ms,
--- and whether the call writes. Both times are measured on the state the
--- call leaves: a write restarts the refill at now, a call that writes
--- nothing leaves the stored state (and any wait until its ts) in place.
+-- An outcome, as five values (no table: they are made on every call):
+-- allowed, the balance after the call, retry and reset in ms, and whether
+-- the call writes. Both times are measured on the state the call leaves:
+-- a write restarts the refill at now, a call that writes nothing leaves
+-- the stored state (and any wait until its ts) in place.
 -- retry_for: the amount the retry time waits for (nil: retry 0).
 local function settle(l, stored, now, allowed, tokens, writes, retry_for)
   local after = stored
@@ -322,7 +323,7 @@ local function settle(l, stored, now, allowed, tokens, writes, retry_for)
   -- written, else what was.
   local retry = 0
   if retry_for then retry = ms_from(l, after, now, tokens, retry_for) end
-  return { allowed = allowed, tokens = tokens, retry = retry, reset = ms_from(l, after, now, tokens, l.max), writes = writes }
+  return allowed, tokens, retry, ms_from(l, after, now, tokens, l.max), writes
 end
 
 -- A consume (charge true) or a peek of `cost` against `cur`, the balance
@@ -337,11 +338,11 @@ local function charge(l, stored, now, cur, cost, charging)
   return settle(l, stored, now, allowed, tokens, writes, retry_for)
 end
 
--- {allowed, remaining, retry_after_ms, reset_after_ms}; all are already
--- whole numbers, so the integer replies are exact.
-local function reply(o)
-  local tokens = o.tokens
-  return { o.allowed and 1 or 0, tokens - tokens % 1, o.retry, o.reset }
+-- {allowed, remaining, retry_after_ms, reset_after_ms} of an outcome's
+-- first four values; all are already whole numbers, so the integer replies
+-- are exact.
+local function reply(allowed, tokens, retry, reset)
+  return { allowed and 1 or 0, tokens - tokens % 1, retry, reset }
 end
 
 -- ---- the keyspace (src/keyspace.rs) ---------------------------------------
@@ -384,9 +385,9 @@ local function load(key, g)
 end
 
 -- Stores a new balance, or deletes the key when the bucket is full (no key
--- is a full bucket). The expiry is when it would be full again.
-local function save(key, existed, l, o, now)
-  local tokens = o.tokens
+-- is a full bucket). The expiry is when it would be full again, `reset`
+-- ms from now.
+local function save(key, existed, l, tokens, reset, now)
   if tokens >= l.max then
     if existed then redis.call('DEL', key) end
     return
@@ -401,7 +402,7 @@ local function save(key, existed, l, o, now)
     text = string.format('%.17g', tokens)
   end
   redis.call('HSET', key, 'tokens', text, 'ts', string.format('%d', now.us))
-  redis.call('PEXPIREAT', key, string.format('%d', now.ceil_ms + o.reset))
+  redis.call('PEXPIREAT', key, string.format('%d', now.ceil_ms + reset))
 end
 
 -- ---- the operations (src/commands.rs) -------------------------------------
@@ -427,9 +428,10 @@ local function consume_or_peek(name, keys, args, charging)
   local stored
   stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local o = charge(l, stored, now, current_at(l, stored, now.hi, now.lo), cost, charging)
-  if o.writes then save(keys[1], stored, l, o, now) end
-  return reply(o)
+  local allowed, tokens, retry, reset, writes =
+    charge(l, stored, now, current_at(l, stored, now.hi, now.lo), cost, charging)
+  if writes then save(keys[1], stored, l, tokens, reset, now) end
+  return reply(allowed, tokens, retry, reset)
 end
 
 local function tb_consume(keys, args)
@@ -465,9 +467,9 @@ local function tb_adjust(keys, args)
   local stored
   stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local o = adjust(l, stored, now, delta)
-  save(keys[1], stored, l, o, now)
-  return reply(o)
+  local allowed, tokens, retry, reset = adjust(l, stored, now, delta)
+  save(keys[1], stored, l, tokens, reset, now)
+  return reply(allowed, tokens, retry, reset)
 end
 
 -- tb_mconsume: all buckets are charged or none is. Keys are KEYS[1..N],
@@ -511,10 +513,10 @@ local function tb_mconsume(keys, args)
   local out = { all and 1 or 0, 0 }
   local retry = 0
   for g = 1, n do
-    local o = charge(limits[g], stored[g], now, cur[g], costs[g], all)
-    if o.writes then save(keys[g], stored[g], limits[g], o, now) end
-    if o.retry > retry then retry = o.retry end
-    out[g + 2] = reply(o)
+    local allowed, tokens, retry_g, reset, writes = charge(limits[g], stored[g], now, cur[g], costs[g], all)
+    if writes then save(keys[g], stored[g], limits[g], tokens, reset, now) end
+    if retry_g > retry then retry = retry_g end
+    out[g + 2] = reply(allowed, tokens, retry_g, reset)
   end
   out[2] = retry
   return out
@@ -611,21 +613,22 @@ local function tb_cl_throttle(keys, args)
     if stored == nil then return redis.error_reply(err) end
   end
   local charged = call.quantity <= call.limit
-  local o
+  local cur = current_at(l, stored, now.hi, now.lo)
+  local allowed, tokens, retry_ms, reset, writes
   if charged then
-    o = charge(l, stored, now, current_at(l, stored, now.hi, now.lo), call.quantity, true)
+    allowed, tokens, retry_ms, reset, writes = charge(l, stored, now, cur, call.quantity, true)
   else
-    o = charge(l, stored, now, current_at(l, stored, now.hi, now.lo), 0, false)
+    allowed, tokens, retry_ms, reset, writes = charge(l, stored, now, cur, 0, false)
   end
-  if o.writes then
+  if writes then
     if was_string then redis.call('DEL', keys[1]) end
-    save(keys[1], stored or was_string, l, o, now)
+    save(keys[1], stored or was_string, l, tokens, reset, now)
   end
-  local limited = not (charged and o.allowed)
+  local limited = not (charged and allowed)
   local retry = -1
-  if limited and charged then retry = math.ceil(o.retry / 1000) end
-  return { limited and 1 or 0, call.limit, math.max(0, math.floor(o.tokens)),
-    retry, math.ceil(o.reset / 1000) }
+  if limited and charged then retry = math.ceil(retry_ms / 1000) end
+  return { limited and 1 or 0, call.limit, math.max(0, math.floor(tokens)),
+    retry, math.ceil(reset / 1000) }
 end
 
 -- ---- concurrency leases (core/src/lease.rs, src/leases.rs) ---------------
@@ -876,10 +879,11 @@ local function leases()
       out = { 0, in_use(s), wait_for_room(s, now.us, call.limit, call.weight), 0 }
     end
     for g = 1, n do
-      local o = charge(call.limits[g], stored[g], now, cur[g], call.costs[g], acquired)
-      if o.writes then save(keys[g + 1], stored[g], call.limits[g], o, now) end
-      if o.retry > out[3] then out[3] = o.retry end
-      out[4 + g] = reply(o)
+      local allowed, tokens, retry, reset, writes =
+        charge(call.limits[g], stored[g], now, cur[g], call.costs[g], acquired)
+      if writes then save(keys[g + 1], stored[g], call.limits[g], tokens, reset, now) end
+      if retry > out[3] then out[3] = retry end
+      out[4 + g] = reply(allowed, tokens, retry, reset)
     end
     return out
   end
