@@ -83,7 +83,7 @@ local function messages()
   end
   return MSG
 end
-local LIBRARY_VERSION = '0.1.0+1cd376c375e8'
+local LIBRARY_VERSION = '0.1.0+6f93280283d7'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -356,8 +356,6 @@ local function clock()
   local up = usec + 999
   return {
     us = sec * 1000000 + usec,
-    sec = sec,
-    usec = usec,
     hi = (sec - sec % 100) / 100,
     lo = (sec % 100) * 1000000 + usec,
     ceil_ms = sec * 1000 + (up - up % 1000) / 1000,
@@ -587,7 +585,9 @@ end
 -- The bucket a redis-cell key stands for now (false: full, the TAT has
 -- passed), with tb-core's float operations in tb-core's order.
 local function stored_from_tat(tat, l, now)
-  local ahead = (tat[1] - now.sec) * 1e9 + (tat[2] - now.usec * 1000)
+  -- now's seconds and µs from its µs (exact: us < 2^53).
+  local usec = now.us % 1000000
+  local ahead = (tat[1] - (now.us - usec) / 1000000) * 1e9 + (tat[2] - usec * 1000)
   if ahead <= 0 then return false end
   return { tokens = l.max - ahead / 1e9 * l.rate, hi = now.hi, lo = now.lo }
 end
