@@ -83,7 +83,7 @@ local function messages()
   end
   return MSG
 end
-local LIBRARY_VERSION = '0.1.0+6f93280283d7'
+local LIBRARY_VERSION = '0.1.0+b4c1a7b090c5'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -405,12 +405,14 @@ end
 
 -- ---- the operations (src/commands.rs) -------------------------------------
 
--- tb_consume (`charging`) and tb_peek: parse, load, charge or look, and
--- save what changed. A denied call, one of cost 0, or a peek writes nothing.
--- (One function: the EVAL script defines every function on every call.)
-local function consume_or_peek(name, keys, args, charging)
+-- tb_consume and tb_peek, by `op` ('consume' charges, 'peek' looks):
+-- parse, load, charge or look, and save what changed. A denied call, one
+-- of cost 0, or a peek writes nothing. (One function, which the EVAL
+-- script calls with its first argument: it defines every function above
+-- the early dispatch on every call.)
+local function consume_or_peek(op, keys, args)
   if #keys ~= 1 or #args < 2 or #args > 3 then
-    return redis.error_reply(msg('arity', nil, { command = name }))
+    return redis.error_reply(msg('arity', nil, { command = 'tb_' .. op }))
   end
   local l, err = parse_limits(args[1], args[2])
   if not l then return redis.error_reply(err) end
@@ -427,22 +429,22 @@ local function consume_or_peek(name, keys, args, charging)
   stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
   local allowed, tokens, retry, reset, writes =
-    charge(l, stored, now, current_at(l, stored, now.hi, now.lo), cost, charging)
+    charge(l, stored, now, current_at(l, stored, now.hi, now.lo), cost, op == 'consume')
   if writes then save(keys[1], stored, l, tokens, reset, now) end
   return reply(allowed, tokens, retry, reset)
 end
 
+-- >>> eval: early dispatch
+-- (The EVAL form answers consume and peek at this line: lua/gen_eval.py.)
+
 local function tb_consume(keys, args)
-  return consume_or_peek('tb_consume', keys, args, true)
+  return consume_or_peek('consume', keys, args)
 end
 
 -- Read-only (registered no-writes): a peek never writes.
 local function tb_peek(keys, args)
-  return consume_or_peek('tb_peek', keys, args, false)
+  return consume_or_peek('peek', keys, args)
 end
-
--- >>> eval: early dispatch
--- (The EVAL form answers consume and peek at this line: lua/gen_eval.py.)
 
 local function arity_error(name)
   return redis.error_reply(msg('arity', nil, { command = name }))
