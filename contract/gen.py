@@ -118,11 +118,21 @@ def lua_block(c: dict, version: str) -> str:
     out = [f"{LUA_BEGIN} ({NOTICE})"]
     for name, spec in c["limits"].items():
         out.append(f"local {upper(name)} = {spec['value']}")
-    out.append("-- Error reply templates; msg() fills in the {name} marks.")
-    out.append("local MSG = {")
+    # A function, not a table: the EVAL script runs this block on every
+    # call, and a table of every message costs more than the rest of a
+    # consume's definitions; only an error reads it.
+    out.append("-- Error reply templates, made on the first error (the EVAL script runs")
+    out.append("-- this block on every call); msg() fills in the {name} marks.")
+    out.append("local MSG")
+    out.append("local function messages()")
+    out.append("  if not MSG then")
+    out.append("    MSG = {")
     for name, template in c["rendered"].items():
-        out.append(f"  {name} = {lua_string(template)},")
-    out.append("}")
+        out.append(f"      {name} = {lua_string(template)},")
+    out.append("    }")
+    out.append("  end")
+    out.append("  return MSG")
+    out.append("end")
     out.append(f"local LIBRARY_VERSION = '{version}'")
     out.append(LUA_END)
     return "\n".join(out) + "\n"

@@ -47,15 +47,17 @@ def header(block: str) -> str:
 
 # The marker line where the EVAL form answers consume and peek: every EVAL
 # defines the library afresh, and these two need only what is defined
-# above it, so they skip defining the rest.
+# above it, so they skip defining the rest. consume_or_peek takes the
+# operation's name, as the EVAL script does, so tb_consume and tb_peek can
+# be defined below the marker.
 EARLY_MARK = "-- >>> eval: early dispatch\n"
+EARLY_FUNCTION = "local function consume_or_peek(op, keys, args)\n"
 EARLY = """\
 -- Consume and peek are answered here, before the rest of the library is
 -- defined (each EVAL defines it afresh): they need nothing below.
 if ARGV[1] == 'consume' or ARGV[1] == 'peek' then
   if redis.replicate_commands then redis.replicate_commands() end
-  if table.remove(ARGV, 1) == 'consume' then return tb_consume(KEYS, ARGV) end
-  return tb_peek(KEYS, ARGV)
+  return consume_or_peek(table.remove(ARGV, 1), KEYS, ARGV)
 end
 """
 
@@ -92,6 +94,8 @@ def shared_block(source: str) -> str:
         raise SystemExit(f"{SOURCE}: the shared block does not define OPERATIONS")
     if block.count(EARLY_MARK) != 1:
         raise SystemExit(f"{SOURCE}: expected one {EARLY_MARK.strip()!r} line in the shared block")
+    if EARLY_FUNCTION not in block[: block.index(EARLY_MARK)]:
+        raise SystemExit(f"{SOURCE}: the early dispatch calls {EARLY_FUNCTION.strip()!r}, which must come before it")
     return block
 
 

@@ -43,66 +43,66 @@ local MAX_WAIT_MS = 100000000000000
 local MAX_LEASE_LIMIT = 1000000
 local MAX_LEASE_MS = 86400000
 local MAX_LEASE_ID_BYTES = 256
--- Error reply templates; msg() fills in the {name} marks.
-local MSG = {
-  arity = "ERR wrong number of arguments for '{command}' command",
-  group = ' (group {group})',
-  not_a_number = 'ERR {arg} must be a finite decimal number{in_group}',
-  max_out_of_range = 'ERR max must be > 0 and <= 1e12{in_group}',
-  rate_out_of_range = 'ERR rate must be > 0 and <= 1e12{in_group}',
-  fill_too_slow = 'ERR rate is too low for max: max/rate must be <= 1e10 seconds{in_group}',
-  cost_negative = 'ERR cost must be >= 0{in_group}',
-  cost_above_max = 'ERR cost must not exceed max, it could never pass{in_group}',
-  cost_too_small = 'ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53{in_group}',
-  too_many_groups = 'ERR too many buckets: at most 10000 groups per call',
-  duplicate_key = 'ERR duplicate key: group {group} repeats the key of group {first}',
-  not_an_integer = 'ERR {arg} must be an integer',
-  too_small = 'ERR {arg} must be >= {least}',
-  burst_too_large = 'ERR max_burst must be < 1e12',
-  throttle_rate_too_high = 'ERR count/period must be <= 1e12 per second',
-  throttle_fill_too_slow = 'ERR count/period is too low for max_burst: (max_burst+1)*period/count must be <= 1e10 seconds',
-  wrongtype = 'WRONGTYPE Operation against a key holding the wrong kind of value',
-  bad_fields = 'ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}',
-  bad_tokens = 'ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}',
-  bad_ts = 'ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}',
-  int_out_of_range = 'ERR {arg} must be >= {least} and <= {most}',
-  weight_above_limit = 'ERR weight must not exceed limit, it could never fit',
-  bad_id = 'ERR id must be 1 to 256 bytes',
-  expected_bucket = 'ERR syntax error at argument {position}: expected BUCKET',
-  bucket_is_lease_key = 'ERR the key of group {group} is the lease key',
-  not_a_lease_key = 'ERR key is not a lease key: each field must hold <expires_at_us>:<weight>',
-  write_failed = 'ERR tb could not write the key: {step} failed, see the server log',
-  panic = 'ERR tb internal error: the command failed and was contained, see the server log',
-  one_of = 'ERR {arg} must be one of {values}',
-  internal = 'ERR tb internal error: {what}',
-}
-local LIBRARY_VERSION = '0.1.0+ba2b2eb2d130'
+-- Error reply templates, made on the first error (the EVAL script runs
+-- this block on every call); msg() fills in the {name} marks.
+local MSG
+local function messages()
+  if not MSG then
+    MSG = {
+      arity = "ERR wrong number of arguments for '{command}' command",
+      group = ' (group {group})',
+      not_a_number = 'ERR {arg} must be a finite decimal number{in_group}',
+      max_out_of_range = 'ERR max must be > 0 and <= 1e12{in_group}',
+      rate_out_of_range = 'ERR rate must be > 0 and <= 1e12{in_group}',
+      fill_too_slow = 'ERR rate is too low for max: max/rate must be <= 1e10 seconds{in_group}',
+      cost_negative = 'ERR cost must be >= 0{in_group}',
+      cost_above_max = 'ERR cost must not exceed max, it could never pass{in_group}',
+      cost_too_small = 'ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53{in_group}',
+      too_many_groups = 'ERR too many buckets: at most 10000 groups per call',
+      duplicate_key = 'ERR duplicate key: group {group} repeats the key of group {first}',
+      not_an_integer = 'ERR {arg} must be an integer',
+      too_small = 'ERR {arg} must be >= {least}',
+      burst_too_large = 'ERR max_burst must be < 1e12',
+      throttle_rate_too_high = 'ERR count/period must be <= 1e12 per second',
+      throttle_fill_too_slow = 'ERR count/period is too low for max_burst: (max_burst+1)*period/count must be <= 1e10 seconds',
+      wrongtype = 'WRONGTYPE Operation against a key holding the wrong kind of value',
+      bad_fields = 'ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}',
+      bad_tokens = 'ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}',
+      bad_ts = 'ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}',
+      int_out_of_range = 'ERR {arg} must be >= {least} and <= {most}',
+      weight_above_limit = 'ERR weight must not exceed limit, it could never fit',
+      bad_id = 'ERR id must be 1 to 256 bytes',
+      expected_bucket = 'ERR syntax error at argument {position}: expected BUCKET',
+      bucket_is_lease_key = 'ERR the key of group {group} is the lease key',
+      not_a_lease_key = 'ERR key is not a lease key: each field must hold <expires_at_us>:<weight>',
+      write_failed = 'ERR tb could not write the key: {step} failed, see the server log',
+      panic = 'ERR tb internal error: the command failed and was contained, see the server log',
+      one_of = 'ERR {arg} must be one of {values}',
+      internal = 'ERR tb internal error: {what}',
+    }
+  end
+  return MSG
+end
+local LIBRARY_VERSION = '0.1.0+b4c1a7b090c5'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
 local TINY = 4.9406564584124654e-324
 
--- ---- errors (the contract block's MSG) -------------------------------------
+-- ---- errors (the contract block's messages) --------------------------------
 
 -- The text of error `name`, its {marks} filled in from `vars`; `g`, the
 -- group of a TB.MCONSUME error, gives {in_group} (empty otherwise).
 local function msg(name, g, vars)
+  local templates = messages()
   vars = vars or {}
   if vars.in_group == nil then
-    vars.in_group = g and (string.gsub(MSG.group, '{group}', g)) or ''
+    vars.in_group = g and (string.gsub(templates.group, '{group}', g)) or ''
   end
-  return (string.gsub(MSG[name], '{([%w_]+)}', function(k)
+  return (string.gsub(templates[name], '{([%w_]+)}', function(k)
     local v = vars[k]
     if v ~= nil then return tostring(v) end
   end))
-end
-
-local function arity_error(name)
-  return redis.error_reply(msg('arity', nil, { command = name }))
-end
-
-local function not_a_number(arg, g)
-  return msg('not_a_number', g, { arg = arg })
 end
 
 -- ---- numbers (core/src/number.rs) ------------------------------------------
@@ -149,37 +149,35 @@ end
 
 -- ---- arguments (core/src/args.rs, same order of checks) -------------------
 
--- The last max and rate that validated and their limits, and the same for
--- the last cost (with the max it was checked against). A gateway calls
--- with a handful of tiers, so most calls repeat the previous call's
--- numbers; in the Functions library these locals last from call to call
--- (the EVAL script starts afresh each time). Validation is a function of
--- the texts alone, so the memo never changes an answer.
-local last_max_s, last_rate_s, last_limits
-local last_cost_s, last_cost_max, last_cost
+-- The limits of the last max and rate that validated, which keep their
+-- texts, and on them the last cost that validated against them (cost_s,
+-- cost). A gateway calls with a handful of tiers, so most calls repeat
+-- the previous call's numbers; in the Functions library this local lasts
+-- from call to call (the EVAL script starts afresh each time, and pays
+-- for one local, not one per text). Validation is a function of the texts
+-- alone, so the memo never changes an answer.
+local last_limits
 
 -- max and rate, or nil and the error text.
 local function parse_limits(max_s, rate_s, g)
-  if max_s == last_max_s and rate_s == last_rate_s then return last_limits end
+  local last = last_limits
+  if last and max_s == last.max_s and rate_s == last.rate_s then return last end
   local max = parse_decimal(max_s)
-  if not max then return nil, not_a_number('max', g) end
+  if not max then return nil, msg('not_a_number', g, { arg = 'max' }) end
   if not (max > 0 and max <= MAX_CAPACITY) then
     return nil, msg('max_out_of_range', g)
   end
   local rate = parse_decimal(rate_s)
-  if not rate then return nil, not_a_number('rate', g) end
+  if not rate then return nil, msg('not_a_number', g, { arg = 'rate' }) end
   if not (rate > 0 and rate <= MAX_RATE) then
     return nil, msg('rate_out_of_range', g)
   end
   if max / rate > MAX_FILL_SECONDS then
     return nil, msg('fill_too_slow', g)
   end
-  last_max_s, last_rate_s, last_limits = max_s, rate_s, { max = max, rate = rate }
+  -- Every field made here, so setting the cost's later never grows the table.
+  last_limits = { max = max, rate = rate, max_s = max_s, rate_s = rate_s, cost_s = false, cost = false }
   return last_limits
-end
-
-local function cost_above_max(g)
-  return msg('cost_above_max', g)
 end
 
 -- Whether a positive cost is too small to charge a bucket of this max:
@@ -199,15 +197,15 @@ local function charges_nothing(cost, max)
 end
 
 local function parse_cost(s, limits, g)
-  if s == last_cost_s and limits.max == last_cost_max then return last_cost end
+  if s == limits.cost_s then return limits.cost end
   local cost = parse_decimal(s)
-  if not cost then return nil, not_a_number('cost', g) end
+  if not cost then return nil, msg('not_a_number', g, { arg = 'cost' }) end
   if cost < 0 then return nil, msg('cost_negative', g) end
-  if cost > limits.max then return nil, cost_above_max(g) end
+  if cost > limits.max then return nil, msg('cost_above_max', g) end
   if charges_nothing(cost, limits.max) then
     return nil, msg('cost_too_small', g)
   end
-  last_cost_s, last_cost_max, last_cost = s, limits.max, cost
+  limits.cost_s, limits.cost = s, cost
   return cost
 end
 
@@ -227,10 +225,10 @@ local function clamp(l, tokens)
   return tokens
 end
 
--- The balance at `now` of a bucket stored as `stored` (false: missing,
--- a full bucket): the one function every call evaluates. A ts ahead of
--- now counts as no time elapsed, so nothing refills until the clock
--- reaches it.
+-- The balance of a bucket stored as `stored` (false: missing, a full
+-- bucket) at the time hi * 1e8 + lo µs (`now` as the clock() halves): the
+-- one function every call evaluates. A ts ahead of that time counts as no
+-- time elapsed, so nothing refills until the clock reaches it.
 local function current_at(l, stored, hi, lo)
   local max = l.max
   if not stored then return max end
@@ -245,10 +243,6 @@ local function current_at(l, stored, hi, lo)
   tokens = tokens + elapsed / 1000000 * l.rate
   if max < tokens then tokens = max end
   return tokens
-end
-
-local function current(l, stored, now)
-  return current_at(l, stored, now.hi, now.lo)
 end
 
 -- Whether a call `ms` whole milliseconds after `now` sees at least
@@ -294,7 +288,7 @@ end
 -- Whole ms from `now` until a call on `stored`, with no traffic between,
 -- sees at least `target`, including the wait until a future ts; `cur` is
 -- the balance at now, which the caller knows. The search runs on
--- current() itself, the function the next call evaluates, so rounding
+-- current_at() itself, the function the next call evaluates, so rounding
 -- can't make the answer early or late; a closed form only guesses.
 local function ms_from(l, stored, now, cur, target)
   if cur >= target then return 0 end
@@ -313,10 +307,11 @@ local function ms_from(l, stored, now, cur, target)
   return first_passing(guess, l, stored, now, target)
 end
 
--- An outcome: allowed, the balance after the call, retry and reset in ms,
--- and whether the call writes. Both times are measured on the state the
--- call leaves: a write restarts the refill at now, a call that writes
--- nothing leaves the stored state (and any wait until its ts) in place.
+-- An outcome, as five values (no table: they are made on every call):
+-- allowed, the balance after the call, retry and reset in ms, and whether
+-- the call writes. Both times are measured on the state the call leaves:
+-- a write restarts the refill at now, a call that writes nothing leaves
+-- the stored state (and any wait until its ts) in place.
 -- retry_for: the amount the retry time waits for (nil: retry 0).
 local function settle(l, stored, now, allowed, tokens, writes, retry_for)
   local after = stored
@@ -328,7 +323,7 @@ local function settle(l, stored, now, allowed, tokens, writes, retry_for)
   -- written, else what was.
   local retry = 0
   if retry_for then retry = ms_from(l, after, now, tokens, retry_for) end
-  return { allowed = allowed, tokens = tokens, retry = retry, reset = ms_from(l, after, now, tokens, l.max), writes = writes }
+  return allowed, tokens, retry, ms_from(l, after, now, tokens, l.max), writes
 end
 
 -- A consume (charge true) or a peek of `cost` against `cur`, the balance
@@ -343,11 +338,11 @@ local function charge(l, stored, now, cur, cost, charging)
   return settle(l, stored, now, allowed, tokens, writes, retry_for)
 end
 
--- {allowed, remaining, retry_after_ms, reset_after_ms}; all are already
--- whole numbers, so the integer replies are exact.
-local function reply(o)
-  local tokens = o.tokens
-  return { o.allowed and 1 or 0, tokens - tokens % 1, o.retry, o.reset }
+-- {allowed, remaining, retry_after_ms, reset_after_ms} of an outcome's
+-- first four values; all are already whole numbers, so the integer replies
+-- are exact.
+local function reply(allowed, tokens, retry, reset)
+  return { allowed and 1 or 0, tokens - tokens % 1, retry, reset }
 end
 
 -- ---- the keyspace (src/keyspace.rs) ---------------------------------------
@@ -361,8 +356,6 @@ local function clock()
   local up = usec + 999
   return {
     us = sec * 1000000 + usec,
-    sec = sec,
-    usec = usec,
     hi = (sec - sec % 100) / 100,
     lo = (sec % 100) * 1000000 + usec,
     ceil_ms = sec * 1000 + (up - up % 1000) / 1000,
@@ -378,7 +371,7 @@ local function load(key, g)
   -- redis.call would raise it (Redis 6 raised the text, not the table).
   local n = redis.pcall('HLEN', key) if type(n) == 'table' and not string.find(n.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(n) end error(n.err, 0) end
   if n == 0 then return false end
-  if type(n) == 'table' then return nil, MSG.wrongtype end
+  if type(n) == 'table' then return nil, msg('wrongtype') end
   if n ~= 2 then return nil, msg('bad_fields', g) end
   local f = redis.call('HMGET', key, 'tokens', 'ts')
   if not f[1] or not f[2] then return nil, msg('bad_fields', g) end
@@ -390,9 +383,9 @@ local function load(key, g)
 end
 
 -- Stores a new balance, or deletes the key when the bucket is full (no key
--- is a full bucket). The expiry is when it would be full again.
-local function save(key, existed, l, o, now)
-  local tokens = o.tokens
+-- is a full bucket). The expiry is when it would be full again, `reset`
+-- ms from now.
+local function save(key, existed, l, tokens, reset, now)
   if tokens >= l.max then
     if existed then redis.call('DEL', key) end
     return
@@ -407,55 +400,59 @@ local function save(key, existed, l, o, now)
     text = string.format('%.17g', tokens)
   end
   redis.call('HSET', key, 'tokens', text, 'ts', string.format('%d', now.us))
-  redis.call('PEXPIREAT', key, string.format('%d', now.ceil_ms + o.reset))
+  redis.call('PEXPIREAT', key, string.format('%d', now.ceil_ms + reset))
 end
 
 -- ---- the operations (src/commands.rs) -------------------------------------
 
--- CONSUME and PEEK arguments: limits and cost, or nil and an error reply.
-local function single_args(name, keys, args)
-  if #keys ~= 1 or #args < 2 or #args > 3 then return nil, nil, arity_error(name) end
+-- tb_consume and tb_peek, by `op` ('consume' charges, 'peek' looks):
+-- parse, load, charge or look, and save what changed. A denied call, one
+-- of cost 0, or a peek writes nothing. (One function, which the EVAL
+-- script calls with its first argument: it defines every function above
+-- the early dispatch on every call.)
+local function consume_or_peek(op, keys, args)
+  if #keys ~= 1 or #args < 2 or #args > 3 then
+    return redis.error_reply(msg('arity', nil, { command = 'tb_' .. op }))
+  end
   local l, err = parse_limits(args[1], args[2])
-  if not l then return nil, nil, redis.error_reply(err) end
+  if not l then return redis.error_reply(err) end
   local cost = 1
   if #args == 3 then
     cost, err = parse_cost(args[3], l)
-    if not cost then return nil, nil, redis.error_reply(err) end
+    if not cost then return redis.error_reply(err) end
   elseif l.max < 1 then
     -- The default cost of 1 could never pass a bucket this small.
-    return nil, nil, redis.error_reply(cost_above_max())
+    return redis.error_reply(msg('cost_above_max'))
   end
-  return l, cost
-end
-
--- tb_consume (`charging`) and tb_peek: parse, load, charge or look, and
--- save what changed. A denied call, one of cost 0, or a peek writes nothing.
-local function consume_or_peek(name, keys, args, charging)
-  local l, cost, failed = single_args(name, keys, args)
-  if not l then return failed end
   local now = clock()
-  local stored, err = load(keys[1])
+  local stored
+  stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local o = charge(l, stored, now, current(l, stored, now), cost, charging)
-  if o.writes then save(keys[1], stored, l, o, now) end
-  return reply(o)
-end
-
-local function tb_consume(keys, args)
-  return consume_or_peek('tb_consume', keys, args, true)
-end
-
--- Read-only (registered no-writes): a peek never writes.
-local function tb_peek(keys, args)
-  return consume_or_peek('tb_peek', keys, args, false)
+  local allowed, tokens, retry, reset, writes =
+    charge(l, stored, now, current_at(l, stored, now.hi, now.lo), cost, op == 'consume')
+  if writes then save(keys[1], stored, l, tokens, reset, now) end
+  return reply(allowed, tokens, retry, reset)
 end
 
 -- >>> eval: early dispatch
 -- (The EVAL form answers consume and peek at this line: lua/gen_eval.py.)
 
+local function tb_consume(keys, args)
+  return consume_or_peek('consume', keys, args)
+end
+
+-- Read-only (registered no-writes): a peek never writes.
+local function tb_peek(keys, args)
+  return consume_or_peek('peek', keys, args)
+end
+
+local function arity_error(name)
+  return redis.error_reply(msg('arity', nil, { command = name }))
+end
+
 -- retry is for a request of cost 1, or max if smaller.
 local function adjust(l, stored, now, delta)
-  local tokens = clamp(l, current(l, stored, now) + delta)
+  local tokens = clamp(l, current_at(l, stored, now.hi, now.lo) + delta)
   return settle(l, stored, now, true, tokens, true, math.min(l.max, 1))
 end
 
@@ -465,14 +462,14 @@ local function tb_adjust(keys, args)
   local l, err = parse_limits(args[1], args[2])
   if not l then return redis.error_reply(err) end
   local delta = parse_decimal(args[3])
-  if not delta then return redis.error_reply(not_a_number('delta')) end
+  if not delta then return redis.error_reply(msg('not_a_number', nil, { arg = 'delta' })) end
   local now = clock()
   local stored
   stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local o = adjust(l, stored, now, delta)
-  save(keys[1], stored, l, o, now)
-  return reply(o)
+  local allowed, tokens, retry, reset = adjust(l, stored, now, delta)
+  save(keys[1], stored, l, tokens, reset, now)
+  return reply(allowed, tokens, retry, reset)
 end
 
 -- tb_mconsume: all buckets are charged or none is. Keys are KEYS[1..N],
@@ -481,7 +478,7 @@ local function tb_mconsume(keys, args)
   local n = #keys
   if n == 0 or #args ~= 3 * n then return arity_error('tb_mconsume') end
   if n > MAX_GROUPS then
-    return redis.error_reply(MSG.too_many_groups)
+    return redis.error_reply(msg('too_many_groups'))
   end
   local limits, costs = {}, {}
   for g = 1, n do
@@ -507,7 +504,7 @@ local function tb_mconsume(keys, args)
   for g = 1, n do
     local s, err = load(keys[g], g)
     if s == nil then return redis.error_reply(err) end
-    stored[g], cur[g] = s, current(limits[g], s, now)
+    stored[g], cur[g] = s, current_at(limits[g], s, now.hi, now.lo)
   end
   local all = true
   for g = 1, n do
@@ -516,10 +513,10 @@ local function tb_mconsume(keys, args)
   local out = { all and 1 or 0, 0 }
   local retry = 0
   for g = 1, n do
-    local o = charge(limits[g], stored[g], now, cur[g], costs[g], all)
-    if o.writes then save(keys[g], stored[g], limits[g], o, now) end
-    if o.retry > retry then retry = o.retry end
-    out[g + 2] = reply(o)
+    local allowed, tokens, retry_g, reset, writes = charge(limits[g], stored[g], now, cur[g], costs[g], all)
+    if writes then save(keys[g], stored[g], limits[g], tokens, reset, now) end
+    if retry_g > retry then retry = retry_g end
+    out[g + 2] = reply(allowed, tokens, retry_g, reset)
   end
   out[2] = retry
   return out
@@ -561,11 +558,11 @@ local function throttle_args(args)
   period, err = int(3, 'period', 1)
   if not period then return nil, err end
   local max = burst + 1
-  if max > MAX_CAPACITY then return nil, MSG.burst_too_large end
+  if max > MAX_CAPACITY then return nil, msg('burst_too_large') end
   local rate = count / period
-  if rate > MAX_RATE then return nil, MSG.throttle_rate_too_high end
+  if rate > MAX_RATE then return nil, msg('throttle_rate_too_high') end
   if max / rate > MAX_FILL_SECONDS then
-    return nil, MSG.throttle_fill_too_slow
+    return nil, msg('throttle_fill_too_slow')
   end
   local quantity = 1
   if #args == 4 then
@@ -590,7 +587,9 @@ end
 -- The bucket a redis-cell key stands for now (false: full, the TAT has
 -- passed), with tb-core's float operations in tb-core's order.
 local function stored_from_tat(tat, l, now)
-  local ahead = (tat[1] - now.sec) * 1e9 + (tat[2] - now.usec * 1000)
+  -- now's seconds and µs from its µs (exact: us < 2^53).
+  local usec = now.us % 1000000
+  local ahead = (tat[1] - (now.us - usec) / 1000000) * 1e9 + (tat[2] - usec * 1000)
   if ahead <= 0 then return false end
   return { tokens = l.max - ahead / 1e9 * l.rate, hi = now.hi, lo = now.lo }
 end
@@ -609,28 +608,29 @@ local function tb_cl_throttle(keys, args)
   local stored, was_string
   if redis.call('TYPE', keys[1])['ok'] == 'string' then
     local tat = parse_tat(redis.call('GET', keys[1]))
-    if not tat then return redis.error_reply(MSG.wrongtype) end
+    if not tat then return redis.error_reply(msg('wrongtype')) end
     stored, was_string = stored_from_tat(tat, l, now), true
   else
     stored, err = load(keys[1])
     if stored == nil then return redis.error_reply(err) end
   end
   local charged = call.quantity <= call.limit
-  local o
+  local cur = current_at(l, stored, now.hi, now.lo)
+  local allowed, tokens, retry_ms, reset, writes
   if charged then
-    o = charge(l, stored, now, current(l, stored, now), call.quantity, true)
+    allowed, tokens, retry_ms, reset, writes = charge(l, stored, now, cur, call.quantity, true)
   else
-    o = charge(l, stored, now, current(l, stored, now), 0, false)
+    allowed, tokens, retry_ms, reset, writes = charge(l, stored, now, cur, 0, false)
   end
-  if o.writes then
+  if writes then
     if was_string then redis.call('DEL', keys[1]) end
-    save(keys[1], stored or was_string, l, o, now)
+    save(keys[1], stored or was_string, l, tokens, reset, now)
   end
-  local limited = not (charged and o.allowed)
+  local limited = not (charged and allowed)
   local retry = -1
-  if limited and charged then retry = math.ceil(o.retry / 1000) end
-  return { limited and 1 or 0, call.limit, math.max(0, math.floor(o.tokens)),
-    retry, math.ceil(o.reset / 1000) }
+  if limited and charged then retry = math.ceil(retry_ms / 1000) end
+  return { limited and 1 or 0, call.limit, math.max(0, math.floor(tokens)),
+    retry, math.ceil(reset / 1000) }
 end
 
 -- ---- concurrency leases (core/src/lease.rs, src/leases.rs) ---------------
@@ -705,13 +705,13 @@ local function leases()
     local s = { weight = 0, latest = 0, ends = {}, weights = {}, expired = {} }
     local kind = redis.call('TYPE', key)['ok']
     if kind == 'none' then return s end
-    if kind ~= 'hash' then return nil, MSG.wrongtype end
+    if kind ~= 'hash' then return nil, msg('wrongtype') end
     local all = redis.call('HGETALL', key)
     local ends, weights, expired = s.ends, s.weights, s.expired
     local n, weight, latest = 0, 0, 0
     for i = 1, #all, 2 do
       local e, w = lease_value(all[i + 1])
-      if not e then return nil, MSG.not_a_lease_key end
+      if not e then return nil, msg('not_a_lease_key') end
       local field = all[i]
       if field == id then
         if now_us < e then s.own = { e = e, w = w } end
@@ -813,15 +813,15 @@ local function leases()
     if not limit then return nil, err end
     lease_ms, err = lease_int(args[2], 'lease_ms', 1, MAX_LEASE_MS)
     if not lease_ms then return nil, err end
-    if bad_id(args[3]) then return nil, MSG.bad_id end
+    if bad_id(args[3]) then return nil, msg('bad_id') end
     local weight = 1
     if first == 5 then
       weight = parse_i64(args[4])
       if weight == nil then return nil, msg('not_an_integer', nil, { arg = 'weight' }) end
       if weight < 1 then return nil, msg('too_small', nil, { arg = 'weight', least = 1 }) end
-      if weight > limit then return nil, MSG.weight_above_limit end
+      if weight > limit then return nil, msg('weight_above_limit') end
     end
-    if n > MAX_GROUPS then return nil, MSG.too_many_groups end
+    if n > MAX_GROUPS then return nil, msg('too_many_groups') end
     local limits, costs = {}, {}
     for g = 1, n do
       local at = first + 3 * (g - 1)
@@ -866,7 +866,7 @@ local function leases()
       local b
       b, err = load(keys[g + 1], g)
       if b == nil then return redis.error_reply(err) end
-      stored[g], cur[g] = b, current(call.limits[g], b, now)
+      stored[g], cur[g] = b, current_at(call.limits[g], b, now.hi, now.lo)
     end
     local acquired = s.weight + call.weight <= call.limit
     for g = 1, n do
@@ -881,10 +881,11 @@ local function leases()
       out = { 0, in_use(s), wait_for_room(s, now.us, call.limit, call.weight), 0 }
     end
     for g = 1, n do
-      local o = charge(call.limits[g], stored[g], now, cur[g], call.costs[g], acquired)
-      if o.writes then save(keys[g + 1], stored[g], call.limits[g], o, now) end
-      if o.retry > out[3] then out[3] = o.retry end
-      out[4 + g] = reply(o)
+      local allowed, tokens, retry, reset, writes =
+        charge(call.limits[g], stored[g], now, cur[g], call.costs[g], acquired)
+      if writes then save(keys[g + 1], stored[g], call.limits[g], tokens, reset, now) end
+      if retry > out[3] then out[3] = retry end
+      out[4 + g] = reply(allowed, tokens, retry, reset)
     end
     return out
   end
@@ -893,7 +894,7 @@ local function leases()
   local function tb_release(keys, args)
     if #keys ~= 1 or #args ~= 1 then return arity_error('tb_release') end
     local id = args[1]
-    if bad_id(id) then return redis.error_reply(MSG.bad_id) end
+    if bad_id(id) then return redis.error_reply(msg('bad_id')) end
     local s, err = scan_leases(keys[1], id, clock().us)
     if not s then return redis.error_reply(err) end
     if not s.own then return { 0, s.weight } end
@@ -911,7 +912,7 @@ local function leases()
   local function tb_renew(keys, args)
     if #keys ~= 1 or #args ~= 2 then return arity_error('tb_renew') end
     local id = args[1]
-    if bad_id(id) then return redis.error_reply(MSG.bad_id) end
+    if bad_id(id) then return redis.error_reply(msg('bad_id')) end
     local lease_ms, err = lease_int(args[2], 'lease_ms', 1, MAX_LEASE_MS)
     if not lease_ms then return redis.error_reply(err) end
     local now = clock()

@@ -93,7 +93,9 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     let (head, rest) = block
         .split_once("-- >>> eval: early dispatch\n")
         .expect("the early-dispatch line");
-    assert!(head.contains("local function tb_peek(keys, args)"));
+    // tb_consume and tb_peek are consume_or_peek by name, which the early
+    // dispatch calls with the script's first argument.
+    assert!(head.contains("local function consume_or_peek(op, keys, args)"));
     assert!(!rest.contains("-- >>> eval: early dispatch"));
     let at = script
         .find(head)
@@ -105,8 +107,8 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     let early = &after[..early_end];
     for needed in [
         "redis.replicate_commands()",
-        "return tb_consume(KEYS, ARGV)",
-        "return tb_peek(KEYS, ARGV)",
+        "if ARGV[1] == 'consume' or ARGV[1] == 'peek' then",
+        "return consume_or_peek(table.remove(ARGV, 1), KEYS, ARGV)",
     ] {
         assert!(early.contains(needed), "{needed} in {early}");
     }
