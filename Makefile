@@ -222,7 +222,7 @@ bench-python: deps venv build python-tools ## the Python client: its overhead pe
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./$(PY_CLIENT)
 	$(PY) $(PY_CLIENT)/bench/bench.py --readme $(PY_CLIENT)/README.md
 	$(VENV)/bin/pip install -q --disable-pip-version-check limits==5.8.0
-	servers="$$($(TB_SERVERS))" && env $$servers $(PY) $(PY_CLIENT)/bench/peers.py --report docs/benchmarks.md
+	servers="$$($(TB_SERVERS))" && env $$servers $(PY) $(PY_CLIENT)/bench/peers.py --report docs/benchmarks.md --readme $(PY_CLIENT)/README.md
 
 bench-node: deps build node-tools ## the Node client: its overhead per call, its denial cache, and the peers (rate-limiter-flexible, rate-limit-redis)
 	bash scripts/bench-node.sh
