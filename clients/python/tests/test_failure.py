@@ -18,11 +18,14 @@ import redis
 import redis.asyncio
 from conftest import SLOW, Target, run
 from redis.backoff import AbstractBackoff
+from redis.connection import Connection
 from redis.retry import Retry
 from tbservers import Server
 
 import redis_tokenbucket.asyncio as tb_asyncio
-from redis_tokenbucket import Bucket, DecisionEvent, Limiter, LimiterError, MultiDecision
+from redis_tokenbucket import Bucket, DecisionEvent, Limiter, LimiterError, MultiDecision, NoBackendError
+from redis_tokenbucket._contract import message
+from redis_tokenbucket._transport import Shed, classify
 from redis_tokenbucket.fastapi import RateLimit, Rule, user_id
 
 B = Bucket(50, SLOW, name="user")
@@ -190,6 +193,98 @@ def test_the_clients_retries_do_not_multiply_the_budget(flavour: str, own_server
         d = run(main())
     assert d.allowed and d.degraded
     assert CountingBackoff.calls == 0
+
+
+# ---- what an error means: Redis failing, local overload, or usage --------------
+
+
+def reply_error(reply: str) -> Exception:
+    """What redis-py makes of an error reply (the limiter's own connections
+    parse theirs with the same function)."""
+    error: Exception = Connection()._parser.parse_error(reply)
+    return error
+
+
+def cluster_reply_error(reply: str) -> Exception:
+    """What a Cluster client makes of it: classes of their own for
+    CLUSTERDOWN, MASTERDOWN and TRYAGAIN, without the code (redis-py 5's
+    ClusterParser; redis-py 8 has no such parser, every one does this)."""
+    import redis.cluster
+
+    parser = getattr(redis.cluster, "ClusterParser", None) or Connection()._parser
+    error: Exception = parser.parse_error(reply)
+    return error
+
+
+# docs/failure-model.md: "the server says it can't serve".
+UNAVAILABLE = [
+    "LOADING Redis is loading the dataset in memory",
+    "READONLY You can't write against a read only replica.",
+    "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+    "CLUSTERDOWN The cluster is down",
+    "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.",
+    "OOM command not allowed when used memory > 'maxmemory'.",
+    "TRYAGAIN Multiple keys request during rehashing of slot",
+]
+
+
+@pytest.mark.parametrize("parse", [reply_error, cluster_reply_error], ids=["standalone", "cluster"])
+@pytest.mark.parametrize("reply", UNAVAILABLE, ids=lambda reply: reply.split()[0])
+def test_a_server_that_cannot_serve_now_is_redis_failing(reply: str, parse: Callable[[str], Exception]):
+    error = parse(reply)
+    assert classify(error) == "failure", repr(error)
+
+
+@pytest.mark.parametrize(
+    "error, kind",
+    [
+        # Redis failing: the policy answers (docs/failure-model.md).
+        pytest.param(
+            redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
+            "failure",
+            id="refused",
+        ),
+        pytest.param(redis.ConnectionError("Connection closed by server."), "failure", id="closed"),
+        pytest.param(ConnectionResetError(104, "Connection reset by peer"), "failure", id="reset"),
+        pytest.param(redis.TimeoutError("no reply from Redis within 0.1 s of the command"), "failure", id="no-reply"),
+        pytest.param(TimeoutError(), "failure", id="builtin-timeout"),
+        # The server turns the connection away.
+        pytest.param(reply_error("ERR max number of clients reached"), "failure", id="maxclients"),
+        pytest.param(
+            redis.exceptions.RedisClusterException("Redis Cluster cannot be connected."),
+            "failure",
+            id="no-cluster-node",
+        ),
+        # Local overload: shed, never degraded. redis-py's pools running
+        # out: MaxConnectionsError (a pool of redis-py 6+; the asyncio
+        # Cluster's node pools, without a message), a plain ConnectionError
+        # from the sync pools before 6, a BlockingConnectionPool's wait
+        # running out.
+        pytest.param(Shed("no connection to Redis free within 0.1 s"), "shed", id="shed"),
+        pytest.param(redis.exceptions.MaxConnectionsError("Too many connections"), "shed", id="max-connections"),
+        pytest.param(redis.exceptions.MaxConnectionsError(), "shed", id="max-connections-bare"),
+        pytest.param(redis.ConnectionError("Too many connections"), "shed", id="too-many-connections"),
+        pytest.param(redis.ConnectionError("No connection available."), "shed", id="blocking-pool"),
+        # Usage errors: raised under every policy.
+        pytest.param(reply_error(message("wrongtype")), "usage", id="WRONGTYPE"),
+        pytest.param(reply_error(message("bad_fields")), "usage", id="not-a-bucket"),
+        pytest.param(reply_error(message("duplicate_key", group=2, first=1)), "usage", id="duplicate-key"),
+        pytest.param(
+            reply_error("NOPERM User nobody has no permissions to run the 'tb.consume' command"), "usage", id="NOPERM"
+        ),
+        pytest.param(
+            reply_error("WRONGPASS invalid username-password pair or user is disabled."), "usage", id="WRONGPASS"
+        ),
+        pytest.param(reply_error("BUSYKEY Target key name already exists."), "usage", id="BUSYKEY-not-BUSY"),
+        pytest.param(
+            NoBackendError([("module", reply_error("ERR unknown command 'TB.PEEK'"))]), "usage", id="no-backend"
+        ),
+        pytest.param(redis.DataError("Invalid input of type: 'NoneType'."), "usage", id="data"),
+        pytest.param(TypeError("key must be a str, bytes or int, got NoneType"), "usage", id="key-type"),
+    ],
+)
+def test_classify_tells_redis_failing_from_overload_and_usage(error: BaseException, kind: str):
+    assert classify(error) == kind
 
 
 # ---- usage errors always raise --------------------------------------------------
