@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from conftest import SLOW, Target, run
+from conftest import SLOW, Target, all_connections_busy, run
 from redis.backoff import AbstractBackoff
 from redis.connection import Connection
 from redis.retry import Retry
 from tbservers import Server
 
 import redis_tokenbucket.asyncio as tb_asyncio
-from redis_tokenbucket import Bucket, DecisionEvent, Limiter, LimiterError, MultiDecision, NoBackendError
+from redis_tokenbucket import Breaker, Bucket, DecisionEvent, Limiter, LimiterError, MultiDecision, NoBackendError
 from redis_tokenbucket._contract import message
 from redis_tokenbucket._transport import Shed, classify
 from redis_tokenbucket.fastapi import RateLimit, Rule, user_id
@@ -106,6 +106,25 @@ def test_no_free_connection_in_time_sheds_never_admits(module_target: Target):
         assert first.allowed and not first.degraded and not first.shed
         assert all(not d.allowed and d.shed and not d.degraded and d.retry_after == 1 for d in rest)
         assert state == "closed"  # shedding is not a Redis failure
+
+
+def test_a_sync_call_that_gets_no_connection_in_time_is_shed(module_target: Target):
+    """Every connection of the sync limiter busy (other threads' calls): a
+    thread that waits past its budget for one is shed under every policy,
+    charged nothing, and not counted by the breaker (which one Redis
+    failure would open here)."""
+    lim = Limiter(module_target.client(max_connections=2), breaker=Breaker(1, 10, 2))
+    assert lim.consume("rl:busy", B).remaining == 49  # connected, the backend found
+    with all_connections_busy(lim):
+        for policy in ("raise", "open", "closed", "local"):
+            d = lim.consume("rl:busy", B, timeout=0.05, on_error=policy)
+            assert (d.allowed, d.shed, d.degraded, d.retry_after_ms) == (False, True, False, 1000), policy
+            m = lim.consume_many([("rl:busy", B), ("rl:busy2", B)], timeout=0.05, on_error=policy)
+            assert (m.allowed, m.shed, m.degraded) == (False, True, False), policy
+        assert lim.breaker_state == "closed"
+    d = lim.consume("rl:busy", B)
+    assert (d.allowed, d.degraded, d.remaining) == (True, False, 48)  # the shed calls charged nothing
+    lim.close()
 
 
 def test_a_reply_that_came_while_the_loop_was_busy_is_read_not_failed(module_target: Target):
