@@ -5,6 +5,7 @@ budget runs from the write; a default budget, no helper threads, close()."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import textwrap
@@ -125,6 +126,55 @@ def test_a_sync_call_that_gets_no_connection_in_time_is_shed(module_target: Targ
     d = lim.consume("rl:busy", B)
     assert (d.allowed, d.degraded, d.remaining) == (True, False, 48)  # the shed calls charged nothing
     lim.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_connection_not_up_in_time_is_redis_failing_sync_and_shed_asyncio(flavour: str):
+    """A listener whose accept queue is full answers no new connect, as a
+    host that drops packets. The sync limiter's thread waits in the
+    connect itself, so its timing out is Redis failing (degraded, counted
+    by the breaker); the asyncio limiter can't tell a connect not up in
+    time from a busy loop that has not looked yet, so it sheds
+    (docs/failure-model.md)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        queued: list[socket.socket] = []  # connected, never accepted
+        try:
+            while len(queued) < 16:
+                sock = socket.socket()
+                sock.settimeout(0.2)
+                try:
+                    sock.connect(("127.0.0.1", port))
+                except TimeoutError:
+                    sock.close()
+                    break
+                queued.append(sock)
+            else:
+                pytest.fail("the listener's accept queue never filled")
+            options: dict[str, Any] = {"timeout": 0.1, "on_error": "closed", "breaker": Breaker(1, 10, 2)}
+            if flavour == "sync":
+                lim = Limiter(redis.Redis(port=port), backend="module", **options)
+                d, state = lim.consume("k", B), lim.breaker_state
+                lim.close()
+            else:
+
+                async def main() -> tuple[Any, str]:
+                    alim = tb_asyncio.Limiter(redis.asyncio.Redis(port=port), backend="module", **options)
+                    try:
+                        return await alim.consume("k", B), alim.breaker_state
+                    finally:
+                        await alim.aclose()
+
+                d, state = run(main())
+        finally:
+            for sock in queued:
+                sock.close()
+    if flavour == "sync":
+        assert (d.allowed, d.degraded, d.shed, state) == (False, True, False, "open")
+    else:
+        assert (d.allowed, d.degraded, d.shed, state) == (False, False, True, "closed")
 
 
 def test_a_reply_that_came_while_the_loop_was_busy_is_read_not_failed(module_target: Target):
