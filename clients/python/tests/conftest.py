@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -168,3 +169,21 @@ def calls(client: redis.Redis, *commands: str) -> int:
     """How often the server ran these commands since the stats were reset."""
     stats = client.info("commandstats")
     return sum(int(stats.get(f"cmdstat_{c.lower()}", {}).get("calls", 0)) for c in commands)
+
+
+@contextmanager
+def all_connections_busy(lim: Any) -> Iterator[None]:
+    """As if other threads' calls held every connection of a sync limiter
+    (over a redis.Redis whose pool has `max_connections`): no slot of its
+    gate, one per connection, is free until the block ends."""
+    conns = lim._conns
+    assert conns is not None and conns._gate is not None, "a sync limiter over a pool with max_connections"
+    gate = conns._gate
+    taken = 0
+    while gate.acquire(blocking=False):
+        taken += 1
+    try:
+        yield
+    finally:
+        for _ in range(taken):
+            gate.release()

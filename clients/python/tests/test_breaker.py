@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 import tbservers
-from conftest import SLOW, run
+from conftest import SLOW, all_connections_busy, run
 from tbservers import Server
 
 import redis_tokenbucket.asyncio as tb_asyncio
@@ -112,13 +112,24 @@ def test_redis_frozen_opens_the_breaker_once_the_budget_passes(own_server: Serve
 
 
 def test_shed_calls_and_usage_errors_never_open_it(own_server: Server):
-    lim = Limiter(own_server.client(), on_error="open", breaker=Breaker(1, 10, 2))
+    """A breaker that one Redis failure opens: usage errors (Redis
+    answered) and shed calls (no connection free within the budget: the
+    process is busy, Redis is not failing) leave it closed."""
+    lim = Limiter(own_server.client(max_connections=1), on_error="open", breaker=Breaker(1, 10, 2))
     with own_server.client() as admin:
         admin.set("rl:string", "x")
     for _ in range(3):
         with pytest.raises(redis.ResponseError):
             lim.consume("rl:string", B)
     assert lim.breaker_state == "closed"
+    with all_connections_busy(lim):
+        for _ in range(3):
+            d = lim.consume("k", B, timeout=0.05)
+            assert d.shed and not d.degraded and not d.allowed
+    assert lim.breaker_state == "closed"
+    own_server.stop()  # and one failure does open it
+    assert lim.consume("k", B).degraded
+    assert lim.breaker_state == "open"
 
 
 @pytest.mark.parametrize("flavour", ["sync", "asyncio"])

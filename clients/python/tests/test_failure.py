@@ -5,6 +5,7 @@ budget runs from the write; a default budget, no helper threads, close()."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,13 +17,16 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from conftest import SLOW, Target, run
+from conftest import SLOW, Target, all_connections_busy, run
 from redis.backoff import AbstractBackoff
+from redis.connection import Connection
 from redis.retry import Retry
 from tbservers import Server
 
 import redis_tokenbucket.asyncio as tb_asyncio
-from redis_tokenbucket import Bucket, DecisionEvent, Limiter, LimiterError, MultiDecision
+from redis_tokenbucket import Breaker, Bucket, DecisionEvent, Limiter, LimiterError, MultiDecision, NoBackendError
+from redis_tokenbucket._contract import message
+from redis_tokenbucket._transport import Shed, classify
 from redis_tokenbucket.fastapi import RateLimit, Rule, user_id
 
 B = Bucket(50, SLOW, name="user")
@@ -105,6 +109,74 @@ def test_no_free_connection_in_time_sheds_never_admits(module_target: Target):
         assert state == "closed"  # shedding is not a Redis failure
 
 
+def test_a_sync_call_that_gets_no_connection_in_time_is_shed(module_target: Target):
+    """Every connection of the sync limiter busy (other threads' calls): a
+    thread that waits past its budget for one is shed under every policy,
+    charged nothing, and not counted by the breaker (which one Redis
+    failure would open here)."""
+    lim = Limiter(module_target.client(max_connections=2), breaker=Breaker(1, 10, 2))
+    assert lim.consume("rl:busy", B).remaining == 49  # connected, the backend found
+    with all_connections_busy(lim):
+        for policy in ("raise", "open", "closed", "local"):
+            d = lim.consume("rl:busy", B, timeout=0.05, on_error=policy)
+            assert (d.allowed, d.shed, d.degraded, d.retry_after_ms) == (False, True, False, 1000), policy
+            m = lim.consume_many([("rl:busy", B), ("rl:busy2", B)], timeout=0.05, on_error=policy)
+            assert (m.allowed, m.shed, m.degraded) == (False, True, False), policy
+        assert lim.breaker_state == "closed"
+    d = lim.consume("rl:busy", B)
+    assert (d.allowed, d.degraded, d.remaining) == (True, False, 48)  # the shed calls charged nothing
+    lim.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_connection_not_up_in_time_is_redis_failing_sync_and_shed_asyncio(flavour: str):
+    """A listener whose accept queue is full answers no new connect, as a
+    host that drops packets. The sync limiter's thread waits in the
+    connect itself, so its timing out is Redis failing (degraded, counted
+    by the breaker); the asyncio limiter can't tell a connect not up in
+    time from a busy loop that has not looked yet, so it sheds
+    (docs/failure-model.md)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        queued: list[socket.socket] = []  # connected, never accepted
+        try:
+            while len(queued) < 16:
+                sock = socket.socket()
+                sock.settimeout(0.2)
+                try:
+                    sock.connect(("127.0.0.1", port))
+                except TimeoutError:
+                    sock.close()
+                    break
+                queued.append(sock)
+            else:
+                pytest.fail("the listener's accept queue never filled")
+            options: dict[str, Any] = {"timeout": 0.1, "on_error": "closed", "breaker": Breaker(1, 10, 2)}
+            if flavour == "sync":
+                lim = Limiter(redis.Redis(port=port), backend="module", **options)
+                d, state = lim.consume("k", B), lim.breaker_state
+                lim.close()
+            else:
+
+                async def main() -> tuple[Any, str]:
+                    alim = tb_asyncio.Limiter(redis.asyncio.Redis(port=port), backend="module", **options)
+                    try:
+                        return await alim.consume("k", B), alim.breaker_state
+                    finally:
+                        await alim.aclose()
+
+                d, state = run(main())
+        finally:
+            for sock in queued:
+                sock.close()
+    if flavour == "sync":
+        assert (d.allowed, d.degraded, d.shed, state) == (False, True, False, "open")
+    else:
+        assert (d.allowed, d.degraded, d.shed, state) == (False, False, True, "closed")
+
+
 def test_a_reply_that_came_while_the_loop_was_busy_is_read_not_failed(module_target: Target):
     """The budget runs from the write; a reply sitting in the socket when
     the timer finally runs is Redis's answer, not a timeout."""
@@ -163,33 +235,132 @@ class CountingBackoff(AbstractBackoff):
 RETRY_ON: list[type[Exception]] = [redis.ConnectionError, redis.TimeoutError]
 
 
+@pytest.mark.parametrize("redis_is", ["frozen", "stopped"])
 @pytest.mark.parametrize("flavour", ["sync", "asyncio"])
-def test_the_clients_retries_do_not_multiply_the_budget(flavour: str, own_server: Server):
-    """A client that retries on timeouts (redis-py 6+ does by default, 3
-    times with backoff) would pay the budget once per try on a frozen
-    Redis; the limiter's command is tried once, and the breaker decides
-    when to try again."""
+def test_the_clients_retries_do_not_multiply_the_budget(flavour: str, redis_is: str, own_server: Server):
+    """A client that retries on timeouts and connection errors (redis-py
+    6+ does by default, 3 times with backoff) would pay the budget once
+    per try on a frozen Redis, and its backoff on every refused connect
+    of a stopped one; each of the limiter's commands is tried once (the
+    first on the connection it had, the second on a new one), and the
+    breaker decides when to try again. (redis-py 5's sync pool connects
+    outside its retries, so only a newer redis-py can fail sync-stopped.)"""
     settings: dict[str, Any] = {"port": own_server.port, "socket_timeout": 0.05, "retry_on_error": RETRY_ON}
+    down = own_server.pause if redis_is == "frozen" else own_server.stop
     if flavour == "sync":
-        lim = Limiter(redis.Redis(retry=Retry(CountingBackoff(), 3), **settings), timeout=0.3, on_error="open")
+        lim = Limiter(
+            redis.Redis(retry=Retry(CountingBackoff(), 3), **settings), timeout=0.3, on_error="open", breaker=False
+        )
         assert not lim.consume("k", B).degraded  # connected
-        own_server.pause()
+        down()
         CountingBackoff.calls = 0
-        d = lim.consume("k", B)
+        decisions = [lim.consume("k", B) for _ in range(2)]
     else:
         from redis.asyncio.retry import Retry as AsyncRetry
 
-        async def main() -> Any:
+        async def main() -> list[Any]:
             client = redis.asyncio.Redis(retry=AsyncRetry(CountingBackoff(), 3), **settings)
-            alim = tb_asyncio.Limiter(client, timeout=0.3, on_error="open")
+            alim = tb_asyncio.Limiter(client, timeout=0.3, on_error="open", breaker=False)
             assert not (await alim.consume("k", B)).degraded
-            own_server.pause()
+            down()
             CountingBackoff.calls = 0
-            return await alim.consume("k", B)
+            return [await alim.consume("k", B) for _ in range(2)]
 
-        d = run(main())
-    assert d.allowed and d.degraded
+        decisions = run(main())
+    assert all(d.allowed and d.degraded for d in decisions)
     assert CountingBackoff.calls == 0
+
+
+# ---- what an error means: Redis failing, local overload, or usage --------------
+
+
+def reply_error(reply: str) -> Exception:
+    """What redis-py makes of an error reply (the limiter's own connections
+    parse theirs with the same function)."""
+    error: Exception = Connection()._parser.parse_error(reply)
+    return error
+
+
+def cluster_reply_error(reply: str) -> Exception:
+    """What a Cluster client makes of it: classes of their own for
+    CLUSTERDOWN, MASTERDOWN and TRYAGAIN, without the code (redis-py 5's
+    ClusterParser; redis-py 8 has no such parser, every one does this)."""
+    import redis.cluster
+
+    parser = getattr(redis.cluster, "ClusterParser", None) or Connection()._parser
+    error: Exception = parser.parse_error(reply)
+    return error
+
+
+# docs/failure-model.md: "the server says it can't serve".
+UNAVAILABLE = [
+    "LOADING Redis is loading the dataset in memory",
+    "READONLY You can't write against a read only replica.",
+    "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+    "CLUSTERDOWN The cluster is down",
+    "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.",
+    "OOM command not allowed when used memory > 'maxmemory'.",
+    "TRYAGAIN Multiple keys request during rehashing of slot",
+]
+
+
+@pytest.mark.parametrize("parse", [reply_error, cluster_reply_error], ids=["standalone", "cluster"])
+@pytest.mark.parametrize("reply", UNAVAILABLE, ids=lambda reply: reply.split()[0])
+def test_a_server_that_cannot_serve_now_is_redis_failing(reply: str, parse: Callable[[str], Exception]):
+    error = parse(reply)
+    assert classify(error) == "failure", repr(error)
+
+
+@pytest.mark.parametrize(
+    "error, kind",
+    [
+        # Redis failing: the policy answers (docs/failure-model.md).
+        pytest.param(
+            redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
+            "failure",
+            id="refused",
+        ),
+        pytest.param(redis.ConnectionError("Connection closed by server."), "failure", id="closed"),
+        pytest.param(ConnectionResetError(104, "Connection reset by peer"), "failure", id="reset"),
+        pytest.param(redis.TimeoutError("no reply from Redis within 0.1 s of the command"), "failure", id="no-reply"),
+        pytest.param(TimeoutError(), "failure", id="builtin-timeout"),
+        # The server turns the connection away.
+        pytest.param(reply_error("ERR max number of clients reached"), "failure", id="maxclients"),
+        pytest.param(
+            redis.exceptions.RedisClusterException("Redis Cluster cannot be connected."),
+            "failure",
+            id="no-cluster-node",
+        ),
+        # Local overload: shed, never degraded. redis-py's pools running
+        # out: MaxConnectionsError (a pool of redis-py 6+; the asyncio
+        # Cluster's node pools, without a message), a plain ConnectionError
+        # from the sync pools before 6, a BlockingConnectionPool's wait
+        # running out.
+        pytest.param(Shed("no connection to Redis free within 0.1 s"), "shed", id="shed"),
+        pytest.param(redis.exceptions.MaxConnectionsError("Too many connections"), "shed", id="max-connections"),
+        pytest.param(redis.exceptions.MaxConnectionsError(), "shed", id="max-connections-bare"),
+        pytest.param(redis.ConnectionError("Too many connections"), "shed", id="too-many-connections"),
+        pytest.param(redis.ConnectionError("No connection available."), "shed", id="blocking-pool"),
+        # Usage errors: raised under every policy.
+        pytest.param(reply_error(message("wrongtype")), "usage", id="WRONGTYPE"),
+        pytest.param(reply_error(message("bad_fields")), "usage", id="not-a-bucket"),
+        pytest.param(reply_error(message("duplicate_key", group=2, first=1)), "usage", id="duplicate-key"),
+        pytest.param(
+            reply_error("NOPERM User nobody has no permissions to run the 'tb.consume' command"), "usage", id="NOPERM"
+        ),
+        pytest.param(
+            reply_error("WRONGPASS invalid username-password pair or user is disabled."), "usage", id="WRONGPASS"
+        ),
+        pytest.param(reply_error("BUSYKEY Target key name already exists."), "usage", id="BUSYKEY-not-BUSY"),
+        pytest.param(
+            NoBackendError([("module", reply_error("ERR unknown command 'TB.PEEK'"))]), "usage", id="no-backend"
+        ),
+        pytest.param(redis.DataError("Invalid input of type: 'NoneType'."), "usage", id="data"),
+        pytest.param(TypeError("key must be a str, bytes or int, got NoneType"), "usage", id="key-type"),
+    ],
+)
+def test_classify_tells_redis_failing_from_overload_and_usage(error: BaseException, kind: str):
+    assert classify(error) == kind
 
 
 # ---- usage errors always raise --------------------------------------------------

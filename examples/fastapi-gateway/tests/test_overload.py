@@ -2,8 +2,9 @@
 2 workers and wrk at 400 connections for 5 s, 50 saturated users. An
 admission count, not a timing: at most the exact budget plus one token per
 user is admitted, and nothing is degraded while Redis is healthy. Each
-worker's pool holds 100 connections (redis-py 6+'s default), so requests
-do wait for connections and for the event loop."""
+worker's limiter sends its commands on one shared connection, at most 100
+in flight (the client pool's max_connections, redis-py 6+'s default), so
+requests do wait for a slot and for the event loop."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ CHAT = {"prompt": "hi", "max_tokens": 1}
 
 
 def test_fail_open_and_fail_closed_when_redis_stops(make_client, own_server, caplog):
-    client = make_client(url=own_server.url)
+    client = make_client(url=own_server.url, breaker_failures=4)
     assert client.get("/v1/models", headers=auth("k-free")).status_code == 200
     assert client.post("/v1/chat", headers=auth("k-free"), json=CHAT).status_code == 200
 
@@ -28,7 +28,14 @@ def test_fail_open_and_fail_closed_when_redis_stops(make_client, own_server, cap
     res = client.post("/v1/chat", headers=auth("k-free"), json=CHAT)
     assert res.status_code == 503 and res.json() == {"error": "rate_limiter_unavailable"}
     assert "fail-closed" in caplog.records[-1].getMessage()
-    assert client.get("/readyz").status_code == 503
+    res = client.get("/readyz")
+    assert res.status_code == 503 and res.json()["breaker"] == "closed"  # 3 failures, with this check's own
+    # The 4th opens the breaker: the routes' policies answer without trying
+    # Redis, and /readyz says so.
+    assert client.get("/v1/models", headers=auth("k-free")).status_code == 200
+    res = client.get("/readyz")
+    assert res.status_code == 503
+    assert res.json()["breaker"] == "open" and res.json()["reason"].startswith("CircuitOpenError")
 
 
 def test_redis_down_from_the_start(make_client, caplog):
