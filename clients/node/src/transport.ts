@@ -6,9 +6,10 @@ import { CircuitOpenError, LimiterError, RedisTimeoutError, Shed } from "./error
 export type Kind = "failure" | "shed" | "usage";
 
 // Error replies that say the server can't serve now (a failover, a
-// restart, a script that runs too long, a full memory), as opposed to
+// restart, a script that runs too long, a full memory, a snapshot that
+// failed, too few replicas for min-replicas-to-write), as opposed to
 // "your request is wrong".
-const UNAVAILABLE = /^(LOADING|MASTERDOWN|CLUSTERDOWN|READONLY|BUSY |OOM |TRYAGAIN)/;
+const UNAVAILABLE = /^(LOADING|MASTERDOWN|CLUSTERDOWN|READONLY|BUSY |OOM |TRYAGAIN|MISCONF|NOREPLICAS)/;
 
 // Socket errors: the connection to Redis failed.
 const SOCKET_CODES = new Set([

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import { Breaker, Bucket, CircuitOpenError, Limiter, RedisTimeoutError } from "redis-tokenbucket";
 import { client } from "./clients.mjs";
-import { Server, SLOW, stopAll, target } from "./servers.mjs";
+import { freePort, Server, SLOW, stopAll, target } from "./servers.mjs";
 
 after(stopAll);
 
@@ -262,6 +262,41 @@ test("onError local admits about a processes' share of each key while Redis is d
     server.stop();
   }
 });
+
+// Real servers that refuse writes for now: each is Redis failing, answered
+// by the policy (docs/failure-model.md), never thrown as a usage error.
+const REFUSALS = [
+  ["NOREPLICAS", ["CONFIG", "SET", "min-replicas-to-write", "1"], ["CONFIG", "SET", "min-replicas-to-write", "0"]],
+  ["OOM", ["CONFIG", "SET", "maxmemory", "1"], ["CONFIG", "SET", "maxmemory", "0"]],
+  ["READONLY", null, ["REPLICAOF", "NO", "ONE"]],
+];
+for (const lib of ["ioredis", "redis6"]) {
+  test(`${lib}: a server that refuses writes for now (NOREPLICAS, OOM, READONLY) is Redis failing`, async () => {
+    const server = await ownServer();
+    const admin = server.admin();
+    const c = await client(lib, server.port);
+    try {
+      const lim = (onError) => new Limiter(c.client, { onError, logger: quiet, breaker: false });
+      const lims = { raise: lim("raise"), open: lim("open"), closed: lim("closed") };
+      for (const l of Object.values(lims)) assert.ok((await l.consume("k", B)).allowed); // backend known
+      for (const [code, refuse, restore] of REFUSALS) {
+        // A replica of a primary that isn't there: writes are READONLY.
+        await admin.call(...(refuse ?? ["REPLICAOF", "127.0.0.1", String(await freePort())]));
+        await assert.rejects(lims.raise.consume("k", B), new RegExp(code), code);
+        const open = await lims.open.consume("k", B);
+        assert.deepEqual([code, open.allowed, open.degraded, open.shed], [code, true, true, false]);
+        const closed = await lims.closed.consume("k", B);
+        assert.deepEqual([code, closed.allowed, closed.degraded, closed.shed], [code, false, true, false]);
+        await admin.call(...restore);
+        assert.deepEqual([code, (await lims.closed.consume("k", B)).degraded], [code, false]);
+      }
+    } finally {
+      admin.disconnect();
+      c.close();
+      server.stop();
+    }
+  });
+}
 
 test("usage errors throw under every policy and never open the breaker", async () => {
   const t = await target("redis-7.0+module");

@@ -21,7 +21,7 @@ from conftest import SLOW, Target, all_connections_busy, run
 from redis.backoff import AbstractBackoff
 from redis.connection import Connection
 from redis.retry import Retry
-from tbservers import Server
+from tbservers import Server, free_port
 
 import redis_tokenbucket.asyncio as tb_asyncio
 from redis_tokenbucket import Breaker, Bucket, DecisionEvent, Limiter, LimiterError, MultiDecision, NoBackendError
@@ -301,6 +301,11 @@ UNAVAILABLE = [
     "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.",
     "OOM command not allowed when used memory > 'maxmemory'.",
     "TRYAGAIN Multiple keys request during rehashing of slot",
+    "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk. "
+    "Commands that may modify the data set are disabled, because this instance is configured to report "
+    "errors during writes if RDB snapshotting fails (stop-writes-on-bgsave-error option). "
+    "Please check the Redis logs for details about the RDB error.",
+    "NOREPLICAS Not enough good replicas to write.",
 ]
 
 
@@ -309,6 +314,47 @@ UNAVAILABLE = [
 def test_a_server_that_cannot_serve_now_is_redis_failing(reply: str, parse: Callable[[str], Exception]):
     error = parse(reply)
     assert classify(error) == "failure", repr(error)
+
+
+# Real servers that refuse writes for now, and how each is undone.
+REFUSALS: list[tuple[str, tuple[str, ...] | None, tuple[str, ...]]] = [
+    ("NOREPLICAS", ("CONFIG", "SET", "min-replicas-to-write", "1"), ("CONFIG", "SET", "min-replicas-to-write", "0")),
+    ("OOM", ("CONFIG", "SET", "maxmemory", "1"), ("CONFIG", "SET", "maxmemory", "0")),
+    ("READONLY", None, ("REPLICAOF", "NO", "ONE")),  # None: a replica of a primary that isn't there
+]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_server_that_refuses_writes_for_now_is_redis_failing(flavour: str, own_server: Server):
+    """The replies above from a real server, through the whole call: the
+    policy answers them (degraded), "raise" raises them, and once the server
+    writes again the limiter is back without a restart."""
+    admin = own_server.client()
+
+    async def decide(on_error: str) -> Any:
+        if flavour == "sync":
+            lim: Any = Limiter(redis.Redis(port=own_server.port), on_error=on_error, breaker=False)
+            try:
+                return lim.consume("k", B)
+            finally:
+                lim.close()
+        alim = tb_asyncio.Limiter(redis.asyncio.Redis(port=own_server.port), on_error=on_error, breaker=False)
+        try:
+            return await alim.consume("k", B)
+        finally:
+            await alim.aclose()
+
+    for code, refuse, restore in REFUSALS:
+        admin.execute_command(*(refuse or ("REPLICAOF", "127.0.0.1", str(free_port()))))
+        with pytest.raises(redis.RedisError) as raised:  # redis-py may drop the code (OutOfMemoryError)
+            run(decide("raise"))
+        assert classify(raised.value) == "failure", (code, raised.value)
+        opened, closed = run(decide("open")), run(decide("closed"))
+        assert (code, opened.allowed, opened.degraded, opened.shed) == (code, True, True, False)
+        assert (code, closed.allowed, closed.degraded, closed.shed) == (code, False, True, False)
+        admin.execute_command(*restore)
+        assert (code, run(decide("closed")).degraded) == (code, False)
+    admin.close()
 
 
 @pytest.mark.parametrize(

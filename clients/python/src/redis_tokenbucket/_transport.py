@@ -68,9 +68,20 @@ _DRIVER_INFO = importlib.util.find_spec("redis.driver_info") is not None
 _UNBOUNDED = 2**30
 
 # Error replies that say the server can't serve now (a failover, a restart,
-# a script that runs too long, a full memory), as opposed to "your request
-# is wrong". redis-py turns some into their own classes and drops the code.
-_UNAVAILABLE_CODES = ("LOADING", "MASTERDOWN", "CLUSTERDOWN", "READONLY", "BUSY ", "OOM ", "TRYAGAIN")
+# a script that runs too long, a full memory, a snapshot that failed, too
+# few replicas for min-replicas-to-write), as opposed to "your request is
+# wrong". redis-py turns some into their own classes and drops the code.
+_UNAVAILABLE_CODES = (
+    "LOADING",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "READONLY",
+    "BUSY ",
+    "OOM ",
+    "TRYAGAIN",
+    "MISCONF",
+    "NOREPLICAS",
+)
 _POOL_EXHAUSTED = ("too many connections", "no connection available")
 
 
