@@ -215,7 +215,9 @@ dist: build ## release tarball and its .sha256 in target/dist/
 
 # ---- measurements and long runs ----------------------------------------------------
 
-bench: deps venv build ## throughput, memory, scale and instructions per command (BENCH_CELL_SO=libredis_cell.so adds redis-cell); writes docs/benchmarks.md
+# The lease rows are bench-leases' (a prerequisite, so `make -j` never runs
+# the two benches at once).
+bench: deps venv build bench-leases ## the lease bench, then throughput, memory, scale and instructions per command (BENCH_CELL_SO=libredis_cell.so adds redis-cell); writes docs/benchmarks.md
 	bash bench/run.sh
 
 bench-python: deps venv build python-tools ## the Python client: its overhead per call, its denial cache, and the peers (limits)
