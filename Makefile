@@ -90,10 +90,10 @@ contract: ## rewrite every copy of contract/contract.json (Rust, Lua, Python, No
 
 # ---- what a fresh machine needs ------------------------------------------------
 
-build-deps:
+build-deps: ## install the Debian packages the build needs (libclang for bindgen)
 	@$(APT) $(BUILD_PKGS)
 
-run-deps:
+run-deps: ## install redis-server, which `make run` starts
 	@$(APT) $(RUN_PKGS)
 
 deps: ## install the Debian packages the tests need
@@ -110,7 +110,7 @@ $(VENV)/.python-tools: $(VENV)/.installed
 	$(VENV)/bin/pip install -q --disable-pip-version-check $(PY_TOOL_PKGS)
 	touch $@
 
-python-tools: $(VENV)/.python-tools
+python-tools: $(VENV)/.python-tools ## the Python package's build and lint tools (build, hatchling, ruff, mypy) in .venv
 
 $(VENV)/.prometheus-tools: $(VENV)/.installed
 	$(VENV)/bin/pip install -q --disable-pip-version-check $(PROM_TOOLS)
@@ -120,9 +120,9 @@ $(NODE_CLIENT)/node_modules/.package-lock.json: $(NODE_CLIENT)/package-lock.json
 	@command -v npm >/dev/null || $(APT) nodejs npm
 	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
 
-node-tools: $(NODE_CLIENT)/node_modules/.package-lock.json
+node-tools: $(NODE_CLIENT)/node_modules/.package-lock.json ## the Node package's build and lint tools, from its lockfile (npm ci)
 
-prometheus-deps: deps venv $(VENV)/.prometheus-tools
+prometheus-deps: deps venv $(VENV)/.prometheus-tools ## Debian's Prometheus and redis_exporter, and the tools contrib/prometheus's tests use
 	@$(APT) $(PROM_PKGS)
 
 # ---- tests -------------------------------------------------------------------------
@@ -150,7 +150,7 @@ test-python: deps venv build python-wheel ## the Python package, from its wheel,
 
 # `python -m build` makes the sdist and, from it, the wheel (the build hook
 # copies lua/ in).
-python-wheel: python-tools
+python-wheel: python-tools ## the Python package's sdist and wheel, in clients/python/dist/
 	rm -rf $(PY_CLIENT)/dist
 	$(PY) -m build --no-isolation -q $(PY_CLIENT) >/dev/null
 
@@ -174,19 +174,19 @@ lint: lint-rust lint-python lint-prometheus lint-node lint-generated ## rustfmt,
 
 # The test-hooks build of the module has its own target directory, as in
 # the tests; the fuzz crate is a workspace of its own.
-lint-rust: build-deps
+lint-rust: build-deps ## rustfmt and clippy (-D warnings) on the workspace, the test-hooks build and the fuzz crate
 	cargo fmt --all -- --check
 	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p redis-tokenbucket --features test-hooks --lib --target-dir target/test-hooks -- -D warnings
 	cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 
-lint-python: python-tools
+lint-python: python-tools ## ruff check, ruff format --check and mypy --strict on the Python package
 	$(VENV)/bin/ruff check $(PY_CLIENT)
 	$(VENV)/bin/ruff format --check $(PY_CLIENT)
 	$(VENV)/bin/mypy --strict --config-file $(PY_CLIENT)/pyproject.toml $(PY_CLIENT)/src
 
-lint-prometheus: python-tools $(VENV)/.prometheus-tools
+lint-prometheus: python-tools $(VENV)/.prometheus-tools ## ruff and mypy on contrib/prometheus (its tests and tb_metrics.py)
 	$(VENV)/bin/ruff check $(PROM_DIR)
 	$(VENV)/bin/ruff format --check $(PROM_DIR)
 	$(VENV)/bin/mypy --config-file $(PROM_DIR)/pyproject.toml $(PROM_TESTS) $(PROM_DIR)/python
@@ -195,7 +195,7 @@ lint-node: node-tools ## tsc --noEmit (strict) and biome on the Node package, it
 	cd $(NODE_CLIENT) && node scripts/build.mjs --lua-only && npx tsc --noEmit -p tsconfig.json && npx biome check . ../../examples/express-gateway
 
 # Every copy of the contract, as generated.
-lint-generated:
+lint-generated: ## every generated copy of contract/contract.json is up to date
 	python3 contract/gen.py --check
 
 # ---- install and release -----------------------------------------------------------
@@ -215,7 +215,9 @@ dist: build ## release tarball and its .sha256 in target/dist/
 
 # ---- measurements and long runs ----------------------------------------------------
 
-bench: deps venv build ## throughput, memory, scale and instructions per command (BENCH_CELL_SO=libredis_cell.so adds redis-cell); writes docs/benchmarks.md
+# The lease rows are bench-leases' (a prerequisite, so `make -j` never runs
+# the two benches at once).
+bench: deps venv build bench-leases ## the lease bench, then throughput, memory, scale and instructions per command (BENCH_CELL_SO=libredis_cell.so adds redis-cell); writes docs/benchmarks.md
 	bash bench/run.sh
 
 bench-python: deps venv build python-tools ## the Python client: its overhead per call, its denial cache, and the peers (limits)

@@ -1,14 +1,15 @@
-//! A hostile client: tens of thousands of TB commands with random argument
-//! counts and random bytes (huge and tiny numbers, `nan`, `inf`, `0x10`,
-//! spaces, empty strings, NUL bytes...), while a second client keeps
-//! writing garbage and other types into the same keys.
+//! A hostile client: tens of thousands of TB commands, the bucket and the
+//! lease commands, with random argument counts and random bytes (huge and
+//! tiny numbers, `nan`, `inf`, `0x10`, spaces, empty strings, NUL bytes,
+//! ids of every length...), while a second client keeps writing garbage,
+//! other types and broken leases into the same keys.
 //!
 //! Every call is checked against an oracle built from tb-core and the key
 //! pool's state just before the call: the exact error for a failing call
 //! (which must change nothing), the documented reply shape for a
-//! successful one (which may change only its own keys, into valid
-//! buckets). At the end: the server is up, nothing panicked, and the INFO
-//! counters add up to what the client saw.
+//! successful one (which may change only its own keys, into valid buckets
+//! and lease keys). At the end: the server is up, nothing panicked, and
+//! the INFO counters add up to what the client saw.
 //!
 //! The two clients take turns from one seeded PRNG (set `TB_HOSTILE_SEED`
 //! to replay a run), so each call's before/after snapshot is exact; Redis
@@ -20,12 +21,19 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
 use tb_core::contract::msg::WRONGTYPE;
+use tb_core::contract::MAX_LEASE_ID_BYTES;
 use tb_core::error::Error;
+use tb_core::lease::{
+    key_expire_at_ms, parse_acquire, parse_inflight, parse_release, parse_renew, Lease, Scan,
+    ACQUIRE_ID_INDEX,
+};
 use testkit::{
     consume, dbsize, error_of, error_text, hgetall, tb_counter, Config, KeyView, Rng, Server,
 };
 
-const CALLS: usize = 60_000;
+/// 60% bucket commands (as many as when they were the only ones), 40%
+/// lease commands.
+const CALLS: usize = 100_000;
 
 /// The keys both clients fight over: plain, empty, binary, spaced.
 fn key_pool() -> Vec<Vec<u8>> {
@@ -165,36 +173,117 @@ fn key_arg(r: &mut Rng, pool: &[Vec<u8>]) -> Vec<u8> {
     r.pick(pool).clone()
 }
 
-const NAMES: [[&str; 3]; 4] = [
+/// The bucket commands' (`FOR_BUCKETS`) or the lease commands' keys: mostly
+/// their half of the pool, so each has keys of its own kind to work on,
+/// and a fifth of the time any key (the other kind's, garbage...).
+const FOR_BUCKETS: usize = 0;
+const FOR_LEASES: usize = 1;
+fn own_key(r: &mut Rng, pool: &[Vec<u8>], half: usize) -> Vec<u8> {
+    if r.percent(20) {
+        return key_arg(r, pool);
+    }
+    pool[2 * r.index(pool.len() / 2) + half].clone()
+}
+
+/// The usual `limit`, `lease_ms` and `weight`: small limits, so leases
+/// contend; short leases, which expire between calls and get pruned.
+const LIMITS: &[&str] = &["1", "2", "3", "5", "10"];
+const LEASE_MS: &[&str] = &["1", "50", "60000", "600000", "600000", "3600000"];
+const WEIGHTS: &[&str] = &["1", "1", "2", "3"];
+
+/// An integer argument of the lease commands: a usual value, a bound or
+/// one past it, an integer in another spelling, or any number.
+fn int_arg(r: &mut Rng, usual: &[&str]) -> Vec<u8> {
+    match r.index(20) {
+        0..=17 => r.pick(usual).as_bytes().to_vec(),
+        18 => r
+            .pick(&[
+                "0",
+                "-1",
+                "+1",
+                "007",
+                "1000000",
+                "1000001",
+                "86400000",
+                "86400001",
+                "9223372036854775807",
+                "9223372036854775808",
+                "1.0",
+                "1e3",
+            ])
+            .as_bytes()
+            .to_vec(),
+        _ => number_arg(r),
+    }
+}
+
+/// Lease ids (and the garbage writer's lease fields): a few shared ones,
+/// so releases and renewals find live leases; the longest allowed and one
+/// byte more; empty; random bytes.
+fn lease_id(r: &mut Rng) -> Vec<u8> {
+    match r.index(20) {
+        0..=16 => r
+            .pick(&["a", "b", "tokens", "BUCKET", "\0"])
+            .as_bytes()
+            .to_vec(),
+        17 => vec![b'i'; MAX_LEASE_ID_BYTES + r.index(2)],
+        18 => Vec::new(),
+        _ => r.bytes(8),
+    }
+}
+
+/// `NAMES[i]` is the command `Parsed::command == i` stands for.
+const NAMES: [[&str; 3]; 8] = [
     ["TB.CONSUME", "tb.consume", "Tb.Consume"],
     ["TB.PEEK", "tb.peek", "tB.pEEK"],
     ["TB.ADJUST", "tb.adjust", "Tb.Adjust"],
     ["TB.MCONSUME", "tb.mconsume", "TB.mconsume"],
+    ["TB.ACQUIRE", "tb.acquire", "Tb.AcQuIrE"],
+    ["TB.RELEASE", "tb.release", "tB.rELEASE"],
+    ["TB.RENEW", "tb.renew", "Tb.Renew"],
+    ["TB.INFLIGHT", "tb.inflight", "TB.inflight"],
 ];
 
 /// A random call: a TB command with a random number of arguments.
 fn random_call(r: &mut Rng, pool: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    let which = r.index(4);
-    let mut argv = vec![r.pick(&NAMES[which]).as_bytes().to_vec()];
-    if which == 3 {
-        let groups = if r.percent(5) { 0 } else { 1 + r.index(6) };
-        for _ in 0..groups {
-            argv.push(key_arg(r, pool));
-            argv.extend(limits_args(r));
-        }
+    // The bucket commands 60% of the time, the lease commands 40%.
+    let which = if r.percent(60) {
+        r.index(4)
     } else {
-        argv.push(key_arg(r, pool));
-        let [max, rate, cost] = limits_args(r);
-        argv.extend([max, rate]);
-        if which == 2 {
-            let delta = match r.index(4) {
-                0 => number_arg(r),
-                1 => format!("-{}", plausible(r)).into_bytes(),
-                _ => plausible(r).into_bytes(),
-            };
-            argv.push(delta);
-        } else if r.percent(70) {
-            argv.push(cost);
+        4 + r.index(4)
+    };
+    let mut argv = vec![r.pick(&NAMES[which]).as_bytes().to_vec()];
+    match which {
+        3 => {
+            let groups = if r.percent(5) { 0 } else { 1 + r.index(6) };
+            for _ in 0..groups {
+                argv.push(own_key(r, pool, FOR_BUCKETS));
+                argv.extend(limits_args(r));
+            }
+        }
+        4 => acquire_args(r, pool, &mut argv),
+        5 | 6 => {
+            argv.push(own_key(r, pool, FOR_LEASES));
+            argv.push(lease_id(r));
+            if which == 6 {
+                argv.push(int_arg(r, LEASE_MS));
+            }
+        }
+        7 => argv.push(own_key(r, pool, FOR_LEASES)),
+        _ => {
+            argv.push(own_key(r, pool, FOR_BUCKETS));
+            let [max, rate, cost] = limits_args(r);
+            argv.extend([max, rate]);
+            if which == 2 {
+                let delta = match r.index(4) {
+                    0 => number_arg(r),
+                    1 => format!("-{}", plausible(r)).into_bytes(),
+                    _ => plausible(r).into_bytes(),
+                };
+                argv.push(delta);
+            } else if r.percent(70) {
+                argv.push(cost);
+            }
         }
     }
     // Wrong argument counts: drop or add some.
@@ -216,6 +305,33 @@ fn random_call(r: &mut Rng, pool: &[Vec<u8>]) -> Vec<Vec<u8>> {
     argv
 }
 
+/// TB.ACQUIRE's `key limit lease_ms id [weight] [BUCKET bkey max rate cost
+/// ...]`: a weight half the time, up to three clauses, a keyword that is
+/// sometimes not `BUCKET`, a clause sometimes on the lease key itself.
+fn acquire_args(r: &mut Rng, pool: &[Vec<u8>], argv: &mut Vec<Vec<u8>>) {
+    let key = own_key(r, pool, FOR_LEASES);
+    argv.push(key.clone());
+    argv.push(int_arg(r, LIMITS));
+    argv.push(int_arg(r, LEASE_MS));
+    argv.push(lease_id(r));
+    if r.percent(50) {
+        argv.push(int_arg(r, WEIGHTS));
+    }
+    for _ in 0..*r.pick(&[0, 0, 0, 1, 1, 2, 3]) {
+        argv.push(match r.index(20) {
+            0 => b"BUCKETS".to_vec(),
+            1 => number_arg(r),
+            _ => r.pick(&["BUCKET", "bucket", "Bucket"]).as_bytes().to_vec(),
+        });
+        argv.push(if r.percent(5) {
+            key.clone()
+        } else {
+            own_key(r, pool, FOR_BUCKETS)
+        });
+        argv.extend(limits_args(r));
+    }
+}
+
 // ---- what the key pool holds --------------------------------------------------
 
 #[derive(Clone, Debug, PartialEq)]
@@ -227,6 +343,23 @@ struct KeyState {
 }
 
 type Snap = BTreeMap<Vec<u8>, KeyState>;
+
+impl KeyState {
+    fn missing() -> KeyState {
+        KeyState {
+            ty: "none".into(),
+            dump: None,
+            expire_at: -2,
+            hash: None,
+        }
+    }
+
+    /// Whether the key's expire time had passed by `now_ms`, so it may be
+    /// gone without anyone deleting it.
+    fn may_have_expired(&self, now_ms: i64) -> bool {
+        self.expire_at > 0 && self.expire_at <= now_ms
+    }
+}
 
 fn snap(c: &mut redis::Connection, pool: &[Vec<u8>]) -> (Snap, i64) {
     let mut p = redis::pipe();
@@ -269,12 +402,7 @@ fn snap(c: &mut redis::Connection, pool: &[Vec<u8>]) -> (Snap, i64) {
             let s = out.get_mut(k).unwrap();
             if m.is_empty() {
                 // Expired between the two pipelines (hashes are never empty).
-                *s = KeyState {
-                    ty: "none".into(),
-                    dump: None,
-                    expire_at: -2,
-                    hash: None,
-                };
+                *s = KeyState::missing();
             } else {
                 s.hash = Some(m);
             }
@@ -289,10 +417,7 @@ fn snap(c: &mut redis::Connection, pool: &[Vec<u8>]) -> (Snap, i64) {
 fn changed(before: &Snap, after: &Snap, now_ms: i64) -> Vec<Vec<u8>> {
     before
         .iter()
-        .filter(|(k, b)| {
-            let may_have_expired = b.expire_at > 0 && b.expire_at <= now_ms;
-            after[*k] != **b && !may_have_expired
-        })
+        .filter(|(k, b)| after[*k] != **b && !b.may_have_expired(now_ms))
         .map(|(k, _)| k.clone())
         .collect()
 }
@@ -315,46 +440,146 @@ fn key_error(s: &KeyState) -> Option<Error> {
     s.view().load().err()
 }
 
-/// A parsed call: its keys and each key's `max`.
+/// Why a key is not usable as a lease key.
+fn lease_key_error(s: &KeyState) -> Option<Error> {
+    s.view().scan_leases(&mut Scan::new(None, 0)).err()
+}
+
+/// A parsed call: its bucket keys with each one's `max`, and a lease
+/// command's key, id and numbers.
+#[derive(Default)]
 struct Parsed {
     command: usize,
     keys: Vec<(Vec<u8>, f64)>,
+    lease_key: Option<Vec<u8>>,
+    /// TB.ACQUIRE's id.
+    id: Vec<u8>,
+    /// TB.ACQUIRE's and TB.RENEW's.
+    lease_ms: i64,
+    /// TB.ACQUIRE's.
+    limit: i64,
+    weight: i64,
 }
 
 /// The reply a call must get: `Err(message)` or `Ok(parsed call)`.
 fn predict(argv: &[Vec<u8>], state: &Snap) -> Result<Parsed, String> {
     let name = String::from_utf8_lossy(&argv[0]).to_lowercase();
     let msg = |e: Error| e.to_string();
-    let (command, keys) = match name.as_str() {
+    let bucket = |command, max| Parsed {
+        command,
+        keys: vec![(argv[1].clone(), max)],
+        ..Parsed::default()
+    };
+    let lease = |command| Parsed {
+        command,
+        lease_key: Some(argv[1].clone()),
+        ..Parsed::default()
+    };
+    let call = match name.as_str() {
         "tb.consume" | "tb.peek" => {
             let s = parse_consume(argv).map_err(msg)?;
-            let cmd = if name == "tb.consume" { 0 } else { 1 };
-            (cmd, vec![(argv[1].clone(), s.limits.max)])
+            bucket(if name == "tb.consume" { 0 } else { 1 }, s.limits.max)
         }
-        "tb.adjust" => {
-            let s = parse_adjust(argv).map_err(msg)?;
-            (2, vec![(argv[1].clone(), s.limits.max)])
-        }
+        "tb.adjust" => bucket(2, parse_adjust(argv).map_err(msg)?.limits.max),
         "tb.mconsume" => {
             let g = parse_mconsume(argv).map_err(msg)?;
-            let keys = g
-                .iter()
-                .map(|g| (argv[g.key_index].clone(), g.limits.max))
-                .collect();
-            (3, keys)
+            Parsed {
+                command: 3,
+                keys: g
+                    .iter()
+                    .map(|g| (argv[g.key_index].clone(), g.limits.max))
+                    .collect(),
+                ..Parsed::default()
+            }
+        }
+        "tb.acquire" => {
+            let a = parse_acquire(argv).map_err(msg)?;
+            Parsed {
+                keys: a
+                    .buckets
+                    .iter()
+                    .map(|g| (argv[g.key_index].clone(), g.limits.max))
+                    .collect(),
+                id: argv[ACQUIRE_ID_INDEX].clone(),
+                lease_ms: a.lease_ms,
+                limit: a.limit,
+                weight: a.weight,
+                ..lease(4)
+            }
+        }
+        "tb.release" => {
+            parse_release(argv).map_err(msg)?;
+            lease(5)
+        }
+        "tb.renew" => {
+            let lease_ms = parse_renew(argv).map_err(msg)?;
+            Parsed {
+                lease_ms,
+                ..lease(6)
+            }
+        }
+        "tb.inflight" => {
+            parse_inflight(argv).map_err(msg)?;
+            lease(7)
         }
         other => panic!("not a TB command: {other}"),
     };
-    for (i, (k, _)) in keys.iter().enumerate() {
-        // A key outside the pool (random bytes) is missing or a bucket this
-        // test made: the garbage writer only writes pool keys.
+    // A key outside the pool (random bytes) is missing: the garbage writer
+    // only writes pool keys, and the test deletes any other a call wrote.
+    // The lease key is read first, then the buckets.
+    if let Some(e) = call
+        .lease_key
+        .as_ref()
+        .and_then(|k| state.get(k))
+        .and_then(lease_key_error)
+    {
+        return Err(e.to_string());
+    }
+    for (i, (k, _)) in call.keys.iter().enumerate() {
         let Some(e) = state.get(k).and_then(key_error) else {
             continue;
         };
-        let e = if command == 3 { e.in_group(i + 1) } else { e };
+        // TB.MCONSUME's groups and TB.ACQUIRE's BUCKET clauses, from 1.
+        let e = if matches!(call.command, 3 | 4) {
+            e.in_group(i + 1)
+        } else {
+            e
+        };
         return Err(e.to_string());
     }
-    Ok(Parsed { command, keys })
+    Ok(call)
+}
+
+/// `predict` for the reply the call got: from the keys as they were before
+/// it, or, if that does not fit the reply, with the keys whose expire time
+/// had passed by `now_ms` gone, as they may have been when the call ran.
+fn expected(
+    argv: &[Vec<u8>],
+    before: &Snap,
+    got: &redis::RedisResult<Value>,
+    now_ms: i64,
+) -> Result<Parsed, String> {
+    let want = predict(argv, before);
+    let fits = match (&want, got) {
+        (Err(want), Err(e)) => *want == error_text(e),
+        (Ok(_), Ok(_)) => true,
+        _ => false,
+    };
+    if fits || !before.values().any(|s| s.may_have_expired(now_ms)) {
+        return want;
+    }
+    let gone: Snap = before
+        .iter()
+        .map(|(k, s)| {
+            let s = if s.may_have_expired(now_ms) {
+                KeyState::missing()
+            } else {
+                s.clone()
+            };
+            (k.clone(), s)
+        })
+        .collect();
+    predict(argv, &gone)
 }
 
 fn ints(v: &Value) -> Option<Vec<i64>> {
@@ -422,7 +647,7 @@ fn garbage(r: &mut Rng, g: &mut redis::Connection, pool: &[Vec<u8>]) {
     };
     let mut p = redis::pipe();
     p.cmd("DEL").arg(&k).ignore();
-    match r.index(20) {
+    match r.index(22) {
         0..=8 => {} // just deleted
         9 => {
             p.cmd("SET").arg(&k).arg(junk(r)).ignore();
@@ -471,6 +696,42 @@ fn garbage(r: &mut Rng, g: &mut redis::Connection, pool: &[Vec<u8>]) {
                 .arg(junk(r))
                 .ignore();
         }
+        20 | 21 => {
+            // A lease key: live leases (until 2100, or the largest
+            // expiry), expired ones, and values that are no lease.
+            p.cmd("HSET").arg(&k);
+            for _ in 0..1 + r.index(3) {
+                let value = if r.percent(75) {
+                    *r.pick(&[
+                        "4102444800000000:1",
+                        "4102444800000000:2",
+                        "9999999999999999:1000000",
+                        "9223372036854775807:1",
+                        "0009223372036854775807:1",
+                        "1764513600123456:1",
+                        "1:1",
+                        "0:3",
+                    ])
+                } else {
+                    *r.pick(&[
+                        "1:0",
+                        "1:1000001",
+                        "-1:1",
+                        "1:-1",
+                        "1.5:1",
+                        " 1:1",
+                        "1:1:1",
+                        ":1",
+                        "1:",
+                        "",
+                        "1",
+                        "99999999999999999999:1",
+                    ])
+                };
+                p.arg(lease_id(r)).arg(value);
+            }
+            p.ignore();
+        }
         _ => {
             // A plausible bucket with hostile values: debt, above any max,
             // far past or future timestamps.
@@ -510,6 +771,11 @@ struct Tally {
     denied: u64,
     peeks: u64,
     adjusts: u64,
+    acquired: u64,
+    busy: u64,
+    released: u64,
+    renewed: u64,
+    inflights: u64,
 }
 
 #[test]
@@ -528,21 +794,21 @@ fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
     let mut tally = Tally::default();
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
 
-    let (mut before, _) = snap(&mut c, &pool);
+    let (mut before, mut before_ms) = snap(&mut c, &pool);
     for n in 0..CALLS {
         if r.percent(12) {
             garbage(&mut r, &mut g, &pool);
-            before = snap(&mut c, &pool).0;
+            (before, before_ms) = snap(&mut c, &pool);
         }
         let argv = random_call(&mut r, &pool);
         let ctx = format!("call {n} (seed {seed}): {}", show(&argv));
-        let want = predict(&argv, &before);
         let mut cmd = redis::cmd(std::str::from_utf8(&argv[0]).unwrap());
         for a in &argv[1..] {
             cmd.arg(a.as_slice());
         }
         let got = cmd.query::<Value>(&mut c);
         let (after, now_ms) = snap(&mut c, &pool);
+        let want = expected(&argv, &before, &got, now_ms);
         let moved = changed(&before, &after, now_ms);
         match (want, got) {
             (Err(want), Err(e)) => {
@@ -564,15 +830,21 @@ fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
             (Ok(_), Err(e)) => panic!("{ctx}: want success, got {e:?}"),
             (Ok(call), Ok(v)) => {
                 *kinds.entry("ok".into()).or_default() += 1;
-                let allowed = check_reply(&call, &v, &ctx);
-                let own: Vec<&Vec<u8>> = call.keys.iter().map(|(k, _)| k).collect();
+                // Admitted, acquired, released or renewed.
+                let done = check_reply(&call, &v, &ctx);
+                let own: Vec<&Vec<u8>> = call
+                    .keys
+                    .iter()
+                    .map(|(k, _)| k)
+                    .chain(&call.lease_key)
+                    .collect();
                 for k in &moved {
                     assert!(own.contains(&k), "{ctx}: changed another key {k:?}");
                 }
                 let writes = match call.command {
-                    0 | 3 => allowed,
-                    1 => false,
-                    _ => true,
+                    1 | 7 => false,
+                    2 => true,
+                    _ => done,
                 };
                 if !writes {
                     assert!(
@@ -585,15 +857,50 @@ fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
                         check_bucket_key(&after[k], *max, &ctx);
                     }
                 }
-                match (call.command, allowed) {
+                if let Some(k) = &call.lease_key {
+                    if moved.contains(k) {
+                        check_lease_key(&after[k], before_ms, &ctx);
+                    }
+                    if let (4, true, Some(h)) = (
+                        call.command,
+                        done,
+                        after.get(k).and_then(|s| s.hash.as_ref()),
+                    ) {
+                        // The lease taken: its weight, for lease_ms at least.
+                        let lease = h.get(&call.id).and_then(|v| Lease::parse(v));
+                        let lease = lease.unwrap_or_else(|| panic!("{ctx}: no lease in {h:?}"));
+                        assert_eq!(lease.weight, call.weight, "{ctx}");
+                        assert!(
+                            lease.expires_us >= (before_ms + call.lease_ms) * 1000,
+                            "{ctx}: {lease:?}"
+                        );
+                    }
+                }
+                match (call.command, done) {
                     (1, _) => tally.peeks += 1,
                     (2, _) => tally.adjusts += 1,
+                    (4, true) => tally.acquired += 1,
+                    (4, false) => tally.busy += 1,
+                    (5, true) => tally.released += 1,
+                    (6, true) => tally.renewed += 1,
+                    (5 | 6, false) => {}
+                    (7, _) => tally.inflights += 1,
                     (_, true) => tally.admitted += 1,
                     (_, false) => tally.denied += 1,
+                }
+                // Keys outside the pool go, so the oracle can take them as
+                // missing.
+                let strays: Vec<&Vec<u8>> = own
+                    .into_iter()
+                    .filter(|k| !before.contains_key(*k))
+                    .collect();
+                if !strays.is_empty() {
+                    let _: () = redis::cmd("DEL").arg(strays).query(&mut c).unwrap();
                 }
             }
         }
         before = after;
+        before_ms = now_ms;
         if n % 5000 == 0 {
             assert_eq!(tb_counter(&mut c, "tb_panics"), 0, "{ctx}");
         }
@@ -612,6 +919,11 @@ fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
     assert_eq!(tb_counter(&mut c, "tb_denied"), tally.denied);
     assert_eq!(tb_counter(&mut c, "tb_peeks"), tally.peeks);
     assert_eq!(tb_counter(&mut c, "tb_adjusts"), tally.adjusts);
+    assert_eq!(tb_counter(&mut c, "tb_acquired"), tally.acquired);
+    assert_eq!(tb_counter(&mut c, "tb_busy"), tally.busy);
+    assert_eq!(tb_counter(&mut c, "tb_released"), tally.released);
+    assert_eq!(tb_counter(&mut c, "tb_renewed"), tally.renewed);
+    assert_eq!(tb_counter(&mut c, "tb_inflights"), tally.inflights);
     let log = s.log();
     assert!(
         !log.to_lowercase().contains("panic"),
@@ -620,6 +932,11 @@ fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
     // Each kind of outcome was reached often enough to mean something.
     assert!(tally.admitted > 1000 && tally.denied > 100, "{tally:?}");
     assert!(tally.peeks > 1000 && tally.adjusts > 1000, "{tally:?}");
+    assert!(
+        tally.acquired > 500 && tally.busy > 50 && tally.inflights > 1000,
+        "{tally:?}"
+    );
+    assert!(tally.released > 50 && tally.renewed > 50, "{tally:?}");
     for kind in [
         "ok",
         WRONGTYPE,
@@ -629,6 +946,15 @@ fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
         "ERR rate is too low for max",
         "ERR cost must not exceed max, it could never pass",
         "ERR duplicate key",
+        "ERR wrong number of arguments for 'tb.acquire' command",
+        "ERR wrong number of arguments for 'tb.renew' command",
+        "ERR limit must be",
+        "ERR lease_ms must be",
+        "ERR weight must",
+        "ERR id must be 1 to 256 bytes",
+        "ERR syntax error at argument",
+        "ERR the key of group",
+        "ERR key is not a lease key",
     ] {
         let seen: u64 = kinds
             .iter()
@@ -639,8 +965,12 @@ fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
     }
 }
 
-/// Checks a successful reply's shape; returns whether it was admitted.
+/// Checks a successful reply's shape; returns whether it was admitted (a
+/// lease command: acquired, released or renewed).
 fn check_reply(call: &Parsed, v: &Value, ctx: &str) -> bool {
+    if call.command >= 4 {
+        return check_lease_reply(call, v, ctx);
+    }
     if call.command != 3 {
         let [allowed, remaining, retry, _] = check_four(v, call.keys[0].1, ctx);
         match call.command {
@@ -676,6 +1006,86 @@ fn check_reply(call: &Parsed, v: &Value, ctx: &str) -> bool {
         assert!(worst > 0, "{ctx}: denied with no wait: {v:?}");
     }
     *all == 1
+}
+
+/// A lease command's reply: TB.INFLIGHT's weight, TB.RELEASE's `[released,
+/// in_use]`, TB.RENEW's `[renewed, expires_in_ms]`, or TB.ACQUIRE's
+/// `[acquired, in_use, retry_after_ms, expires_in_ms, bucket replies...]`.
+/// Returns whether the lease was acquired, released or renewed.
+fn check_lease_reply(call: &Parsed, v: &Value, ctx: &str) -> bool {
+    if call.command == 7 {
+        let Value::Int(in_use) = v else {
+            panic!("{ctx}: not an integer: {v:?}")
+        };
+        assert!(*in_use >= 0, "{ctx}: {v:?}");
+        return false;
+    }
+    let Value::Array(items) = v else {
+        panic!("{ctx}: not an array: {v:?}")
+    };
+    let head = if call.command == 4 { 4 } else { 2 };
+    assert_eq!(items.len(), head + call.keys.len(), "{ctx}: {v:?}");
+    let head = ints(&Value::Array(items[..head].to_vec()))
+        .unwrap_or_else(|| panic!("{ctx}: not integers: {v:?}"));
+    let done = head[0];
+    assert!(done == 0 || done == 1, "{ctx}: {v:?}");
+    match call.command {
+        5 => assert!(head[1] >= 0, "{ctx}: in_use {v:?}"),
+        6 if done == 1 => assert!(head[1] >= call.lease_ms, "{ctx}: {v:?}"),
+        6 => assert_eq!(head[1], 0, "{ctx}: not renewed, yet expires: {v:?}"),
+        _ => {
+            let (in_use, retry, expires) = (head[1], head[2], head[3]);
+            let mut worst = 0;
+            for (item, (_, max)) in items[4..].iter().zip(&call.keys) {
+                let [allowed, remaining, r, _] = check_four(item, *max, ctx);
+                worst = worst.max(r);
+                if done == 1 {
+                    assert_eq!((allowed, r), (1, 0), "{ctx}: {v:?}");
+                    assert!(remaining >= 0, "{ctx}: {v:?}");
+                }
+            }
+            if done == 1 {
+                assert_eq!(retry, 0, "{ctx}: acquired with a wait: {v:?}");
+                assert!(
+                    in_use >= call.weight && in_use <= call.limit,
+                    "{ctx}: in_use outside [weight, limit]: {v:?}"
+                );
+                assert!(expires >= call.lease_ms, "{ctx}: {v:?}");
+            } else {
+                // No room for the lease, or a bucket can't pay: a wait.
+                assert!(retry > 0 && retry >= worst, "{ctx}: {v:?}");
+                assert!(in_use >= 0, "{ctx}: {v:?}");
+                assert_eq!(expires, 0, "{ctx}: denied, yet expires: {v:?}");
+            }
+        }
+    }
+    done == 1
+}
+
+/// A lease key a successful call wrote: deleted (its last lease given
+/// back) or a hash of leases, with none that had expired before the call
+/// (`before_ms`: the write prunes them), expiring with its latest lease.
+fn check_lease_key(s: &KeyState, before_ms: i64, ctx: &str) {
+    if s.ty == "none" {
+        return;
+    }
+    assert_eq!(s.ty, "hash", "{ctx}");
+    let h = s.hash.as_ref().unwrap();
+    let mut latest = 0;
+    for (field, value) in h {
+        let lease = Lease::parse(value)
+            .unwrap_or_else(|| panic!("{ctx}: field {field:?} holds no lease: {value:?}"));
+        assert!(
+            lease.expires_us > before_ms * 1000,
+            "{ctx}: an expired lease was left: {field:?} {lease:?}"
+        );
+        latest = latest.max(lease.expires_us);
+    }
+    assert_eq!(
+        s.expire_at,
+        key_expire_at_ms(latest),
+        "{ctx}: the key expires with its latest lease: {h:?}"
+    );
 }
 
 /// A key a successful call wrote: deleted (a full bucket) or a hash of

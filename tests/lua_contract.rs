@@ -14,7 +14,7 @@ use std::process::Command;
 use testkit::{
     bad_then_expired, dbsize, error_of, eval_script, expired_keys, hgetall, info_field, int,
     lazy_expiry_only, load_eval_script, load_library, out_of_memory, pypi_server, repl_offset, run,
-    server_time_us, start_replica, wait_replicas, Config, KeyView, Pypi, Server, LIBRARY,
+    server_time_us, snapshot, start_replica, wait_replicas, Config, KeyView, Pypi, Server, LIBRARY,
 };
 
 const SHARED_BEGIN: &str = "-- >>> shared: begin\n";
@@ -1307,6 +1307,75 @@ fn lease_writes_replicate_as_effects() {
     let n = run(&mut r, &fcall_cmd("tb_inflight", &[b"l"], &[]));
     assert_eq!(n, Ok(Value::Int(2)));
     assert!(error_of(&mut r, &fcall_cmd("tb_release", &[b"l"], &["a"])).starts_with("READONLY"));
+}
+
+/// Lease writes through FCALL and EVALSHA reach the AOF as their effects,
+/// as the module's do (leases.rs `replicas_and_the_aof_hold_the_primarys_leases`):
+/// after acquires (with a BUCKET clause), renewals, releases and expired
+/// leases pruned, a server restarted from the AOF alone holds the same
+/// lease hashes, buckets and expire times, and not the keys a last release
+/// deleted.
+#[test]
+fn lease_writes_reach_the_aof() {
+    let config = Config::without_module().arg("appendonly", "yes");
+    let mut s = Server::with(config.clone());
+    let mut c = s.conn();
+    load_library(&mut c);
+    load_scripts(&mut c);
+    for (name, cmd) in [("FCALL", fcall_cmd as CmdOf), ("EVALSHA", evalsha_cmd)] {
+        let mut call = |f: &str, keys: &[&str], args: &[&str]| {
+            let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+            run(&mut c, &cmd(f, &keys, args)).unwrap_or_else(|e| panic!("{name} {f}: {e}"))
+        };
+        let keys = ["l", "lb", "b", "gone"].map(|k| format!("{k}:{name}"));
+        let [leases, with_bucket, bucket, gone] = keys.each_ref().map(String::as_str);
+        for i in 0..30 {
+            let id = format!("id-{}", i % 11);
+            let lease_ms = if i % 5 == 0 { "30" } else { "600000" };
+            call("tb_acquire", &[leases], &["8", lease_ms, id.as_str()]);
+            if i % 3 == 0 {
+                let renewed = format!("id-{}", i % 7);
+                call("tb_renew", &[leases], &[renewed.as_str(), "900000"]);
+            }
+            if i % 4 == 0 {
+                let released = format!("id-{}", i % 9);
+                call("tb_release", &[leases], &[released.as_str()]);
+            }
+            if i % 10 == 9 {
+                // Let the short leases expire: the next write prunes them.
+                std::thread::sleep(std::time::Duration::from_millis(40));
+            }
+            call(
+                "tb_acquire",
+                &[with_bucket, bucket],
+                &["3", "600000", id.as_str(), "50", "0.01", "1"],
+            );
+        }
+        call("tb_acquire", &[gone], &["1", "600000", "a"]);
+        call("tb_release", &[gone], &["a"]);
+    }
+    let state = snapshot(&mut c);
+    let names: Vec<String> = state
+        .keys()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "b:EVALSHA",
+            "b:FCALL",
+            "l:EVALSHA",
+            "l:FCALL",
+            "lb:EVALSHA",
+            "lb:FCALL"
+        ]
+    );
+    for (key, (_, at)) in &state {
+        assert!(*at > 0, "{key:?} has no expire time");
+    }
+    s.kill9();
+    s.restart_with(config);
+    assert_eq!(snapshot(&mut s.conn()), state, "restored from the AOF");
 }
 
 /// Under OOM the library acts as the module's commands: tb_acquire is

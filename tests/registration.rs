@@ -259,7 +259,45 @@ fn command_docs_describe_every_command() {
                 arg("quantity", "integer", true),
             ],
         ),
+        (
+            "tb.acquire",
+            vec![
+                arg("key", "key", false),
+                arg("limit", "integer", false),
+                arg("lease_ms", "integer", false),
+                arg("id", "string", false),
+                arg("weight", "integer", true),
+                // The BUCKET clauses: an optional block of bkey max rate cost.
+                arg("bucket", "block", true),
+                arg("bkey", "key", false),
+                arg("max", "double", false),
+                arg("rate", "double", false),
+                arg("cost", "double", false),
+            ],
+        ),
+        (
+            "tb.release",
+            vec![arg("key", "key", false), arg("id", "string", false)],
+        ),
+        (
+            "tb.renew",
+            vec![
+                arg("key", "key", false),
+                arg("id", "string", false),
+                arg("lease_ms", "integer", false),
+            ],
+        ),
+        ("tb.inflight", vec![arg("key", "key", false)]),
     ];
+    // Every command the module registered is in the list above.
+    let mut registered: Vec<String> = redis::cmd("COMMAND")
+        .arg(&["LIST", "FILTERBY", "MODULE", "tb"])
+        .query(&mut c)
+        .expect("COMMAND LIST FILTERBY MODULE");
+    registered.sort();
+    let mut listed: Vec<String> = expected.iter().map(|(n, _)| n.to_string()).collect();
+    listed.sort();
+    assert_eq!(registered, listed);
     for (name, want) in expected {
         let reply: Vec<redis::Value> = redis::cmd("COMMAND")
             .arg("DOCS")

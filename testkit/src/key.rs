@@ -1,10 +1,12 @@
 //! A key as a test holds it (a snapshot, a vectors case), read by
-//! tb-core's one rule, `tb_core::state::load`, so no test restates it.
+//! tb-core's one rule, `tb_core::state::load` (and `tb_core::lease::Scan`
+//! for a lease key), so no test restates it.
 
 use std::collections::BTreeMap;
 use tb_core::bucket::Stored;
 use tb_core::contract::{TOKENS_FIELD, TS_FIELD};
 use tb_core::error::Error;
+use tb_core::lease::Scan;
 use tb_core::state::{load, BucketFields, KeyKind};
 
 /// What a key holds: nothing, a hash (field → value), or another type.
@@ -28,6 +30,19 @@ impl<K: AsRef<[u8]>, V: AsRef<[u8]>> KeyView<'_, K, V> {
     /// none, as the commands reply it.
     pub fn load(&self) -> Result<Option<Stored>, Error> {
         load(self.kind(), self)
+    }
+
+    /// Reads every lease into `scan`, as the lease commands read their key
+    /// (src/keyspace.rs `LeaseKey::scan`): a missing key holds none, a hash
+    /// must hold only leases, anything else is WRONGTYPE.
+    pub fn scan_leases(&self, scan: &mut Scan) -> Result<(), Error> {
+        match self {
+            KeyView::Missing => Ok(()),
+            KeyView::Other => Err(Error::WrongType),
+            KeyView::Hash(h) => h
+                .iter()
+                .try_for_each(|(f, v)| scan.visit(f.as_ref(), v.as_ref())),
+        }
     }
 }
 
@@ -78,5 +93,22 @@ mod tests {
             KeyView::Hash(&bad_ts).load(),
             Err(Error::NotABucket(StateError::Ts, None))
         );
+    }
+
+    #[test]
+    fn reads_leases_by_the_rule() {
+        let scan = |view: &KeyView<'_, Vec<u8>, Vec<u8>>| {
+            let mut s = Scan::new(Some(b"me".as_slice()), 10);
+            view.scan_leases(&mut s)
+                .map(|()| (s.own, s.others_weight, s.expired))
+        };
+        let leases = hash(&[("me", "20:2"), ("x", "30:3"), ("old", "10:1")]);
+        let (own, others, expired) = scan(&KeyView::Hash(&leases)).unwrap();
+        assert_eq!(own.map(|l| l.weight), Some(2));
+        assert_eq!((others, expired), (3, vec![b"old".to_vec()]));
+        assert_eq!(scan(&KeyView::Missing), Ok((None, 0, vec![])));
+        assert_eq!(scan(&KeyView::Other), Err(Error::WrongType));
+        let bucket = hash(&[("tokens", "1"), ("ts", "1")]);
+        assert_eq!(scan(&KeyView::Hash(&bucket)), Err(Error::NotALeaseKey));
     }
 }
