@@ -211,8 +211,8 @@ pub const COMMANDS: &[CommandDef] = &[
     lease(
         RELEASE,
         handler!(RELEASE, leases::release),
-        c"write fast",
-        c"write fast",
+        c"write",
+        c"write",
         false,
         c"Gives a lease back; replies [released, in_use].",
         &[KEY, ID],
@@ -220,8 +220,8 @@ pub const COMMANDS: &[CommandDef] = &[
     lease(
         RENEW,
         handler!(RENEW, leases::renew),
-        c"write fast",
-        c"write fast",
+        c"write",
+        c"write",
         false,
         c"Extends a live lease to lease_ms from now; replies [renewed, expires_in_ms].",
         &[KEY, ID, LEASE_MS],
@@ -229,8 +229,8 @@ pub const COMMANDS: &[CommandDef] = &[
     lease(
         INFLIGHT,
         handler!(INFLIGHT, leases::inflight),
-        c"readonly fast",
-        c"read fast",
+        c"readonly",
+        c"read",
         true,
         c"Replies the weight of the key's live leases.",
         &[KEY],

@@ -84,6 +84,12 @@ fn command_flags_match_the_contract() {
     for f in ["write", "denyoom", "fast"] {
         assert!(cl.contains(&f.to_string()), "{cl:?}");
     }
+    // The lease commands read every lease of their key: O(N), never "fast".
+    for name in ["tb.acquire", "tb.release", "tb.renew", "tb.inflight"] {
+        let f = flags(&mut c, name);
+        assert!(!f.contains(&"fast".to_string()), "{name}: {f:?}");
+    }
+    assert!(flags(&mut c, "tb.inflight").contains(&"readonly".to_string()));
 }
 
 #[test]
