@@ -93,60 +93,95 @@ pub(crate) fn group_limits(
 /// successes are kept.
 #[derive(Clone, Copy)]
 struct Memo<T: Copy, const N: usize> {
-    /// The arguments one after the other.
-    bytes: [u8; LAST_CAP],
-    /// Each argument's length, `ABSENT` for an optional one not given.
-    lens: [u8; N],
+    slots: [Slot; N],
     value: T,
 }
 
-/// Longer arguments (together) are validated every time.
-const LAST_CAP: usize = 48;
+/// One remembered argument: its bytes, zero-padded, and its length
+/// (`ABSENT` for an optional argument not given).
+#[derive(Clone, Copy)]
+struct Slot {
+    len: u8,
+    bytes: [u8; SLOT],
+}
+
+/// Longer arguments are validated every time.
+const SLOT: usize = 16;
 
 /// The length of an optional argument that was not given: no real one,
-/// which is at most `LAST_CAP`.
+/// which is at most `SLOT`.
 const ABSENT: u8 = u8::MAX;
+
+impl Slot {
+    fn new(arg: Option<&[u8]>) -> Option<Self> {
+        let mut slot = Slot {
+            len: ABSENT,
+            bytes: [0; SLOT],
+        };
+        if let Some(arg) = arg {
+            slot.bytes.get_mut(..arg.len())?.copy_from_slice(arg);
+            slot.len = u8::try_from(arg.len()).ok()?;
+        }
+        Some(slot)
+    }
+
+    /// Whether `arg` is the remembered argument. An argument is a handful
+    /// of bytes, so they compare as two words that overlap (a byte loop,
+    /// or a call to memcmp, costs more than the comparison).
+    #[inline(always)]
+    fn holds(&self, arg: Option<&[u8]>) -> bool {
+        let Some(arg) = arg else {
+            return self.len == ABSENT;
+        };
+        let n = arg.len();
+        if n != usize::from(self.len) {
+            return false;
+        }
+        let kept = &self.bytes;
+        match n {
+            0 => true,
+            1..=3 => {
+                (arg[0] == kept[0]) & (arg[n / 2] == kept[n / 2]) & (arg[n - 1] == kept[n - 1])
+            }
+            4..=7 => {
+                (word::<4>(arg, 0) == word(kept, 0)) & (word::<4>(arg, n - 4) == word(kept, n - 4))
+            }
+            _ => {
+                (word::<8>(arg, 0) == word(kept, 0)) & (word::<8>(arg, n - 8) == word(kept, n - 8))
+            }
+        }
+    }
+}
+
+/// The `W` bytes of `s` at `at` (zeros past its end, which callers rule out).
+#[inline(always)]
+fn word<const W: usize>(s: &[u8], at: usize) -> [u8; W] {
+    s.get(at..at + W)
+        .and_then(|w| <[u8; W]>::try_from(w).ok())
+        .unwrap_or([0; W])
+}
 
 impl<T: Copy, const N: usize> Memo<T, N> {
     /// What `args` gave last time, if they are the memo's (`None`: an
     /// optional argument not given).
+    #[inline(always)]
     fn get(last: &Option<Self>, args: [Option<&[u8]>; N]) -> Option<T> {
         let last = last.as_ref()?;
-        let mut at = 0;
-        for (arg, &len) in args.iter().zip(&last.lens) {
-            match arg {
-                None if len == ABSENT => {}
-                Some(arg) if arg.len() == usize::from(len) => {
-                    let kept = last.bytes.get(at..at + arg.len())?;
-                    // Byte by byte: a few bytes each, where a call to
-                    // memcmp costs more than the comparison.
-                    if kept.iter().zip(*arg).fold(0, |d, (a, b)| d | (a ^ b)) != 0 {
-                        return None;
-                    }
-                    at += arg.len();
-                }
-                _ => return None,
-            }
-        }
-        Some(last.value)
+        let same = last
+            .slots
+            .iter()
+            .zip(args)
+            .all(|(slot, arg)| slot.holds(arg));
+        same.then_some(last.value)
     }
 
-    /// A memo of `args` giving `value`; `None` if they don't fit.
+    /// A memo of `args` giving `value`; `None` if one doesn't fit.
     fn new(args: [Option<&[u8]>; N], value: T) -> Option<Self> {
-        let mut memo = Memo {
-            bytes: [0; LAST_CAP],
-            lens: [ABSENT; N],
-            value,
-        };
-        let mut at = 0;
-        for (arg, len) in args.iter().zip(&mut memo.lens) {
-            if let Some(arg) = arg {
-                memo.bytes.get_mut(at..at + arg.len())?.copy_from_slice(arg);
-                *len = u8::try_from(arg.len()).ok()?;
-                at += arg.len();
-            }
+        let mut slots = [Slot::new(None)?; N];
+        for (slot, arg) in slots.iter_mut().zip(args) {
+            *slot = Slot::new(arg)?;
         }
-        Some(memo)
+        Some(Memo { slots, value })
     }
 }
 
@@ -415,6 +450,32 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_holds_exactly_its_argument() {
+        // Every length the word comparisons treat differently, and a change
+        // at every position: one differing byte is always seen, and a
+        // given argument never matches an absent one.
+        for len in 0..=SLOT {
+            let arg: Vec<u8> = (0..len).map(|i| b'0' + (i % 10) as u8).collect();
+            let slot = Slot::new(Some(&arg)).unwrap();
+            assert!(slot.holds(Some(&arg)), "len {len}");
+            assert!(!slot.holds(None), "len {len}");
+            for at in 0..len {
+                let mut other = arg.clone();
+                other[at] ^= 0x01;
+                assert!(!slot.holds(Some(&other)), "len {len}, byte {at}");
+            }
+            for other_len in [len.saturating_sub(1), len + 1] {
+                if other_len != len {
+                    assert!(!slot.holds(Some(&vec![b'0'; other_len])), "len {len}");
+                }
+            }
+        }
+        let absent = Slot::new(None).unwrap();
+        assert!(absent.holds(None) && !absent.holds(Some(b"")));
+        assert!(Slot::new(Some(&[b'1'; SLOT + 1])).is_none());
+    }
+
+    #[test]
     fn remembered_limits_answer_as_validation_does() {
         // Alternating valid and invalid limits, repeated and not: the memo
         // never turns an error into limits or changes them.
@@ -485,7 +546,7 @@ mod tests {
             assert_eq!(parse_consume(a.as_slice()), expected, "{pick:?}");
         }
         // Too long to remember: validated every time, still the same answer.
-        let long = "1".repeat(30);
+        let long = "1".repeat(SLOT + 1);
         let a = argv(&["c", "k", &long, "0.1", &long]);
         assert_eq!(parse_consume(a.as_slice()), Err(Error::MaxOutOfRange(None)));
     }
