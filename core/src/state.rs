@@ -87,6 +87,7 @@ impl Text {
         }
     }
 
+    #[inline]
     pub fn as_bytes(&self) -> &[u8] {
         if self.spill.is_empty() {
             &self.buf[self.start..self.end]
@@ -104,7 +105,12 @@ impl Text {
         // formatting machinery. Below 2^53 the i64 cast is exact, so the
         // balance is integral when it converts back unchanged.
         if t.abs() < TWO_POW_53 && (t as i64) as f64 == t {
-            return Text::int(t as i64);
+            let int = Text::int(t as i64);
+            let mut out = Text::new();
+            let bytes = int.as_bytes();
+            out.buf[..bytes.len()].copy_from_slice(bytes);
+            out.end = bytes.len();
+            return out;
         }
         let mut out = Text::new();
         if t.is_finite() && t.abs() < TWO_POW_53 {
@@ -137,32 +143,58 @@ impl Text {
         out
     }
 
-    /// An integer in decimal, as Display writes it. Inlined, so the text
-    /// is written where the caller keeps it rather than copied there.
+    /// An integer in decimal, as Display writes it.
     #[inline(always)]
-    pub fn int(v: i64) -> Self {
-        let mut out = Text::new();
+    pub fn int(v: i64) -> IntText {
+        IntText::new(v)
+    }
+}
+
+/// An integer's text (a `ts`, an expire time), on the stack: a plain
+/// copyable buffer, so the write path neither copies nor drops more than
+/// its bytes.
+#[derive(Clone, Copy)]
+pub struct IntText {
+    /// The text is `buf[start..]`.
+    start: usize,
+    buf: [u8; INT_CAP],
+}
+
+/// A sign and the 20 digits of the largest magnitude, in three groups of 8.
+const INT_CAP: usize = 24;
+
+impl IntText {
+    /// Inlined, so the text is written where the caller keeps it rather
+    /// than copied there.
+    #[inline(always)]
+    fn new(v: i64) -> Self {
+        let mut out = IntText {
+            start: 0,
+            buf: [0; INT_CAP],
+        };
         // Groups of eight digits from the right end, where they stay: a
         // 16-digit timestamp is one division and two groups.
         let n = v.unsigned_abs();
         let (high, low) = (n / 100_000_000, (n % 100_000_000) as u32);
         let mut group = eight_digits(low);
-        out.buf[24..32].copy_from_slice(&ascii(group));
-        let mut first = 24;
+        out.buf[16..24].copy_from_slice(&ascii(group));
+        let mut first = 16;
         if high != 0 {
             let (top, middle) = (high / 100_000_000, (high % 100_000_000) as u32);
             group = eight_digits(middle);
-            out.buf[16..24].copy_from_slice(&ascii(group));
-            first = 16;
+            out.buf[8..16].copy_from_slice(&ascii(group));
+            first = 8;
             if top != 0 {
                 // u64::MAX / 10^16 < 10^4: one more group holds the rest.
                 group = eight_digits(top as u32);
-                out.buf[8..16].copy_from_slice(&ascii(group));
-                first = 8;
+                out.buf[0..8].copy_from_slice(&ascii(group));
+                first = 0;
             }
         }
         // The first group's leading zeros are its lowest zero bytes (its
         // first digit is in the lowest byte); zero itself keeps one digit.
+        // A sign goes before the first digit: a number with a top group
+        // has at most 4 digits there, so there is room.
         let zeros = (group.trailing_zeros() / 8).min(7) as usize;
         let mut start = first + zeros;
         if v < 0 {
@@ -170,8 +202,12 @@ impl Text {
             out.buf[start] = b'-';
         }
         out.start = start;
-        out.end = TEXT_CAP;
         out
+    }
+
+    #[inline(always)]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
     }
 }
 
@@ -265,6 +301,10 @@ mod tests {
         String::from_utf8(text.as_bytes().to_vec()).unwrap()
     }
 
+    fn int_string(text: IntText) -> String {
+        String::from_utf8(text.as_bytes().to_vec()).unwrap()
+    }
+
     #[test]
     fn tokens_round_trip_exactly() {
         for t in [
@@ -334,7 +374,7 @@ mod tests {
         }
         values.extend(-100_000..100_000);
         for v in values {
-            assert_eq!(string(Text::int(v)), v.to_string(), "{v}");
+            assert_eq!(int_string(Text::int(v)), v.to_string(), "{v}");
         }
         let mut rng = testkit::Rng(7);
         for x in (0..200_000u32).chain((0..200_000).map(|_| rng.below(100_000_000) as u32)) {
@@ -401,10 +441,10 @@ mod tests {
             -100,
             1_000_000_000,
         ] {
-            assert_eq!(string(Text::int(v)), v.to_string());
+            assert_eq!(int_string(Text::int(v)), v.to_string());
         }
         for v in (-100_000..100_000).chain((0..64).map(|b| 1i64 << b)) {
-            assert_eq!(string(Text::int(v)), v.to_string());
+            assert_eq!(int_string(Text::int(v)), v.to_string());
         }
     }
 
