@@ -112,15 +112,11 @@ impl Text {
             out.end = bytes.len();
             return out;
         }
+        // A fraction: its shortest decimal found in integers, the text
+        // Display writes; ties, and the tiniest magnitudes, go to Display.
         let mut out = Text::new();
-        if t.is_finite() && t.abs() < TWO_POW_53 {
-            // Fractional: ryu writes the shortest round-trip decimal in the
-            // same notation as the Display / `e` split below, and the same
-            // digits unless two shortest decimals are equally close, where
-            // ryu and Display break the tie differently.
-            let mut buf = ryu::Buffer::new();
-            let text = buf.format_finite(t);
-            if !may_tie(t, text) && out.write_str(text).is_ok() {
+        if let Some(decimal) = shortest_fraction(t) {
+            if out.write_fraction(decimal) {
                 return out;
             }
         }
@@ -235,47 +231,182 @@ fn ascii(digits: u64) -> [u8; 8] {
     (digits | 0x3030_3030_3030_3030).to_le_bytes()
 }
 
-/// Whether `text`, the shortest decimal for the finite, non-integral `t`,
-/// could have an equally close rival of the same length. That takes `t`'s
-/// exact decimal expansion (as many fraction digits as `t` has binary
-/// fraction bits) to end one digit after `text`'s last, in a 5 halfway
-/// between the two.
-fn may_tie(t: f64, text: &str) -> bool {
+/// 10^k, k <= 21, as u128 (10^21 > 2^64).
+const POW10: [u128; 22] = {
+    let mut t = [1u128; 22];
+    let mut k = 1;
+    while k < 22 {
+        t[k] = t[k - 1] * 10;
+        k += 1;
+    }
+    t
+};
+
+/// The digits Display writes for a non-integral `t` with 1e-5 <= |t| <
+/// 2^53 (every fractional balance but the tiniest), found in integers:
+/// `None` for any other `t`, and where two shortest decimals are equally
+/// close (which Display's rule then breaks). `t` is m / 2^s exactly.
+///
+/// For each precision p = 15, 16, 17 in turn, the decimal of p significant
+/// digits nearest to t is m * 10^k / 2^s rounded (k = p - 1 - E, E the
+/// decimal exponent), and the remainder of that division says how far it
+/// is from t; it reads back as t when that is within half of t's gap to
+/// its neighbouring doubles (exactly half only if m is even, as parsing
+/// rounds ties to even). The first p that reads back is the shortest
+/// length: a double's gap is below 2.3e-16 of it, so at most one decimal
+/// of 15 digits lies in reach, the nearest of 16 or 17 digits is the
+/// closest one if any is, and 17 always are. Trailing zeros go.
+fn shortest_fraction(t: f64) -> Option<Decimal> {
     let bits = t.to_bits();
-    let exp = ((bits >> 52) & 0x7ff) as i64;
-    let frac = bits & ((1u64 << 52) - 1);
-    let (mantissa, exp2) = if exp == 0 {
-        (frac, -1074)
+    let biased = ((bits >> 52) & 0x7ff) as i64;
+    let m = (bits & ((1 << 52) - 1)) | (1 << 52);
+    // |t| = m / 2^s; 1e-5 <= |t| < 2^53 and a fraction mean 1 <= s <= 69.
+    let s = 1075 - biased;
+    if !(1..=69).contains(&s) || t.abs() < 1e-5 {
+        return None;
+    }
+    let (m, s) = (u128::from(m), s as u32);
+    // m has 53 bits, so |t| is in [2^(52-s), 2^(53-s)): its decimal exponent
+    // is floor((52 - s) log10 2) or one more (78913 / 2^18 is log10 2 to
+    // well within this range).
+    let guess = ((52 - i64::from(s)) * 78_913) >> 18;
+    let next = guess + 1;
+    let above = if next >= 0 {
+        m >= POW10[next as usize] << s
     } else {
-        (frac | (1u64 << 52), exp - 1075)
+        m * POW10[(-next) as usize] >= 1 << s
     };
-    let exact_digits = -exp2 - i64::from(mantissa.trailing_zeros());
-    // Without an exponent (|t| >= 1e-5) `text` has at most 17 significant
-    // digits after at most 4 zeros, so a tie needs at most 22 exact digits;
-    // a balance refilled by a fraction of a rate has dozens. Skip the scan.
-    if exact_digits > 22 && t.abs() >= 1e-5 {
-        return false;
-    }
-    // Fraction digits of `text`: those after the point, plus the negated
-    // exponent of the `e` form. One pass over at most 24 bytes.
-    let mut after_point = 0i64;
-    let mut in_fraction = false;
-    let mut bytes = text.bytes();
-    for c in bytes.by_ref() {
-        match c {
-            b'.' => in_fraction = true,
-            b'e' => break,
-            _ if in_fraction => after_point += 1,
-            _ => {}
+    let e10 = if above { next } else { guess };
+    // Below a power of two the gap to the next double down is half as wide.
+    let quarter_below = m == 1 << 52;
+    let half = 1u128 << (s - 1);
+    let mask = (1u128 << s) - 1;
+    // The decimal of p significant digits nearest to t, if it reads back
+    // as t: Err(true) for a tie that would (Display's rule decides).
+    let nearest = |p: i64| -> Result<u64, bool> {
+        let k = (p - 1 - e10) as usize;
+        let reach = POW10[k];
+        let r = m * reach;
+        let (q, rem) = (r >> s, r & mask);
+        if rem == half {
+            // Two decimals equally close: a tie if they read back as t,
+            // else both are too far.
+            return Err(1u128 << s <= reach);
         }
+        // Twice the distance from t, in units of 10^-k / 2^s.
+        let (digits, twice) = if rem > half {
+            (q + 1, ((1u128 << s) - rem) << 1)
+        } else {
+            (q, rem << if quarter_below { 2 } else { 1 })
+        };
+        let fits = twice < reach || (twice == reach && m & 1 == 0);
+        if fits {
+            Ok(digits as u64)
+        } else {
+            Err(false)
+        }
+    };
+    let at = |digits: u64, count: usize| {
+        Some(Decimal {
+            negative: t < 0.0,
+            digits,
+            count,
+            e10,
+        })
+    };
+    // 16 digits first: if none reads back, neither do 15 (a decimal of 15
+    // digits is one of 16), and 17 decide; if one does, a 15-digit one
+    // may too, and is shorter. Above 10^15 that one is a multiple of 10,
+    // the nearest 16-digit decimal, whose zero goes.
+    match nearest(16) {
+        Ok(d16) if e10 >= 15 => at(d16, 16),
+        Ok(d16) => match nearest(15) {
+            Ok(d15) => at(d15, 15),
+            Err(true) => None,
+            Err(false) => at(d16, 16),
+        },
+        Err(false) => match nearest(17) {
+            Ok(d17) => at(d17, 17),
+            Err(_) => None,
+        },
+        Err(true) => None,
     }
-    // Only balances below 1e-5 take the `e` form here, so what follows
-    // the `e` is `-` and the digits of the power.
-    let power = bytes.fold(0i64, |p, c| match c {
-        b'0'..=b'9' => p * 10 + i64::from(c - b'0'),
-        _ => p,
-    });
-    exact_digits == after_point + power + 1
+}
+
+/// `count` significant digits (at most 17), the first at 10^`e10`.
+#[derive(Clone, Copy, Debug)]
+struct Decimal {
+    negative: bool,
+    digits: u64,
+    count: usize,
+    e10: i64,
+}
+
+impl Text {
+    /// Writes `d` with a sign, a point and no trailing zeros, as Display
+    /// writes a non-integral value: the digits right-aligned in the buffer
+    /// by groups of eight, around the point. False (nothing written) if
+    /// they have no fraction.
+    #[inline(always)]
+    fn write_fraction(&mut self, d: Decimal) -> bool {
+        let Decimal {
+            negative,
+            mut digits,
+            mut count,
+            mut e10,
+        } = d;
+        // Rounding may have carried into one more digit: 10^count.
+        if digits == POW10[count] as u64 {
+            digits /= 10;
+            e10 += 1;
+        }
+        while digits % 10 == 0 && count > 1 {
+            digits /= 10;
+            count -= 1;
+        }
+        let buf = &mut self.buf;
+        let mut start = if e10 >= 0 {
+            let int = e10 as usize + 1;
+            if int >= count {
+                return false;
+            }
+            // The fraction ends the buffer; the point and the integer part
+            // go before it, the integer's groups over the fraction's
+            // leading padding (a long integer leaves a short fraction).
+            let places = count - int;
+            let scale = POW10[places] as u64;
+            let (whole, fraction) = (digits / scale, digits % scale);
+            buf[24..32].copy_from_slice(&ascii(eight_digits((fraction % 100_000_000) as u32)));
+            buf[16..24].copy_from_slice(&ascii(eight_digits((fraction / 100_000_000) as u32)));
+            let point = TEXT_CAP - 1 - places;
+            buf[point - 8..point]
+                .copy_from_slice(&ascii(eight_digits((whole % 100_000_000) as u32)));
+            if int > 8 {
+                buf[point - 16..point - 8]
+                    .copy_from_slice(&ascii(eight_digits((whole / 100_000_000) as u32)));
+            }
+            buf[point] = b'.';
+            point - int
+        } else {
+            // All the digits, after '0's: "0." and the zeros before the
+            // digits are there but for the point.
+            let (high, low) = (digits / 100_000_000, (digits % 100_000_000) as u32);
+            buf[24..32].copy_from_slice(&ascii(eight_digits(low)));
+            buf[16..24].copy_from_slice(&ascii(eight_digits((high % 100_000_000) as u32)));
+            // At most 17 digits: the first group holds one.
+            buf[8..16].copy_from_slice(&ascii(u64::from((high / 100_000_000) as u8) << 56));
+            let start = TEXT_CAP - count - 1 + e10 as usize;
+            buf[start + 1] = b'.';
+            start
+        };
+        if negative {
+            start -= 1;
+            buf[start] = b'-';
+        }
+        self.start = start;
+        self.end = TEXT_CAP;
+        true
+    }
 }
 
 impl std::fmt::Write for Text {
@@ -454,21 +585,90 @@ mod tests {
         // decimals ...62.2 and ...62.3; 549755813888.03125 (within the
         // module's 1e12 bound) between ...888.0312 and ...888.0313.
         // (Written as sums: each is exact, but longer than its shortest form.)
+        // The integer path declines them, and Display's rule decides.
         let near_2_pow_50 = 1_658_206_780_088_562.0 + 0.25;
         let near_2_pow_39 = 549_755_813_888.0 + 0.031_25;
         for t in [near_2_pow_50, near_2_pow_39, -near_2_pow_39] {
-            let raw = ryu::Buffer::new().format_finite(t).to_string();
-            assert!(may_tie(t, &raw), "{t:?}");
+            assert!(shortest_fraction(t).is_none(), "{t:?}");
             assert_eq!(string(Text::tokens(t)), display(t), "{t:?}");
         }
-        // The first one is where ryu and Display disagree: the fallback is
-        // what keeps the stored text.
-        assert_ne!(
-            ryu::Buffer::new().format_finite(near_2_pow_50),
-            display(near_2_pow_50)
-        );
-        assert!(!may_tie(0.1, "0.1"));
-        assert!(!may_tie(999_998.012_345_6, "999998.0123456"));
+        assert_eq!(string(Text::tokens(0.1)), "0.1");
+        assert!(shortest_fraction(0.1).is_some());
+    }
+
+    #[test]
+    fn the_decimal_exponent_guess_is_floor_or_one_below() {
+        // shortest_fraction's estimate of floor(log10 |t|) for |t| in
+        // [2^(52-s), 2^(53-s)): exact at the bottom of each range.
+        for s in 1..=69i64 {
+            let guess = ((52 - s) * 78_913) >> 18;
+            let low = 2f64.powi((52 - s) as i32);
+            assert_eq!(guess, low.log10().floor() as i64, "s = {s}");
+        }
+    }
+
+    #[test]
+    fn fractions_in_integers_write_what_display_writes() {
+        // Every binade the integer path covers, random mantissas, and the
+        // edges: powers of two (a narrower gap below), neighbours of
+        // powers of ten, and the balances the module writes most.
+        let mut values = vec![1e-5, 0.1, 0.3, 0.1 + 0.2, 999_999.000_123_456, 2.5, 0.5];
+        let mut rng = testkit::Rng(0xB5AD_4ECE_DA1C_E2A9);
+        for s in 1..=69i32 {
+            let base = 2f64.powi(52 - s);
+            values.push(base);
+            values.push(base.next_up());
+            values.push(base.next_down());
+            for _ in 0..6_000 {
+                let m = (rng.next() >> 11) | (1 << 52);
+                values.push(m as f64 / 2f64.powi(s));
+            }
+        }
+        for k in -5..=15 {
+            let p = 10f64.powi(k);
+            values.extend([p, p.next_up(), p.next_down(), p.next_up().next_up()]);
+        }
+        let mut declined = 0;
+        for t in values.into_iter().flat_map(|t| [t, -t]) {
+            if t.abs() < 1e-5 || t.abs() >= TWO_POW_53 || t == t.trunc() {
+                // Out of range, or an integer: no fraction is written.
+                let written = shortest_fraction(t).map(|d| Text::new().write_fraction(d));
+                assert_ne!(written, Some(true), "{t:?}");
+                continue;
+            }
+            match shortest_fraction(t) {
+                Some(decimal) => {
+                    let mut text = Text::new();
+                    assert!(text.write_fraction(decimal), "{t:?}");
+                    assert_eq!(string(text), display(t), "{t:?}");
+                }
+                None => {
+                    assert!(is_tie(t), "{t:?} declined, and is no tie");
+                    declined += 1;
+                }
+            }
+            assert_eq!(string(Text::tokens(t)), display(t), "{t:?}");
+        }
+        // Ties need few fraction bits: they are among the values of the
+        // small binades' random mantissas, and happen there.
+        assert!(declined > 0, "no tie was met");
+    }
+
+    /// Whether `t` lies exactly halfway between two decimals of the length
+    /// of its shortest one: its exact expansion (a double of s fraction
+    /// bits has s fraction digits) is one digit longer than Display's
+    /// text and ends in 5.
+    fn is_tie(t: f64) -> bool {
+        let significant = |text: &str| {
+            let digits: String = text.chars().filter(char::is_ascii_digit).collect();
+            digits
+                .trim_start_matches('0')
+                .trim_end_matches('0')
+                .to_string()
+        };
+        let exact = significant(&format!("{:.80}", t.abs()));
+        let shortest = significant(&display(t));
+        exact.len() == shortest.len() + 1 && exact.ends_with('5')
     }
 
     #[test]
@@ -485,7 +685,7 @@ mod tests {
             let t = if x & 1 == 1 { -t } else { t };
             let text = Text::tokens(t);
             assert_eq!(string(text), display(t), "{t:?}");
-            if t != t.trunc() && may_tie(t, ryu::Buffer::new().format_finite(t)) {
+            if t != t.trunc() && t.abs() >= 1e-5 && shortest_fraction(t).is_none() {
                 ties += 1;
             }
         }
