@@ -136,6 +136,9 @@ test: deps venv build lint test-rust fuzz-smoke test-matrix test-examples test-p
 
 test-rust: deps venv build ## unit, property and integration tests on Redis 7.0
 	cargo test --workspace --release
+	@# tb-core's unit tests again with overflow checks (a debug build): its
+	@# integer arithmetic must not wrap, which a release build would hide.
+	cargo test -p tb-core --lib
 
 test-matrix: deps venv build ## the integration suite on Redis 8.2 and Valkey 9.1
 	bash scripts/test-matrix.sh

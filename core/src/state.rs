@@ -395,7 +395,7 @@ impl Text {
             buf[16..24].copy_from_slice(&ascii(eight_digits((high % 100_000_000) as u32)));
             // At most 17 digits: the first group holds one.
             buf[8..16].copy_from_slice(&ascii(u64::from((high / 100_000_000) as u8) << 56));
-            let start = TEXT_CAP - count - 1 + e10 as usize;
+            let start = TEXT_CAP - count - 1 - e10.unsigned_abs() as usize;
             buf[start + 1] = b'.';
             start
         };
