@@ -83,7 +83,7 @@ local function messages()
   end
   return MSG
 end
-local LIBRARY_VERSION = '0.1.0+b4c1a7b090c5'
+local LIBRARY_VERSION = '0.1.0+c0129118e426'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -111,6 +111,9 @@ end
 -- [(e|E) [+-]? digits]. tonumber alone would also take hex, "inf", "nan"
 -- and surrounding spaces, so the text is checked first. Returns nil for
 -- anything else, including values that overflow to infinity.
+-- A text known to be digits is converted with `s * 1`, not tonumber:
+-- both are the same strtod, but tonumber runs it twice (lua_isnumber,
+-- then lua_tonumber), and `* 1` keeps every double as it is, -0 too.
 local function parse_decimal(s)
   -- Most texts (every stored balance, most arguments) are digits with an
   -- optional point: one find says so, the rest of the grammar is checked
@@ -123,9 +126,10 @@ local function parse_decimal(s)
     if not rest then return nil end
     if rest <= #s and not string.find(s, '^[eE][+-]?%d+$', rest) then return nil end
   end
-  -- strtod underneath: correctly rounded, like Rust's parse.
-  local v = tonumber(s)
-  if v == nil or v ~= v or v == math.huge or v == -math.huge then return nil end
+  -- strtod underneath: correctly rounded, like Rust's parse. The grammar
+  -- leaves out "nan" and "inf", so v - v is 0 unless the text overflowed.
+  local v = s * 1
+  if v - v ~= 0 then return nil end
   return v
 end
 
@@ -136,13 +140,13 @@ end
 local function parse_int16(s)
   -- The module's own timestamps: 16 digits, no sign.
   if #s == 16 and not string.find(s, '%D') then
-    return tonumber(string.sub(s, 1, 8)), tonumber(string.sub(s, 9))
+    return string.sub(s, 1, 8) * 1, string.sub(s, 9) * 1
   end
   local neg, digits = string.match(s, '^(%-?)(%d+)$')
   if not digits or #digits > 16 then return nil end
   local cut = #digits - 8
-  local hi = cut > 0 and tonumber(string.sub(digits, 1, cut)) or 0
-  local lo = tonumber(string.sub(digits, cut > 0 and cut + 1 or 1))
+  local hi = cut > 0 and string.sub(digits, 1, cut) * 1 or 0
+  local lo = string.sub(digits, cut > 0 and cut + 1 or 1) * 1
   if neg == '-' then return -hi, -lo end
   return hi, lo
 end
@@ -352,7 +356,7 @@ end
 -- whole ms for expiry (the module rounds now up).
 local function clock()
   local t = redis.call('TIME')
-  local sec, usec = tonumber(t[1]), tonumber(t[2])
+  local sec, usec = t[1] * 1, t[2] * 1
   local up = usec + 999
   return {
     us = sec * 1000000 + usec,
