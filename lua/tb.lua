@@ -83,7 +83,7 @@ local function messages()
   end
   return MSG
 end
-local LIBRARY_VERSION = '0.1.0+c0129118e426'
+local LIBRARY_VERSION = '0.1.0+cd8632d8c597'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -133,24 +133,6 @@ local function parse_decimal(s)
   return v
 end
 
--- An optionally negative integer of at most 16 digits (the `ts` field), as
--- two exact halves hi, lo with value hi * 1e8 + lo: 16 digits can exceed
--- 2^53, and the module subtracts in exact integers before rounding once.
--- Returns nil for anything else.
-local function parse_int16(s)
-  -- The module's own timestamps: 16 digits, no sign.
-  if #s == 16 and not string.find(s, '%D') then
-    return string.sub(s, 1, 8) * 1, string.sub(s, 9) * 1
-  end
-  local neg, digits = string.match(s, '^(%-?)(%d+)$')
-  if not digits or #digits > 16 then return nil end
-  local cut = #digits - 8
-  local hi = cut > 0 and string.sub(digits, 1, cut) * 1 or 0
-  local lo = string.sub(digits, cut > 0 and cut + 1 or 1) * 1
-  if neg == '-' then return -hi, -lo end
-  return hi, lo
-end
-
 -- ---- arguments (core/src/args.rs, same order of checks) -------------------
 
 -- The limits of the last max and rate that validated, which keep their
@@ -184,30 +166,28 @@ local function parse_limits(max_s, rate_s, g)
   return last_limits
 end
 
--- Whether a positive cost is too small to charge a bucket of this max:
--- subtracting it from max, or from the double just below max, rounds back
--- to that balance (tb-core's charges_nothing). Lua lacks nextafter, so the
--- double below max is max minus the gap found from max's exponent.
-local function charges_nothing(cost, max)
-  -- Above max / 2^52 every cost charges (the gap below max is at most
-  -- max / 2^52): skip the exponent work for ordinary costs.
-  if cost * 4503599627370496 > max then return false end
-  local m, e = math.frexp(max) -- max = m * 2^e, 0.5 <= m < 1
-  local gap = math.ldexp(1, e - 53)
-  if m == 0.5 then gap = gap / 2 end -- below a power of two the gap halves
-  if gap < TINY then gap = TINY end -- subnormals: one step of 2^-1074
-  local below = max - gap
-  return cost > 0 and (max - cost == max or below - cost == below)
-end
-
 local function parse_cost(s, limits, g)
   if s == limits.cost_s then return limits.cost end
   local cost = parse_decimal(s)
   if not cost then return nil, msg('not_a_number', g, { arg = 'cost' }) end
   if cost < 0 then return nil, msg('cost_negative', g) end
-  if cost > limits.max then return nil, msg('cost_above_max', g) end
-  if charges_nothing(cost, limits.max) then
-    return nil, msg('cost_too_small', g)
+  local max = limits.max
+  if cost > max then return nil, msg('cost_above_max', g) end
+  -- Whether a positive cost is too small to charge a bucket of this max:
+  -- subtracting it from max, or from the double just below max, rounds
+  -- back to that balance (tb-core's charges_nothing). Above max / 2^52
+  -- every cost charges (the gap below max is at most max / 2^52), so the
+  -- exponent work is for tiny costs only. Lua lacks nextafter: the double
+  -- below max is max minus the gap found from max's exponent.
+  if cost * 4503599627370496 <= max and cost > 0 then
+    local m, e = math.frexp(max) -- max = m * 2^e, 0.5 <= m < 1
+    local gap = math.ldexp(1, e - 53)
+    if m == 0.5 then gap = gap / 2 end -- below a power of two the gap halves
+    if gap < TINY then gap = TINY end -- subnormals: one step of 2^-1074
+    local below = max - gap
+    if max - cost == max or below - cost == below then
+      return nil, msg('cost_too_small', g)
+    end
   end
   limits.cost_s, limits.cost = s, cost
   return cost
@@ -220,14 +200,6 @@ end
 -- math.max and math.floor are written out where calls are frequent: a Lua
 -- call costs more than the comparison, and `x - x % 1` is math.floor(x)
 -- exactly (x % 1 is x - floor(x), which a double always holds).
-
--- Keeps a balance in [-max, max]: a lowered max clamps stored tokens.
-local function clamp(l, tokens)
-  local max = l.max
-  if -max > tokens then tokens = -max end
-  if max < tokens then tokens = max end
-  return tokens
-end
 
 -- The balance of a bucket stored as `stored` (false: missing, a full
 -- bucket) at the time hi * 1e8 + lo µs (`now` as the clock() halves): the
@@ -249,46 +221,6 @@ local function current_at(l, stored, hi, lo)
   return tokens
 end
 
--- Whether a call `ms` whole milliseconds after `now` sees at least
--- `target`: now moved on as exact halves, with no table made per try.
-local function passes(l, stored, now, ms, target)
-  local hi = ms / 100000
-  hi = hi - hi % 1
-  return current_at(l, stored, now.hi + hi, now.lo + (ms - hi * 100000) * 1000) >= target
-end
-
--- The smallest m >= 1 that passes, for passes false at 0 and monotone:
--- gallop from the guess until the answer is bracketed, then bisect.
--- Gives up at MAX_WAIT_MS.
-local function first_passing(guess, l, stored, now, target)
-  local lo, hi
-  local step = 1
-  if passes(l, stored, now, guess, target) then
-    hi, lo = guess, guess - 1
-    while lo > 0 and passes(l, stored, now, lo, target) do
-      hi = lo
-      step = step * 2
-      lo = hi - step
-      if lo < 0 then lo = 0 end
-    end
-  else
-    lo, hi = guess, guess + 1
-    while not passes(l, stored, now, hi, target) do
-      if hi >= MAX_WAIT_MS then return MAX_WAIT_MS end
-      lo = hi
-      step = step * 2
-      hi = lo + step
-      if hi > MAX_WAIT_MS then hi = MAX_WAIT_MS end
-    end
-  end
-  while hi - lo > 1 do
-    local half = (hi - lo) / 2
-    local mid = lo + (half - half % 1)
-    if passes(l, stored, now, mid, target) then hi = mid else lo = mid end
-  end
-  return hi
-end
-
 -- Whole ms from `now` until a call on `stored`, with no traffic between,
 -- sees at least `target`, including the wait until a future ts; `cur` is
 -- the balance at now, which the caller knows. The search runs on
@@ -300,15 +232,43 @@ local function ms_from(l, stored, now, cur, target)
   -- The refill counts from ts, ahead of now (a wait first) or behind it.
   local from_ts = (stored.hi - now.hi) * 1e8 + (stored.lo - now.lo)
   -- The first guess, rounded up (x + (-x) % 1 is math.ceil(x)); any
-  -- guess finds the same answer.
-  local guess = (from_ts + (target - clamp(l, stored.tokens)) / l.rate * 1000000) / 1000
-  guess = guess + (-guess) % 1
-  if guess >= 1 then
-    if guess > MAX_WAIT_MS then guess = MAX_WAIT_MS end
+  -- guess finds the same answer. current_at at the bucket's own ts is
+  -- its stored balance clamped to [-max, max].
+  local ms = (from_ts + (target - current_at(l, stored, stored.hi, stored.lo)) / l.rate * 1000000) / 1000
+  ms = ms + (-ms) % 1
+  if ms >= 1 then
+    if ms > MAX_WAIT_MS then ms = MAX_WAIT_MS end
   else
-    guess = 1
+    ms = 1
   end
-  return first_passing(guess, l, stored, now, target)
+  -- The smallest ms >= 1 at which a call sees at least `target` (0 does
+  -- not, and a later call never sees less), or MAX_WAIT_MS if none does
+  -- by then: gallop from the guess by doubling steps until the answer is
+  -- bracketed (lo does not pass, hi does), then bisect. One loop, so
+  -- each try is written once and no helper is made per EVAL.
+  local lo, hi, step = 0, MAX_WAIT_MS + 1, 1
+  while true do
+    -- now moved on by ms, as exact halves (no table made per try)
+    local h = ms / 100000
+    h = h - h % 1
+    if current_at(l, stored, now.hi + h, now.lo + (ms - h * 100000) * 1000) >= target then
+      hi = ms
+      ms = ms - step
+    elseif ms >= MAX_WAIT_MS then
+      return MAX_WAIT_MS
+    else
+      lo = ms
+      ms = ms + step
+    end
+    if hi - lo <= 1 then return hi end
+    step = step * 2
+    if ms > MAX_WAIT_MS then ms = MAX_WAIT_MS end
+    -- Past the bracket (the gallop has turned): bisect.
+    if ms <= lo or ms >= hi then
+      local half = (hi - lo) / 2
+      ms = lo + (half - half % 1)
+    end
+  end
 end
 
 -- An outcome, as five values (no table: they are made on every call):
@@ -381,8 +341,21 @@ local function load(key, g)
   if not f[1] or not f[2] then return nil, msg('bad_fields', g) end
   local tokens = parse_decimal(f[1])
   if not tokens then return nil, msg('bad_tokens', g) end
-  local hi, lo = parse_int16(f[2])
-  if not hi then return nil, msg('bad_ts', g) end
+  -- ts: an optionally negative integer of at most 16 digits, as two exact
+  -- halves hi, lo with value hi * 1e8 + lo: 16 digits can exceed 2^53, and
+  -- the module subtracts in exact integers before rounding once.
+  local ts, hi, lo = f[2]
+  if #ts == 16 and not string.find(ts, '%D') then
+    -- The module's own timestamps: 16 digits, no sign.
+    hi, lo = string.sub(ts, 1, 8) * 1, string.sub(ts, 9) * 1
+  else
+    local neg, digits = string.match(ts, '^(%-?)(%d+)$')
+    if not digits or #digits > 16 then return nil, msg('bad_ts', g) end
+    local cut = #digits - 8
+    hi = cut > 0 and string.sub(digits, 1, cut) * 1 or 0
+    lo = string.sub(digits, cut > 0 and cut + 1 or 1) * 1
+    if neg == '-' then hi, lo = -hi, -lo end
+  end
   return { tokens = tokens, hi = hi, lo = lo }
 end
 
@@ -452,6 +425,14 @@ end
 
 local function arity_error(name)
   return redis.error_reply(msg('arity', nil, { command = name }))
+end
+
+-- Keeps a balance in [-max, max]: a lowered max clamps stored tokens.
+local function clamp(l, tokens)
+  local max = l.max
+  if -max > tokens then tokens = -max end
+  if max < tokens then tokens = max end
+  return tokens
 end
 
 -- retry is for a request of cost 1, or max if smaller.
