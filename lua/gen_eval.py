@@ -49,23 +49,26 @@ def header(block: str) -> str:
 # defines the library afresh, and these two need only what is defined
 # above it, so they skip defining the rest. consume_or_peek takes the
 # operation's name, as the EVAL script does, so tb_consume and tb_peek can
-# be defined below the marker.
+# be defined below the marker, and where its arguments start, so ARGV is
+# passed as it is (a table.remove costs about 1k instructions).
 EARLY_MARK = "-- >>> eval: early dispatch\n"
-EARLY_FUNCTION = "local function consume_or_peek(op, keys, args)\n"
+EARLY_FUNCTION = "local function consume_or_peek(op, keys, args, i)\n"
 EARLY = """\
 -- Consume and peek are answered here, before the rest of the library is
 -- defined (each EVAL defines it afresh): they need nothing below.
+-- Their arguments start at ARGV[2], after the operation's name.
 if ARGV[1] == 'consume' or ARGV[1] == 'peek' then
-  if redis.replicate_commands then redis.replicate_commands() end
-  return consume_or_peek(table.remove(ARGV, 1), KEYS, ARGV)
+  if redis.replicate_commands and not redis.REDIS_VERSION_NUM then redis.replicate_commands() end
+  return consume_or_peek(ARGV[1], KEYS, ARGV, 2)
 end
 """
 
 DISPATCH = """\
 -- Redis 6.x replicates scripts verbatim unless told otherwise, and a
 -- script that read TIME could then not write. Effects replication is the
--- only mode from Redis 7 on, where this call is a no-op.
-if redis.replicate_commands then redis.replicate_commands() end
+-- only mode from Redis 7 on (which sets REDIS_VERSION_NUM), where the
+-- call is a no-op, skipped.
+if redis.replicate_commands and not redis.REDIS_VERSION_NUM then redis.replicate_commands() end
 local name = ARGV[1]
 for i = 1, #OPERATIONS, 3 do
   if OPERATIONS[i] == name then

@@ -83,7 +83,7 @@ local function messages()
   end
   return MSG
 end
-local LIBRARY_VERSION = '0.1.0+cd8632d8c597'
+local LIBRARY_VERSION = '0.1.0+569a4cc9b2a3'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -384,18 +384,20 @@ end
 
 -- tb_consume and tb_peek, by `op` ('consume' charges, 'peek' looks):
 -- parse, load, charge or look, and save what changed. A denied call, one
--- of cost 0, or a peek writes nothing. (One function, which the EVAL
--- script calls with its first argument: it defines every function above
--- the early dispatch on every call.)
-local function consume_or_peek(op, keys, args)
-  if #keys ~= 1 or #args < 2 or #args > 3 then
+-- of cost 0, or a peek writes nothing. max, rate and [cost] are args[i]
+-- on. (One function, which the EVAL script calls with its own ARGV, i = 2
+-- after the operation's name: it defines every function above the early
+-- dispatch on every call, and moving ARGV down would cost a table.remove.)
+local function consume_or_peek(op, keys, args, i)
+  local n = #args - i + 1
+  if #keys ~= 1 or n < 2 or n > 3 then
     return redis.error_reply(msg('arity', nil, { command = 'tb_' .. op }))
   end
-  local l, err = parse_limits(args[1], args[2])
+  local l, err = parse_limits(args[i], args[i + 1])
   if not l then return redis.error_reply(err) end
   local cost = 1
-  if #args == 3 then
-    cost, err = parse_cost(args[3], l)
+  if n == 3 then
+    cost, err = parse_cost(args[i + 2], l)
     if not cost then return redis.error_reply(err) end
   elseif l.max < 1 then
     -- The default cost of 1 could never pass a bucket this small.
@@ -415,12 +417,12 @@ end
 -- (The EVAL form answers consume and peek at this line: lua/gen_eval.py.)
 
 local function tb_consume(keys, args)
-  return consume_or_peek('consume', keys, args)
+  return consume_or_peek('consume', keys, args, 1)
 end
 
 -- Read-only (registered no-writes): a peek never writes.
 local function tb_peek(keys, args)
-  return consume_or_peek('peek', keys, args)
+  return consume_or_peek('peek', keys, args, 1)
 end
 
 local function arity_error(name)

@@ -94,8 +94,9 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         .split_once("-- >>> eval: early dispatch\n")
         .expect("the early-dispatch line");
     // tb_consume and tb_peek are consume_or_peek by name, which the early
-    // dispatch calls with the script's first argument.
-    assert!(head.contains("local function consume_or_peek(op, keys, args)"));
+    // dispatch calls with the script's first argument and ARGV as it is,
+    // the numbers from ARGV[2] on.
+    assert!(head.contains("local function consume_or_peek(op, keys, args, i)"));
     assert!(!rest.contains("-- >>> eval: early dispatch"));
     let at = script
         .find(head)
@@ -108,7 +109,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     for needed in [
         "redis.replicate_commands()",
         "if ARGV[1] == 'consume' or ARGV[1] == 'peek' then",
-        "return consume_or_peek(table.remove(ARGV, 1), KEYS, ARGV)",
+        "return consume_or_peek(ARGV[1], KEYS, ARGV, 2)",
     ] {
         assert!(early.contains(needed), "{needed} in {early}");
     }
