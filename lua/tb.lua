@@ -83,7 +83,7 @@ local function messages()
   end
   return MSG
 end
-local LIBRARY_VERSION = '0.1.0+7cb40a952e48'
+local LIBRARY_VERSION = '0.1.0+79640fb6eb3a'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -144,34 +144,36 @@ end
 -- alone, so the memo never changes an answer.
 local last_limits
 
--- max and rate, or nil and the error text.
-local function parse_limits(max_s, rate_s, g)
-  local last = last_limits
-  if last and max_s == last.max_s and rate_s == last.rate_s then return last end
-  local max = parse_decimal(max_s)
-  if not max then return nil, msg('not_a_number', g, { arg = 'max' }) end
-  if not (max > 0 and max <= MAX_CAPACITY) then
-    return nil, msg('max_out_of_range', g)
+-- max, rate and cost_s (when given) of a call or a group, checked in the
+-- module's order: the limits table and the cost (nil without cost_s), or
+-- nil and the error text. (One function: the EVAL script defines every
+-- function a consume needs on every call.)
+local function parse_limits(max_s, rate_s, cost_s, g)
+  local l = last_limits
+  if not (l and max_s == l.max_s and rate_s == l.rate_s) then
+    local max = parse_decimal(max_s)
+    if not max then return nil, msg('not_a_number', g, { arg = 'max' }) end
+    if not (max > 0 and max <= MAX_CAPACITY) then
+      return nil, msg('max_out_of_range', g)
+    end
+    local rate = parse_decimal(rate_s)
+    if not rate then return nil, msg('not_a_number', g, { arg = 'rate' }) end
+    if not (rate > 0 and rate <= MAX_RATE) then
+      return nil, msg('rate_out_of_range', g)
+    end
+    if max / rate > MAX_FILL_SECONDS then
+      return nil, msg('fill_too_slow', g)
+    end
+    -- Every field made here, so setting the cost's later never grows the table.
+    l = { max = max, rate = rate, max_s = max_s, rate_s = rate_s, cost_s = false, cost = false }
+    last_limits = l
   end
-  local rate = parse_decimal(rate_s)
-  if not rate then return nil, msg('not_a_number', g, { arg = 'rate' }) end
-  if not (rate > 0 and rate <= MAX_RATE) then
-    return nil, msg('rate_out_of_range', g)
-  end
-  if max / rate > MAX_FILL_SECONDS then
-    return nil, msg('fill_too_slow', g)
-  end
-  -- Every field made here, so setting the cost's later never grows the table.
-  last_limits = { max = max, rate = rate, max_s = max_s, rate_s = rate_s, cost_s = false, cost = false }
-  return last_limits
-end
-
-local function parse_cost(s, limits, g)
-  if s == limits.cost_s then return limits.cost end
-  local cost = parse_decimal(s)
+  if cost_s == nil then return l end
+  if cost_s == l.cost_s then return l, l.cost end
+  local cost = parse_decimal(cost_s)
   if not cost then return nil, msg('not_a_number', g, { arg = 'cost' }) end
   if cost < 0 then return nil, msg('cost_negative', g) end
-  local max = limits.max
+  local max = l.max
   if cost > max then return nil, msg('cost_above_max', g) end
   -- Whether a positive cost is too small to charge a bucket of this max:
   -- subtracting it from max, or from the double just below max, rounds
@@ -189,8 +191,8 @@ local function parse_cost(s, limits, g)
       return nil, msg('cost_too_small', g)
     end
   end
-  limits.cost_s, limits.cost = s, cost
-  return cost
+  l.cost_s, l.cost = cost_s, cost
+  return l, cost
 end
 
 -- ---- bucket arithmetic (core/src/bucket.rs, operation for operation) ------
@@ -399,19 +401,16 @@ local function consume_or_peek(op, keys, args, i)
   if #keys ~= 1 or n < 2 or n > 3 then
     return redis.error_reply(msg('arity', nil, { command = 'tb_' .. op }))
   end
-  local l, err = parse_limits(args[i], args[i + 1])
-  if not l then return redis.error_reply(err) end
-  local cost = 1
-  if n == 3 then
-    cost, err = parse_cost(args[i + 2], l)
-    if not cost then return redis.error_reply(err) end
-  elseif l.max < 1 then
+  -- args[i + 2] is nil without a cost; on an error, cost is its text.
+  local l, cost = parse_limits(args[i], args[i + 1], args[i + 2])
+  if not l then return redis.error_reply(cost) end
+  if not cost then
     -- The default cost of 1 could never pass a bucket this small.
-    return redis.error_reply(msg('cost_above_max'))
+    if l.max < 1 then return redis.error_reply(msg('cost_above_max')) end
+    cost = 1
   end
   local now = clock()
-  local stored
-  stored, err = load(keys[1])
+  local stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
   local allowed, tokens, retry, reset, writes =
     charge(l, stored, now, current_at(l, stored, now.hi, now.lo), cost, op == 'consume')
@@ -475,11 +474,8 @@ local function tb_mconsume(keys, args)
   end
   local limits, costs = {}, {}
   for g = 1, n do
-    local l, err = parse_limits(args[3 * g - 2], args[3 * g - 1], g)
-    if not l then return redis.error_reply(err) end
-    local cost
-    cost, err = parse_cost(args[3 * g], l, g)
-    if not cost then return redis.error_reply(err) end
+    local l, cost = parse_limits(args[3 * g - 2], args[3 * g - 1], args[3 * g], g)
+    if not l then return redis.error_reply(cost) end
     limits[g], costs[g] = l, cost
   end
   local first = {}
@@ -818,11 +814,8 @@ local function leases()
     local limits, costs = {}, {}
     for g = 1, n do
       local at = first + 3 * (g - 1)
-      local l, cost
-      l, err = parse_limits(args[at], args[at + 1], g)
-      if not l then return nil, err end
-      cost, err = parse_cost(args[at + 2], l, g)
-      if not cost then return nil, err end
+      local l, cost = parse_limits(args[at], args[at + 1], args[at + 2], g)
+      if not l then return nil, cost end
       limits[g], costs[g] = l, cost
     end
     for g = 1, n do
