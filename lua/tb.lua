@@ -83,7 +83,7 @@ local function messages()
   end
   return MSG
 end
-local LIBRARY_VERSION = '0.1.0+79640fb6eb3a'
+local LIBRARY_VERSION = '0.1.0+6aee53233c2d'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -273,11 +273,12 @@ local function ms_from(l, stored, now, cur, target)
   end
 end
 
--- An outcome, as five values (no table: they are made on every call):
--- allowed, the balance after the call, retry and reset in ms, and whether
--- the call writes. Both times are measured on the state the call leaves:
--- a write restarts the refill at now, a call that writes nothing leaves
--- the stored state (and any wait until its ts) in place.
+-- An outcome, as three values: its reply {allowed, remaining,
+-- retry_after_ms, reset_after_ms} (all whole numbers, so the integer
+-- replies are exact), the balance after the call, and whether the call
+-- writes. Both times are measured on the state the call leaves: a write
+-- restarts the refill at now, a call that writes nothing leaves the
+-- stored state (and any wait until its ts) in place.
 -- retry_for: the amount the retry time waits for (nil: retry 0).
 local function settle(l, stored, now, allowed, tokens, writes, retry_for)
   local after = stored
@@ -289,7 +290,8 @@ local function settle(l, stored, now, allowed, tokens, writes, retry_for)
   -- written, else what was.
   local retry = 0
   if retry_for then retry = ms_from(l, after, now, tokens, retry_for) end
-  return allowed, tokens, retry, ms_from(l, after, now, tokens, l.max), writes
+  return { allowed and 1 or 0, tokens - tokens % 1, retry, ms_from(l, after, now, tokens, l.max) },
+    tokens, writes
 end
 
 -- A consume (charge true) or a peek of `cost` against `cur`, the balance
@@ -302,13 +304,6 @@ local function charge(l, stored, now, cur, cost, charging)
   local retry_for = nil
   if not allowed then retry_for = cost end
   return settle(l, stored, now, allowed, tokens, writes, retry_for)
-end
-
--- {allowed, remaining, retry_after_ms, reset_after_ms} of an outcome's
--- first four values; all are already whole numbers, so the integer replies
--- are exact.
-local function reply(allowed, tokens, retry, reset)
-  return { allowed and 1 or 0, tokens - tokens % 1, retry, reset }
 end
 
 -- ---- the keyspace (src/keyspace.rs) ---------------------------------------
@@ -412,10 +407,10 @@ local function consume_or_peek(op, keys, args, i)
   local now = clock()
   local stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local allowed, tokens, retry, reset, writes =
+  local out, tokens, writes =
     charge(l, stored, now, current_at(l, stored, now.hi, now.lo), cost, op == 'consume')
-  if writes then save(keys[1], stored, l, tokens, reset, now) end
-  return reply(allowed, tokens, retry, reset)
+  if writes then save(keys[1], stored, l, tokens, out[4], now) end
+  return out
 end
 
 -- >>> eval: early dispatch
@@ -459,9 +454,9 @@ local function tb_adjust(keys, args)
   local stored
   stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local allowed, tokens, retry, reset = adjust(l, stored, now, delta)
-  save(keys[1], stored, l, tokens, reset, now)
-  return reply(allowed, tokens, retry, reset)
+  local out, tokens = adjust(l, stored, now, delta)
+  save(keys[1], stored, l, tokens, out[4], now)
+  return out
 end
 
 -- tb_mconsume: all buckets are charged or none is. Keys are KEYS[1..N],
@@ -502,10 +497,10 @@ local function tb_mconsume(keys, args)
   local out = { all and 1 or 0, 0 }
   local retry = 0
   for g = 1, n do
-    local allowed, tokens, retry_g, reset, writes = charge(limits[g], stored[g], now, cur[g], costs[g], all)
-    if writes then save(keys[g], stored[g], limits[g], tokens, reset, now) end
-    if retry_g > retry then retry = retry_g end
-    out[g + 2] = reply(allowed, tokens, retry_g, reset)
+    local r, tokens, writes = charge(limits[g], stored[g], now, cur[g], costs[g], all)
+    if writes then save(keys[g], stored[g], limits[g], tokens, r[4], now) end
+    if r[3] > retry then retry = r[3] end
+    out[g + 2] = r
   end
   out[2] = retry
   return out
@@ -605,21 +600,21 @@ local function tb_cl_throttle(keys, args)
   end
   local charged = call.quantity <= call.limit
   local cur = current_at(l, stored, now.hi, now.lo)
-  local allowed, tokens, retry_ms, reset, writes
+  local r, tokens, writes
   if charged then
-    allowed, tokens, retry_ms, reset, writes = charge(l, stored, now, cur, call.quantity, true)
+    r, tokens, writes = charge(l, stored, now, cur, call.quantity, true)
   else
-    allowed, tokens, retry_ms, reset, writes = charge(l, stored, now, cur, 0, false)
+    r, tokens, writes = charge(l, stored, now, cur, 0, false)
   end
   if writes then
     if was_string then redis.call('DEL', keys[1]) end
-    save(keys[1], stored or was_string, l, tokens, reset, now)
+    save(keys[1], stored or was_string, l, tokens, r[4], now)
   end
-  local limited = not (charged and allowed)
+  local limited = not (charged and r[1] == 1)
   local retry = -1
-  if limited and charged then retry = math.ceil(retry_ms / 1000) end
+  if limited and charged then retry = math.ceil(r[3] / 1000) end
   return { limited and 1 or 0, call.limit, math.max(0, math.floor(tokens)),
-    retry, math.ceil(reset / 1000) }
+    retry, math.ceil(r[4] / 1000) }
 end
 
 -- ---- concurrency leases (core/src/lease.rs, src/leases.rs) ---------------
@@ -867,11 +862,11 @@ local function leases()
       out = { 0, in_use(s), wait_for_room(s, now.us, call.limit, call.weight), 0 }
     end
     for g = 1, n do
-      local allowed, tokens, retry, reset, writes =
+      local r, tokens, writes =
         charge(call.limits[g], stored[g], now, cur[g], call.costs[g], acquired)
-      if writes then save(keys[g + 1], stored[g], call.limits[g], tokens, reset, now) end
-      if retry > out[3] then out[3] = retry end
-      out[4 + g] = reply(allowed, tokens, retry, reset)
+      if writes then save(keys[g + 1], stored[g], call.limits[g], tokens, r[4], now) end
+      if r[3] > out[3] then out[3] = r[3] end
+      out[4 + g] = r
     end
     return out
   end

@@ -31,7 +31,7 @@ export const COMMANDS = {
 } as const;
 
 /** The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION). */
-export const LIBRARY_VERSION = "0.1.0+79640fb6eb3a";
+export const LIBRARY_VERSION = "0.1.0+6aee53233c2d";
 
 /** Error reply templates; message() fills in the {name} marks. */
 export const ERRORS = {

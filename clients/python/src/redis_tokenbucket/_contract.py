@@ -36,7 +36,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+79640fb6eb3a"
+LIBRARY_VERSION = "0.1.0+6aee53233c2d"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
