@@ -83,7 +83,7 @@ local function messages()
   end
   return MSG
 end
-local LIBRARY_VERSION = '0.1.0+6aee53233c2d'
+local LIBRARY_VERSION = '0.1.0+8e393dceca35'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -284,7 +284,12 @@ local function settle(l, stored, now, allowed, tokens, writes, retry_for)
   local after = stored
   if writes then
     after = false
-    if tokens < l.max then after = { tokens = tokens, hi = now.hi, lo = now.lo } end
+    -- The bucket written now, {tokens, hi = now.hi, lo = now.lo}: the clock
+    -- table with its `tokens` set, so a write makes no table of its own.
+    if tokens < l.max then
+      now.tokens = tokens
+      after = now
+    end
   end
   -- `tokens` is what `after` holds at now: the balance if nothing was
   -- written, else what was.
@@ -311,7 +316,8 @@ end
 -- The server clock, read once per call. Exact integers throughout: us,
 -- hi/lo halves (us = hi * 1e8 + lo) for elapsed time, and the next whole
 -- ms for expiry (the module rounds now up); `time` is TIME's reply, whose
--- two texts spell `ts`.
+-- two texts spell `ts`. With `tokens` set, the table is also a bucket
+-- written now (settle's).
 local function clock()
   local t = redis.call('TIME')
   local sec, usec = t[1] * 1, t[2] * 1
@@ -322,6 +328,7 @@ local function clock()
     lo = (sec % 100) * 1000000 + usec,
     ceil_ms = sec * 1000 + (up - up % 1000) / 1000,
     time = t,
+    tokens = false,
   }
 end
 
