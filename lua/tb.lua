@@ -44,9 +44,11 @@ local MAX_LEASE_LIMIT = 1000000
 local MAX_LEASE_MS = 86400000
 local MAX_LEASE_ID_BYTES = 256
 -- Error reply templates, made on the first error (the EVAL script runs
--- this block on every call); msg() fills in the {name} marks.
+-- this block on every call).
 local MSG
-local function messages()
+-- The text of error `name`, its {marks} filled in from `vars`; `g`, the
+-- group of a TB.MCONSUME error, gives {in_group} (empty otherwise).
+local function msg(name, g, vars)
   if not MSG then
     MSG = {
       arity = "ERR wrong number of arguments for '{command}' command",
@@ -81,29 +83,20 @@ local function messages()
       internal = 'ERR tb internal error: {what}',
     }
   end
-  return MSG
-end
-local LIBRARY_VERSION = '0.1.0+8e393dceca35'
--- <<< contract: end
--- The smallest positive double, 2^-1074 (a literal: the library body runs
--- before `math` is reachable).
-local TINY = 4.9406564584124654e-324
-
--- ---- errors (the contract block's messages) --------------------------------
-
--- The text of error `name`, its {marks} filled in from `vars`; `g`, the
--- group of a TB.MCONSUME error, gives {in_group} (empty otherwise).
-local function msg(name, g, vars)
-  local templates = messages()
   vars = vars or {}
   if vars.in_group == nil then
-    vars.in_group = g and (string.gsub(templates.group, '{group}', g)) or ''
+    vars.in_group = g and (string.gsub(MSG.group, '{group}', g)) or ''
   end
-  return (string.gsub(templates[name], '{([%w_]+)}', function(k)
+  return (string.gsub(MSG[name], '{([%w_]+)}', function(k)
     local v = vars[k]
     if v ~= nil then return tostring(v) end
   end))
 end
+local LIBRARY_VERSION = '0.1.0+025a11293a30'
+-- <<< contract: end
+-- The smallest positive double, 2^-1074 (a literal: the library body runs
+-- before `math` is reachable).
+local TINY = 4.9406564584124654e-324
 
 -- ---- numbers (core/src/number.rs) ------------------------------------------
 
