@@ -92,7 +92,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+025a11293a30'
+local LIBRARY_VERSION = '0.1.0+9649ab502e31'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -227,9 +227,9 @@ local function ms_from(l, stored, now, cur, target)
   -- The refill counts from ts, ahead of now (a wait first) or behind it.
   local from_ts = (stored.hi - now.hi) * 1e8 + (stored.lo - now.lo)
   -- The first guess, rounded up (x + (-x) % 1 is math.ceil(x)); any
-  -- guess finds the same answer. current_at at the bucket's own ts is
-  -- its stored balance clamped to [-max, max].
-  local ms = (from_ts + (target - current_at(l, stored, stored.hi, stored.lo)) / l.rate * 1000000) / 1000
+  -- guess finds the same answer, so the stored balance goes in as it is
+  -- (outside [-max, max], after a lowered max, the guess is only worse).
+  local ms = (from_ts + (target - stored.tokens) / l.rate * 1000000) / 1000
   ms = ms + (-ms) % 1
   if ms >= 1 then
     if ms > MAX_WAIT_MS then ms = MAX_WAIT_MS end
