@@ -92,7 +92,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+9649ab502e31'
+local LIBRARY_VERSION = '0.1.0+90dcaa8d4a7f'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -266,14 +266,28 @@ local function ms_from(l, stored, now, cur, target)
   end
 end
 
--- An outcome, as three values: its reply {allowed, remaining,
--- retry_after_ms, reset_after_ms} (all whole numbers, so the integer
--- replies are exact), the balance after the call, and whether the call
--- writes. Both times are measured on the state the call leaves: a write
--- restarts the refill at now, a call that writes nothing leaves the
--- stored state (and any wait until its ts) in place.
--- retry_for: the amount the retry time waits for (nil: retry 0).
-local function settle(l, stored, now, allowed, tokens, writes, retry_for)
+-- The outcome of a consume (charging) or a peek of `cost` against `cur`,
+-- the balance of `stored` at `now` (a charge of 0 writes nothing); or,
+-- with cost nil, of an adjust to the balance `cur`, which always writes
+-- and gives the retry of a request of cost 1, or of max if smaller. Three
+-- values: the reply {allowed, remaining, retry_after_ms, reset_after_ms}
+-- (all whole numbers, so the integer replies are exact), the balance
+-- after the call, and whether the call writes. Both times are measured on
+-- the state the call leaves: a write restarts the refill at now, a call
+-- that writes nothing leaves the stored state (and any wait until its ts)
+-- in place. (One function for both: the EVAL script defines every
+-- function a consume needs on every call.)
+local function charge(l, stored, now, cur, cost, charging)
+  local allowed, tokens, writes, retry_for = true, cur, true, nil
+  if cost then
+    allowed = cur >= cost
+    writes = charging and allowed and cost > 0
+    if writes then tokens = cur - cost end
+    -- The amount the retry time waits for (nil: retry 0).
+    if not allowed then retry_for = cost end
+  else
+    retry_for = math.min(l.max, 1)
+  end
   local after = stored
   if writes then
     after = false
@@ -292,25 +306,13 @@ local function settle(l, stored, now, allowed, tokens, writes, retry_for)
     tokens, writes
 end
 
--- A consume (charge true) or a peek of `cost` against `cur`, the balance
--- of `stored` at `now`. A charge of 0 writes nothing.
-local function charge(l, stored, now, cur, cost, charging)
-  local allowed = cur >= cost
-  local writes = charging and allowed and cost > 0
-  local tokens = cur
-  if writes then tokens = cur - cost end
-  local retry_for = nil
-  if not allowed then retry_for = cost end
-  return settle(l, stored, now, allowed, tokens, writes, retry_for)
-end
-
 -- ---- the keyspace (src/keyspace.rs) ---------------------------------------
 
 -- The server clock, read once per call. Exact integers throughout: us,
 -- hi/lo halves (us = hi * 1e8 + lo) for elapsed time, and the next whole
 -- ms for expiry (the module rounds now up); `time` is TIME's reply, whose
 -- two texts spell `ts`. With `tokens` set, the table is also a bucket
--- written now (settle's).
+-- written now (charge's).
 local function clock()
   local t = redis.call('TIME')
   local sec, usec = t[1] * 1, t[2] * 1
@@ -437,10 +439,9 @@ local function clamp(l, tokens)
   return tokens
 end
 
--- retry is for a request of cost 1, or max if smaller.
+-- The outcome of adding `delta` to the balance (see charge).
 local function adjust(l, stored, now, delta)
-  local tokens = clamp(l, current_at(l, stored, now.hi, now.lo) + delta)
-  return settle(l, stored, now, true, tokens, true, math.min(l.max, 1))
+  return charge(l, stored, now, clamp(l, current_at(l, stored, now.hi, now.lo) + delta))
 end
 
 -- tb_adjust: refund (delta > 0) or late charge (delta < 0); always saves.
