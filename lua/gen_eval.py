@@ -59,7 +59,7 @@ EARLY = """\
 -- defined (each EVAL defines it afresh): they need nothing below.
 -- Their arguments start at ARGV[2], after the operation's name.
 if ARGV[1] == 'consume' or ARGV[1] == 'peek' then
-  if redis.replicate_commands and not redis.REDIS_VERSION_NUM then redis.replicate_commands() end
+  if not redis.REDIS_VERSION_NUM then redis.replicate_commands() end
   return consume_or_peek(ARGV[1], KEYS, ARGV, 2)
 end
 """
@@ -69,7 +69,7 @@ DISPATCH = """\
 -- script that read TIME could then not write. Effects replication is the
 -- only mode from Redis 7 on (which sets REDIS_VERSION_NUM), where the
 -- call is a no-op, skipped.
-if redis.replicate_commands and not redis.REDIS_VERSION_NUM then redis.replicate_commands() end
+if not redis.REDIS_VERSION_NUM then redis.replicate_commands() end
 local name = ARGV[1]
 for i = 1, #OPERATIONS, 3 do
   if OPERATIONS[i] == name then

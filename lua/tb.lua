@@ -92,7 +92,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+90dcaa8d4a7f'
+local LIBRARY_VERSION = '0.1.0+77ef25bd68e0'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -333,8 +333,9 @@ local function load(key, g)
   -- HLEN answers all but one of the questions in one call: 0 for a missing
   -- key (a hash is never empty), WRONGTYPE for anything but a hash, and
   -- the field count. Any other error is raised, from this same line, as
-  -- redis.call would raise it (Redis 6 raised the text, not the table).
-  local n = redis.pcall('HLEN', key) if type(n) == 'table' and not string.find(n.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(n) end error(n.err, 0) end
+  -- redis.call would raise it (Redis 6 raised the text, not the table);
+  -- a missing key, the usual case, skips the type test.
+  local n = redis.pcall('HLEN', key) if n ~= 0 and type(n) == 'table' and not string.find(n.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(n) end error(n.err, 0) end
   if n == 0 then return false end
   if type(n) == 'table' then return nil, msg('wrongtype') end
   if n ~= 2 then return nil, msg('bad_fields', g) end

@@ -36,7 +36,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+90dcaa8d4a7f"
+LIBRARY_VERSION = "0.1.0+77ef25bd68e0"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
