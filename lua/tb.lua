@@ -92,7 +92,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+9e936b1d5c02'
+local LIBRARY_VERSION = '0.1.0+962b6ec12fee'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -239,8 +239,9 @@ local function ms_from(l, stored, now, cur, target)
   -- The smallest ms >= 1 at which a call sees at least `target` (0 does
   -- not, and a later call never sees less), or MAX_WAIT_MS if none does
   -- by then: gallop from the guess by doubling steps until the answer is
-  -- bracketed (lo does not pass, hi does), then bisect. One loop, so
-  -- each try is written once and no helper is made per EVAL.
+  -- bracketed (lo does not pass, hi does; hi starts past MAX_WAIT_MS,
+  -- untried), then bisect. One loop, so each try is written once and no
+  -- helper is made per EVAL.
   local lo, hi, step = 0, MAX_WAIT_MS + 1, 1
   while true do
     -- now moved on by ms, as exact halves (no table made per try)
