@@ -118,20 +118,31 @@ def lua_block(c: dict, version: str) -> str:
     out = [f"{LUA_BEGIN} ({NOTICE})"]
     for name, spec in c["limits"].items():
         out.append(f"local {upper(name)} = {spec['value']}")
-    # A function, not a table: the EVAL script runs this block on every
-    # call, and a table of every message costs more than the rest of a
-    # consume's definitions; only an error reads it.
+    # Made by msg(), not a table of the block: the EVAL script runs this
+    # block on every call, and a table of every message costs more than
+    # the rest of a consume's definitions; only an error reads it. One
+    # function, msg() itself, as each function the block defines costs
+    # every EVAL too.
     out.append("-- Error reply templates, made on the first error (the EVAL script runs")
-    out.append("-- this block on every call); msg() fills in the {name} marks.")
+    out.append("-- this block on every call).")
     out.append("local MSG")
-    out.append("local function messages()")
+    out.append("-- The text of error `name`, its {marks} filled in from `vars`; `g`, the")
+    out.append("-- group of a TB.MCONSUME error, gives {in_group} (empty otherwise).")
+    out.append("local function msg(name, g, vars)")
     out.append("  if not MSG then")
     out.append("    MSG = {")
     for name, template in c["rendered"].items():
         out.append(f"      {name} = {lua_string(template)},")
     out.append("    }")
     out.append("  end")
-    out.append("  return MSG")
+    out.append("  vars = vars or {}")
+    out.append("  if vars.in_group == nil then")
+    out.append("    vars.in_group = g and (string.gsub(MSG.group, '{group}', g)) or ''")
+    out.append("  end")
+    out.append("  return (string.gsub(MSG[name], '{([%w_]+)}', function(k)")
+    out.append("    local v = vars[k]")
+    out.append("    if v ~= nil then return tostring(v) end")
+    out.append("  end))")
     out.append("end")
     out.append(f"local LIBRARY_VERSION = '{version}'")
     out.append(LUA_END)

@@ -2,7 +2,8 @@
 """Builds the EVAL script from the Functions library lua/tb.lua.
 
 The script is the library's shared block (between the `-- >>> shared: begin`
-and `-- <<< shared: end` lines, copied byte for byte) followed by a
+and `-- <<< shared: end` lines, copied byte for byte but for its numeric
+constants, whose values are written in where code uses them) followed by a
 dispatcher: its first argument names the operation, as FCALL tb_<name> does,
 from the block's own OPERATIONS list. So the EVAL form and the FCALL form
 run the same code, and only lua/tb.lua is edited by hand. The script is
@@ -49,23 +50,26 @@ def header(block: str) -> str:
 # defines the library afresh, and these two need only what is defined
 # above it, so they skip defining the rest. consume_or_peek takes the
 # operation's name, as the EVAL script does, so tb_consume and tb_peek can
-# be defined below the marker.
+# be defined below the marker, and where its arguments start, so ARGV is
+# passed as it is (a table.remove costs about 1k instructions).
 EARLY_MARK = "-- >>> eval: early dispatch\n"
-EARLY_FUNCTION = "local function consume_or_peek(op, keys, args)\n"
+EARLY_FUNCTION = "local function consume_or_peek(op, keys, args, i)\n"
 EARLY = """\
 -- Consume and peek are answered here, before the rest of the library is
 -- defined (each EVAL defines it afresh): they need nothing below.
+-- Their arguments start at ARGV[2], after the operation's name.
 if ARGV[1] == 'consume' or ARGV[1] == 'peek' then
-  if redis.replicate_commands then redis.replicate_commands() end
-  return consume_or_peek(table.remove(ARGV, 1), KEYS, ARGV)
+  if not redis.REDIS_VERSION_NUM then redis.replicate_commands() end
+  return consume_or_peek(ARGV[1], KEYS, ARGV, 2)
 end
 """
 
 DISPATCH = """\
 -- Redis 6.x replicates scripts verbatim unless told otherwise, and a
 -- script that read TIME could then not write. Effects replication is the
--- only mode from Redis 7 on, where this call is a no-op.
-if redis.replicate_commands then redis.replicate_commands() end
+-- only mode from Redis 7 on (which sets REDIS_VERSION_NUM), where the
+-- call is a no-op, skipped.
+if not redis.REDIS_VERSION_NUM then redis.replicate_commands() end
 local name = ARGV[1]
 for i = 1, #OPERATIONS, 3 do
   if OPERATIONS[i] == name then
@@ -79,6 +83,50 @@ for i = 1, #OPERATIONS, 3 do names[#names + 1] = OPERATIONS[i] end
 return redis.error_reply("ERR unknown operation '" .. tostring(name)
   .. "': the first argument is one of " .. table.concat(names, ', '))
 """
+
+
+# A numeric constant of the block, `local NAME = <number>`: the contract's
+# limits and TINY. The script writes each one's value where it is used:
+# a local that a function reads is an upvalue, which every EVAL makes and
+# closes again for each (several hundred instructions each), while a
+# number written in is a constant of the function (and `NAME + 1` is
+# folded). The definitions stay, unused.
+CONSTANT = re.compile(r"^local ([A-Z][A-Z0-9_]*) = ([0-9][0-9.eE+-]*)\n", re.M)
+
+
+def code_and_comment(line: str) -> tuple:
+    """The line split where a `--` comment starts outside a string."""
+    quote = None
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif line.startswith("--", i):
+            return line[:i], line[i:]
+        i += 1
+    return line, ""
+
+
+def inline_constants(block: str) -> str:
+    """The block with each numeric constant's uses replaced by its value."""
+    values = dict(CONSTANT.findall(block))
+    if not values:
+        return block
+    name = re.compile(r"\b(" + "|".join(map(re.escape, values)) + r")\b")
+    out = []
+    for line in block.splitlines(keepends=True):
+        if CONSTANT.fullmatch(line):
+            out.append(line)
+            continue
+        code, comment = code_and_comment(line)
+        out.append(name.sub(lambda m: values[m.group(1)], code) + comment)
+    return "".join(out)
 
 
 def shared_block(source: str) -> str:
@@ -102,7 +150,7 @@ def shared_block(source: str) -> str:
 def script() -> str:
     """The EVAL script for the current lua/tb.lua."""
     block = shared_block(SOURCE.read_text(encoding="utf-8"))
-    return header(block) + block.replace(EARLY_MARK, EARLY) + DISPATCH
+    return header(block) + inline_constants(block).replace(EARLY_MARK, EARLY) + DISPATCH
 
 
 def main(argv: list) -> int:

@@ -44,9 +44,11 @@ local MAX_LEASE_LIMIT = 1000000
 local MAX_LEASE_MS = 86400000
 local MAX_LEASE_ID_BYTES = 256
 -- Error reply templates, made on the first error (the EVAL script runs
--- this block on every call); msg() fills in the {name} marks.
+-- this block on every call).
 local MSG
-local function messages()
+-- The text of error `name`, its {marks} filled in from `vars`; `g`, the
+-- group of a TB.MCONSUME error, gives {in_group} (empty otherwise).
+local function msg(name, g, vars)
   if not MSG then
     MSG = {
       arity = "ERR wrong number of arguments for '{command}' command",
@@ -81,29 +83,20 @@ local function messages()
       internal = 'ERR tb internal error: {what}',
     }
   end
-  return MSG
-end
-local LIBRARY_VERSION = '0.1.0+b4c1a7b090c5'
--- <<< contract: end
--- The smallest positive double, 2^-1074 (a literal: the library body runs
--- before `math` is reachable).
-local TINY = 4.9406564584124654e-324
-
--- ---- errors (the contract block's messages) --------------------------------
-
--- The text of error `name`, its {marks} filled in from `vars`; `g`, the
--- group of a TB.MCONSUME error, gives {in_group} (empty otherwise).
-local function msg(name, g, vars)
-  local templates = messages()
   vars = vars or {}
   if vars.in_group == nil then
-    vars.in_group = g and (string.gsub(templates.group, '{group}', g)) or ''
+    vars.in_group = g and (string.gsub(MSG.group, '{group}', g)) or ''
   end
-  return (string.gsub(templates[name], '{([%w_]+)}', function(k)
+  return (string.gsub(MSG[name], '{([%w_]+)}', function(k)
     local v = vars[k]
     if v ~= nil then return tostring(v) end
   end))
 end
+local LIBRARY_VERSION = '0.1.0+962b6ec12fee'
+-- <<< contract: end
+-- The smallest positive double, 2^-1074 (a literal: the library body runs
+-- before `math` is reachable).
+local TINY = 4.9406564584124654e-324
 
 -- ---- numbers (core/src/number.rs) ------------------------------------------
 
@@ -111,6 +104,9 @@ end
 -- [(e|E) [+-]? digits]. tonumber alone would also take hex, "inf", "nan"
 -- and surrounding spaces, so the text is checked first. Returns nil for
 -- anything else, including values that overflow to infinity.
+-- A text known to be digits is converted with `s * 1`, not tonumber:
+-- both are the same strtod, but tonumber runs it twice (lua_isnumber,
+-- then lua_tonumber), and `* 1` keeps every double as it is, -0 too.
 local function parse_decimal(s)
   -- Most texts (every stored balance, most arguments) are digits with an
   -- optional point: one find says so, the rest of the grammar is checked
@@ -123,28 +119,11 @@ local function parse_decimal(s)
     if not rest then return nil end
     if rest <= #s and not string.find(s, '^[eE][+-]?%d+$', rest) then return nil end
   end
-  -- strtod underneath: correctly rounded, like Rust's parse.
-  local v = tonumber(s)
-  if v == nil or v ~= v or v == math.huge or v == -math.huge then return nil end
+  -- strtod underneath: correctly rounded, like Rust's parse. The grammar
+  -- leaves out "nan" and "inf", so v - v is 0 unless the text overflowed.
+  local v = s * 1
+  if v - v ~= 0 then return nil end
   return v
-end
-
--- An optionally negative integer of at most 16 digits (the `ts` field), as
--- two exact halves hi, lo with value hi * 1e8 + lo: 16 digits can exceed
--- 2^53, and the module subtracts in exact integers before rounding once.
--- Returns nil for anything else.
-local function parse_int16(s)
-  -- The module's own timestamps: 16 digits, no sign.
-  if #s == 16 and not string.find(s, '%D') then
-    return tonumber(string.sub(s, 1, 8)), tonumber(string.sub(s, 9))
-  end
-  local neg, digits = string.match(s, '^(%-?)(%d+)$')
-  if not digits or #digits > 16 then return nil end
-  local cut = #digits - 8
-  local hi = cut > 0 and tonumber(string.sub(digits, 1, cut)) or 0
-  local lo = tonumber(string.sub(digits, cut > 0 and cut + 1 or 1))
-  if neg == '-' then return -hi, -lo end
-  return hi, lo
 end
 
 -- ---- arguments (core/src/args.rs, same order of checks) -------------------
@@ -158,55 +137,55 @@ end
 -- alone, so the memo never changes an answer.
 local last_limits
 
--- max and rate, or nil and the error text.
-local function parse_limits(max_s, rate_s, g)
-  local last = last_limits
-  if last and max_s == last.max_s and rate_s == last.rate_s then return last end
-  local max = parse_decimal(max_s)
-  if not max then return nil, msg('not_a_number', g, { arg = 'max' }) end
-  if not (max > 0 and max <= MAX_CAPACITY) then
-    return nil, msg('max_out_of_range', g)
+-- max, rate and cost_s (when given) of a call or a group, checked in the
+-- module's order: the limits table and the cost (nil without cost_s), or
+-- nil and the error text. (One function: the EVAL script defines every
+-- function a consume needs on every call.)
+local function parse_limits(max_s, rate_s, cost_s, g)
+  local l = last_limits
+  if not (l and max_s == l.max_s and rate_s == l.rate_s) then
+    local max = parse_decimal(max_s)
+    if not max then return nil, msg('not_a_number', g, { arg = 'max' }) end
+    if not (max > 0 and max <= MAX_CAPACITY) then
+      return nil, msg('max_out_of_range', g)
+    end
+    local rate = parse_decimal(rate_s)
+    if not rate then return nil, msg('not_a_number', g, { arg = 'rate' }) end
+    if not (rate > 0 and rate <= MAX_RATE) then
+      return nil, msg('rate_out_of_range', g)
+    end
+    if max / rate > MAX_FILL_SECONDS then
+      return nil, msg('fill_too_slow', g)
+    end
+    -- Every field made here, so setting the cost's later never grows the table.
+    l = { max = max, rate = rate, max_s = max_s, rate_s = rate_s, cost_s = false, cost = false }
+    last_limits = l
   end
-  local rate = parse_decimal(rate_s)
-  if not rate then return nil, msg('not_a_number', g, { arg = 'rate' }) end
-  if not (rate > 0 and rate <= MAX_RATE) then
-    return nil, msg('rate_out_of_range', g)
-  end
-  if max / rate > MAX_FILL_SECONDS then
-    return nil, msg('fill_too_slow', g)
-  end
-  -- Every field made here, so setting the cost's later never grows the table.
-  last_limits = { max = max, rate = rate, max_s = max_s, rate_s = rate_s, cost_s = false, cost = false }
-  return last_limits
-end
-
--- Whether a positive cost is too small to charge a bucket of this max:
--- subtracting it from max, or from the double just below max, rounds back
--- to that balance (tb-core's charges_nothing). Lua lacks nextafter, so the
--- double below max is max minus the gap found from max's exponent.
-local function charges_nothing(cost, max)
-  -- Above max / 2^52 every cost charges (the gap below max is at most
-  -- max / 2^52): skip the exponent work for ordinary costs.
-  if cost * 4503599627370496 > max then return false end
-  local m, e = math.frexp(max) -- max = m * 2^e, 0.5 <= m < 1
-  local gap = math.ldexp(1, e - 53)
-  if m == 0.5 then gap = gap / 2 end -- below a power of two the gap halves
-  if gap < TINY then gap = TINY end -- subnormals: one step of 2^-1074
-  local below = max - gap
-  return cost > 0 and (max - cost == max or below - cost == below)
-end
-
-local function parse_cost(s, limits, g)
-  if s == limits.cost_s then return limits.cost end
-  local cost = parse_decimal(s)
+  if cost_s == nil then return l end
+  if cost_s == l.cost_s then return l, l.cost end
+  local cost = parse_decimal(cost_s)
   if not cost then return nil, msg('not_a_number', g, { arg = 'cost' }) end
   if cost < 0 then return nil, msg('cost_negative', g) end
-  if cost > limits.max then return nil, msg('cost_above_max', g) end
-  if charges_nothing(cost, limits.max) then
-    return nil, msg('cost_too_small', g)
+  local max = l.max
+  if cost > max then return nil, msg('cost_above_max', g) end
+  -- Whether a positive cost is too small to charge a bucket of this max:
+  -- subtracting it from max, or from the double just below max, rounds
+  -- back to that balance (tb-core's charges_nothing). Above max / 2^52
+  -- every cost charges (the gap below max is at most max / 2^52), so the
+  -- exponent work is for tiny costs only. Lua lacks nextafter: the double
+  -- below max is max minus the gap found from max's exponent.
+  if cost * 4503599627370496 <= max and cost > 0 then
+    local m, e = math.frexp(max) -- max = m * 2^e, 0.5 <= m < 1
+    local gap = math.ldexp(1, e - 53)
+    if m == 0.5 then gap = gap / 2 end -- below a power of two the gap halves
+    if gap < TINY then gap = TINY end -- subnormals: one step of 2^-1074
+    local below = max - gap
+    if max - cost == max or below - cost == below then
+      return nil, msg('cost_too_small', g)
+    end
   end
-  limits.cost_s, limits.cost = s, cost
-  return cost
+  l.cost_s, l.cost = cost_s, cost
+  return l, cost
 end
 
 -- ---- bucket arithmetic (core/src/bucket.rs, operation for operation) ------
@@ -216,14 +195,6 @@ end
 -- math.max and math.floor are written out where calls are frequent: a Lua
 -- call costs more than the comparison, and `x - x % 1` is math.floor(x)
 -- exactly (x % 1 is x - floor(x), which a double always holds).
-
--- Keeps a balance in [-max, max]: a lowered max clamps stored tokens.
-local function clamp(l, tokens)
-  local max = l.max
-  if -max > tokens then tokens = -max end
-  if max < tokens then tokens = max end
-  return tokens
-end
 
 -- The balance of a bucket stored as `stored` (false: missing, a full
 -- bucket) at the time hi * 1e8 + lo µs (`now` as the clock() halves): the
@@ -245,46 +216,6 @@ local function current_at(l, stored, hi, lo)
   return tokens
 end
 
--- Whether a call `ms` whole milliseconds after `now` sees at least
--- `target`: now moved on as exact halves, with no table made per try.
-local function passes(l, stored, now, ms, target)
-  local hi = ms / 100000
-  hi = hi - hi % 1
-  return current_at(l, stored, now.hi + hi, now.lo + (ms - hi * 100000) * 1000) >= target
-end
-
--- The smallest m >= 1 that passes, for passes false at 0 and monotone:
--- gallop from the guess until the answer is bracketed, then bisect.
--- Gives up at MAX_WAIT_MS.
-local function first_passing(guess, l, stored, now, target)
-  local lo, hi
-  local step = 1
-  if passes(l, stored, now, guess, target) then
-    hi, lo = guess, guess - 1
-    while lo > 0 and passes(l, stored, now, lo, target) do
-      hi = lo
-      step = step * 2
-      lo = hi - step
-      if lo < 0 then lo = 0 end
-    end
-  else
-    lo, hi = guess, guess + 1
-    while not passes(l, stored, now, hi, target) do
-      if hi >= MAX_WAIT_MS then return MAX_WAIT_MS end
-      lo = hi
-      step = step * 2
-      hi = lo + step
-      if hi > MAX_WAIT_MS then hi = MAX_WAIT_MS end
-    end
-  end
-  while hi - lo > 1 do
-    local half = (hi - lo) / 2
-    local mid = lo + (half - half % 1)
-    if passes(l, stored, now, mid, target) then hi = mid else lo = mid end
-  end
-  return hi
-end
-
 -- Whole ms from `now` until a call on `stored`, with no traffic between,
 -- sees at least `target`, including the wait until a future ts; `cur` is
 -- the balance at now, which the caller knows. The search runs on
@@ -296,70 +227,97 @@ local function ms_from(l, stored, now, cur, target)
   -- The refill counts from ts, ahead of now (a wait first) or behind it.
   local from_ts = (stored.hi - now.hi) * 1e8 + (stored.lo - now.lo)
   -- The first guess, rounded up (x + (-x) % 1 is math.ceil(x)); any
-  -- guess finds the same answer.
-  local guess = (from_ts + (target - clamp(l, stored.tokens)) / l.rate * 1000000) / 1000
-  guess = guess + (-guess) % 1
-  if guess >= 1 then
-    if guess > MAX_WAIT_MS then guess = MAX_WAIT_MS end
+  -- guess finds the same answer, so the stored balance goes in as it is
+  -- (outside [-max, max], after a lowered max, the guess is only worse).
+  local ms = (from_ts + (target - stored.tokens) / l.rate * 1000000) / 1000
+  ms = ms + (-ms) % 1
+  if ms >= 1 then
+    if ms > MAX_WAIT_MS then ms = MAX_WAIT_MS end
   else
-    guess = 1
+    ms = 1
   end
-  return first_passing(guess, l, stored, now, target)
+  -- The smallest ms >= 1 at which a call sees at least `target` (0 does
+  -- not, and a later call never sees less), or MAX_WAIT_MS if none does
+  -- by then: gallop from the guess by doubling steps until the answer is
+  -- bracketed (lo does not pass, hi does; hi starts past MAX_WAIT_MS,
+  -- untried), then bisect. One loop, so each try is written once and no
+  -- helper is made per EVAL.
+  local lo, hi, step = 0, MAX_WAIT_MS + 1, 1
+  while true do
+    -- now moved on by ms, as exact halves (no table made per try)
+    local h = ms / 100000
+    h = h - h % 1
+    if current_at(l, stored, now.hi + h, now.lo + (ms - h * 100000) * 1000) >= target then
+      hi = ms
+      ms = ms - step
+    elseif ms >= MAX_WAIT_MS then
+      return MAX_WAIT_MS
+    else
+      lo = ms
+      ms = ms + step
+    end
+    if hi - lo <= 1 then return hi end
+    step = step * 2
+    if ms > MAX_WAIT_MS then ms = MAX_WAIT_MS end
+    -- Past the bracket (the gallop has turned): bisect.
+    if ms <= lo or ms >= hi then
+      local half = (hi - lo) / 2
+      ms = lo + (half - half % 1)
+    end
+  end
 end
 
--- An outcome, as five values (no table: they are made on every call):
--- allowed, the balance after the call, retry and reset in ms, and whether
--- the call writes. Both times are measured on the state the call leaves:
--- a write restarts the refill at now, a call that writes nothing leaves
--- the stored state (and any wait until its ts) in place.
--- retry_for: the amount the retry time waits for (nil: retry 0).
-local function settle(l, stored, now, allowed, tokens, writes, retry_for)
+-- The outcome of a consume (charging) or a peek of `cost` against `cur`,
+-- the balance of `stored` at `now` (a charge of 0 writes nothing); or,
+-- with cost nil, of an adjust to the balance `cur`, which always writes
+-- and gives the retry of a request of cost 1, or of max if smaller. Three
+-- values: the reply {allowed, remaining, retry_after_ms, reset_after_ms}
+-- (all whole numbers, so the integer replies are exact), the balance
+-- after the call, and whether the call writes. Both times are measured on
+-- the state the call leaves: a write restarts the refill at now, a call
+-- that writes nothing leaves the stored state (and any wait until its ts)
+-- in place. (One function for both: the EVAL script defines every
+-- function a consume needs on every call.)
+local function charge(l, stored, now, cur, cost, charging)
+  local allowed, tokens, writes, retry_for = true, cur, true, nil
+  if cost then
+    allowed = cur >= cost
+    writes = charging and allowed and cost > 0
+    if writes then tokens = cur - cost end
+    -- The amount the retry time waits for (nil: retry 0).
+    if not allowed then retry_for = cost end
+  else
+    retry_for = math.min(l.max, 1)
+  end
   local after = stored
   if writes then
     after = false
-    if tokens < l.max then after = { tokens = tokens, hi = now.hi, lo = now.lo } end
+    -- The bucket written now, {tokens, hi = now.hi, lo = now.lo}: the clock
+    -- table with its `tokens` set, so a write makes no table of its own.
+    if tokens < l.max then
+      now.tokens = tokens
+      after = now
+    end
   end
   -- `tokens` is what `after` holds at now: the balance if nothing was
   -- written, else what was.
   local retry = 0
   if retry_for then retry = ms_from(l, after, now, tokens, retry_for) end
-  return allowed, tokens, retry, ms_from(l, after, now, tokens, l.max), writes
-end
-
--- A consume (charge true) or a peek of `cost` against `cur`, the balance
--- of `stored` at `now`. A charge of 0 writes nothing.
-local function charge(l, stored, now, cur, cost, charging)
-  local allowed = cur >= cost
-  local writes = charging and allowed and cost > 0
-  local tokens = cur
-  if writes then tokens = cur - cost end
-  local retry_for = nil
-  if not allowed then retry_for = cost end
-  return settle(l, stored, now, allowed, tokens, writes, retry_for)
-end
-
--- {allowed, remaining, retry_after_ms, reset_after_ms} of an outcome's
--- first four values; all are already whole numbers, so the integer replies
--- are exact.
-local function reply(allowed, tokens, retry, reset)
-  return { allowed and 1 or 0, tokens - tokens % 1, retry, reset }
+  return { allowed and 1 or 0, tokens - tokens % 1, retry, ms_from(l, after, now, tokens, l.max) },
+    tokens, writes
 end
 
 -- ---- the keyspace (src/keyspace.rs) ---------------------------------------
 
--- The server clock, read once per call. Exact integers throughout: us for
--- `ts`, hi/lo halves (us = hi * 1e8 + lo) for elapsed time, and the next
--- whole ms for expiry (the module rounds now up).
+-- The server clock, read once per call: its µs as exact halves hi, lo
+-- (us = hi * 1e8 + lo, exact too: below 2^53 until the year 2255), and
+-- `time`, TIME's reply, whose two texts spell `ts`. With `tokens` set, the
+-- table is also a bucket written now (charge's). Four fields: a table of
+-- five or six costs about 800 instructions more, on every call.
 local function clock()
   local t = redis.call('TIME')
-  local sec, usec = tonumber(t[1]), tonumber(t[2])
-  local up = usec + 999
-  return {
-    us = sec * 1000000 + usec,
-    hi = (sec - sec % 100) / 100,
-    lo = (sec % 100) * 1000000 + usec,
-    ceil_ms = sec * 1000 + (up - up % 1000) / 1000,
-  }
+  local sec = t[1] * 1
+  return { hi = (sec - sec % 100) / 100, lo = (sec % 100) * 1000000 + t[2] * 1, time = t, tokens = false }
 end
 
 -- A key's bucket: false if the key is missing, else {tokens, hi, lo}. On
@@ -368,8 +326,9 @@ local function load(key, g)
   -- HLEN answers all but one of the questions in one call: 0 for a missing
   -- key (a hash is never empty), WRONGTYPE for anything but a hash, and
   -- the field count. Any other error is raised, from this same line, as
-  -- redis.call would raise it (Redis 6 raised the text, not the table).
-  local n = redis.pcall('HLEN', key) if type(n) == 'table' and not string.find(n.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(n) end error(n.err, 0) end
+  -- redis.call would raise it (Redis 6 raised the text, not the table);
+  -- a missing key, the usual case, skips the type test.
+  local n = redis.pcall('HLEN', key) if n ~= 0 and type(n) == 'table' and not string.find(n.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(n) end error(n.err, 0) end
   if n == 0 then return false end
   if type(n) == 'table' then return nil, msg('wrongtype') end
   if n ~= 2 then return nil, msg('bad_fields', g) end
@@ -377,8 +336,21 @@ local function load(key, g)
   if not f[1] or not f[2] then return nil, msg('bad_fields', g) end
   local tokens = parse_decimal(f[1])
   if not tokens then return nil, msg('bad_tokens', g) end
-  local hi, lo = parse_int16(f[2])
-  if not hi then return nil, msg('bad_ts', g) end
+  -- ts: an optionally negative integer of at most 16 digits, as two exact
+  -- halves hi, lo with value hi * 1e8 + lo: 16 digits can exceed 2^53, and
+  -- the module subtracts in exact integers before rounding once.
+  local ts, hi, lo = f[2]
+  if #ts == 16 and not string.find(ts, '%D') then
+    -- The module's own timestamps: 16 digits, no sign.
+    hi, lo = string.sub(ts, 1, 8) * 1, string.sub(ts, 9) * 1
+  else
+    local neg, digits = string.match(ts, '^(%-?)(%d+)$')
+    if not digits or #digits > 16 then return nil, msg('bad_ts', g) end
+    local cut = #digits - 8
+    hi = cut > 0 and string.sub(digits, 1, cut) * 1 or 0
+    lo = string.sub(digits, cut > 0 and cut + 1 or 1) * 1
+    if neg == '-' then hi, lo = -hi, -lo end
+  end
   return { tokens = tokens, hi = hi, lo = lo }
 end
 
@@ -399,61 +371,73 @@ local function save(key, existed, l, tokens, reset, now)
   else
     text = string.format('%.17g', tokens)
   end
-  redis.call('HSET', key, 'tokens', text, 'ts', string.format('%d', now.us))
-  redis.call('PEXPIREAT', key, string.format('%d', now.ceil_ms + reset))
+  -- ts is now's µs: TIME's seconds, then its µs to six digits (a
+  -- concatenation costs a quarter of string.format).
+  local usec = now.time[2]
+  if #usec < 6 then usec = string.sub('00000' .. usec, -6) end
+  redis.call('HSET', key, 'tokens', text, 'ts', now.time[1] .. usec)
+  -- The expiry counts from now's next whole ms (the module rounds now up).
+  local up = now.lo + 999
+  redis.call('PEXPIREAT', key, string.format('%d', now.hi * 100000 + (up - up % 1000) / 1000 + reset))
 end
 
 -- ---- the operations (src/commands.rs) -------------------------------------
 
 -- tb_consume and tb_peek, by `op` ('consume' charges, 'peek' looks):
 -- parse, load, charge or look, and save what changed. A denied call, one
--- of cost 0, or a peek writes nothing. (One function, which the EVAL
--- script calls with its first argument: it defines every function above
--- the early dispatch on every call.)
-local function consume_or_peek(op, keys, args)
-  if #keys ~= 1 or #args < 2 or #args > 3 then
+-- of cost 0, or a peek writes nothing. max, rate and [cost] are args[i]
+-- on. (One function, which the EVAL script calls with its own ARGV, i = 2
+-- after the operation's name: it defines every function above the early
+-- dispatch on every call, and moving ARGV down would cost a table.remove.)
+local function consume_or_peek(op, keys, args, i)
+  local n = #args - i + 1
+  if #keys ~= 1 or n < 2 or n > 3 then
     return redis.error_reply(msg('arity', nil, { command = 'tb_' .. op }))
   end
-  local l, err = parse_limits(args[1], args[2])
-  if not l then return redis.error_reply(err) end
-  local cost = 1
-  if #args == 3 then
-    cost, err = parse_cost(args[3], l)
-    if not cost then return redis.error_reply(err) end
-  elseif l.max < 1 then
+  -- args[i + 2] is nil without a cost; on an error, cost is its text.
+  local l, cost = parse_limits(args[i], args[i + 1], args[i + 2])
+  if not l then return redis.error_reply(cost) end
+  if not cost then
     -- The default cost of 1 could never pass a bucket this small.
-    return redis.error_reply(msg('cost_above_max'))
+    if l.max < 1 then return redis.error_reply(msg('cost_above_max')) end
+    cost = 1
   end
   local now = clock()
-  local stored
-  stored, err = load(keys[1])
+  local stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local allowed, tokens, retry, reset, writes =
+  local out, tokens, writes =
     charge(l, stored, now, current_at(l, stored, now.hi, now.lo), cost, op == 'consume')
-  if writes then save(keys[1], stored, l, tokens, reset, now) end
-  return reply(allowed, tokens, retry, reset)
+  if writes then save(keys[1], stored, l, tokens, out[4], now) end
+  return out
 end
 
 -- >>> eval: early dispatch
 -- (The EVAL form answers consume and peek at this line: lua/gen_eval.py.)
 
 local function tb_consume(keys, args)
-  return consume_or_peek('consume', keys, args)
+  return consume_or_peek('consume', keys, args, 1)
 end
 
 -- Read-only (registered no-writes): a peek never writes.
 local function tb_peek(keys, args)
-  return consume_or_peek('peek', keys, args)
+  return consume_or_peek('peek', keys, args, 1)
 end
 
 local function arity_error(name)
   return redis.error_reply(msg('arity', nil, { command = name }))
 end
 
--- retry is for a request of cost 1, or max if smaller.
+-- Keeps a balance in [-max, max]: a lowered max clamps stored tokens.
+local function clamp(l, tokens)
+  local max = l.max
+  if -max > tokens then tokens = -max end
+  if max < tokens then tokens = max end
+  return tokens
+end
+
+-- The outcome of adding `delta` to the balance (see charge).
 local function adjust(l, stored, now, delta)
-  local tokens = clamp(l, current_at(l, stored, now.hi, now.lo) + delta)
-  return settle(l, stored, now, true, tokens, true, math.min(l.max, 1))
+  return charge(l, stored, now, clamp(l, current_at(l, stored, now.hi, now.lo) + delta))
 end
 
 -- tb_adjust: refund (delta > 0) or late charge (delta < 0); always saves.
@@ -467,9 +451,9 @@ local function tb_adjust(keys, args)
   local stored
   stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local allowed, tokens, retry, reset = adjust(l, stored, now, delta)
-  save(keys[1], stored, l, tokens, reset, now)
-  return reply(allowed, tokens, retry, reset)
+  local out, tokens = adjust(l, stored, now, delta)
+  save(keys[1], stored, l, tokens, out[4], now)
+  return out
 end
 
 -- tb_mconsume: all buckets are charged or none is. Keys are KEYS[1..N],
@@ -482,11 +466,8 @@ local function tb_mconsume(keys, args)
   end
   local limits, costs = {}, {}
   for g = 1, n do
-    local l, err = parse_limits(args[3 * g - 2], args[3 * g - 1], g)
-    if not l then return redis.error_reply(err) end
-    local cost
-    cost, err = parse_cost(args[3 * g], l, g)
-    if not cost then return redis.error_reply(err) end
+    local l, cost = parse_limits(args[3 * g - 2], args[3 * g - 1], args[3 * g], g)
+    if not l then return redis.error_reply(cost) end
     limits[g], costs[g] = l, cost
   end
   local first = {}
@@ -513,10 +494,10 @@ local function tb_mconsume(keys, args)
   local out = { all and 1 or 0, 0 }
   local retry = 0
   for g = 1, n do
-    local allowed, tokens, retry_g, reset, writes = charge(limits[g], stored[g], now, cur[g], costs[g], all)
-    if writes then save(keys[g], stored[g], limits[g], tokens, reset, now) end
-    if retry_g > retry then retry = retry_g end
-    out[g + 2] = reply(allowed, tokens, retry_g, reset)
+    local r, tokens, writes = charge(limits[g], stored[g], now, cur[g], costs[g], all)
+    if writes then save(keys[g], stored[g], limits[g], tokens, r[4], now) end
+    if r[3] > retry then retry = r[3] end
+    out[g + 2] = r
   end
   out[2] = retry
   return out
@@ -587,9 +568,9 @@ end
 -- The bucket a redis-cell key stands for now (false: full, the TAT has
 -- passed), with tb-core's float operations in tb-core's order.
 local function stored_from_tat(tat, l, now)
-  -- now's seconds and µs from its µs (exact: us < 2^53).
-  local usec = now.us % 1000000
-  local ahead = (tat[1] - (now.us - usec) / 1000000) * 1e9 + (tat[2] - usec * 1000)
+  -- now's seconds and µs from its halves (exact).
+  local usec = now.lo % 1000000
+  local ahead = (tat[1] - (now.hi * 100 + (now.lo - usec) / 1000000)) * 1e9 + (tat[2] - usec * 1000)
   if ahead <= 0 then return false end
   return { tokens = l.max - ahead / 1e9 * l.rate, hi = now.hi, lo = now.lo }
 end
@@ -616,21 +597,21 @@ local function tb_cl_throttle(keys, args)
   end
   local charged = call.quantity <= call.limit
   local cur = current_at(l, stored, now.hi, now.lo)
-  local allowed, tokens, retry_ms, reset, writes
+  local r, tokens, writes
   if charged then
-    allowed, tokens, retry_ms, reset, writes = charge(l, stored, now, cur, call.quantity, true)
+    r, tokens, writes = charge(l, stored, now, cur, call.quantity, true)
   else
-    allowed, tokens, retry_ms, reset, writes = charge(l, stored, now, cur, 0, false)
+    r, tokens, writes = charge(l, stored, now, cur, 0, false)
   end
   if writes then
     if was_string then redis.call('DEL', keys[1]) end
-    save(keys[1], stored or was_string, l, tokens, reset, now)
+    save(keys[1], stored or was_string, l, tokens, r[4], now)
   end
-  local limited = not (charged and allowed)
+  local limited = not (charged and r[1] == 1)
   local retry = -1
-  if limited and charged then retry = math.ceil(retry_ms / 1000) end
+  if limited and charged then retry = math.ceil(r[3] / 1000) end
   return { limited and 1 or 0, call.limit, math.max(0, math.floor(tokens)),
-    retry, math.ceil(reset / 1000) }
+    retry, math.ceil(r[4] / 1000) }
 end
 
 -- ---- concurrency leases (core/src/lease.rs, src/leases.rs) ---------------
@@ -679,6 +660,11 @@ local function leases()
     local w = #ws <= 18 and tonumber(ws) or nil
     if not e or not w or w < 1 or w > MAX_LEASE_LIMIT then return nil end
     return e, w
+  end
+
+  -- The clock() table's µs.
+  local function us_of(now)
+    return now.hi * 1e8 + now.lo
   end
 
   -- Whole ms in `us` µs (an integer >= 0), rounded up, exactly: math.fmod
@@ -825,11 +811,8 @@ local function leases()
     local limits, costs = {}, {}
     for g = 1, n do
       local at = first + 3 * (g - 1)
-      local l, cost
-      l, err = parse_limits(args[at], args[at + 1], g)
-      if not l then return nil, err end
-      cost, err = parse_cost(args[at + 2], l, g)
-      if not cost then return nil, err end
+      local l, cost = parse_limits(args[at], args[at + 1], args[at + 2], g)
+      if not l then return nil, cost end
       limits[g], costs[g] = l, cost
     end
     for g = 1, n do
@@ -855,8 +838,9 @@ local function leases()
     local call, err = acquire_args(keys, args)
     if not call then return redis.error_reply(err) end
     local now = clock()
+    local now_us = us_of(now)
     local s
-    s, err = scan_leases(keys[1], call.id, now.us)
+    s, err = scan_leases(keys[1], call.id, now_us)
     if not s then return redis.error_reply(err) end
     -- Bucket by bucket, as TB.MCONSUME: a bad key stops the call before
     -- later keys are read.
@@ -874,18 +858,18 @@ local function leases()
     end
     local out
     if acquired then
-      local lease = { e = extended(s.own, now.us, call.lease_ms), w = call.weight }
+      local lease = { e = extended(s.own, now_us, call.lease_ms), w = call.weight }
       save_leases(keys[1], call.id, lease, s.expired, math.max(lease.e, s.latest), false)
-      out = { 1, s.weight + call.weight, 0, ms_until(now.us, lease.e) }
+      out = { 1, s.weight + call.weight, 0, ms_until(now_us, lease.e) }
     else
-      out = { 0, in_use(s), wait_for_room(s, now.us, call.limit, call.weight), 0 }
+      out = { 0, in_use(s), wait_for_room(s, now_us, call.limit, call.weight), 0 }
     end
     for g = 1, n do
-      local allowed, tokens, retry, reset, writes =
+      local r, tokens, writes =
         charge(call.limits[g], stored[g], now, cur[g], call.costs[g], acquired)
-      if writes then save(keys[g + 1], stored[g], call.limits[g], tokens, reset, now) end
-      if retry > out[3] then out[3] = retry end
-      out[4 + g] = reply(allowed, tokens, retry, reset)
+      if writes then save(keys[g + 1], stored[g], call.limits[g], tokens, r[4], now) end
+      if r[3] > out[3] then out[3] = r[3] end
+      out[4 + g] = r
     end
     return out
   end
@@ -895,7 +879,7 @@ local function leases()
     if #keys ~= 1 or #args ~= 1 then return arity_error('tb_release') end
     local id = args[1]
     if bad_id(id) then return redis.error_reply(msg('bad_id')) end
-    local s, err = scan_leases(keys[1], id, clock().us)
+    local s, err = scan_leases(keys[1], id, us_of(clock()))
     if not s then return redis.error_reply(err) end
     if not s.own then return { 0, s.weight } end
     if #s.ends == 0 then
@@ -915,20 +899,20 @@ local function leases()
     if bad_id(id) then return redis.error_reply(msg('bad_id')) end
     local lease_ms, err = lease_int(args[2], 'lease_ms', 1, MAX_LEASE_MS)
     if not lease_ms then return redis.error_reply(err) end
-    local now = clock()
+    local now_us = us_of(clock())
     local s
-    s, err = scan_leases(keys[1], id, now.us)
+    s, err = scan_leases(keys[1], id, now_us)
     if not s then return redis.error_reply(err) end
     if not s.own then return { 0, 0 } end
-    local lease = { e = extended(s.own, now.us, lease_ms), w = s.own.w }
+    local lease = { e = extended(s.own, now_us, lease_ms), w = s.own.w }
     save_leases(keys[1], id, lease, s.expired, math.max(lease.e, s.latest), true)
-    return { 1, ms_until(now.us, lease.e) }
+    return { 1, ms_until(now_us, lease.e) }
   end
 
   -- Read-only (registered no-writes): the live weight.
   local function tb_inflight(keys, args)
     if #keys ~= 1 or #args ~= 0 then return arity_error('tb_inflight') end
-    local s, err = scan_leases(keys[1], nil, clock().us)
+    local s, err = scan_leases(keys[1], nil, us_of(clock()))
     if not s then return redis.error_reply(err) end
     return s.weight
   end

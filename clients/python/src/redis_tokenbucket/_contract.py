@@ -36,7 +36,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+b4c1a7b090c5"
+LIBRARY_VERSION = "0.1.0+962b6ec12fee"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
