@@ -247,15 +247,15 @@ const POW10: [u128; 22] = {
 /// `None` for any other `t`, and where two shortest decimals are equally
 /// close (which Display's rule then breaks). `t` is m / 2^s exactly.
 ///
-/// For each precision p = 15, 16, 17 in turn, the decimal of p significant
-/// digits nearest to t is m * 10^k / 2^s rounded (k = p - 1 - E, E the
-/// decimal exponent), and the remainder of that division says how far it
-/// is from t; it reads back as t when that is within half of t's gap to
-/// its neighbouring doubles (exactly half only if m is even, as parsing
-/// rounds ties to even). The first p that reads back is the shortest
-/// length: a double's gap is below 2.3e-16 of it, so at most one decimal
-/// of 15 digits lies in reach, the nearest of 16 or 17 digits is the
-/// closest one if any is, and 17 always are. Trailing zeros go.
+/// For a precision p, the decimal of p significant digits nearest to t is
+/// m * 10^k / 2^s rounded (k = p - 1 - E, E the decimal exponent), and the
+/// remainder of that division says how far it is from t; it reads back as
+/// t when that is within half of t's gap to its neighbouring doubles
+/// (exactly half only if m is even, as parsing rounds ties to even). The
+/// smallest p whose nearest decimal reads back is the shortest length: a
+/// double's gap is below 2.3e-16 of it, so at most one decimal of 15
+/// digits lies in reach, the nearest of 16 or 17 digits is the closest
+/// one if any is, and one of 17 always is. Trailing zeros go.
 fn shortest_fraction(t: f64) -> Option<Decimal> {
     let bits = t.to_bits();
     let biased = ((bits >> 52) & 0x7ff) as i64;
