@@ -99,11 +99,12 @@ fn eight_digits(v: u64) -> Option<u64> {
     Some((quads & 0xFFFF).wrapping_mul(10_000) + (quads >> 32))
 }
 
-/// 10^k as integers, k <= 19 (10^19 < 2^64).
-const POW10_INT: [u64; 20] = {
-    let mut t = [1u64; 20];
+/// 10^k as integers, k <= 21 (10^19 < 2^64 < 10^20): the decimal parser's
+/// scales and the balance writer's (`state`).
+pub(crate) const POW10_INT: [u128; 22] = {
+    let mut t = [1u128; 22];
     let mut k = 1;
-    while k < 20 {
+    while k < 22 {
         t[k] = t[k - 1] * 10;
         k += 1;
     }
@@ -145,7 +146,10 @@ fn fast_decimal(b: &[u8]) -> Option<f64> {
             if frac_digits != fraction.len() || int_digits + frac_digits > 19 {
                 return None;
             }
-            let m = int.wrapping_mul(POW10_INT[frac_digits]).wrapping_add(frac);
+            // 19 digits at most (checked above): 10^frac_digits fits a u64.
+            let m = int
+                .wrapping_mul(POW10_INT[frac_digits] as u64)
+                .wrapping_add(frac);
             (m, frac_digits)
         }
         Some(_) => return None,
@@ -169,7 +173,7 @@ fn fast_decimal(b: &[u8]) -> Option<f64> {
 /// u128, no division. The quotient is at least 2^53 / 10^19 > 2^-11, so
 /// every double involved is normal.
 fn exact_ratio(m: u64, k: usize, pow10: f64) -> Option<f64> {
-    let p10 = u128::from(*POW10_INT.get(k)?);
+    let p10 = *POW10_INT.get(k)?;
     // Whether m / 10^k is above (Greater), at or below p * 2^f. Both sides
     // are near m * 2^-f, under 2^120.
     let against = |p: u64, f: i64| -> std::cmp::Ordering {

@@ -8,7 +8,7 @@
 
 use crate::bucket::Stored;
 use crate::error::{Error, StateError};
-use crate::number::{parse_decimal, parse_int16};
+use crate::number::{parse_decimal, parse_int16, POW10_INT};
 use std::fmt::Write;
 
 /// What a key holds, as far as reading a bucket goes.
@@ -231,17 +231,6 @@ fn ascii(digits: u64) -> [u8; 8] {
     (digits | 0x3030_3030_3030_3030).to_le_bytes()
 }
 
-/// 10^k, k <= 21, as u128 (10^21 > 2^64).
-const POW10: [u128; 22] = {
-    let mut t = [1u128; 22];
-    let mut k = 1;
-    while k < 22 {
-        t[k] = t[k - 1] * 10;
-        k += 1;
-    }
-    t
-};
-
 /// The digits Display writes for a non-integral `t` with 1e-5 <= |t| <
 /// 2^53 (every fractional balance but the tiniest), found in integers:
 /// `None` for any other `t`, and where two shortest decimals are equally
@@ -272,9 +261,9 @@ fn shortest_fraction(t: f64) -> Option<Decimal> {
     let guess = ((52 - i64::from(s)) * 78_913) >> 18;
     let next = guess + 1;
     let above = if next >= 0 {
-        m >= POW10[next as usize] << s
+        m >= POW10_INT[next as usize] << s
     } else {
-        m * POW10[(-next) as usize] >= 1 << s
+        m * POW10_INT[(-next) as usize] >= 1 << s
     };
     let e10 = if above { next } else { guess };
     // Below a power of two the gap to the next double down is half as wide.
@@ -285,7 +274,7 @@ fn shortest_fraction(t: f64) -> Option<Decimal> {
     // as t: Err(true) for a tie that would (Display's rule decides).
     let nearest = |p: i64| -> Result<u64, bool> {
         let k = (p - 1 - e10) as usize;
-        let reach = POW10[k];
+        let reach = POW10_INT[k];
         let r = m * reach;
         let (q, rem) = (r >> s, r & mask);
         if rem == half {
@@ -356,7 +345,7 @@ impl Text {
             mut e10,
         } = d;
         // Rounding may have carried into one more digit: 10^count.
-        if digits == POW10[count] as u64 {
+        if digits == POW10_INT[count] as u64 {
             digits /= 10;
             e10 += 1;
         }
@@ -374,7 +363,7 @@ impl Text {
             // go before it, the integer's groups over the fraction's
             // leading padding (a long integer leaves a short fraction).
             let places = count - int;
-            let scale = POW10[places] as u64;
+            let scale = POW10_INT[places] as u64;
             let (whole, fraction) = (digits / scale, digits % scale);
             buf[24..32].copy_from_slice(&ascii(eight_digits((fraction % 100_000_000) as u32)));
             buf[16..24].copy_from_slice(&ascii(eight_digits((fraction / 100_000_000) as u32)));
