@@ -231,7 +231,7 @@ fn ascii(digits: u64) -> [u8; 8] {
     (digits | 0x3030_3030_3030_3030).to_le_bytes()
 }
 
-/// The digits Display writes for a non-integral `t` with 1e-5 <= |t| <
+/// The digits Display writes for a non-integral `t` with 2^-12 <= |t| <
 /// 2^53 (every fractional balance but the tiniest), found in integers:
 /// `None` for any other `t`, and where two shortest decimals are equally
 /// close (which Display's rule then breaks). `t` is m / 2^s exactly.
@@ -245,52 +245,53 @@ fn ascii(digits: u64) -> [u8; 8] {
 /// double's gap is below 2.3e-16 of it, so at most one decimal of 15
 /// digits lies in reach, the nearest of 16 or 17 digits is the closest
 /// one if any is, and one of 17 always is. Trailing zeros go.
+///
+/// Everything is scaled by 2^(64 - s), so the quotient is the high word of
+/// a product and the remainder its low word: no shift by s per precision.
+/// That needs s <= 64, hence the 2^-12; smaller balances go to Display.
 fn shortest_fraction(t: f64) -> Option<Decimal> {
     let bits = t.to_bits();
     let biased = ((bits >> 52) & 0x7ff) as i64;
     let m = (bits & ((1 << 52) - 1)) | (1 << 52);
-    // |t| = m / 2^s; 1e-5 <= |t| < 2^53 and a fraction mean 1 <= s <= 69.
+    // |t| = m / 2^s; 2^-12 <= |t| < 2^53 and a fraction mean 1 <= s <= 64.
     let s = 1075 - biased;
-    if !(1..=69).contains(&s) || t.abs() < 1e-5 {
+    if !(1..=64).contains(&s) {
         return None;
     }
-    let (m, s) = (u128::from(m), s as u32);
     // m has 53 bits, so |t| is in [2^(52-s), 2^(53-s)): its decimal exponent
     // is floor((52 - s) log10 2) or one more (78913 / 2^18 is log10 2 to
-    // well within this range).
-    let guess = ((52 - i64::from(s)) * 78_913) >> 18;
-    let next = guess + 1;
-    let above = if next >= 0 {
-        m >= POW10_INT[next as usize] << s
-    } else {
-        m * POW10_INT[(-next) as usize] >= 1 << s
-    };
-    let e10 = if above { next } else { guess };
-    // Below a power of two the gap to the next double down is half as wide.
-    let quarter_below = m == 1 << 52;
-    let half = 1u128 << (s - 1);
-    let mask = (1u128 << s) - 1;
+    // well within this range), -4 ..= 15.
+    let guess = ((52 - s) * 78_913) >> 18;
+    let above = t.abs() >= DECADES[(guess + 1 - DECADES_FROM) as usize];
+    let e10 = guess + i64::from(above);
+    // Scaled by 2^(64 - s): t is m * unit / 2^64, and t's gap is unit / 2^64
+    // (unit / 2^65 below a power of two, where the gap down is half).
+    let shift = (64 - s) as u32 & 63;
+    let (m, unit) = (u128::from(m) << shift, 1u128 << shift);
+    let quarter_below = m == unit << 52;
+    const HALF: u64 = 1 << 63;
     // The decimal of p significant digits nearest to t, if it reads back
     // as t: Err(true) for a tie that would (Display's rule decides).
     let nearest = |p: i64| -> Result<u64, bool> {
-        let k = (p - 1 - e10) as usize;
-        let reach = POW10_INT[k];
+        let reach = POW10_INT[(p - 1 - e10) as usize];
         let r = m * reach;
-        let (q, rem) = (r >> s, r & mask);
-        if rem == half {
+        let (q, rem) = ((r >> 64) as u64, r as u64);
+        // Half a gap, in the same units: 10^k * unit / 2.
+        let reach = reach * unit;
+        if rem == HALF {
             // Two decimals equally close: a tie if they read back as t,
             // else both are too far.
-            return Err(1u128 << s <= reach);
+            return Err(1u128 << 64 <= reach);
         }
-        // Twice the distance from t, in units of 10^-k / 2^s.
-        let (digits, twice) = if rem > half {
-            (q + 1, ((1u128 << s) - rem) << 1)
+        // Twice the distance from t.
+        let (digits, twice) = if rem > HALF {
+            (q + 1, u128::from(rem.wrapping_neg()) << 1)
         } else {
-            (q, rem << if quarter_below { 2 } else { 1 })
+            (q, u128::from(rem) << if quarter_below { 2 } else { 1 })
         };
-        let fits = twice < reach || (twice == reach && m & 1 == 0);
+        let fits = twice < reach || (twice == reach && bits & 1 == 0);
         if fits {
-            Ok(digits as u64)
+            Ok(digits)
         } else {
             Err(false)
         }
@@ -321,6 +322,17 @@ fn shortest_fraction(t: f64) -> Option<Decimal> {
         Err(true) => None,
     }
 }
+
+/// 10^e for e from `DECADES_FROM`: the powers of ten that bound a
+/// fraction's decimal exponent. Comparing a double with them is exact: the
+/// non-negative ones are exact doubles, and 0.1, 0.01 and 0.001 round up,
+/// to the first double above the power (a test checks), so no double lies
+/// between the two.
+const DECADES: [f64; 20] = [
+    1e-3, 1e-2, 1e-1, 1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13,
+    1e14, 1e15, 1e16,
+];
+const DECADES_FROM: i64 = -3;
 
 /// `count` significant digits (at most 17), the first at 10^`e10`.
 #[derive(Clone, Copy, Debug)]
@@ -452,6 +464,9 @@ mod tests {
         assert_eq!(string(Text::tokens(-0.0)), "0");
         assert_eq!(string(Text::tokens(9.0)), "9");
     }
+
+    /// The smallest magnitude the integer path writes (s <= 64).
+    const LOWEST: f64 = 1.0 / 4096.0;
 
     /// The encoders before the stack-buffer fast paths, kept as the oracle.
     fn display(t: f64) -> String {
@@ -589,10 +604,27 @@ mod tests {
     fn the_decimal_exponent_guess_is_floor_or_one_below() {
         // shortest_fraction's estimate of floor(log10 |t|) for |t| in
         // [2^(52-s), 2^(53-s)): exact at the bottom of each range.
-        for s in 1..=69i64 {
+        for s in 1..=64i64 {
             let guess = ((52 - s) * 78_913) >> 18;
             let low = 2f64.powi((52 - s) as i32);
             assert_eq!(guess, low.log10().floor() as i64, "s = {s}");
+        }
+    }
+
+    #[test]
+    fn the_decades_below_one_are_the_first_doubles_above_them() {
+        // So that |t| >= DECADES[i] is |t| >= 10^e exactly: the double is
+        // above the power and the next one down below it.
+        for (d, power) in DECADES.iter().zip(DECADES_FROM..).filter(|(_, e)| *e < 0) {
+            let exact = |x: f64| format!("{x:.80}").trim_end_matches('0').to_string();
+            let digits = "0.".to_string() + &"0".repeat((-power - 1) as usize);
+            assert!(exact(*d).len() > digits.len() + 1, "{d:e} is exact");
+            assert!(exact(*d).starts_with(&(digits.clone() + "1")), "{d:e}");
+            assert!(exact(d.next_down()).starts_with(&(digits + "0")), "{d:e}");
+        }
+        for (d, power) in DECADES.iter().zip(DECADES_FROM..).filter(|(_, e)| *e >= 0) {
+            assert_eq!(*d, 10f64.powi(power as i32));
+            assert_eq!(*d as u128, POW10_INT[power as usize], "10^{power} is exact");
         }
     }
 
@@ -619,7 +651,7 @@ mod tests {
         }
         let mut declined = 0;
         for t in values.into_iter().flat_map(|t| [t, -t]) {
-            if t.abs() < 1e-5 || t.abs() >= TWO_POW_53 || t == t.trunc() {
+            if t.abs() < LOWEST || t.abs() >= TWO_POW_53 || t == t.trunc() {
                 // Out of range, or an integer: no fraction is written.
                 let written = shortest_fraction(t).map(|d| Text::new().write_fraction(d));
                 assert_ne!(written, Some(true), "{t:?}");
@@ -674,7 +706,7 @@ mod tests {
             let t = if x & 1 == 1 { -t } else { t };
             let text = Text::tokens(t);
             assert_eq!(string(text), display(t), "{t:?}");
-            if t != t.trunc() && t.abs() >= 1e-5 && shortest_fraction(t).is_none() {
+            if t != t.trunc() && t.abs() >= LOWEST && shortest_fraction(t).is_none() {
                 ties += 1;
             }
         }
