@@ -2,6 +2,10 @@
 //! arguments (nothing is touched if they are wrong), open the key(s), read
 //! the clock once, compute with `tb_core::bucket`, carry out the effects
 //! (only if something changed), then reply.
+//!
+//! Each handler stays a function of its own (`inline(never)`), even with
+//! link-time optimisation: profiles, and `make bench`'s split of a call
+//! into Redis's side and the module's, find a command by its symbol.
 
 use crate::ffi::{log_warning, ArgString, Args, Ctx};
 use crate::keyspace::BucketKey;
@@ -72,6 +76,7 @@ fn finish(
 
 /// `TB.CONSUME key max rate [cost]`. A denied call, or one with cost 0,
 /// writes and replicates nothing.
+#[inline(never)]
 pub fn consume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let (call, mut key, now, stored) = open_single(ctx, args, parse_consume, true)?;
     let outcome = call.limits.consume(stored, now, call.amount);
@@ -84,6 +89,7 @@ pub fn consume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
 }
 
 /// `TB.PEEK key max rate [cost]`: read-only, runs on replicas.
+#[inline(never)]
 pub fn peek(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let (call, _key, now, stored) = open_single(ctx, args, parse_consume, false)?;
     stats::PEEKS.incr();
@@ -93,6 +99,7 @@ pub fn peek(ctx: &Ctx, args: &Args) -> Result<(), Error> {
 
 /// `TB.ADJUST key max rate delta`: refund (delta > 0) or charge after the
 /// fact (delta < 0, down to -max). Always applies.
+#[inline(never)]
 pub fn adjust(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let (call, mut key, now, stored) = open_single(ctx, args, parse_adjust, true)?;
     let outcome = call.limits.adjust(stored, now, call.amount);
@@ -101,6 +108,7 @@ pub fn adjust(ctx: &Ctx, args: &Args) -> Result<(), Error> {
 
 /// `TB.MCONSUME key max rate cost [key max rate cost ...]`: all buckets are
 /// charged, or none is.
+#[inline(never)]
 pub fn mconsume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let groups = parse_mconsume(args)?;
     let now = ctx.now_us();
@@ -138,6 +146,7 @@ pub fn mconsume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
 /// `max_burst + 1`, `count / period` per second). A key redis-cell left is
 /// read as that bucket and converted on the next write. A denial, a
 /// quantity of 0 or one above the limit writes nothing.
+#[inline(never)]
 pub fn cl_throttle(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let call = parse_throttle(args)?;
     let mut key = BucketKey::open(ctx, key_at(args, 1)?, true);
