@@ -47,7 +47,9 @@ pub fn key_at<'a>(args: &Args<'a>, i: usize) -> Result<ArgString<'a>, Error> {
 
 /// A single-key call after its shared first steps: arguments parsed, key
 /// open (for writing too if `write`), clock read once, bucket loaded.
-/// Nothing is written on any error.
+/// Nothing is written on any error. Inlined, so the parser is a known
+/// call and its result is not moved through a returned tuple.
+#[inline(always)]
 fn open_single<'c>(
     ctx: &'c Ctx,
     args: &Args<'c>,
