@@ -175,6 +175,13 @@ impl<'c> BucketKey<'c> {
             self.delete()?;
             self.cell_string = false;
         }
+        // Only a whole balance is kept for the next write: every new bucket
+        // of a tier writes the same max - cost, while a refilled balance
+        // is seldom written twice.
+        if tokens != (tokens as i64) as f64 {
+            let tok = self.ctx.string(Text::tokens(tokens).as_bytes());
+            return self.write_with(&tok.ok_or(Step::HashSet)?, ts_us, expire_at_ms);
+        }
         let tok = self.tokens_string(tokens)?;
         let written = self.write_with(&tok, ts_us, expire_at_ms);
         LAST_TOKENS.set(Some((tokens.to_bits(), tok)));
@@ -201,7 +208,12 @@ impl<'c> BucketKey<'c> {
     }
 
     /// `write` with the `tokens` string made.
-    fn write_with(&mut self, tok: &Kept, ts_us: i64, expire_at_ms: i64) -> Result<(), Step> {
+    fn write_with(
+        &mut self,
+        tok: &impl RString,
+        ts_us: i64,
+        expire_at_ms: i64,
+    ) -> Result<(), Step> {
         let (ctx, name) = (self.ctx, self.key.name());
         let [tokens_field, ts_field] = FIELDS.get().ok_or(Step::HashSet)?;
         let ts = ctx
