@@ -75,13 +75,13 @@ pub use crate::contract::MAX_WAIT_MS;
 impl Limits {
     /// Adds `elapsed_us` of refill to `tokens`, capped at `max`.
     pub fn refill(&self, tokens: f64, elapsed_us: f64) -> f64 {
-        (tokens + elapsed_us / 1_000_000.0 * self.rate).min(self.max)
+        below(tokens + elapsed_us / 1_000_000.0 * self.rate, self.max)
     }
 
     /// Keeps a balance inside [-max, max]: a lowered `max` clamps stored
     /// tokens, and debt never goes below `-max`.
     pub fn clamp(&self, tokens: f64) -> f64 {
-        tokens.max(-self.max).min(self.max)
+        below(above(tokens, -self.max), self.max)
     }
 
     /// The balance at `now_us` of a bucket stored as `stored`: the one
@@ -92,7 +92,10 @@ impl Limits {
     pub fn current(&self, stored: Option<Stored>, now_us: i64) -> f64 {
         match stored {
             None => self.max,
-            Some(s) => self.refill(self.clamp(s.tokens), elapsed_us(now_us, s.ts_us).max(0.0)),
+            Some(s) => self.refill(
+                self.clamp(s.tokens),
+                above(elapsed_us(now_us, s.ts_us), 0.0),
+            ),
         }
     }
 
@@ -226,6 +229,28 @@ impl Limits {
             .div_euclid(1000)
             .saturating_add(i64::from(now_us.rem_euclid(1000) != 0))
             .saturating_add(reset_after_ms)
+    }
+}
+
+/// `x.min(limit)` for a `limit` that is a number (every `max` is): a NaN
+/// `x` gives `limit`, as `f64::min` does, in one comparison rather than
+/// `min`'s NaN handling on both sides.
+#[inline(always)]
+fn below(x: f64, limit: f64) -> f64 {
+    if x < limit {
+        x
+    } else {
+        limit
+    }
+}
+
+/// `x.max(limit)` for a `limit` that is a number, as `below`.
+#[inline(always)]
+fn above(x: f64, limit: f64) -> f64 {
+    if x > limit {
+        x
+    } else {
+        limit
     }
 }
 
@@ -560,6 +585,51 @@ mod tests {
         for x in values {
             assert_eq!(floor_i64(x), x.floor() as i64, "{x:?}");
             assert_eq!(ceil_i64(x), x.ceil() as i64, "{x:?}");
+        }
+    }
+
+    #[test]
+    fn below_and_above_are_min_and_max_for_a_number_limit() {
+        let mut xs = vec![
+            f64::NAN,
+            -f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            0.0,
+            -0.0,
+            5e-324,
+            -5e-324,
+            f64::MIN_POSITIVE,
+            f64::MAX,
+            f64::MIN,
+            1.0,
+            -1.0,
+            1e12,
+            -1e12,
+        ];
+        let mut rng = testkit::Rng(0x1F12_3BB5_159A_55E5);
+        for _ in 0..10_000 {
+            let x = f64::from_bits(rng.next());
+            xs.extend([x, x.next_up(), x.next_down()]);
+        }
+        let limits = [1e-9, 0.001, 1.0, 999_999.0, 1e12, -1e-9, -1.0, -1e12, 0.0];
+        for &limit in &limits {
+            for &x in xs.iter().chain(&limits) {
+                // Zeros of both signs compare equal; either is min and max.
+                if x == 0.0 && limit == 0.0 {
+                    continue;
+                }
+                assert_eq!(
+                    below(x, limit).to_bits(),
+                    x.min(limit).to_bits(),
+                    "{x:?} {limit:?}"
+                );
+                assert_eq!(
+                    above(x, limit).to_bits(),
+                    x.max(limit).to_bits(),
+                    "{x:?} {limit:?}"
+                );
+            }
         }
     }
 
