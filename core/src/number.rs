@@ -56,18 +56,55 @@ pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
 }
 
 /// The value of the digits `b` starts with, and how many there are. Eight
-/// at a time where eight in a row are digits (a stored `ts` is two such
-/// runs, a 17-digit balance two and a bit). Wraps past 19 digits: callers
-/// reject those by the count.
+/// bytes at a time: whole runs of eight digits (a stored `ts` is two), the
+/// run's end within the next eight bytes (a balance's integer part), and
+/// the last few digits of a slice of eight bytes or more from its last
+/// eight bytes (a balance's fraction); a shorter slice from two reads of
+/// four bytes, or a byte at a time below four.
+/// Wraps past 19 digits: callers reject those by the count.
 fn digit_run(b: &[u8]) -> (u64, usize) {
     let mut v: u64 = 0;
     let mut i = 0;
     while let Some(chunk) = b.get(i..i + 8).and_then(|c| <[u8; 8]>::try_from(c).ok()) {
-        let Some(eight) = eight_digits(u64::from_le_bytes(chunk)) else {
-            break;
-        };
-        v = v.wrapping_mul(100_000_000).wrapping_add(eight);
+        let word = u64::from_le_bytes(chunk);
+        let (values, not_digits) = digit_bytes(word);
+        if not_digits != 0 {
+            let n = (not_digits.trailing_zeros() / 8) as usize;
+            return (
+                v.wrapping_mul(POW10_INT[n] as u64)
+                    .wrapping_add(top_digits(values, n)),
+                i + n,
+            );
+        }
+        v = v.wrapping_mul(100_000_000).wrapping_add(combine(values));
         i += 8;
+    }
+    let left = b.len() - i;
+    if let Some(last) = b.len().checked_sub(8).and_then(|from| b.get(from..)) {
+        if left == 0 {
+            return (v, i);
+        }
+        // The bytes not read yet are the last `left` of the last eight:
+        // moved down past the others, with zeros (no digit) above them.
+        let mut eight = [0; 8];
+        eight.copy_from_slice(last);
+        let (values, not_digits) = digit_bytes(u64::from_le_bytes(eight) >> (8 * (8 - left)));
+        let n = (not_digits.trailing_zeros() / 8) as usize;
+        return (
+            v.wrapping_mul(POW10_INT[n] as u64)
+                .wrapping_add(top_digits(values, n)),
+            i + n,
+        );
+    }
+    // Four to seven bytes: two overlapping four-byte reads, which agree
+    // where they overlap, and zeros above.
+    if let (Some(head), Some(tail)) = (b.get(..4), b.len().checked_sub(4).and_then(|t| b.get(t..)))
+    {
+        let read = |w: &[u8]| w.iter().rev().fold(0u64, |v, &c| v << 8 | u64::from(c));
+        let word = read(head) | read(tail) << (8 * (b.len() - 4));
+        let (values, not_digits) = digit_bytes(word);
+        let n = (not_digits.trailing_zeros() / 8) as usize;
+        return (top_digits(values, n), n);
     }
     while let Some(&c) = b.get(i) {
         if !c.is_ascii_digit() {
@@ -79,24 +116,40 @@ fn digit_run(b: &[u8]) -> (u64, usize) {
     (v, i)
 }
 
-/// Eight ASCII digits, the first in the lowest byte, as their value; `None`
-/// if any byte is not a digit. A byte is a digit when subtracting '0' does
-/// not borrow and adding 0x46 does not carry into its top bit. Then pairs
-/// of digits, pairs of pairs and the two halves combine with one multiply
-/// each (lane-wise arithmetic, no lane overflows).
-fn eight_digits(v: u64) -> Option<u64> {
+/// Each byte of `word` less '0', and a mask with the top bit of every
+/// byte that is no digit set (or of some byte above one). A byte is a
+/// digit when subtracting '0' does not borrow and adding 0x46 does not
+/// carry into its top bit; a borrow or a carry only runs upwards, so every
+/// byte below the first non-digit is judged right.
+#[inline(always)]
+fn digit_bytes(word: u64) -> (u64, u64) {
     const ONES: u64 = 0x0101_0101_0101_0101;
-    let low = v.wrapping_sub(0x30 * ONES);
-    let high = v.wrapping_add(0x46 * ONES);
-    if (low | high) & (0x80 * ONES) != 0 {
-        return None;
+    let values = word.wrapping_sub(0x30 * ONES);
+    let high = word.wrapping_add(0x46 * ONES);
+    (values, (values | high) & (0x80 * ONES))
+}
+
+/// The value of the first `n` digit bytes of `values` (n < 8): moved to
+/// the top bytes, the zeros below them read as leading zeros.
+#[inline(always)]
+fn top_digits(values: u64, n: usize) -> u64 {
+    if n == 0 {
+        return 0;
     }
-    // Each byte now 0..=9: d0 + 10 d1 per 16-bit lane (d0 the first digit).
-    let pairs = (low.wrapping_mul(10) + (low >> 8)) & 0x00FF_00FF_00FF_00FF;
+    combine(values << (64 - 8 * n as u32))
+}
+
+/// The value of eight digit bytes (0..=9, the first the lowest): pairs of
+/// digits, pairs of pairs and the two halves combine with one multiply
+/// each (lane-wise arithmetic, no lane overflows).
+#[inline(always)]
+fn combine(digits: u64) -> u64 {
+    // d0 + 10 d1 per 16-bit lane (d0 the first digit).
+    let pairs = (digits.wrapping_mul(10) + (digits >> 8)) & 0x00FF_00FF_00FF_00FF;
     // 100 * pair0 + pair1 per 32-bit lane.
     let quads = (pairs.wrapping_mul(100) + (pairs >> 16)) & 0x0000_FFFF_0000_FFFF;
     // 10000 * quad0 + quad1.
-    Some((quads & 0xFFFF).wrapping_mul(10_000) + (quads >> 32))
+    (quads & 0xFFFF).wrapping_mul(10_000) + (quads >> 32)
 }
 
 /// 10^k as integers, k <= 21 (10^19 < 2^64 < 10^20): the decimal parser's
@@ -339,25 +392,44 @@ mod tests {
         }
     }
 
+    /// The digits `b` starts with, one byte at a time (wrapping, as
+    /// `digit_run` does past 19 digits).
+    fn digits_one_by_one(b: &[u8]) -> (u64, usize) {
+        let n = b.iter().take_while(|c| c.is_ascii_digit()).count();
+        let v = b[..n].iter().fold(0u64, |v, c| {
+            v.wrapping_mul(10).wrapping_add(u64::from(c - b'0'))
+        });
+        (v, n)
+    }
+
     #[test]
-    fn eight_digits_takes_digits_only() {
-        for pos in 0..8 {
-            for byte in 0..=255u8 {
-                let mut chunk = *b"12345678";
-                chunk[pos] = byte;
-                let want = chunk
-                    .iter()
-                    .all(u8::is_ascii_digit)
-                    .then(|| std::str::from_utf8(&chunk).ok()?.parse::<u64>().ok())
-                    .flatten();
-                assert_eq!(eight_digits(u64::from_le_bytes(chunk)), want, "{chunk:?}");
+    fn digit_runs_read_what_one_byte_at_a_time_reads() {
+        // Every length to 25, every byte value (or none) stopping the run
+        // at every position: whole words, a run ending inside a word, the
+        // last word of a long slice, and a short slice.
+        let mut rng = testkit::Rng(0x3C6E_F372_FE94_F82B);
+        for len in 0..=25usize {
+            for stop in 0..=len {
+                for stopper in 0..=255u8 {
+                    if stop == len && stopper > 0 {
+                        break;
+                    }
+                    let mut b: Vec<u8> = (0..len).map(|_| b'0' + rng.below(10) as u8).collect();
+                    if stop < len {
+                        b[stop] = stopper;
+                    }
+                    assert_eq!(digit_run(&b), digits_one_by_one(&b), "{b:?}");
+                }
             }
         }
-        assert_eq!(eight_digits(u64::from_le_bytes(*b"00000000")), Some(0));
-        assert_eq!(
-            eight_digits(u64::from_le_bytes(*b"99999999")),
-            Some(99_999_999)
-        );
+        for b in [
+            &b"99999999"[..],
+            b"00000000",
+            b"1764513600123456",
+            b"999998.00000123456",
+        ] {
+            assert_eq!(digit_run(b), digits_one_by_one(b), "{b:?}");
+        }
     }
 
     #[test]
