@@ -114,12 +114,22 @@ impl Text {
         }
         // A fraction: its shortest decimal found in integers, the text
         // Display writes; ties, and the tiniest magnitudes, go to Display.
-        let mut out = Text::new();
         if let Some(decimal) = shortest_fraction(t) {
+            let mut out = Text::new();
             if out.write_fraction(decimal) {
                 return out;
             }
         }
+        Text::displayed(t)
+    }
+
+    /// What Display writes for `t`. Out of line: the formatting machinery
+    /// takes the text by reference, which would keep the fast paths from
+    /// building theirs where the caller keeps it.
+    #[cold]
+    #[inline(never)]
+    fn displayed(t: f64) -> Self {
+        let mut out = Text::new();
         // Rust's Display is shortest-round-trip but never uses an exponent;
         // tiny magnitudes would print hundreds of zeros, so use `e` for those.
         let tiny = t != 0.0 && t.abs() < 1e-5;
