@@ -98,7 +98,17 @@ impl Text {
 
     /// The shortest decimal that parses back to exactly `tokens`, `0`
     /// for negative zero so equal balances always look the same.
+    #[inline(always)]
     pub fn tokens(tokens: f64) -> Self {
+        // Made here, in the caller, and written in place: a text returned
+        // from the writer would be copied out of its frame.
+        let mut out = Text::new();
+        out.write_tokens(tokens);
+        out
+    }
+
+    /// `tokens`' text, written into this empty `Text`.
+    fn write_tokens(&mut self, tokens: f64) {
         let t = if tokens == 0.0 { 0.0 } else { tokens };
         // Integral balances (every fresh bucket's first charge) print as
         // their integer: same text as Display, without the float
@@ -106,30 +116,27 @@ impl Text {
         // balance is integral when it converts back unchanged.
         if t.abs() < TWO_POW_53 && (t as i64) as f64 == t {
             let int = Text::int(t as i64);
-            let mut out = Text::new();
             let bytes = int.as_bytes();
-            out.buf[..bytes.len()].copy_from_slice(bytes);
-            out.end = bytes.len();
-            return out;
+            self.buf[..bytes.len()].copy_from_slice(bytes);
+            self.end = bytes.len();
+            return;
         }
         // A fraction: its shortest decimal found in integers, the text
         // Display writes; ties, and the tiniest magnitudes, go to Display.
         if let Some(decimal) = shortest_fraction(t) {
-            let mut out = Text::new();
-            if out.write_fraction(decimal) {
-                return out;
+            if self.write_fraction(decimal) {
+                return;
             }
         }
-        Text::displayed(t)
+        self.write_displayed(t);
     }
 
-    /// What Display writes for `t`. Out of line: the formatting machinery
-    /// takes the text by reference, which would keep the fast paths from
-    /// building theirs where the caller keeps it.
+    /// What Display writes for `t`, written into this empty `Text`. Out of
+    /// line: the formatting machinery is seldom needed.
     #[cold]
     #[inline(never)]
-    fn displayed(t: f64) -> Self {
-        let mut out = Text::new();
+    fn write_displayed(&mut self, t: f64) {
+        let out = self;
         // Rust's Display is shortest-round-trip but never uses an exponent;
         // tiny magnitudes would print hundreds of zeros, so use `e` for those.
         let tiny = t != 0.0 && t.abs() < 1e-5;
@@ -146,7 +153,6 @@ impl Text {
                 write!(out.spill, "{t}")
             };
         }
-        out
     }
 
     /// An integer in decimal, as Display writes it.
