@@ -132,6 +132,7 @@ impl Limits {
     }
 
     /// Outcome of charging `cost` at `now_us` against the bucket `stored`.
+    #[inline(always)]
     pub fn consume(&self, stored: Option<Stored>, now_us: i64, cost: f64) -> Outcome {
         self.charge(stored, now_us, self.current(stored, now_us), cost, true)
     }
@@ -175,6 +176,7 @@ impl Limits {
     /// measured on the state the call leaves, which is what the next call
     /// reads: an admitted write restarts the refill from `now_us`, a call
     /// that writes nothing leaves any wait until a future `ts` in place.
+    #[inline(always)]
     fn settle(
         &self,
         stored: Option<Stored>,
