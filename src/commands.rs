@@ -81,7 +81,11 @@ fn finish(
 #[inline(never)]
 pub fn consume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let (call, mut key, now, stored) = open_single(ctx, args, parse_consume, true)?;
-    let outcome = call.limits.consume(stored, now, call.amount);
+    // A new key: the tier's charge worked out with its arguments.
+    let outcome = match (stored, call.fresh) {
+        (None, Some(fresh)) => call.limits.consume_fresh(fresh, now, call.amount),
+        _ => call.limits.consume(stored, now, call.amount),
+    };
     let counter = if outcome.allowed {
         &stats::ADMITTED
     } else {

@@ -6,7 +6,7 @@
 //! arity, then each group left to right (`max`, `rate`, the fill-time bound,
 //! `cost`/`delta`), then duplicate keys.
 
-use crate::bucket::Limits;
+use crate::bucket::{Fresh, Limits};
 use crate::contract::{COMMANDS, CONSUME, MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE};
 use crate::error::{Arg, Error};
 use crate::number::parse_decimal;
@@ -55,6 +55,9 @@ pub struct Single {
     pub limits: Limits,
     /// `cost` for CONSUME/PEEK, `delta` for ADJUST.
     pub amount: f64,
+    /// TB.CONSUME's charge of a new key, worked out with the arguments
+    /// (see `Limits::fresh`): the memo keeps it with them.
+    pub fresh: Option<Fresh>,
 }
 
 /// One validated TB.MCONSUME group.
@@ -250,7 +253,11 @@ fn validate_consume(argv: &(impl Argv + ?Sized), n: usize) -> Result<Single, Err
     } else {
         1.0
     };
-    Ok(Single { limits, amount })
+    Ok(Single {
+        limits,
+        amount,
+        fresh: limits.fresh(amount),
+    })
 }
 
 /// `TB.ADJUST key max rate delta`.
@@ -260,7 +267,11 @@ pub fn parse_adjust(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
     }
     let limits = group_limits(argv, 2, None)?;
     let amount = number(argv.arg(4), Arg::Delta, None)?;
-    Ok(Single { limits, amount })
+    Ok(Single {
+        limits,
+        amount,
+        fresh: None,
+    })
 }
 
 /// `TB.MCONSUME key max rate cost [key max rate cost ...]`.

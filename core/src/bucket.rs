@@ -34,6 +34,18 @@ pub struct Outcome {
     pub effect: Effect,
 }
 
+/// A charge against a missing bucket, but for its time (see
+/// `Limits::fresh`): the same for every call of a tier on a new key.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fresh {
+    tokens: f64,
+    reset_after_ms: i64,
+}
+
+/// The latest time `Limits::consume_fresh` answers for itself: its probes
+/// reach `MAX_WAIT_MS` ms beyond, well inside i64.
+const FRESH_NOW_MAX: i64 = i64::MAX / 2;
+
 /// What a call does to its key.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Effect {
@@ -135,6 +147,44 @@ impl Limits {
     #[inline(always)]
     pub fn consume(&self, stored: Option<Stored>, now_us: i64, cost: f64) -> Outcome {
         self.charge(stored, now_us, self.current(stored, now_us), cost, true)
+    }
+
+    /// A charge of `cost` against a missing bucket, worked out by
+    /// `consume` itself, for `consume_fresh`: `None` where that writes
+    /// nothing (cost 0).
+    pub fn fresh(&self, cost: f64) -> Option<Fresh> {
+        let outcome = self.consume(None, 0, cost);
+        match outcome.effect {
+            Effect::Save { tokens, .. } => Some(Fresh {
+                tokens,
+                reset_after_ms: outcome.reset_after_ms,
+            }),
+            _ => None,
+        }
+    }
+
+    /// `consume(None, now_us, cost)` for the `cost` that gave `fresh`,
+    /// without its search. A missing
+    /// bucket is full, so the charge always passes and leaves the same
+    /// balance; the reset is the refill from that write, which counts
+    /// from `now_us`, so it is the same at every time whose probes (at
+    /// most `MAX_WAIT_MS` ahead) stay within i64 (a test checks).
+    #[inline(always)]
+    pub fn consume_fresh(&self, fresh: Fresh, now_us: i64, cost: f64) -> Outcome {
+        if !(0..=FRESH_NOW_MAX).contains(&now_us) {
+            return self.consume(None, now_us, cost);
+        }
+        Outcome {
+            allowed: true,
+            tokens: fresh.tokens,
+            retry_after_ms: 0,
+            reset_after_ms: fresh.reset_after_ms,
+            effect: Effect::Save {
+                tokens: fresh.tokens,
+                ts_us: now_us,
+                expire_at_ms: Self::expire_at_ms(now_us, fresh.reset_after_ms),
+            },
+        }
     }
 
     /// What `consume` would answer, without charging.
@@ -631,6 +681,58 @@ mod tests {
                     x.max(limit).to_bits(),
                     "{x:?} {limit:?}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn a_fresh_charge_is_what_consume_answers_a_missing_bucket() {
+        // Tiers of every scale, costs from the smallest to max, and times
+        // from 0 through the clock's range to past FRESH_NOW_MAX.
+        let mut rng = testkit::Rng(0x6A09_E667_F3BC_C909);
+        let mut tiers = vec![
+            (1.0, 1.0, 1.0),
+            (10.0, 0.5, 3.0),
+            (1e12, 1e12, 1e12),
+            (1e12, 100.0, 0.001),
+        ];
+        for _ in 0..2_000 {
+            let max = 10f64.powf(rng.below(2_400) as f64 / 100.0 - 12.0).max(1e-6);
+            let rate = max / 10f64.powf(rng.below(1_000) as f64 / 100.0);
+            let cost = match rng.below(4) {
+                0 => max,
+                1 => 1.0_f64.min(max),
+                2 => 0.0,
+                _ => max * rng.below(1_000_000) as f64 / 1e6,
+            };
+            tiers.push((max, rate, cost));
+        }
+        let times = [
+            0,
+            1,
+            999,
+            1_764_513_600_123_456,
+            1 << 52,
+            FRESH_NOW_MAX,
+            FRESH_NOW_MAX + 1,
+            i64::MAX,
+        ];
+        for (max, rate, cost) in tiers {
+            let limits = Limits { max, rate };
+            let fresh = limits.fresh(cost);
+            for now in times
+                .into_iter()
+                .chain((0..5).map(|_| rng.below(1 << 53) as i64))
+            {
+                let want = limits.consume(None, now, cost);
+                match fresh {
+                    Some(f) => assert_eq!(
+                        limits.consume_fresh(f, now, cost),
+                        want,
+                        "{max} {rate} {cost} {now}"
+                    ),
+                    None => assert_eq!(want.effect, Effect::Nothing, "{max} {rate} {cost} {now}"),
+                }
             }
         }
     }
