@@ -9,6 +9,12 @@ from the block's own OPERATIONS list. So the EVAL form and the FCALL form
 run the same code, and only lua/tb.lua is edited by hand. The script is
 built, never committed (`make` writes target/lua/tb-eval.lua).
 
+An EVAL of consume or peek is answered at the early-dispatch line, before
+the rest of the library is defined (every EVAL defines it afresh), by
+consume_or_peek's body and those of the functions it calls once on the
+way (EARLY_INLINE), run in place (see inline_early). Each function is
+still written once, in lua/tb.lua.
+
     python3 lua/gen_eval.py OUT          # write the script to OUT (- : stdout)
     python3 lua/gen_eval.py --check FILE # exit 1 unless FILE is what it would write
 
@@ -147,10 +153,173 @@ def shared_block(source: str) -> str:
     return block
 
 
+# The early dispatch's call of consume_or_peek, which inline_early replaces.
+EARLY_CALL = "  return consume_or_peek(ARGV[1], KEYS, ARGV, 2)\n"
+
+# The functions the early dispatch runs in place, in this order: first
+# consume_or_peek, then each function its body (as it stands by then)
+# calls once. What is made each EVAL then is a function's closure and an
+# upvalue object for each local it captures (about 400 and 500
+# instructions, with their collection); a body run in place is neither,
+# and the functions it calls are the main chunk's locals, not upvalues.
+EARLY_INLINE = ("consume_or_peek", "parse_limits", "load", "charge", "save", "clock")
+
+NAME = re.compile(r"(?<![.\w])[A-Za-z_]\w*")
+# Lua's keywords, which NAME also finds.
+KEYWORDS = set(
+    "and break do else elseif end false for function if in local nil not or repeat return then true until while".split()
+)
+
+
+def code_only(text: str) -> str:
+    """`text` with its comments and the contents of its strings blanked."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        code, comment = code_and_comment(line.rstrip("\n"))
+        blanked, quote, escaped = [], None, False
+        for c in code:
+            if quote:
+                blanked.append(c if c == quote and not escaped else " ")
+                if c == quote and not escaped:
+                    quote = None
+                escaped = c == "\\" and not escaped
+            else:
+                if c in "'\"":
+                    quote = c
+                blanked.append(c)
+        out.append("".join(blanked) + " " * len(comment) + ("\n" if line.endswith("\n") else ""))
+    return "".join(out)
+
+
+def function_at(text: str, name: str) -> tuple:
+    """The span of `local function name(...)` ... `end` (at column 0) in text,
+    and its parameters and body."""
+    head = re.search(r"^local function " + name + r"\(([\w, ]*)\)\n", text, re.M)
+    if not head:
+        raise SystemExit(f"{SOURCE}: no local function {name} to run at the early dispatch")
+    end = text.index("\nend\n", head.end() - 1) + len("\nend\n")
+    params = [p.strip() for p in head.group(1).split(",") if p.strip()]
+    return head.start(), end, params, text[head.end() : end - len("end\n")]
+
+
+def declared(body: str, params: list) -> set:
+    """The names a body declares: its parameters and its locals."""
+    names = set(params)
+    for m in re.finditer(r"\blocal\s+(?:function\s+)?([\w\s,]+?)(?:=|\n|\()", code_only(body)):
+        names.update(n.strip() for n in m.group(1).split(","))
+    return names
+
+
+def returns_in_place(body: str, targets: str) -> str:
+    """The body with each `return X` made `targets = X break` (`break`
+    alone for a call whose values are dropped): the body runs inside
+    `repeat ... until true`, so break leaves it as return left the function.
+    A return ends its block, so X runs to the line's last ` end` (a
+    one-line if) or to the line's end and the lines indented deeper."""
+    lines = body.splitlines(keepends=True)
+    code = code_only(body).splitlines(keepends=True)
+    out, i = [], 0
+    while i < len(lines):
+        line, c = lines[i], code[i]
+        m = re.search(r"\breturn\b", c)
+        if not m:
+            out.append(line)
+            i += 1
+            continue
+        if re.search(r"\breturn\b", c[m.end() :]):
+            raise SystemExit(f"{SOURCE}: two returns on one line: {line.strip()}")
+        stop = c.rstrip().rfind(" end")
+        if stop < m.end():
+            stop = len(line.rstrip("\n"))
+        expr = line[m.end() : stop].strip()
+        rest = line[stop:]
+        indent = len(line) - len(line.lstrip())
+        i += 1
+        if not rest.strip():
+            # The expression may go on, on lines indented deeper.
+            while i < len(lines) and lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) > indent:
+                expr += "\n" + lines[i].rstrip("\n")
+                i += 1
+            rest = "\n"
+        if targets:
+            done = f"{targets} = {expr} break" if expr else f"{targets} = nil break"
+        elif expr:
+            raise SystemExit(f"{SOURCE}: a value returned to a call that drops it: {line.strip()}")
+        else:
+            done = "break"
+        out.append(line[: m.start()] + done + rest)
+    return "".join(out)
+
+
+def inline_early(block: str) -> str:
+    """The block with the EARLY_INLINE functions run in place at the early
+    dispatch: each call becomes the function's body in `repeat ... until
+    true`, its parameters bound as locals to the call's arguments (as a
+    call binds them), its returns assignments to what the call's values
+    went to, and a break. The functions themselves move below the line,
+    where the other operations call them. The generator refuses a body it
+    cannot run in place: one with a loop or a function of its own (a break
+    or return there would mean something else), a call that is not a
+    statement or `local ... = name(...)`, or a name the body reads that the
+    call site declares otherwise."""
+    head, tail = block.split(EARLY_MARK)
+    early = EARLY
+    moved = []
+    for name in EARLY_INLINE:
+        start, end, params, body = function_at(head, name)
+        moved.append(head[start:end])
+        head = head[:start] + head[end:]
+        if re.search(r"\b(for|while|repeat|function)\b", code_only(body)):
+            raise SystemExit(f"{SOURCE}: {name} has a loop or a function of its own: it can't run in place")
+        if name == "consume_or_peek":
+            site = re.search(re.escape(EARLY_CALL), early)
+            indent, targets, args, after = "  ", "", "ARGV[1], KEYS, ARGV, 2", ""
+            call_is_return = True
+        else:
+            calls = list(re.finditer(r"\b" + name + r"\(", code_only(early)))
+            if len(calls) != 1:
+                raise SystemExit(f"{SOURCE}: {name} is called {len(calls)} times at the early dispatch, not once")
+            pattern = r"^( *)(?:(local [\w, ]+ =\s*)|if (.+) then )?" + name + r"\((.*)\)( end)?\n"
+            site = next(
+                (m for m in re.finditer(pattern, early, re.M) if m.start() <= calls[0].start() < m.end()),
+                None,
+            )
+            if not site or (site.group(3) is None) != (site.group(5) is None):
+                raise SystemExit(f"{SOURCE}: {name}'s call at the early dispatch is not a statement or a local's value")
+            indent, targets, args = site.group(1), (site.group(2) or "").strip(), site.group(4)
+            call_is_return = False
+        # The names the body reads from outside must mean the same at the call site.
+        mine = declared(body, params)
+        at_site = declared(early[: site.start()], [])
+        clash = (set(NAME.findall(code_only(body))) - KEYWORDS - mine) & at_site
+        if clash:
+            raise SystemExit(f"{SOURCE}: {name} reads {sorted(clash)}, which its call site declares")
+        bind = f"{indent}local {', '.join(params)} = {args}\n" if params else ""
+        if call_is_return:
+            # The chunk's own return: the body goes in as it is.
+            text = bind + body
+        else:
+            names = targets[len("local ") :].rstrip("= \n").strip() if targets else ""
+            temps = names
+            out_names = [n.strip() for n in names.split(",")] if names else []
+            if set(out_names) & mine:
+                # The body declares a name the call's values go to: they go
+                # to temporaries first, then to the call site's locals.
+                temps = ", ".join(f"{name}_{n}" for n in out_names)
+            text = (f"{indent}local {temps}\n" if temps else "") + f"{indent}repeat\n"
+            text += bind + returns_in_place(body, temps) + f"{indent}until true\n"
+            if temps != names:
+                text += f"{indent}local {names} = {temps}\n"
+            if site.group(3) is not None:
+                text = f"{indent}if {site.group(3)} then\n" + text + f"{indent}end\n"
+        early = early[: site.start()] + text + early[site.end() :]
+    return head + early + "".join(moved) + tail
+
+
 def script() -> str:
     """The EVAL script for the current lua/tb.lua."""
     block = shared_block(SOURCE.read_text(encoding="utf-8"))
-    return header(block) + inline_constants(block).replace(EARLY_MARK, EARLY) + DISPATCH
+    return header(block) + inline_early(inline_constants(block)) + DISPATCH
 
 
 def main(argv: list) -> int:
