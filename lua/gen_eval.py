@@ -9,11 +9,12 @@ from the block's own OPERATIONS list. So the EVAL form and the FCALL form
 run the same code, and only lua/tb.lua is edited by hand. The script is
 built, never committed (`make` writes target/lua/tb-eval.lua).
 
-An EVAL of consume or peek is answered at the early-dispatch line, before
-the rest of the library is defined (every EVAL defines it afresh), by
-consume_or_peek's body and those of the functions it calls once on the
-way (EARLY_INLINE), run in place (see inline_early). Each function is
-still written once, in lua/tb.lua.
+Two transformations make an EVAL of consume or peek cheaper, since every
+EVAL defines the library afresh: consume_or_peek's body, and those of the
+functions it calls once on the way (EARLY_INLINE), run in place at the
+early-dispatch line (see inline_early), and msg() makes its message table
+on each call (see msg_without_memo). Each function is still written once,
+in lua/tb.lua.
 
     python3 lua/gen_eval.py OUT          # write the script to OUT (- : stdout)
     python3 lua/gen_eval.py --check FILE # exit 1 unless FILE is what it would write
@@ -316,10 +317,30 @@ def inline_early(block: str) -> str:
     return head + early + "".join(moved) + tail
 
 
+# The contract's msg() keeps its message table between calls (MSG), which
+# a Functions library makes once; in the EVAL script every call starts
+# afresh, so the table is msg()'s own local, made on each call (one error
+# per EVAL), and no EVAL pays for an upvalue.
+MSG_MEMO = ("local MSG\n", "  if not MSG then\n    MSG = {\n", "\n    }\n  end\n")
+MSG_LOCAL = ("", "  local MSG = {\n", "\n    }\n")
+
+
+def msg_without_memo(block: str) -> str:
+    """The block with msg()'s table made on each call (MSG_MEMO)."""
+    for memo, local in zip(MSG_MEMO, MSG_LOCAL):
+        if block.count(memo) != 1:
+            raise SystemExit(f"{SOURCE}: expected {memo!r} once, in the contract's msg()")
+        block = block.replace(memo, local)
+    start, end, _, _ = function_at(block, "msg")
+    if re.search(r"\bMSG\b", code_only(block[:start] + block[end:])):
+        raise SystemExit(f"{SOURCE}: MSG is used outside msg()")
+    return block
+
+
 def script() -> str:
     """The EVAL script for the current lua/tb.lua."""
     block = shared_block(SOURCE.read_text(encoding="utf-8"))
-    return header(block) + inline_early(inline_constants(block)) + DISPATCH
+    return header(block) + inline_early(msg_without_memo(inline_constants(block))) + DISPATCH
 
 
 def main(argv: list) -> int:
