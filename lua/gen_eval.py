@@ -11,7 +11,7 @@ built, never committed (`make` writes target/lua/tb-eval.lua).
 
 Two transformations make an EVAL of consume or peek cheaper, since every
 EVAL defines the library afresh: consume_or_peek's body, and those of the
-functions it calls once on the way (EARLY_INLINE), run in place at the
+functions it calls on the way (EARLY_INLINE), run in place at the
 early-dispatch line (see inline_early), and msg() makes its message table
 on each call (see msg_without_memo). Each function is still written once,
 in lua/tb.lua.
@@ -158,12 +158,14 @@ def shared_block(source: str) -> str:
 EARLY_CALL = "  return consume_or_peek(ARGV[1], KEYS, ARGV, 2)\n"
 
 # The functions the early dispatch runs in place, in this order: first
-# consume_or_peek, then each function its body (as it stands by then)
-# calls once. What is made each EVAL then is a function's closure and an
-# upvalue object for each local it captures (about 400 and 500
-# instructions, with their collection); a body run in place is neither,
-# and the functions it calls are the main chunk's locals, not upvalues.
-EARLY_INLINE = ("consume_or_peek", "parse_limits", "load", "charge", "save", "clock")
+# consume_or_peek, then those its body calls (as it stands by then), at
+# every call. What each EVAL makes of a function defined above the line
+# is a closure and an upvalue object for each local it captures (about 400
+# and 500 instructions, with their collection); a body run in place is
+# neither, and the functions it calls are the main chunk's locals, not
+# upvalues. What stays above the line: msg, current_at and ms_from (a
+# loop, and two calls of it).
+EARLY_INLINE = ("consume_or_peek", "parse_limits", "load", "charge", "save", "clock", "parse_decimal")
 
 NAME = re.compile(r"(?<![.\w])[A-Za-z_]\w*")
 # Lua's keywords, which NAME also finds.
@@ -258,63 +260,70 @@ def inline_early(block: str) -> str:
     true`, its parameters bound as locals to the call's arguments (as a
     call binds them), its returns assignments to what the call's values
     went to, and a break. The functions themselves move below the line,
-    where the other operations call them. The generator refuses a body it
-    cannot run in place: one with a loop or a function of its own (a break
-    or return there would mean something else), a call that is not a
-    statement or `local ... = name(...)`, or a name the body reads that the
-    call site declares otherwise."""
+    where the other operations call them, in the block's order. The
+    generator refuses a body it cannot run in place: one with a loop or a
+    function of its own (a break or return there would mean something
+    else), a call that is not a statement or `local ... = name(...)`, a
+    name the body reads that the call site declares (conservatively: any
+    name the body does not declare itself), or a use of a moved function
+    left above the line."""
     head, tail = block.split(EARLY_MARK)
     early = EARLY
-    moved = []
+    moved = {}
     for name in EARLY_INLINE:
         start, end, params, body = function_at(head, name)
-        moved.append(head[start:end])
+        moved[block.index(head[start:end])] = head[start:end]
         head = head[:start] + head[end:]
         if re.search(r"\b(for|while|repeat|function)\b", code_only(body)):
             raise SystemExit(f"{SOURCE}: {name} has a loop or a function of its own: it can't run in place")
         if name == "consume_or_peek":
-            site = re.search(re.escape(EARLY_CALL), early)
-            indent, targets, args, after = "  ", "", "ARGV[1], KEYS, ARGV, 2", ""
-            call_is_return = True
-        else:
-            calls = list(re.finditer(r"\b" + name + r"\(", code_only(early)))
-            if len(calls) != 1:
-                raise SystemExit(f"{SOURCE}: {name} is called {len(calls)} times at the early dispatch, not once")
-            pattern = r"^( *)(?:(local [\w, ]+ =\s*)|if (.+) then )?" + name + r"\((.*)\)( end)?\n"
-            site = next(
-                (m for m in re.finditer(pattern, early, re.M) if m.start() <= calls[0].start() < m.end()),
-                None,
-            )
-            if not site or (site.group(3) is None) != (site.group(5) is None):
-                raise SystemExit(f"{SOURCE}: {name}'s call at the early dispatch is not a statement or a local's value")
-            indent, targets, args = site.group(1), (site.group(2) or "").strip(), site.group(4)
-            call_is_return = False
-        # The names the body reads from outside must mean the same at the call site.
-        mine = declared(body, params)
-        at_site = declared(early[: site.start()], [])
-        clash = (set(NAME.findall(code_only(body))) - KEYWORDS - mine) & at_site
-        if clash:
-            raise SystemExit(f"{SOURCE}: {name} reads {sorted(clash)}, which its call site declares")
-        bind = f"{indent}local {', '.join(params)} = {args}\n" if params else ""
-        if call_is_return:
-            # The chunk's own return: the body goes in as it is.
-            text = bind + body
-        else:
-            names = targets[len("local ") :].rstrip("= \n").strip() if targets else ""
-            temps = names
-            out_names = [n.strip() for n in names.split(",")] if names else []
-            if set(out_names) & mine:
-                # The body declares a name the call's values go to: they go
-                # to temporaries first, then to the call site's locals.
-                temps = ", ".join(f"{name}_{n}" for n in out_names)
-            text = (f"{indent}local {temps}\n" if temps else "") + f"{indent}repeat\n"
-            text += bind + returns_in_place(body, temps) + f"{indent}until true\n"
-            if temps != names:
-                text += f"{indent}local {names} = {temps}\n"
-            if site.group(3) is not None:
-                text = f"{indent}if {site.group(3)} then\n" + text + f"{indent}end\n"
-        early = early[: site.start()] + text + early[site.end() :]
-    return head + early + "".join(moved) + tail
+            early = early.replace(EARLY_CALL, f"  local {', '.join(params)} = ARGV[1], KEYS, ARGV, 2\n" + body)
+            continue
+        calls = 0
+        while True:
+            call = re.search(r"\b" + name + r"\(", code_only(early))
+            if not call:
+                break
+            calls += 1
+            early = inline_call(early, call.start(), name, params, body)
+        if not calls:
+            raise SystemExit(f"{SOURCE}: {name} is not called at the early dispatch")
+    for name in EARLY_INLINE:
+        if re.search(r"\b" + name + r"\b", code_only(head)):
+            raise SystemExit(f"{SOURCE}: {name} is used above the early dispatch, where the script no longer defines it")
+    return head + early + "".join(moved[k] for k in sorted(moved)) + tail
+
+
+def inline_call(early: str, at: int, name: str, params: list, body: str) -> str:
+    """`early` with the call of `name` at `at` replaced by its body, run in
+    place (see inline_early)."""
+    pattern = r"^( *)(?:(local [\w, ]+ =\s*)|if (.+) then )?" + name + r"\((.*)\)( end)?\n"
+    site = next((m for m in re.finditer(pattern, early, re.M) if m.start() <= at < m.end()), None)
+    if not site or (site.group(3) is None) != (site.group(5) is None):
+        raise SystemExit(f"{SOURCE}: {name}'s call at the early dispatch is not a statement or a local's value")
+    indent, targets, args = site.group(1), (site.group(2) or "").strip(), site.group(4)
+    # The names the body reads from outside must mean the same at the call site.
+    mine = declared(body, params)
+    at_site = declared(early[: site.start()], [])
+    clash = (set(NAME.findall(code_only(body))) - KEYWORDS - mine) & at_site
+    if clash:
+        raise SystemExit(f"{SOURCE}: {name} reads {sorted(clash)}, which its call site declares")
+    names = targets[len("local ") :].rstrip("= \n").strip() if targets else ""
+    temps = names
+    if {n.strip() for n in names.split(",") if n.strip()} & mine:
+        # The body declares a name the call's values go to: they go to
+        # temporaries first, then to the call site's locals.
+        temps = ", ".join(f"{name}_{n.strip()}" for n in names.split(","))
+    text = (f"{indent}local {temps}\n" if temps else "") + f"{indent}repeat\n"
+    # The body, indented from the call site (it was at two spaces).
+    body = "".join(indent + line if line.strip() else line for line in body.splitlines(keepends=True))
+    bind = f"{indent}  local {', '.join(params)} = {args}\n" if params else ""
+    text += bind + returns_in_place(body, temps) + f"{indent}until true\n"
+    if temps != names:
+        text += f"{indent}local {names} = {temps}\n"
+    if site.group(3) is not None:
+        text = f"{indent}if {site.group(3)} then\n" + text + f"{indent}end\n"
+    return early[: site.start()] + text + early[site.end() :]
 
 
 # The contract's msg() keeps its message table between calls (MSG), which

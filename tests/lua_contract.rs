@@ -184,7 +184,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         .map(|(h, r)| (h.to_string(), r))
         .expect("the early-dispatch line");
     assert!(!rest.contains("-- >>> eval: early dispatch"));
-    let mut moved = String::new();
+    let mut moved = Vec::new();
     let mut bodies = Vec::new();
     for (name, params) in [
         ("consume_or_peek", "op, keys, args, i"),
@@ -193,16 +193,21 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         ("charge", "l, stored, now, cur, cost, charging"),
         ("save", "key, existed, l, tokens, reset, now"),
         ("clock", ""),
+        ("parse_decimal", "s"),
     ] {
         let def = format!("local function {name}({params})\n");
         let start = head
             .find(&def)
             .unwrap_or_else(|| panic!("{def} before the line"));
         let end = start + head[start..].find("\nend\n").expect("its end") + "\nend\n".len();
-        moved.push_str(&head[start..end]);
-        bodies.push(head[start + def.len()..end - "end\n".len()].to_string());
+        let function = head[start..end].to_string();
+        bodies.push(function[def.len()..function.len() - "end\n".len()].to_string());
+        moved.push((block.find(&function).expect("in the block"), function));
         head.replace_range(start..end, "");
     }
+    // They move in the block's order.
+    moved.sort();
+    let moved: String = moved.into_iter().map(|(_, f)| f).collect();
     let at = script
         .find(&head)
         .expect("the block up to the early dispatch, less the functions run there");
@@ -223,7 +228,14 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     // Every line of each body is there, in order, but its returns (now
     // assignments and a break out of `repeat ... until true`) and its calls
     // of the functions run in place; and the answer defines no function.
-    let inlined = ["parse_limits(", "load(", "charge(", "save(", "clock("];
+    let inlined = [
+        "parse_limits(",
+        "load(",
+        "charge(",
+        "save(",
+        "clock(",
+        "parse_decimal(",
+    ];
     for body in &bodies {
         let mut from = 0;
         for line in body.lines() {
@@ -237,7 +249,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         }
     }
     assert!(!early.contains("function"), "{early}");
-    assert_eq!(early.matches("until true\n").count(), 5, "{early}");
+    assert_eq!(early.matches("until true\n").count(), 9, "{early}");
     let tail = &after[early_end + moved.len() + rest.len()..];
     assert!(tail.contains("redis.replicate_commands()"), "{tail}");
     assert!(tail.contains("OPERATIONS[i + 1](KEYS, ARGV)"), "{tail}");
