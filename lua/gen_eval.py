@@ -163,9 +163,10 @@ EARLY_CALL = "  return consume_or_peek(ARGV[1], KEYS, ARGV, 2)\n"
 # is a closure and an upvalue object for each local it captures (about 400
 # and 500 instructions, with their collection); a body run in place is
 # neither, and the functions it calls are the main chunk's locals, not
-# upvalues. What stays above the line: msg, current_at and ms_from (a
-# loop, and two calls of it).
-EARLY_INLINE = ("consume_or_peek", "parse_limits", "load", "charge", "save", "clock", "parse_decimal")
+# upvalues. A call of one of them in a function left above the line runs
+# in place too (ms_from's of current_at), so no closure captures it. What
+# stays above the line: msg, and ms_from (a loop, called twice).
+EARLY_INLINE = ("consume_or_peek", "parse_limits", "load", "charge", "save", "clock", "parse_decimal", "current_at")
 
 NAME = re.compile(r"(?<![.\w])[A-Za-z_]\w*")
 # Lua's keywords, which NAME also finds.
@@ -208,8 +209,11 @@ def function_at(text: str, name: str) -> tuple:
 def declared(body: str, params: list) -> set:
     """The names a body declares: its parameters and its locals."""
     names = set(params)
-    for m in re.finditer(r"\blocal\s+(?:function\s+)?([\w\s,]+?)(?:=|\n|\()", code_only(body)):
+    code = code_only(body)
+    for m in re.finditer(r"\blocal\s+(?:function\s+)?([\w\s,]+?)(?:=|\n|\()", code):
         names.update(n.strip() for n in m.group(1).split(","))
+    for m in re.finditer(r"\bfunction\b[\w\s.:]*\(([\w\s,]*)\)", code):
+        names.update(n.strip() for n in m.group(1).split(",") if n.strip())
     return names
 
 
@@ -259,7 +263,8 @@ def inline_early(block: str) -> str:
     dispatch: each call becomes the function's body in `repeat ... until
     true`, its parameters bound as locals to the call's arguments (as a
     call binds them), its returns assignments to what the call's values
-    went to, and a break. The functions themselves move below the line,
+    went to, and a break; so do their calls in the functions left above
+    the line. The functions themselves move below the line,
     where the other operations call them, in the block's order. The
     generator refuses a body it cannot run in place: one with a loop or a
     function of its own (a break or return there would mean something
@@ -286,6 +291,12 @@ def inline_early(block: str) -> str:
                 break
             calls += 1
             early = inline_call(early, call.start(), name, params, body)
+        # And in the functions left above the line, so none captures it.
+        while True:
+            call = re.search(r"\b" + name + r"\(", code_only(head))
+            if not call:
+                break
+            head = inline_call(head, call.start(), name, params, body)
         if not calls:
             raise SystemExit(f"{SOURCE}: {name} is not called at the early dispatch")
     for name in EARLY_INLINE:

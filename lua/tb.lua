@@ -249,7 +249,8 @@ local function ms_from(l, stored, now, cur, target)
     -- now moved on by ms, as exact halves (no table made per try)
     local h = ms / 100000
     h = h - h % 1
-    if current_at(l, stored, now.hi + h, now.lo + (ms - h * 100000) * 1000) >= target then
+    local then_cur = current_at(l, stored, now.hi + h, now.lo + (ms - h * 100000) * 1000)
+    if then_cur >= target then
       hi = ms
       ms = ms - step
     elseif ms >= MAX_WAIT_MS then
@@ -406,8 +407,8 @@ local function consume_or_peek(op, keys, args, i)
   local now = clock()
   local stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local out, tokens, writes =
-    charge(l, stored, now, current_at(l, stored, now.hi, now.lo), cost, op == 'consume')
+  local cur = current_at(l, stored, now.hi, now.lo)
+  local out, tokens, writes = charge(l, stored, now, cur, cost, op == 'consume')
   if writes then save(keys[1], stored, l, tokens, out[4], now) end
   return out
 end

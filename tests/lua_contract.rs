@@ -194,6 +194,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         ("save", "key, existed, l, tokens, reset, now"),
         ("clock", ""),
         ("parse_decimal", "s"),
+        ("current_at", "l, stored, hi, lo"),
     ] {
         let def = format!("local function {name}({params})\n");
         let start = head
@@ -208,10 +209,38 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     // They move in the block's order.
     moved.sort();
     let moved: String = moved.into_iter().map(|(_, f)| f).collect();
+    // Above the line: the rest of the block, in order, but its calls of
+    // those functions (ms_from's of current_at), which run in place too.
     let at = script
-        .find(&head)
-        .expect("the block up to the early dispatch, less the functions run there");
-    let after = &script[at + head.len()..];
+        .find(head.lines().next().expect("a first line"))
+        .expect("the block's first line");
+    let early_at = at
+        + script[at..]
+            .find("\nif ARGV[1] == 'consume' or ARGV[1] == 'peek' then\n")
+            .expect("the early dispatch");
+    let script_head = &script[at..early_at];
+    let inlined = [
+        "parse_limits(",
+        "load(",
+        "charge(",
+        "save(",
+        "clock(",
+        "parse_decimal(",
+        "current_at(",
+    ];
+    let calls_inlined = |line: &str| {
+        let code = line.split("--").next().unwrap_or("");
+        inlined.iter().any(|f| code.contains(f))
+    };
+    let mut from = 0;
+    for line in head.lines().filter(|l| !calls_inlined(l)) {
+        let found = script_head[from..].find(line);
+        assert!(found.is_some(), "{line:?} in order in {script_head}");
+        from += found.unwrap_or(0) + line.len();
+    }
+    assert!(!script_head.lines().any(calls_inlined), "{script_head}");
+    assert!(script_head.contains("local l, stored, hi, lo = l, stored, now.hi + h, "));
+    let after = &script[early_at..];
     let early_end = after
         .find(&format!("{moved}{rest}"))
         .expect("the functions run at the early dispatch, then the block after it");
@@ -228,19 +257,11 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     // Every line of each body is there, in order, but its returns (now
     // assignments and a break out of `repeat ... until true`) and its calls
     // of the functions run in place; and the answer defines no function.
-    let inlined = [
-        "parse_limits(",
-        "load(",
-        "charge(",
-        "save(",
-        "clock(",
-        "parse_decimal(",
-    ];
     for body in &bodies {
         let mut from = 0;
         for line in body.lines() {
             let code = line.split("--").next().unwrap_or("");
-            if code.contains("return") || inlined.iter().any(|f| code.contains(f)) {
+            if code.contains("return") || calls_inlined(line) {
                 continue;
             }
             let found = early[from..].find(line);
@@ -249,7 +270,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         }
     }
     assert!(!early.contains("function"), "{early}");
-    assert_eq!(early.matches("until true\n").count(), 9, "{early}");
+    assert_eq!(early.matches("until true\n").count(), 10, "{early}");
     let tail = &after[early_end + moved.len() + rest.len()..];
     assert!(tail.contains("redis.replicate_commands()"), "{tail}");
     assert!(tail.contains("OPERATIONS[i + 1](KEYS, ARGV)"), "{tail}");
