@@ -277,7 +277,7 @@ def inline_early(block: str) -> str:
     moved = {}
     for name in EARLY_INLINE:
         start, end, params, body = function_at(head, name)
-        moved[block.index(head[start:end])] = head[start:end]
+        moved[block.index(f"local function {name}(")] = head[start:end]
         head = head[:start] + head[end:]
         if re.search(r"\b(for|while|repeat|function)\b", code_only(body)):
             raise SystemExit(f"{SOURCE}: {name} has a loop or a function of its own: it can't run in place")
@@ -313,6 +313,13 @@ def inline_call(early: str, at: int, name: str, params: list, body: str) -> str:
     if not site or (site.group(3) is None) != (site.group(5) is None):
         raise SystemExit(f"{SOURCE}: {name}'s call at the early dispatch is not a statement or a local's value")
     indent, targets, args = site.group(1), (site.group(2) or "").strip(), site.group(4)
+    depth = 0
+    for c in code_only(args):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth < 0:
+            break
+    if depth:
+        raise SystemExit(f"{SOURCE}: {name}'s call at the early dispatch is part of a longer expression")
     # The names the body reads from outside must mean the same at the call site.
     mine = declared(body, params)
     at_site = declared(early[: site.start()], [])
