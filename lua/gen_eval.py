@@ -9,6 +9,13 @@ from the block's own OPERATIONS list. So the EVAL form and the FCALL form
 run the same code, and only lua/tb.lua is edited by hand. The script is
 built, never committed (`make` writes target/lua/tb-eval.lua).
 
+Two transformations make an EVAL of consume or peek cheaper, since every
+EVAL defines the library afresh: consume_or_peek's body, and those of the
+functions it calls on the way (EARLY_INLINE), run in place at the
+early-dispatch line (see inline_early), and msg() makes its message table
+on each call (see msg_without_memo). Each function is still written once,
+in lua/tb.lua.
+
     python3 lua/gen_eval.py OUT          # write the script to OUT (- : stdout)
     python3 lua/gen_eval.py --check FILE # exit 1 unless FILE is what it would write
 
@@ -147,10 +154,220 @@ def shared_block(source: str) -> str:
     return block
 
 
+# The early dispatch's call of consume_or_peek, which inline_early replaces.
+EARLY_CALL = "  return consume_or_peek(ARGV[1], KEYS, ARGV, 2)\n"
+
+# The functions the early dispatch runs in place, in this order: first
+# consume_or_peek, then those its body calls (as it stands by then), at
+# every call. What each EVAL makes of a function defined above the line
+# is a closure and an upvalue object for each local it captures (about 400
+# and 500 instructions, with their collection); a body run in place is
+# neither, and the functions it calls are the main chunk's locals, not
+# upvalues. A call of one of them in a function left above the line runs
+# in place too (ms_from's of current_at), so no closure captures it. What
+# stays above the line: msg, and ms_from (a loop, called twice).
+EARLY_INLINE = ("consume_or_peek", "parse_limits", "load", "charge", "save", "clock", "parse_decimal", "current_at")
+
+NAME = re.compile(r"(?<![.\w])[A-Za-z_]\w*")
+# Lua's keywords, which NAME also finds.
+KEYWORDS = set(
+    "and break do else elseif end false for function if in local nil not or repeat return then true until while".split()
+)
+
+
+def code_only(text: str) -> str:
+    """`text` with its comments and the contents of its strings blanked."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        code, comment = code_and_comment(line.rstrip("\n"))
+        blanked, quote, escaped = [], None, False
+        for c in code:
+            if quote:
+                blanked.append(c if c == quote and not escaped else " ")
+                if c == quote and not escaped:
+                    quote = None
+                escaped = c == "\\" and not escaped
+            else:
+                if c in "'\"":
+                    quote = c
+                blanked.append(c)
+        out.append("".join(blanked) + " " * len(comment) + ("\n" if line.endswith("\n") else ""))
+    return "".join(out)
+
+
+def function_at(text: str, name: str) -> tuple:
+    """The span of `local function name(...)` ... `end` (at column 0) in text,
+    and its parameters and body."""
+    head = re.search(r"^local function " + name + r"\(([\w, ]*)\)\n", text, re.M)
+    if not head:
+        raise SystemExit(f"{SOURCE}: no local function {name} to run at the early dispatch")
+    end = text.index("\nend\n", head.end() - 1) + len("\nend\n")
+    params = [p.strip() for p in head.group(1).split(",") if p.strip()]
+    return head.start(), end, params, text[head.end() : end - len("end\n")]
+
+
+def declared(body: str, params: list) -> set:
+    """The names a body declares: its parameters and its locals."""
+    names = set(params)
+    code = code_only(body)
+    for m in re.finditer(r"\blocal\s+(?:function\s+)?([\w\s,]+?)(?:=|\n|\()", code):
+        names.update(n.strip() for n in m.group(1).split(","))
+    for m in re.finditer(r"\bfunction\b[\w\s.:]*\(([\w\s,]*)\)", code):
+        names.update(n.strip() for n in m.group(1).split(",") if n.strip())
+    return names
+
+
+def returns_in_place(body: str, targets: str) -> str:
+    """The body with each `return X` made `targets = X break` (`break`
+    alone for a call whose values are dropped): the body runs inside
+    `repeat ... until true`, so break leaves it as return left the function.
+    A return ends its block, so X runs to the line's last ` end` (a
+    one-line if) or to the line's end and the lines indented deeper."""
+    lines = body.splitlines(keepends=True)
+    code = code_only(body).splitlines(keepends=True)
+    out, i = [], 0
+    while i < len(lines):
+        line, c = lines[i], code[i]
+        m = re.search(r"\breturn\b", c)
+        if not m:
+            out.append(line)
+            i += 1
+            continue
+        if re.search(r"\breturn\b", c[m.end() :]):
+            raise SystemExit(f"{SOURCE}: two returns on one line: {line.strip()}")
+        stop = c.rstrip().rfind(" end")
+        if stop < m.end():
+            stop = len(line.rstrip("\n"))
+        expr = line[m.end() : stop].strip()
+        rest = line[stop:]
+        indent = len(line) - len(line.lstrip())
+        i += 1
+        if not rest.strip():
+            # The expression may go on, on lines indented deeper.
+            while i < len(lines) and lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) > indent:
+                expr += "\n" + lines[i].rstrip("\n")
+                i += 1
+            rest = "\n"
+        if targets:
+            done = f"{targets} = {expr} break" if expr else f"{targets} = nil break"
+        elif expr:
+            raise SystemExit(f"{SOURCE}: a value returned to a call that drops it: {line.strip()}")
+        else:
+            done = "break"
+        out.append(line[: m.start()] + done + rest)
+    return "".join(out)
+
+
+def inline_early(block: str) -> str:
+    """The block with the EARLY_INLINE functions run in place at the early
+    dispatch: each call becomes the function's body in `repeat ... until
+    true`, its parameters bound as locals to the call's arguments (as a
+    call binds them), its returns assignments to what the call's values
+    went to, and a break; so do their calls in the functions left above
+    the line. The functions themselves move below the line,
+    where the other operations call them, in the block's order. The
+    generator refuses a body it cannot run in place: one with a loop or a
+    function of its own (a break or return there would mean something
+    else), a call that is not a statement or `local ... = name(...)`, a
+    name the body reads that the call site declares (conservatively: any
+    name the body does not declare itself), or a use of a moved function
+    left above the line."""
+    head, tail = block.split(EARLY_MARK)
+    early = EARLY
+    moved = {}
+    for name in EARLY_INLINE:
+        start, end, params, body = function_at(head, name)
+        moved[block.index(f"local function {name}(")] = head[start:end]
+        head = head[:start] + head[end:]
+        if re.search(r"\b(for|while|repeat|function)\b", code_only(body)):
+            raise SystemExit(f"{SOURCE}: {name} has a loop or a function of its own: it can't run in place")
+        if name == "consume_or_peek":
+            early = early.replace(EARLY_CALL, f"  local {', '.join(params)} = ARGV[1], KEYS, ARGV, 2\n" + body)
+            continue
+        calls = 0
+        while True:
+            call = re.search(r"\b" + name + r"\(", code_only(early))
+            if not call:
+                break
+            calls += 1
+            early = inline_call(early, call.start(), name, params, body)
+        # And in the functions left above the line, so none captures it.
+        while True:
+            call = re.search(r"\b" + name + r"\(", code_only(head))
+            if not call:
+                break
+            head = inline_call(head, call.start(), name, params, body)
+        if not calls:
+            raise SystemExit(f"{SOURCE}: {name} is not called at the early dispatch")
+    for name in EARLY_INLINE:
+        if re.search(r"\b" + name + r"\b", code_only(head)):
+            raise SystemExit(f"{SOURCE}: {name} is used above the early dispatch, where the script no longer defines it")
+    return head + early + "".join(moved[k] for k in sorted(moved)) + tail
+
+
+def inline_call(early: str, at: int, name: str, params: list, body: str) -> str:
+    """`early` with the call of `name` at `at` replaced by its body, run in
+    place (see inline_early)."""
+    pattern = r"^( *)(?:(local [\w, ]+ =\s*)|if (.+) then )?" + name + r"\((.*)\)( end)?\n"
+    site = next((m for m in re.finditer(pattern, early, re.M) if m.start() <= at < m.end()), None)
+    if not site or (site.group(3) is None) != (site.group(5) is None):
+        raise SystemExit(f"{SOURCE}: {name}'s call at the early dispatch is not a statement or a local's value")
+    indent, targets, args = site.group(1), (site.group(2) or "").strip(), site.group(4)
+    depth = 0
+    for c in code_only(args):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth < 0:
+            break
+    if depth:
+        raise SystemExit(f"{SOURCE}: {name}'s call at the early dispatch is part of a longer expression")
+    # The names the body reads from outside must mean the same at the call site.
+    mine = declared(body, params)
+    at_site = declared(early[: site.start()], [])
+    clash = (set(NAME.findall(code_only(body))) - KEYWORDS - mine) & at_site
+    if clash:
+        raise SystemExit(f"{SOURCE}: {name} reads {sorted(clash)}, which its call site declares")
+    names = targets[len("local ") :].rstrip("= \n").strip() if targets else ""
+    temps = names
+    if {n.strip() for n in names.split(",") if n.strip()} & mine:
+        # The body declares a name the call's values go to: they go to
+        # temporaries first, then to the call site's locals.
+        temps = ", ".join(f"{name}_{n.strip()}" for n in names.split(","))
+    text = (f"{indent}local {temps}\n" if temps else "") + f"{indent}repeat\n"
+    # The body, indented from the call site (it was at two spaces).
+    body = "".join(indent + line if line.strip() else line for line in body.splitlines(keepends=True))
+    bind = f"{indent}  local {', '.join(params)} = {args}\n" if params else ""
+    text += bind + returns_in_place(body, temps) + f"{indent}until true\n"
+    if temps != names:
+        text += f"{indent}local {names} = {temps}\n"
+    if site.group(3) is not None:
+        text = f"{indent}if {site.group(3)} then\n" + text + f"{indent}end\n"
+    return early[: site.start()] + text + early[site.end() :]
+
+
+# The contract's msg() keeps its message table between calls (MSG), which
+# a Functions library makes once; in the EVAL script every call starts
+# afresh, so the table is msg()'s own local, made on each call (one error
+# per EVAL), and no EVAL pays for an upvalue.
+MSG_MEMO = ("local MSG\n", "  if not MSG then\n    MSG = {\n", "\n    }\n  end\n")
+MSG_LOCAL = ("", "  local MSG = {\n", "\n    }\n")
+
+
+def msg_without_memo(block: str) -> str:
+    """The block with msg()'s table made on each call (MSG_MEMO)."""
+    for memo, local in zip(MSG_MEMO, MSG_LOCAL):
+        if block.count(memo) != 1:
+            raise SystemExit(f"{SOURCE}: expected {memo!r} once, in the contract's msg()")
+        block = block.replace(memo, local)
+    start, end, _, _ = function_at(block, "msg")
+    if re.search(r"\bMSG\b", code_only(block[:start] + block[end:])):
+        raise SystemExit(f"{SOURCE}: MSG is used outside msg()")
+    return block
+
+
 def script() -> str:
     """The EVAL script for the current lua/tb.lua."""
     block = shared_block(SOURCE.read_text(encoding="utf-8"))
-    return header(block) + inline_constants(block).replace(EARLY_MARK, EARLY) + DISPATCH
+    return header(block) + inline_early(msg_without_memo(inline_constants(block))) + DISPATCH
 
 
 def main(argv: list) -> int:

@@ -92,7 +92,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+962b6ec12fee'
+local LIBRARY_VERSION = '0.1.0+89300cbd67a7'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -128,22 +128,25 @@ end
 
 -- ---- arguments (core/src/args.rs, same order of checks) -------------------
 
--- The limits of the last max and rate that validated, which keep their
--- texts, and on them the last cost that validated against them (cost_s,
--- cost). A gateway calls with a handful of tiers, so most calls repeat
--- the previous call's numbers; in the Functions library this local lasts
--- from call to call (the EVAL script starts afresh each time, and pays
--- for one local, not one per text). Validation is a function of the texts
--- alone, so the memo never changes an answer.
-local last_limits
+-- The last max and rate that validated (their texts and their limits
+-- table), and the last cost that validated against them (its text, false
+-- for none yet, and its value). A gateway calls with a handful of tiers,
+-- so most calls repeat the previous call's numbers; in the Functions
+-- library these locals last from call to call. The EVAL script starts
+-- afresh each time, and answers consume and peek with parse_limits' body
+-- run in place (lua/gen_eval.py), where they are the chunk's own locals:
+-- no table holds the texts, and no upvalue is made. Validation is a
+-- function of the texts alone, so the memo never changes an answer.
+local last_max_s, last_rate_s, last_limits, last_cost_s, last_cost
 
 -- max, rate and cost_s (when given) of a call or a group, checked in the
 -- module's order: the limits table and the cost (nil without cost_s), or
--- nil and the error text. (One function: the EVAL script defines every
--- function a consume needs on every call.)
+-- nil and the error text. (The EVAL script answers consume and peek with
+-- this body and those of the functions below that consume_or_peek calls
+-- once run in place, where no function is made: lua/gen_eval.py.)
 local function parse_limits(max_s, rate_s, cost_s, g)
   local l = last_limits
-  if not (l and max_s == l.max_s and rate_s == l.rate_s) then
+  if not (l and max_s == last_max_s and rate_s == last_rate_s) then
     local max = parse_decimal(max_s)
     if not max then return nil, msg('not_a_number', g, { arg = 'max' }) end
     if not (max > 0 and max <= MAX_CAPACITY) then
@@ -157,12 +160,11 @@ local function parse_limits(max_s, rate_s, cost_s, g)
     if max / rate > MAX_FILL_SECONDS then
       return nil, msg('fill_too_slow', g)
     end
-    -- Every field made here, so setting the cost's later never grows the table.
-    l = { max = max, rate = rate, max_s = max_s, rate_s = rate_s, cost_s = false, cost = false }
-    last_limits = l
+    l = { max = max, rate = rate }
+    last_max_s, last_rate_s, last_limits, last_cost_s = max_s, rate_s, l, false
   end
   if cost_s == nil then return l end
-  if cost_s == l.cost_s then return l, l.cost end
+  if cost_s == last_cost_s then return l, last_cost end
   local cost = parse_decimal(cost_s)
   if not cost then return nil, msg('not_a_number', g, { arg = 'cost' }) end
   if cost < 0 then return nil, msg('cost_negative', g) end
@@ -184,7 +186,7 @@ local function parse_limits(max_s, rate_s, cost_s, g)
       return nil, msg('cost_too_small', g)
     end
   end
-  l.cost_s, l.cost = cost_s, cost
+  last_cost_s, last_cost = cost_s, cost
   return l, cost
 end
 
@@ -247,7 +249,8 @@ local function ms_from(l, stored, now, cur, target)
     -- now moved on by ms, as exact halves (no table made per try)
     local h = ms / 100000
     h = h - h % 1
-    if current_at(l, stored, now.hi + h, now.lo + (ms - h * 100000) * 1000) >= target then
+    local then_cur = current_at(l, stored, now.hi + h, now.lo + (ms - h * 100000) * 1000)
+    if then_cur >= target then
       hi = ms
       ms = ms - step
     elseif ms >= MAX_WAIT_MS then
@@ -276,8 +279,7 @@ end
 -- after the call, and whether the call writes. Both times are measured on
 -- the state the call leaves: a write restarts the refill at now, a call
 -- that writes nothing leaves the stored state (and any wait until its ts)
--- in place. (One function for both: the EVAL script defines every
--- function a consume needs on every call.)
+-- in place. (One function for both.)
 local function charge(l, stored, now, cur, cost, charging)
   local allowed, tokens, writes, retry_for = true, cur, true, nil
   if cost then
@@ -386,9 +388,9 @@ end
 -- tb_consume and tb_peek, by `op` ('consume' charges, 'peek' looks):
 -- parse, load, charge or look, and save what changed. A denied call, one
 -- of cost 0, or a peek writes nothing. max, rate and [cost] are args[i]
--- on. (One function, which the EVAL script calls with its own ARGV, i = 2
--- after the operation's name: it defines every function above the early
--- dispatch on every call, and moving ARGV down would cost a table.remove.)
+-- on. (The EVAL script runs this body at its early dispatch with its own
+-- ARGV, i = 2 after the operation's name: moving ARGV down would cost a
+-- table.remove.)
 local function consume_or_peek(op, keys, args, i)
   local n = #args - i + 1
   if #keys ~= 1 or n < 2 or n > 3 then
@@ -405,8 +407,8 @@ local function consume_or_peek(op, keys, args, i)
   local now = clock()
   local stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
-  local out, tokens, writes =
-    charge(l, stored, now, current_at(l, stored, now.hi, now.lo), cost, op == 'consume')
+  local cur = current_at(l, stored, now.hi, now.lo)
+  local out, tokens, writes = charge(l, stored, now, cur, cost, op == 'consume')
   if writes then save(keys[1], stored, l, tokens, out[4], now) end
   return out
 end

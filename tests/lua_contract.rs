@@ -163,32 +163,120 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     assert!(block.contains("if ms > 100000000000000 then ms = 100000000000000 end"));
     assert!(!script.contains("MAX_WAIT_MS then"));
     assert!(block.contains("local function tb_mconsume(keys, args)"));
+    // The EVAL script makes msg()'s table on each call (every EVAL starts
+    // afresh, so the library's memo of it would be an upvalue for nothing).
+    let mut block = block.clone();
+    for (memo, local) in [
+        ("local MSG\n", ""),
+        ("  if not MSG then\n    MSG = {\n", "  local MSG = {\n"),
+        ("\n    }\n  end\n", "\n    }\n"),
+    ] {
+        assert_eq!(block.matches(memo).count(), 1, "{memo}");
+        block = block.replacen(memo, local, 1);
+    }
     // Consume and peek are answered at the early-dispatch line, before the
-    // rest of the block is defined; the block is otherwise the same.
-    let (head, rest) = block
+    // rest of the block is defined, by consume_or_peek's body and those of
+    // the functions it calls once, run in place: each of those functions
+    // moves to just below the answer, where the other operations call it;
+    // the block is otherwise the same.
+    let (mut head, rest) = block
         .split_once("-- >>> eval: early dispatch\n")
+        .map(|(h, r)| (h.to_string(), r))
         .expect("the early-dispatch line");
-    // tb_consume and tb_peek are consume_or_peek by name, which the early
-    // dispatch calls with the script's first argument and ARGV as it is,
-    // the numbers from ARGV[2] on.
-    assert!(head.contains("local function consume_or_peek(op, keys, args, i)"));
     assert!(!rest.contains("-- >>> eval: early dispatch"));
+    let mut moved = Vec::new();
+    let mut bodies = Vec::new();
+    for (name, params) in [
+        ("consume_or_peek", "op, keys, args, i"),
+        ("parse_limits", "max_s, rate_s, cost_s, g"),
+        ("load", "key, g"),
+        ("charge", "l, stored, now, cur, cost, charging"),
+        ("save", "key, existed, l, tokens, reset, now"),
+        ("clock", ""),
+        ("parse_decimal", "s"),
+        ("current_at", "l, stored, hi, lo"),
+    ] {
+        let def = format!("local function {name}({params})\n");
+        let start = head
+            .find(&def)
+            .unwrap_or_else(|| panic!("{def} before the line"));
+        let end = start + head[start..].find("\nend\n").expect("its end") + "\nend\n".len();
+        let function = head[start..end].to_string();
+        bodies.push(function[def.len()..function.len() - "end\n".len()].to_string());
+        moved.push((block.find(&function).expect("in the block"), function));
+        head.replace_range(start..end, "");
+    }
+    // They move in the block's order.
+    moved.sort();
+    let moved: String = moved.into_iter().map(|(_, f)| f).collect();
+    // Above the line: the rest of the block, in order, but its calls of
+    // those functions (ms_from's of current_at), which run in place too.
     let at = script
-        .find(head)
-        .expect("the block up to the early dispatch");
-    let after = &script[at + head.len()..];
+        .find(head.lines().next().expect("a first line"))
+        .expect("the block's first line");
+    let early_at = at
+        + script[at..]
+            .find("\nif ARGV[1] == 'consume' or ARGV[1] == 'peek' then\n")
+            .expect("the early dispatch");
+    let script_head = &script[at..early_at];
+    let inlined = [
+        "parse_limits(",
+        "load(",
+        "charge(",
+        "save(",
+        "clock(",
+        "parse_decimal(",
+        "current_at(",
+    ];
+    let calls_inlined = |line: &str| {
+        let code = line.split("--").next().unwrap_or("");
+        inlined.iter().any(|f| code.contains(f))
+    };
+    let mut from = 0;
+    for line in head.lines().filter(|l| !calls_inlined(l)) {
+        let found = script_head[from..].find(line);
+        assert!(found.is_some(), "{line:?} in order in {script_head}");
+        from += found.unwrap_or(0) + line.len();
+    }
+    assert!(!script_head.lines().any(calls_inlined), "{script_head}");
+    assert!(script_head.contains("local l, stored, hi, lo = l, stored, now.hi + h, "));
+    let after = &script[early_at..];
     let early_end = after
-        .find(rest)
-        .expect("the block after the early dispatch");
+        .find(&format!("{moved}{rest}"))
+        .expect("the functions run at the early dispatch, then the block after it");
     let early = &after[..early_end];
     for needed in [
         "redis.replicate_commands()",
         "if ARGV[1] == 'consume' or ARGV[1] == 'peek' then",
-        "return consume_or_peek(ARGV[1], KEYS, ARGV, 2)",
+        "  local op, keys, args, i = ARGV[1], KEYS, ARGV, 2\n",
+        "  local max_s, rate_s, cost_s, g = args[i], args[i + 1], args[i + 2]\n",
+        "  local key, g = keys[1]\n",
     ] {
         assert!(early.contains(needed), "{needed} in {early}");
     }
-    let tail = &after[early_end + rest.len()..];
+    // Every line of each body is there, in order, but its returns (now
+    // assignments and a break out of `repeat ... until true`) and its calls
+    // of the functions run in place; and the answer defines no function.
+    for body in &bodies {
+        let mut from = 0;
+        for line in body.lines() {
+            let code = line.split("--").next().unwrap_or("");
+            if code.contains("return") || calls_inlined(line) {
+                continue;
+            }
+            let found = early[from..].find(line);
+            assert!(found.is_some(), "{line:?} in order in {early}");
+            from += found.unwrap_or(0) + line.len();
+        }
+    }
+    assert!(
+        !early
+            .lines()
+            .any(|l| l.split("--").next().unwrap_or("").contains("function")),
+        "{early}"
+    );
+    assert_eq!(early.matches("until true\n").count(), 10, "{early}");
+    let tail = &after[early_end + moved.len() + rest.len()..];
     assert!(tail.contains("redis.replicate_commands()"), "{tail}");
     assert!(tail.contains("OPERATIONS[i + 1](KEYS, ARGV)"), "{tail}");
     assert!(!script.contains("register_function") && !script.contains("#!lua"));

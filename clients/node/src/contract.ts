@@ -31,7 +31,7 @@ export const COMMANDS = {
 } as const;
 
 /** The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION). */
-export const LIBRARY_VERSION = "0.1.0+962b6ec12fee";
+export const LIBRARY_VERSION = "0.1.0+89300cbd67a7";
 
 /** Error reply templates; message() fills in the {name} marks. */
 export const ERRORS = {

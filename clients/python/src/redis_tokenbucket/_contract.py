@@ -36,7 +36,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+962b6ec12fee"
+LIBRARY_VERSION = "0.1.0+89300cbd67a7"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
