@@ -10,7 +10,7 @@
 use crate::args::{first_duplicate, parse_groups, Argv, Group};
 use crate::contract::{MAX_GROUPS, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_LEASE_MS};
 use crate::error::{Arg, Error};
-use crate::number::parse_i64;
+use crate::number::{digit_run, parse_i64};
 
 /// One lease as stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,9 +28,18 @@ impl Lease {
     pub fn parse(value: &[u8]) -> Option<Lease> {
         // Every call reads every lease of its key: digits are summed in
         // place, with no UTF-8 check or general integer parser.
-        let colon = value.iter().position(|&b| b == b':')?;
+        // The expiry's digits run up to the colon, the first byte that is
+        // no digit: one pass finds both.
+        let (run, colon) = digit_run(value);
+        if value.get(colon) != Some(&b':') {
+            return None;
+        }
+        let expires_us = match colon {
+            1..=19 => i64::try_from(run).ok()?,
+            _ => digits(&value[..colon])?,
+        };
         let lease = Lease {
-            expires_us: digits(&value[..colon])?,
+            expires_us,
             weight: digits(&value[colon + 1..])?,
         };
         (1..=MAX_LEASE_LIMIT)
@@ -57,13 +66,10 @@ fn digits(s: &[u8]) -> Option<i64> {
             .then(|| parse_i64(s))
             .flatten();
     }
-    let mut v: u64 = 0;
-    for &b in s {
-        let d = b.wrapping_sub(b'0');
-        if d > 9 {
-            return None;
-        }
-        v = v * 10 + u64::from(d);
+    // Eight digits at a time; 19 digits fit a u64.
+    let (v, read) = digit_run(s);
+    if read != s.len() {
+        return None;
     }
     i64::try_from(v).ok()
 }
@@ -453,6 +459,43 @@ mod tests {
                 .flatten()
                 .filter(|_| !s.is_empty());
             assert_eq!(digits(s.as_bytes()), want, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn stored_values_read_as_their_two_integers() {
+        // The reading by parts: split at the first colon, each side as
+        // `digits` reads it, the weight in range.
+        let by_parts = |v: &[u8]| {
+            let colon = v.iter().position(|&b| b == b':')?;
+            let lease = Lease {
+                expires_us: digits(&v[..colon])?,
+                weight: digits(&v[colon + 1..])?,
+            };
+            (1..=MAX_LEASE_LIMIT)
+                .contains(&lease.weight)
+                .then_some(lease)
+        };
+        let mut rng = testkit::Rng(0xA54F_F53A_5F1D_36F1);
+        let mut values: Vec<Vec<u8>> = vec![b"1:1".to_vec(), b":".to_vec(), b"0:1:1".to_vec()];
+        for _ in 0..50_000 {
+            let x = rng.next();
+            let expires = format!("{:0width$}", x >> (x % 64), width = (x % 23) as usize);
+            let mut v = format!("{expires}:{}", x % 7).into_bytes();
+            // Now and then one byte of anything, anywhere.
+            if x % 3 == 0 {
+                let at = rng.below(v.len() as u64) as usize;
+                v[at] = rng.below(256) as u8;
+            }
+            values.push(v);
+        }
+        for v in values {
+            assert_eq!(
+                Lease::parse(&v),
+                by_parts(&v),
+                "{:?}",
+                String::from_utf8_lossy(&v)
+            );
         }
     }
 

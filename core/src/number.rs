@@ -62,7 +62,7 @@ pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
 /// eight bytes (a balance's fraction); a shorter slice from two reads of
 /// four bytes, or a byte at a time below four.
 /// Wraps past 19 digits: callers reject those by the count.
-fn digit_run(b: &[u8]) -> (u64, usize) {
+pub(crate) fn digit_run(b: &[u8]) -> (u64, usize) {
     let mut v: u64 = 0;
     let mut i = 0;
     while let Some(chunk) = b.get(i..i + 8).and_then(|c| <[u8; 8]>::try_from(c).ok()) {
