@@ -62,6 +62,7 @@ pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
 /// eight bytes (a balance's fraction); a shorter slice from two reads of
 /// four bytes, or a byte at a time below four.
 /// Wraps past 19 digits: callers reject those by the count.
+#[inline(always)]
 pub(crate) fn digit_run(b: &[u8]) -> (u64, usize) {
     let mut v: u64 = 0;
     let mut i = 0;
