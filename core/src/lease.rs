@@ -483,7 +483,7 @@ mod tests {
             let expires = format!("{:0width$}", x >> (x % 64), width = (x % 23) as usize);
             let mut v = format!("{expires}:{}", x % 7).into_bytes();
             // Now and then one byte of anything, anywhere.
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 let at = rng.below(v.len() as u64) as usize;
                 v[at] = rng.below(256) as u8;
             }
