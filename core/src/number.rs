@@ -70,12 +70,7 @@ pub(crate) fn digit_run(b: &[u8]) -> (u64, usize) {
         let word = u64::from_le_bytes(chunk);
         let (values, not_digits) = digit_bytes(word);
         if not_digits != 0 {
-            let n = (not_digits.trailing_zeros() / 8) as usize;
-            return (
-                v.wrapping_mul(POW10_INT[n] as u64)
-                    .wrapping_add(top_digits(values, n)),
-                i + n,
-            );
+            return run_ends_in(v, i, word);
         }
         v = v.wrapping_mul(100_000_000).wrapping_add(combine(values));
         i += 8;
@@ -89,23 +84,14 @@ pub(crate) fn digit_run(b: &[u8]) -> (u64, usize) {
         // moved down past the others, with zeros (no digit) above them.
         let mut eight = [0; 8];
         eight.copy_from_slice(last);
-        let (values, not_digits) = digit_bytes(u64::from_le_bytes(eight) >> (8 * (8 - left)));
-        let n = (not_digits.trailing_zeros() / 8) as usize;
-        return (
-            v.wrapping_mul(POW10_INT[n] as u64)
-                .wrapping_add(top_digits(values, n)),
-            i + n,
-        );
+        return run_ends_in(v, i, u64::from_le_bytes(eight) >> (8 * (8 - left)));
     }
     // Four to seven bytes: two overlapping four-byte reads, which agree
     // where they overlap, and zeros above.
     if let (Some(head), Some(tail)) = (b.get(..4), b.len().checked_sub(4).and_then(|t| b.get(t..)))
     {
         let read = |w: &[u8]| w.iter().rev().fold(0u64, |v, &c| v << 8 | u64::from(c));
-        let word = read(head) | read(tail) << (8 * (b.len() - 4));
-        let (values, not_digits) = digit_bytes(word);
-        let n = (not_digits.trailing_zeros() / 8) as usize;
-        return (top_digits(values, n), n);
+        return run_ends_in(0, 0, read(head) | read(tail) << (8 * (b.len() - 4)));
     }
     while let Some(&c) = b.get(i) {
         if !c.is_ascii_digit() {
@@ -115,6 +101,19 @@ pub(crate) fn digit_run(b: &[u8]) -> (u64, usize) {
         i += 1;
     }
     (v, i)
+}
+
+/// The end of a digit run that has `v` for its first `i` bytes and goes
+/// on into `word` (the next bytes, the first the lowest), which holds a
+/// byte that is no digit: the run's value and length.
+#[inline(always)]
+fn run_ends_in(v: u64, i: usize, word: u64) -> (u64, usize) {
+    let (values, not_digits) = digit_bytes(word);
+    let n = (not_digits.trailing_zeros() / 8) as usize;
+    let value = v
+        .wrapping_mul(POW10_INT[n] as u64)
+        .wrapping_add(top_digits(values, n));
+    (value, i + n)
 }
 
 /// Each byte of `word` less '0', and a mask with the top bit of every
