@@ -6,6 +6,7 @@
 //! instead of recomputing with its own clock.
 
 use crate::ffi::{ArgString, Ctx, Interned, Kept, Key, Load, RString};
+use std::cell::Cell;
 use std::ffi::CStr;
 use std::sync::OnceLock;
 use tb_core::bucket::{Effect, Limits, Stored};
@@ -13,7 +14,7 @@ use tb_core::cell;
 use tb_core::contract::{TOKENS_FIELD, TS_FIELD};
 use tb_core::error::{Error, Step};
 use tb_core::lease;
-use tb_core::state::{self, BucketFields, KeyKind, Text};
+use tb_core::state::{self, BucketFields, KeyKind, Text, Upper};
 
 /// The points of a write where a test can make the server's call fail
 /// (`test-hooks` builds: TB.FAULT).
@@ -53,10 +54,28 @@ fn injected(fault: Fault) -> bool {
 /// The field names `tokens` and `ts`, made once at load.
 static FIELDS: OnceLock<[Interned; 2]> = OnceLock::new();
 
+/// What the last bucket write wrote that the next one can reuse. Cells,
+/// taken and set, never borrowed across a call into Redis (a keyspace
+/// notification can run another module's code, which could call us).
+struct Recent {
+    /// The last whole balance written (its bits) and its `tokens` text:
+    /// see `BucketKey::tokens_string`.
+    tokens: Cell<Option<(u64, Kept)>>,
+    /// The upper digits of the last `ts` and expire time written.
+    ts: Cell<Upper>,
+    expire_at: Cell<Upper>,
+}
+
 std::thread_local! {
-    /// The last balance written (its bits) and its `tokens` text: see
-    /// `BucketKey::tokens_string`. Commands run on Redis's main thread.
-    static LAST_TOKENS: std::cell::Cell<Option<(u64, Kept)>> = const { std::cell::Cell::new(None) };
+    /// Commands run on Redis's main thread. One thread-local, so one
+    /// look-up of it per write.
+    static RECENT: Recent = const {
+        Recent {
+            tokens: Cell::new(None),
+            ts: Cell::new(Upper::NONE),
+            expire_at: Cell::new(Upper::NONE),
+        }
+    };
 }
 
 /// The commands writes replicate as effects, in the order checked.
@@ -175,17 +194,19 @@ impl<'c> BucketKey<'c> {
             self.delete()?;
             self.cell_string = false;
         }
-        // Only a whole balance is kept for the next write: every new bucket
-        // of a tier writes the same max - cost, while a refilled balance
-        // is seldom written twice.
-        if tokens != (tokens as i64) as f64 {
-            let tok = self.ctx.string(Text::tokens(tokens).as_bytes());
-            return self.write_with(&tok.ok_or(Step::HashSet)?, ts_us, expire_at_ms);
-        }
-        let tok = self.tokens_string(tokens)?;
-        let written = self.write_with(&tok, ts_us, expire_at_ms);
-        LAST_TOKENS.set(Some((tokens.to_bits(), tok)));
-        written
+        RECENT.with(|recent| {
+            // Only a whole balance is kept for the next write: every new
+            // bucket of a tier writes the same max - cost, while a refilled
+            // balance is seldom written twice.
+            if tokens != (tokens as i64) as f64 {
+                let tok = self.ctx.string(Text::tokens(tokens).as_bytes());
+                return self.write_with(recent, &tok.ok_or(Step::HashSet)?, ts_us, expire_at_ms);
+            }
+            let tok = self.tokens_string(recent, tokens)?;
+            let written = self.write_with(recent, &tok, ts_us, expire_at_ms);
+            recent.tokens.set(Some((tokens.to_bits(), tok)));
+            written
+        })
     }
 
     /// The `tokens` value as a Redis string: the last one written if this
@@ -193,8 +214,8 @@ impl<'c> BucketKey<'c> {
     /// else a new one, which replaces it. HashSet copies the text and a
     /// replication only holds a reference, so a string kept unchanged can
     /// serve any number of writes.
-    fn tokens_string(&self, tokens: f64) -> Result<Kept, Step> {
-        match LAST_TOKENS.take() {
+    fn tokens_string(&self, recent: &Recent, tokens: f64) -> Result<Kept, Step> {
+        match recent.tokens.take() {
             Some((bits, kept)) if bits == tokens.to_bits() => Ok(kept),
             last => {
                 if let Some((_, kept)) = last {
@@ -210,6 +231,7 @@ impl<'c> BucketKey<'c> {
     /// `write` with the `tokens` string made.
     fn write_with(
         &mut self,
+        recent: &Recent,
         tok: &impl RString,
         ts_us: i64,
         expire_at_ms: i64,
@@ -217,7 +239,7 @@ impl<'c> BucketKey<'c> {
         let (ctx, name) = (self.ctx, self.key.name());
         let [tokens_field, ts_field] = FIELDS.get().ok_or(Step::HashSet)?;
         let ts = ctx
-            .string(Text::int(ts_us).as_bytes())
+            .string(Text::int_after(ts_us, &recent.ts).as_bytes())
             .ok_or(Step::HashSet)?;
         if injected(Fault::HashSet) || !self.key.hash_set(tokens_field, tok, ts_field, &ts) {
             return Err(Step::HashSet);
@@ -238,7 +260,7 @@ impl<'c> BucketKey<'c> {
         // Only the replication needs the time as text: Redis copies it from
         // the stack (format `l` would take two allocations, a string made
         // here one more call and a free).
-        let at = Text::int(expire_at_ms);
+        let at = Text::int_after(expire_at_ms, &recent.expire_at);
         if !ctx.replicate_key_bytes(effect(c"PEXPIREAT"), &name, at.as_bytes()) {
             return Err(Step::ReplicateExpire);
         }
