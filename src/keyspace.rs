@@ -58,8 +58,11 @@ static FIELDS: OnceLock<[Interned; 2]> = OnceLock::new();
 /// taken and set, never borrowed across a call into Redis (a keyspace
 /// notification can run another module's code, which could call us).
 struct Recent {
-    /// The last whole balance written (its bits) and its `tokens` text:
-    /// see `BucketKey::tokens_string`.
+    /// The last whole balance written (its bits) and its `tokens` text,
+    /// for `BucketKey::write`. HashSet copies the text and a replication
+    /// only holds a reference, so a string kept unchanged can serve any
+    /// number of writes; one replaced is released, and Redis frees it once
+    /// a pending replication is done with it.
     tokens: Cell<Option<(u64, Kept)>>,
     /// The upper digits of the last `ts` and expire time written.
     ts: Cell<Upper>,
@@ -144,8 +147,18 @@ impl<'c> BucketKey<'c> {
     }
 
     /// The stored bucket, `None` for a missing key (a full bucket).
+    /// Inlined, so a new key costs its caller one test, not a call.
+    #[inline(always)]
     pub fn load(&self) -> Result<Option<Stored>, Error> {
-        state::load(self.key.kind(), &Fields(&self.key))
+        match self.key.kind() {
+            KeyKind::Missing => Ok(None),
+            kind => self.load_existing(kind),
+        }
+    }
+
+    #[inline(never)]
+    fn load_existing(&self, kind: KeyKind) -> Result<Option<Stored>, Error> {
+        state::load(kind, &Fields(&self.key))
     }
 
     /// `load` for CL.THROTTLE, which also reads a key redis-cell left: a
@@ -195,37 +208,38 @@ impl<'c> BucketKey<'c> {
             self.cell_string = false;
         }
         RECENT.with(|recent| {
-            // Only a whole balance is kept for the next write: every new
-            // bucket of a tier writes the same max - cost, while a refilled
-            // balance is seldom written twice.
-            if tokens != (tokens as i64) as f64 {
-                let tok = self.ctx.string(Text::tokens(tokens).as_bytes());
-                return self.write_with(recent, &tok.ok_or(Step::HashSet)?, ts_us, expire_at_ms);
-            }
-            let tok = self.tokens_string(recent, tokens)?;
+            let tok = match recent.tokens.take() {
+                // The balance last kept (every new bucket of a tier writes
+                // the same max - cost): its string again.
+                Some((bits, kept)) if bits == tokens.to_bits() => kept,
+                // Only a whole balance is kept: a refilled one is seldom
+                // written twice, so it keeps the last whole one's place.
+                last if tokens != (tokens as i64) as f64 => {
+                    recent.tokens.set(last);
+                    let tok = self.ctx.string(Text::tokens(tokens).as_bytes());
+                    return self.write_with(
+                        recent,
+                        &tok.ok_or(Step::HashSet)?,
+                        ts_us,
+                        expire_at_ms,
+                    );
+                }
+                last => {
+                    if let Some((_, kept)) = last {
+                        self.ctx.release(kept);
+                    }
+                    let tok = self.ctx.keep(Text::tokens(tokens).as_bytes());
+                    tok.ok_or(Step::HashSet)?
+                }
+            };
             let written = self.write_with(recent, &tok, ts_us, expire_at_ms);
-            recent.tokens.set(Some((tokens.to_bits(), tok)));
+            // A call made inside this one (by another module, on one of
+            // its keyspace events) may have kept a string since.
+            if let Some((_, other)) = recent.tokens.replace(Some((tokens.to_bits(), tok))) {
+                self.ctx.release(other);
+            }
             written
         })
-    }
-
-    /// The `tokens` value as a Redis string: the last one written if this
-    /// balance is the same (every new bucket of a tier writes max - cost),
-    /// else a new one, which replaces it. HashSet copies the text and a
-    /// replication only holds a reference, so a string kept unchanged can
-    /// serve any number of writes.
-    fn tokens_string(&self, recent: &Recent, tokens: f64) -> Result<Kept, Step> {
-        match recent.tokens.take() {
-            Some((bits, kept)) if bits == tokens.to_bits() => Ok(kept),
-            last => {
-                if let Some((_, kept)) = last {
-                    self.ctx.release(kept);
-                }
-                self.ctx
-                    .keep(Text::tokens(tokens).as_bytes())
-                    .ok_or(Step::HashSet)
-            }
-        }
     }
 
     /// `write` with the `tokens` string made.
