@@ -11,14 +11,14 @@ use crate::ffi::{log_warning, ArgString, Args, Ctx};
 use crate::keyspace::BucketKey;
 use crate::stats;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Single};
-use tb_core::bucket::{consume_all, Limits, Outcome, Stored};
+use tb_core::bucket::{consume_all, Effect, Limits, Outcome, Stored};
 use tb_core::cell::{self as cl, parse_throttle};
 use tb_core::error::Error;
 
-/// Carries out `outcome`'s effect on `key`. A step that fails is logged
-/// and becomes the call's error reply (counted in `tb_errors`).
-pub fn apply(key: &mut BucketKey, outcome: &Outcome) -> Result<(), Error> {
-    key.apply(&outcome.effect).map_err(|step| {
+/// Carries out `effect` on `key`. A step that fails is logged and
+/// becomes the call's error reply (counted in `tb_errors`).
+pub fn apply(key: &mut BucketKey, effect: &Effect) -> Result<(), Error> {
+    key.apply(effect).map_err(|step| {
         log_warning(&format!(
             "tb: a write failed at {}; the call replied an error instead of its outcome",
             step.name()
@@ -67,12 +67,13 @@ fn open_single<'c>(
 fn finish(
     ctx: &Ctx,
     key: &mut BucketKey,
-    outcome: &Outcome,
+    effect: &Effect,
     counter: &stats::Counter,
+    reply: &[i64; 4],
 ) -> Result<(), Error> {
-    apply(key, outcome)?;
+    apply(key, effect)?;
     counter.incr();
-    reply_outcome(ctx, outcome);
+    reply_ints(ctx, reply);
     Ok(())
 }
 
@@ -81,17 +82,20 @@ fn finish(
 #[inline(never)]
 pub fn consume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let (call, mut key, now, stored) = open_single(ctx, args, parse_consume, true)?;
-    // A new key: the tier's charge worked out with its arguments.
-    let outcome = match (stored, call.fresh) {
-        (None, Some(fresh)) => call.limits.consume_fresh(fresh, now, call.amount),
-        _ => call.limits.consume(stored, now, call.amount),
-    };
+    // A new key: the tier's charge and reply were worked out with its
+    // arguments; only the write's times are this call's.
+    if let (None, Some(fresh)) = (stored, call.fresh) {
+        if let Some(effect) = Limits::fresh_write(fresh, now) {
+            return finish(ctx, &mut key, &effect, &stats::ADMITTED, &fresh.reply());
+        }
+    }
+    let outcome = call.limits.consume(stored, now, call.amount);
     let counter = if outcome.allowed {
         &stats::ADMITTED
     } else {
         &stats::DENIED
     };
-    finish(ctx, &mut key, &outcome, counter)
+    finish(ctx, &mut key, &outcome.effect, counter, &outcome.reply())
 }
 
 /// `TB.PEEK key max rate [cost]`: read-only, runs on replicas.
@@ -109,7 +113,13 @@ pub fn peek(ctx: &Ctx, args: &Args) -> Result<(), Error> {
 pub fn adjust(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let (call, mut key, now, stored) = open_single(ctx, args, parse_adjust, true)?;
     let outcome = call.limits.adjust(stored, now, call.amount);
-    finish(ctx, &mut key, &outcome, &stats::ADJUSTS)
+    finish(
+        ctx,
+        &mut key,
+        &outcome.effect,
+        &stats::ADJUSTS,
+        &outcome.reply(),
+    )
 }
 
 /// `TB.MCONSUME key max rate cost [key max rate cost ...]`: all buckets are
@@ -131,7 +141,7 @@ pub fn mconsume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     }
     let (all, retry, outcomes) = consume_all(&buckets, now);
     for (key, outcome) in keys.iter_mut().zip(&outcomes) {
-        apply(key, outcome)?;
+        apply(key, &outcome.effect)?;
     }
     if all {
         stats::ADMITTED.incr();
@@ -163,7 +173,7 @@ pub fn cl_throttle(ctx: &Ctx, args: &Args) -> Result<(), Error> {
         // Above the limit: never passes; the bucket as it stands.
         None => (call.limits.peek(stored, now, 0.0), false),
     };
-    apply(&mut key, &outcome)?;
+    apply(&mut key, &outcome.effect)?;
     if charged && outcome.allowed {
         stats::ADMITTED.incr();
     } else {

@@ -62,7 +62,7 @@ pub fn acquire(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     if acquired {
         write(&mut key, &taken.write, args, ACQUIRE_ID_INDEX, &scan)?;
         for (bucket, outcome) in keys.iter_mut().zip(&outcomes) {
-            apply(bucket, outcome)?;
+            apply(bucket, &outcome.effect)?;
         }
         stats::ACQUIRED.incr();
     } else {

@@ -39,10 +39,20 @@ pub struct Outcome {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Fresh {
     tokens: f64,
+    /// The reply's `remaining`: the balance's floor.
+    remaining: i64,
     reset_after_ms: i64,
 }
 
-/// The latest time `Limits::consume_fresh` answers for itself: its probes
+impl Fresh {
+    /// The reply of every call it stands for: admitted, its balance, no
+    /// wait, its reset.
+    pub fn reply(&self) -> [i64; 4] {
+        [1, self.remaining, 0, self.reset_after_ms]
+    }
+}
+
+/// The latest time `Limits::fresh_write` answers for itself: its probes
 /// reach `MAX_WAIT_MS` ms beyond, well inside i64.
 const FRESH_NOW_MAX: i64 = i64::MAX / 2;
 
@@ -150,41 +160,34 @@ impl Limits {
     }
 
     /// A charge of `cost` against a missing bucket, worked out by
-    /// `consume` itself, for `consume_fresh`: `None` where that writes
+    /// `consume` itself, for `fresh_write`: `None` where that writes
     /// nothing (cost 0).
     pub fn fresh(&self, cost: f64) -> Option<Fresh> {
         let outcome = self.consume(None, 0, cost);
         match outcome.effect {
             Effect::Save { tokens, .. } => Some(Fresh {
                 tokens,
+                remaining: outcome.remaining(),
                 reset_after_ms: outcome.reset_after_ms,
             }),
             _ => None,
         }
     }
 
-    /// `consume(None, now_us, cost)` for the `cost` that gave `fresh`,
-    /// without its search. A missing
-    /// bucket is full, so the charge always passes and leaves the same
-    /// balance; the reset is the refill from that write, which counts
+    /// The write of `consume(None, now_us, cost)` for the `cost` that gave
+    /// `fresh`, whose reply is `fresh.reply()`, without its search. A
+    /// missing bucket is full, so the charge always passes and leaves the
+    /// same balance; the reset is the refill from that write, which counts
     /// from `now_us`, so it is the same at every time whose probes (at
-    /// most `MAX_WAIT_MS` ahead) stay within i64 (a test checks).
+    /// most `MAX_WAIT_MS` ahead) stay within i64 (a test checks); `None`
+    /// past those, where `consume` answers.
     #[inline(always)]
-    pub fn consume_fresh(&self, fresh: Fresh, now_us: i64, cost: f64) -> Outcome {
-        if !(0..=FRESH_NOW_MAX).contains(&now_us) {
-            return self.consume(None, now_us, cost);
-        }
-        Outcome {
-            allowed: true,
+    pub fn fresh_write(fresh: Fresh, now_us: i64) -> Option<Effect> {
+        (0..=FRESH_NOW_MAX).contains(&now_us).then(|| Effect::Save {
             tokens: fresh.tokens,
-            retry_after_ms: 0,
-            reset_after_ms: fresh.reset_after_ms,
-            effect: Effect::Save {
-                tokens: fresh.tokens,
-                ts_us: now_us,
-                expire_at_ms: Self::expire_at_ms(now_us, fresh.reset_after_ms),
-            },
-        }
+            ts_us: now_us,
+            expire_at_ms: Self::expire_at_ms(now_us, fresh.reset_after_ms),
+        })
     }
 
     /// What `consume` would answer, without charging.
@@ -725,13 +728,15 @@ mod tests {
                 .chain((0..5).map(|_| rng.below(1 << 53) as i64))
             {
                 let want = limits.consume(None, now, cost);
-                match fresh {
-                    Some(f) => assert_eq!(
-                        limits.consume_fresh(f, now, cost),
-                        want,
-                        "{max} {rate} {cost} {now}"
-                    ),
-                    None => assert_eq!(want.effect, Effect::Nothing, "{max} {rate} {cost} {now}"),
+                let at = format!("{max} {rate} {cost} {now}");
+                match (fresh, fresh.and_then(|f| Limits::fresh_write(f, now))) {
+                    (Some(f), Some(effect)) => {
+                        assert_eq!(effect, want.effect, "{at}");
+                        assert_eq!(f.reply(), want.reply(), "{at}");
+                    }
+                    // Past FRESH_NOW_MAX: consume answers.
+                    (Some(_), None) => assert!(now > FRESH_NOW_MAX, "{at}"),
+                    (None, _) => assert_eq!(want.effect, Effect::Nothing, "{at}"),
                 }
             }
         }
