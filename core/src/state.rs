@@ -174,17 +174,18 @@ impl Text {
         if v < 100_000_000 || high >= 100_000_000 {
             return IntText::new(v);
         }
-        let mut upper = last.get();
+        let upper = last.get();
         if upper.high != high {
-            let digits = eight_digits(high as u32);
-            // high >= 1: at most seven leading zeros.
-            let zeros = (digits.trailing_zeros() / 8) as usize;
-            upper = Upper {
+            // Another upper group: written in full, and kept.
+            let out = IntText::new(v);
+            let mut ascii = [0; 8];
+            ascii.copy_from_slice(&out.buf[8..16]);
+            last.set(Upper {
                 high,
-                ascii: ascii(digits),
-                start: 8 + zeros,
-            };
-            last.set(upper);
+                ascii,
+                start: out.start,
+            });
+            return out;
         }
         let mut out = IntText {
             start: upper.start,
