@@ -5,7 +5,7 @@
 //! the module, then ends with the primary's exact hash and expire time
 //! instead of recomputing with its own clock.
 
-use crate::ffi::{ArgString, Ctx, Interned, Kept, Key, Load, RString};
+use crate::ffi::{ArgString, CommandLocal, Ctx, Interned, Kept, Key, Load, RString};
 use std::cell::Cell;
 use std::ffi::CStr;
 use std::sync::OnceLock;
@@ -69,17 +69,11 @@ struct Recent {
     expire_at: Cell<Upper>,
 }
 
-std::thread_local! {
-    /// Commands run on Redis's main thread. One thread-local, so one
-    /// look-up of it per write.
-    static RECENT: Recent = const {
-        Recent {
-            tokens: Cell::new(None),
-            ts: Cell::new(Upper::NONE),
-            expire_at: Cell::new(Upper::NONE),
-        }
-    };
-}
+static RECENT: CommandLocal<Recent> = CommandLocal::new(Recent {
+    tokens: Cell::new(None),
+    ts: Cell::new(Upper::NONE),
+    expire_at: Cell::new(Upper::NONE),
+});
 
 /// The commands writes replicate as effects, in the order checked.
 const EFFECTS: [&CStr; 4] = [c"HSET", c"HDEL", c"PEXPIREAT", c"DEL"];
@@ -103,6 +97,14 @@ pub fn init(load: &Load) -> Result<(), String> {
     // A second MODULE LOAD in the same process keeps the first strings.
     let _ = FIELDS.set(fields);
     Ok(())
+}
+
+/// Gives back the `tokens` string kept between writes, as the module
+/// unloads: its static goes with the library.
+pub fn unload(ctx: &Ctx) {
+    if let Some((_, kept)) = RECENT.get(ctx).tokens.take() {
+        ctx.release(kept);
+    }
 }
 
 /// An open key that should hold a bucket. Closed on drop.
@@ -207,39 +209,33 @@ impl<'c> BucketKey<'c> {
             self.delete()?;
             self.cell_string = false;
         }
-        RECENT.with(|recent| {
-            let tok = match recent.tokens.take() {
-                // The balance last kept (every new bucket of a tier writes
-                // the same max - cost): its string again.
-                Some((bits, kept)) if bits == tokens.to_bits() => kept,
-                // Only a whole balance is kept: a refilled one is seldom
-                // written twice, so it keeps the last whole one's place.
-                last if tokens != (tokens as i64) as f64 => {
-                    recent.tokens.set(last);
-                    let tok = self.ctx.string(Text::tokens(tokens).as_bytes());
-                    return self.write_with(
-                        recent,
-                        &tok.ok_or(Step::HashSet)?,
-                        ts_us,
-                        expire_at_ms,
-                    );
-                }
-                last => {
-                    if let Some((_, kept)) = last {
-                        self.ctx.release(kept);
-                    }
-                    let tok = self.ctx.keep(Text::tokens(tokens).as_bytes());
-                    tok.ok_or(Step::HashSet)?
-                }
-            };
-            let written = self.write_with(recent, &tok, ts_us, expire_at_ms);
-            // A call made inside this one (by another module, on one of
-            // its keyspace events) may have kept a string since.
-            if let Some((_, other)) = recent.tokens.replace(Some((tokens.to_bits(), tok))) {
-                self.ctx.release(other);
+        let recent = RECENT.get(self.ctx);
+        let tok = match recent.tokens.take() {
+            // The balance last kept (every new bucket of a tier writes
+            // the same max - cost): its string again.
+            Some((bits, kept)) if bits == tokens.to_bits() => kept,
+            // Only a whole balance is kept: a refilled one is seldom
+            // written twice, so it keeps the last whole one's place.
+            last if tokens != (tokens as i64) as f64 => {
+                recent.tokens.set(last);
+                let tok = self.ctx.string(Text::tokens(tokens).as_bytes());
+                return self.write_with(recent, &tok.ok_or(Step::HashSet)?, ts_us, expire_at_ms);
             }
-            written
-        })
+            last => {
+                if let Some((_, kept)) = last {
+                    self.ctx.release(kept);
+                }
+                let tok = self.ctx.keep(Text::tokens(tokens).as_bytes());
+                tok.ok_or(Step::HashSet)?
+            }
+        };
+        let written = self.write_with(recent, &tok, ts_us, expire_at_ms);
+        // A call made inside this one (by another module, on one of
+        // its keyspace events) may have kept a string since.
+        if let Some((_, other)) = recent.tokens.replace(Some((tokens.to_bits(), tok))) {
+            self.ctx.release(other);
+        }
+        written
     }
 
     /// `write` with the `tokens` string made.

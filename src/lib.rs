@@ -34,6 +34,7 @@ ffi::module! {
     name: c"tb",
     version: version::NUMBER,
     init: init,
+    unload: keyspace::unload,
 }
 
 fn init(load: &Load) -> Result<(), String> {

@@ -125,6 +125,37 @@ fn module_load_with_arguments() {
     assert!(throttle(&mut c).is_err());
 }
 
+/// MODULE UNLOAD gives back what the module kept between calls (the
+/// `tokens` string of the last new bucket; the leak test watches that
+/// under valgrind) and a second MODULE LOAD serves as the first did.
+#[test]
+fn unload_and_load_again() {
+    let s = Server::with(Config::default().arg("enable-module-command", "yes"));
+    let mut c = s.conn();
+    // A new bucket keeps its balance's string.
+    assert_eq!(consume(&mut c, "a", "10", "1", "1"), [1, 9, 0, 1000]);
+    let ok: String = redis::cmd("MODULE")
+        .arg(&["UNLOAD", "tb"])
+        .query(&mut c)
+        .expect("MODULE UNLOAD");
+    assert_eq!(ok, "OK");
+    assert!(tb_listed(&mut c).is_none(), "the module is unloaded");
+    assert!(redis::cmd("TB.CONSUME")
+        .arg(&["a", "10", "1", "1"])
+        .query::<redis::Value>(&mut c)
+        .is_err());
+    // The bucket outlives the module: it is a plain hash.
+    assert_eq!(hgetall(&mut c, "a")["tokens"], "9");
+    let ok: String = redis::cmd("MODULE")
+        .arg(&["LOAD", &path()])
+        .query(&mut c)
+        .expect("MODULE LOAD again");
+    assert_eq!(ok, "OK");
+    serves(&mut c);
+    assert_eq!(consume(&mut c, "b", "10", "1", "1"), [1, 9, 0, 1000]);
+    assert_eq!(hgetall(&mut c, "b")["tokens"], "9");
+}
+
 /// Whether MODULE LIST has a module named `tb`.
 fn tb_listed(c: &mut redis::Connection) -> Option<()> {
     let list: Vec<std::collections::HashMap<String, redis::Value>> =

@@ -10,6 +10,7 @@ use crate::bucket::{Fresh, Limits};
 use crate::contract::{COMMANDS, CONSUME, MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE};
 use crate::error::{Arg, Error};
 use crate::number::parse_decimal;
+use std::cell::RefCell;
 use std::ffi::CStr;
 
 /// Whether a positive `cost` is too small to charge a bucket of this `max`:
@@ -37,6 +38,12 @@ pub trait Argv {
             .into_iter()
             .find(|c| c.to_bytes().eq_ignore_ascii_case(name))
             .unwrap_or(CONSUME)
+    }
+    /// The memos these arguments are checked against: the thread's by
+    /// default. The module lends one store that needs no thread-local
+    /// look-up (a call of `__tls_get_addr` in a library Redis loads).
+    fn with_memos<R>(&self, f: impl FnOnce(&Memos) -> R) -> R {
+        MEMOS.with(f)
     }
 }
 
@@ -80,11 +87,11 @@ pub(crate) fn group_limits(
 ) -> Result<Limits, Error> {
     let (max, rate) = (argv.arg(i), argv.arg(i + 1));
     let args = [Some(max), Some(rate)];
-    if let Some(limits) = LAST_LIMITS.with_borrow(|last| Memo::get(last, args)) {
+    if let Some(limits) = argv.with_memos(|m| Memo::get(&m.limits.borrow(), args)) {
         return Ok(limits);
     }
     let limits = validate_limits(max, rate, g)?;
-    LAST_LIMITS.with_borrow_mut(|last| *last = Memo::new(args, limits));
+    argv.with_memos(|m| *m.limits.borrow_mut() = Memo::new(args, limits));
     Ok(limits)
 }
 
@@ -188,11 +195,30 @@ impl<T: Copy, const N: usize> Memo<T, N> {
     }
 }
 
+/// The last `max rate` and the last `max rate [cost]` that validated
+/// (`Memo`), for one caller's calls in turn.
+pub struct Memos {
+    limits: RefCell<Option<Memo<Limits, 2>>>,
+    single: RefCell<Option<Memo<Single, 3>>>,
+}
+
+impl Memos {
+    pub const fn new() -> Self {
+        Memos {
+            limits: RefCell::new(None),
+            single: RefCell::new(None),
+        }
+    }
+}
+
+impl Default for Memos {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 std::thread_local! {
-    static LAST_LIMITS: std::cell::RefCell<Option<Memo<Limits, 2>>> =
-        const { std::cell::RefCell::new(None) };
-    static LAST_SINGLE: std::cell::RefCell<Option<Memo<Single, 3>>> =
-        const { std::cell::RefCell::new(None) };
+    static MEMOS: Memos = const { Memos::new() };
 }
 
 /// `max` and `rate` checked in the contract's order.
@@ -234,11 +260,11 @@ pub fn parse_consume(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
     // The whole call's numbers at once: one look-up where most calls end.
     let cost = (n == 5).then(|| argv.arg(4));
     let args = [Some(argv.arg(2)), Some(argv.arg(3)), cost];
-    if let Some(single) = LAST_SINGLE.with_borrow(|last| Memo::get(last, args)) {
+    if let Some(single) = argv.with_memos(|m| Memo::get(&m.single.borrow(), args)) {
         return Ok(single);
     }
     let single = validate_consume(argv, n)?;
-    LAST_SINGLE.with_borrow_mut(|last| *last = Memo::new(args, single));
+    argv.with_memos(|m| *m.single.borrow_mut() = Memo::new(args, single));
     Ok(single)
 }
 
@@ -357,6 +383,40 @@ mod tests {
         assert_eq!(
             parse_consume(argv(&["tb.consume", "k", "0.5", "1"]).as_slice()),
             Err(Error::CostAboveMax(None))
+        );
+    }
+
+    /// Arguments that bring their own memos, as the module's do.
+    struct Lent<'m>(Vec<Vec<u8>>, &'m Memos);
+
+    impl Argv for Lent<'_> {
+        fn count(&self) -> usize {
+            self.0.len()
+        }
+        fn arg(&self, i: usize) -> &[u8] {
+            &self.0[i]
+        }
+        fn with_memos<R>(&self, f: impl FnOnce(&Memos) -> R) -> R {
+            f(self.1)
+        }
+    }
+
+    #[test]
+    fn arguments_are_remembered_where_their_caller_says() {
+        let own = Memos::new();
+        let call = Lent(argv(&["tb.consume", "k", "7", "0.25", "2"]), &own);
+        let single = parse_consume(&call).unwrap();
+        assert!(own.single.borrow().is_some() && own.limits.borrow().is_some());
+        // The thread's memos (each test runs on a thread of its own) saw
+        // nothing of it.
+        MEMOS.with(|m| assert!(m.single.borrow().is_none() && m.limits.borrow().is_none()));
+        // The lent memo answers the same call again.
+        assert_eq!(parse_consume(&call), Ok(single));
+        let other = Lent(argv(&["tb.consume", "k", "8", "0.25", "2"]), &own);
+        assert_eq!(parse_consume(&other).unwrap().limits.max, 8.0);
+        assert_eq!(
+            own.single.borrow().as_ref().map(|m| m.value.limits.max),
+            Some(8.0)
         );
     }
 

@@ -11,6 +11,7 @@ use std::ffi::{CStr, CString};
 use std::marker::PhantomData;
 use std::os::raw::{c_int, c_long};
 use std::ptr::{self, NonNull};
+use tb_core::args::Memos;
 
 /// A command's context. Only `Ctx::from_raw` makes one, inside the call
 /// Redis made, and handlers only ever borrow it, so it can't outlive the
@@ -30,6 +31,40 @@ pub struct Args<'a> {
 
 /// The signature Redis calls a command with.
 pub type RawHandler = RedisModuleCmdFunc;
+
+/// A value only command calls use, in a plain static: what a
+/// thread-local would hold, without the look-up each use of one costs in
+/// a library Redis loads (a call of `__tls_get_addr`). `get` lends it
+/// against a `Ctx` or `Args` of the call in progress.
+pub struct CommandLocal<T>(T);
+
+// SAFETY: the value is only lent (`get`) for as long as a `Ctx` or an
+// `Args` is borrowed. Those exist only inside a command call Redis made
+// (`Ctx::from_raw`), and their raw pointers keep them on that call's
+// thread (neither is Send or Sync). Redis makes those calls one at a time:
+// on its main thread, or on a module thread that holds the server lock
+// for `RedisModule_Call`. So no two threads ever use the value at once,
+// which is all a thread-local would have guaranteed.
+unsafe impl<T> Sync for CommandLocal<T> {}
+
+/// What `CommandLocal::get` accepts as proof of a call in progress.
+pub trait InCall {}
+impl InCall for Ctx {}
+impl InCall for Args<'_> {}
+
+impl<T> CommandLocal<T> {
+    pub const fn new(value: T) -> Self {
+        CommandLocal(value)
+    }
+
+    /// The value, for as long as `call` is borrowed.
+    pub fn get<'c>(&'static self, _call: &'c impl InCall) -> &'c T {
+        &self.0
+    }
+}
+
+/// The argument memos of every command call (see `tb_core::args::Memos`).
+static MEMOS: CommandLocal<Memos> = CommandLocal::new(Memos::new());
 
 /// Turns a safe handler, `fn(&Ctx, &Args) -> Result<(), Error>`, into the
 /// `extern "C"` function Redis calls for the command `$name` (a `&CStr`
@@ -314,5 +349,8 @@ impl tb_core::args::Argv for Args<'_> {
     }
     fn command(&self) -> &'static CStr {
         self.command
+    }
+    fn with_memos<R>(&self, f: impl FnOnce(&Memos) -> R) -> R {
+        f(MEMOS.get(self))
     }
 }

@@ -4,7 +4,7 @@
 
 use super::api::{log_warning, Api, ERR, OK};
 use super::call;
-use super::context::RawHandler;
+use super::context::{Ctx, RawHandler};
 use super::info::{self, Info};
 use super::string::{string_bytes, Interned};
 use redis_module::raw::{self, RedisModuleCommand, RedisModuleCtx, RedisModuleString};
@@ -21,9 +21,9 @@ static ALLOCATOR: redis_module::alloc::RedisAlloc = redis_module::alloc::RedisAl
 /// Defines the module's entry point, `RedisModule_OnLoad`, for the module
 /// `name` (a `&CStr`) at `version` (MODULE LIST's number), which runs
 /// `init(&Load) -> Result<(), String>`; an `Err` is logged and refuses the
-/// load.
+/// load. `RedisModule_OnUnload` runs `unload(&Ctx)`.
 macro_rules! module {
-    (name: $name:expr, version: $version:expr, init: $init:path $(,)?) => {
+    (name: $name:expr, version: $version:expr, init: $init:path, unload: $unload:path $(,)?) => {
         /// # Safety
         /// Only Redis calls this, as it loads the module.
         #[no_mangle]
@@ -36,6 +36,19 @@ macro_rules! module {
             // SAFETY: Redis calls OnLoad once per load, with its live
             // context and `argc` argument strings.
             unsafe { $crate::ffi::load::on_load(ctx, argv, argc, $name, $version, $init) }
+        }
+
+        /// # Safety
+        /// Only Redis calls this, as it unloads the module (MODULE UNLOAD,
+        /// or Valkey's shutdown).
+        #[no_mangle]
+        #[allow(non_snake_case, unsafe_code)]
+        pub unsafe extern "C" fn RedisModule_OnUnload(
+            ctx: *mut redis_module::raw::RedisModuleCtx,
+        ) -> std::os::raw::c_int {
+            // SAFETY: Redis calls OnUnload with its live context, on its
+            // main thread, with no command of the module running.
+            unsafe { $crate::ffi::load::on_unload(ctx, $unload) }
         }
     };
 }
@@ -94,6 +107,19 @@ pub unsafe fn on_load(
             ERR
         }
     }
+}
+
+/// What `RedisModule_OnUnload` does: hands `unload` a context to give
+/// back what the module keeps between calls, and lets the unload go on.
+///
+/// # Safety
+/// `ctx` must be OnUnload's live context.
+pub unsafe fn on_unload(ctx: *mut RedisModuleCtx, unload: fn(&Ctx)) -> c_int {
+    // SAFETY: the caller's promise; no arguments.
+    if let Some((ctx, _)) = unsafe { Ctx::from_raw(ctx, ptr::null_mut(), 0, c"") } {
+        unload(&ctx);
+    }
+    OK
 }
 
 /// A command's docs, as `COMMAND DOCS` shows them, and its key spec.

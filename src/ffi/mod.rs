@@ -7,7 +7,8 @@
 //! * [`load`]: the module's entry point (`module!`), its arguments, and
 //!   registration of commands with their docs and key specs;
 //! * [`context`]: a command's [`Ctx`] and [`Args`], made by the
-//!   [`handler!`] trampoline, with replies, replication and the clock;
+//!   [`handler!`] trampoline, with replies, replication and the clock,
+//!   and [`CommandLocal`], state that only command calls use;
 //! * [`string`]: RAII and interned Redis strings, and key names;
 //! * [`key`]: an open key, closed on drop;
 //! * [`call`]: `RedisModule_Call`, for a string key's value and whether a
@@ -32,7 +33,7 @@ pub mod load;
 mod string;
 
 pub use api::log_warning;
-pub use context::{Args, Ctx, RawHandler};
+pub use context::{Args, CommandLocal, Ctx, RawHandler};
 pub use info::Info;
 pub use key::Key;
 pub use load::{ArgDoc, ArgKind, Begin, CommandDef, Docs, KeySpec, Load};

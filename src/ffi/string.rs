@@ -39,7 +39,7 @@ impl RString for Interned {
 /// A string made during a command but kept past it (made with no context,
 /// so Redis does not free it when the command returns), until the module
 /// hands it back to `Ctx::release`. Not freed on drop: it lives in a
-/// thread-local `Cell`, which must not need a destructor.
+/// `Cell` of a static (`CommandLocal`), which never drops what it holds.
 pub struct Kept(pub(super) NonNull<RedisModuleString>);
 
 impl sealed::Sealed for Kept {}
