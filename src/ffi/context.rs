@@ -47,10 +47,17 @@ pub struct CommandLocal<T>(T);
 // which is all a thread-local would have guaranteed.
 unsafe impl<T> Sync for CommandLocal<T> {}
 
-/// What `CommandLocal::get` accepts as proof of a call in progress.
-pub trait InCall {}
+/// What `CommandLocal::get` accepts as proof of a call in progress:
+/// sealed, so no type above the wall can claim to be one.
+pub trait InCall: in_call::Sealed {}
 impl InCall for Ctx {}
 impl InCall for Args<'_> {}
+
+mod in_call {
+    pub trait Sealed {}
+    impl Sealed for super::Ctx {}
+    impl Sealed for super::Args<'_> {}
+}
 
 impl<T> CommandLocal<T> {
     pub const fn new(value: T) -> Self {
