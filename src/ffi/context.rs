@@ -39,12 +39,13 @@ pub type RawHandler = RedisModuleCmdFunc;
 pub struct CommandLocal<T>(T);
 
 // SAFETY: the value is only lent (`get`) for as long as a `Ctx` or an
-// `Args` is borrowed. Those exist only inside a command call Redis made
-// (`Ctx::from_raw`), and their raw pointers keep them on that call's
-// thread (neither is Send or Sync). Redis makes those calls one at a time:
-// on its main thread, or on a module thread that holds the server lock
-// for `RedisModule_Call`. So no two threads ever use the value at once,
-// which is all a thread-local would have guaranteed.
+// `Args` is borrowed. Those exist only inside a call Redis made into the
+// module (a command, or OnUnload: `Ctx::from_raw`), and their raw pointers
+// keep them on that call's thread (neither is Send or Sync). Redis makes
+// those calls one at a time: on its main thread, or on a module thread
+// that holds the server lock for `RedisModule_Call`. So no two threads
+// ever use the value at once, which is all a thread-local would have
+// guaranteed.
 unsafe impl<T> Sync for CommandLocal<T> {}
 
 /// What `CommandLocal::get` accepts as proof of a call in progress:
@@ -119,9 +120,10 @@ impl Ctx {
     /// module did not load (no table).
     ///
     /// # Safety
-    /// `raw` must be the live context Redis passed to a command handler,
-    /// and `argv` must point to `argc` strings that stay valid for `'a`,
-    /// which must not outlive the call.
+    /// `raw` must be the live context Redis passed to a command handler
+    /// (or to `RedisModule_OnUnload`, with no arguments), and `argv` must
+    /// point to `argc` strings that stay valid for `'a`, which must not
+    /// outlive the call.
     pub unsafe fn from_raw<'a>(
         raw: *mut RedisModuleCtx,
         argv: *mut *mut RedisModuleString,

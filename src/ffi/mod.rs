@@ -17,8 +17,8 @@
 //!
 //! The safe methods rely on two invariants, set up here and nowhere else:
 //! the table holds every function the commands call (`api::Api::resolve`),
-//! and a `Ctx` exists only inside the command call Redis made
-//! (`Ctx::from_raw`).
+//! and a `Ctx` exists only inside a call Redis made into the module, a
+//! command's or `RedisModule_OnUnload` (`Ctx::from_raw`).
 
 // The one module where raw calls compile: Cargo.toml denies `unsafe_code`
 // for the rest of the crate.
