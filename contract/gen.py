@@ -81,6 +81,11 @@ def rust_string(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid Rust string literal here (ASCII)
 
 
+def grammar(c: dict) -> list[tuple[str, str]]:
+    """The stored grammar's rules (contract.json "stored", but the field name)."""
+    return [(name, text) for name, text in c["stored"].items() if name != "summary_field"]
+
+
 def rust(c: dict) -> str:
     out = [f"//! {NOTICE}", "//!", "//! The contract's numbers and messages, written once (see contract/gen.py);", "//! `crate::error` renders the messages.", "", "use std::ffi::CStr;", ""]
     for name, spec in c["limits"].items():
@@ -92,6 +97,12 @@ def rust(c: dict) -> str:
         out.append(f"pub const {upper(name)}: &CStr = c{rust_string(command)};")
     names = ", ".join(upper(name) for name in c["commands"])
     out.append(f"pub const COMMANDS: [&CStr; {len(c['commands'])}] = [{names}];")
+    out.append("")
+    out.append("/// The grammar of what the lease commands store (contract.json's")
+    out.append("/// \"stored\"), which `crate::lease::stored` reads and writes:")
+    for name, text in grammar(c):
+        out.append(f"/// * {name}: {text}")
+    out.append(f"pub const LEASE_SUMMARY_FIELD: &str = {rust_string(c['stored']['summary_field'])};")
     out.append("")
     out.append("/// The bucket hash's fields.")
     for name, field in c["fields"].items():
@@ -118,6 +129,10 @@ def lua_block(c: dict, version: str) -> str:
     out = [f"{LUA_BEGIN} ({NOTICE})"]
     for name, spec in c["limits"].items():
         out.append(f"local {upper(name)} = {spec['value']}")
+    out.append("-- What the lease functions store (contract.json's \"stored\"):")
+    for name, text in grammar(c):
+        out.append(f"--   {name}: {text}")
+    out.append(f"local LEASE_SUMMARY_FIELD = {lua_string(c['stored']['summary_field'])}")
     # Made by msg(), not a table of the block: the EVAL script runs this
     # block on every call, and a table of every message costs more than
     # the rest of a consume's definitions; only an error reads it. One

@@ -43,6 +43,12 @@ local MAX_WAIT_MS = 100000000000000
 local MAX_LEASE_LIMIT = 1000000
 local MAX_LEASE_MS = 86400000
 local MAX_LEASE_ID_BYTES = 256
+local LEASE_TRACKED = 8
+-- What the lease functions store (contract.json's "stored"):
+--   integer: A stored integer is canonical decimal: 0, or digits with no leading zero; at most 19 digits and an i64.
+--   lease: A lease field: the id (1 to max_lease_id_bytes bytes) holds <expires_at_us>:<weight>, two stored integers, the weight 1 to max_lease_limit.
+--   summary: The summary field, named by the empty string (no id can be): <weight>:<count>:<horizon_us>:<latest_us> then, for each lease it lists, ;<expires_at_us>:<weight>:<id_bytes>:<id>. weight and count are the lease fields' total weight and number, horizon_us the expiry before which every lease is listed, latest_us no earlier than any lease's expiry; the listed leases are at most lease_tracked, in ascending expiry, each before horizon_us, ids distinct.
+local LEASE_SUMMARY_FIELD = ''
 -- Error reply templates, made on the first error (the EVAL script runs
 -- this block on every call).
 local MSG
@@ -92,7 +98,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+89300cbd67a7'
+local LIBRARY_VERSION = '0.1.0+f346c12f43bd'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).

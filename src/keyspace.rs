@@ -11,9 +11,9 @@ use std::ffi::CStr;
 use std::sync::OnceLock;
 use tb_core::bucket::{Effect, Limits, Stored};
 use tb_core::cell;
-use tb_core::contract::{TOKENS_FIELD, TS_FIELD};
+use tb_core::contract::{LEASE_SUMMARY_FIELD, TOKENS_FIELD, TS_FIELD};
 use tb_core::error::{Error, Step};
-use tb_core::lease;
+use tb_core::lease::{self, LeaseStore};
 use tb_core::state::{self, BucketFields, KeyKind, Text, Upper};
 
 /// The points of a write where a test can make the server's call fail
@@ -53,6 +53,9 @@ fn injected(fault: Fault) -> bool {
 
 /// The field names `tokens` and `ts`, made once at load.
 static FIELDS: OnceLock<[Interned; 2]> = OnceLock::new();
+
+/// A lease key's summary field name, made once at load.
+static SUMMARY: OnceLock<Interned> = OnceLock::new();
 
 /// What the last bucket write wrote that the next one can reuse. Cells,
 /// taken and set, never borrowed across a call into Redis (a keyspace
@@ -94,8 +97,10 @@ pub fn init(load: &Load) -> Result<(), String> {
     }
     let intern = |name: &str| load.intern(name).ok_or("could not make a Redis string");
     let fields = [intern(TOKENS_FIELD)?, intern(TS_FIELD)?];
+    let summary = intern(LEASE_SUMMARY_FIELD)?;
     // A second MODULE LOAD in the same process keeps the first strings.
     let _ = FIELDS.set(fields);
+    let _ = SUMMARY.set(summary);
     Ok(())
 }
 
@@ -295,46 +300,32 @@ impl<'c> BucketKey<'c> {
     }
 }
 
-/// An open key that should hold leases (TB.ACQUIRE and friends). Closed on
-/// drop.
+/// An open key that should hold leases (TB.ACQUIRE and friends), for one
+/// lease id. Closed on drop.
 pub struct LeaseKey<'c> {
     key: Key<'c>,
     ctx: &'c Ctx,
+    id: Option<ArgString<'c>>,
 }
 
 impl<'c> LeaseKey<'c> {
-    /// Opens `name` for reading, or for reading and writing (see
-    /// `BucketKey::open`: nothing is signalled unless a write happens).
-    pub fn open(ctx: &'c Ctx, name: ArgString<'c>, write: bool) -> Self {
+    /// Opens `name` for a call about `id` (none: TB.INFLIGHT), for reading,
+    /// or for reading and writing (see `BucketKey::open`: nothing is
+    /// signalled unless a write happens).
+    pub fn open(ctx: &'c Ctx, name: ArgString<'c>, id: Option<ArgString<'c>>, write: bool) -> Self {
         LeaseKey {
             key: ctx.open_key(name, write),
             ctx,
+            id,
         }
     }
 
-    /// Reads every lease into `scan`: a missing key holds none, a hash
-    /// must hold only leases, anything else is WRONGTYPE.
-    pub fn scan(&self, scan: &mut lease::Scan) -> Result<(), Error> {
-        match self.key.kind() {
-            KeyKind::Missing => Ok(()),
-            KeyKind::Other => Err(Error::WrongType),
-            KeyKind::Hash(_) => self.key.scan_hash(|field, value| scan.visit(field, value)),
-        }
-    }
-
-    /// Carries out a lease call's write, and replicates it: `HDEL` of the
-    /// expired fields (and `id` for a release), `HSET id lease`,
-    /// `PEXPIREAT`, or `DEL`. `Err` names the step that failed; nothing
-    /// else is attempted after it.
-    pub fn apply(
-        &mut self,
-        write: &lease::Write,
-        id: &dyn RString,
-        expired: &[Vec<u8>],
-    ) -> Result<(), Step> {
+    /// Carries out a lease call's write, and replicates it, effect by
+    /// effect in the order `lease::Write` gives. `Err` names the step that
+    /// failed; nothing else is attempted after it.
+    pub fn apply(&mut self, write: &lease::Write) -> Result<(), Step> {
         let (ctx, name) = (self.ctx, self.key.name());
-        match *write {
-            lease::Write::Nothing => return Ok(()),
+        match write {
             lease::Write::Delete => {
                 if injected(Fault::Delete) || !self.key.delete() {
                     return Err(Step::Delete);
@@ -345,30 +336,20 @@ impl<'c> LeaseKey<'c> {
                 }
             }
             lease::Write::Save {
-                set,
-                remove_own,
+                expire_first,
+                own,
+                summary,
+                delete,
                 expire_at_ms,
             } => {
-                self.remove(expired, remove_own.then_some(id))?;
-                if let Some(lease) = set {
-                    let value = ctx.string(&lease.text()).ok_or(Step::HashSet)?;
-                    if injected(Fault::HashSet) || !self.key.hash_set_field(id, &value) {
-                        return Err(Step::HashSet);
-                    }
-                    ctx.notify(true, c"hset", &name);
-                    if !replicate(ctx, c"HSET", &[&name, id, &value]) {
-                        return Err(Step::ReplicateHashSet);
-                    }
-                }
-                let at = ctx
-                    .string(Text::int(expire_at_ms).as_bytes())
-                    .ok_or(Step::Expire)?;
-                if injected(Fault::Expire) || !self.key.set_abs_expire(expire_at_ms) {
-                    return Err(Step::Expire);
-                }
-                ctx.notify(false, c"expire", &name);
-                if !replicate(ctx, c"PEXPIREAT", &[&name, &at]) {
-                    return Err(Step::ReplicateExpire);
+                if *expire_first {
+                    self.expire(*expire_at_ms)?;
+                    self.remove(delete)?;
+                    self.set(*own, summary.as_deref())?;
+                } else {
+                    self.set(*own, summary.as_deref())?;
+                    self.remove(delete)?;
+                    self.expire(*expire_at_ms)?;
                 }
             }
         }
@@ -376,23 +357,74 @@ impl<'c> LeaseKey<'c> {
         Ok(())
     }
 
-    /// `HDEL key expired... [own]`, as one effect.
-    fn remove(&mut self, expired: &[Vec<u8>], own: Option<&dyn RString>) -> Result<(), Step> {
-        if expired.is_empty() && own.is_none() {
+    /// `HSET key id <own> "" <summary>`, each if given, as one effect.
+    fn set(&mut self, own: Option<lease::Lease>, summary: Option<&[u8]>) -> Result<(), Step> {
+        let (ctx, name) = (self.ctx, self.key.name());
+        let own = match (own, self.id) {
+            (Some(lease), Some(id)) => Some((id, ctx.string(&lease.text()).ok_or(Step::HashSet)?)),
+            (Some(_), None) => return Err(Step::HashSet),
+            (None, _) => None,
+        };
+        let summary = match summary {
+            Some(text) => Some((
+                SUMMARY.get().ok_or(Step::HashSet)?,
+                ctx.string(text).ok_or(Step::HashSet)?,
+            )),
+            None => None,
+        };
+        let mut args: Vec<&dyn RString> = vec![&name];
+        if let Some((id, value)) = &own {
+            args.extend([id as &dyn RString, value]);
+        }
+        if let Some((field, value)) = &summary {
+            args.extend([*field as &dyn RString, value]);
+        }
+        let set = match args[1..] {
+            [] => return Ok(()),
+            [field, value] => !injected(Fault::HashSet) && self.key.hash_set_field(field, value),
+            [a, va, b, vb] => !injected(Fault::HashSet) && self.key.hash_set(a, va, b, vb),
+            _ => false,
+        };
+        if !set {
+            return Err(Step::HashSet);
+        }
+        ctx.notify(true, c"hset", &name);
+        if !replicate(ctx, c"HSET", &args) {
+            return Err(Step::ReplicateHashSet);
+        }
+        Ok(())
+    }
+
+    /// `PEXPIREAT key <ms>`.
+    fn expire(&mut self, at_ms: i64) -> Result<(), Step> {
+        let (ctx, name) = (self.ctx, self.key.name());
+        let at = ctx
+            .string(Text::int(at_ms).as_bytes())
+            .ok_or(Step::Expire)?;
+        if injected(Fault::Expire) || !self.key.set_abs_expire(at_ms) {
+            return Err(Step::Expire);
+        }
+        ctx.notify(false, c"expire", &name);
+        if !replicate(ctx, c"PEXPIREAT", &[&name, &at]) {
+            return Err(Step::ReplicateExpire);
+        }
+        Ok(())
+    }
+
+    /// `HDEL key fields...`, as one effect.
+    fn remove(&mut self, fields: &[Vec<u8>]) -> Result<(), Step> {
+        if fields.is_empty() {
             return Ok(());
         }
         let (ctx, name) = (self.ctx, self.key.name());
-        let mut fields = Vec::with_capacity(expired.len());
-        for field in expired {
-            fields.push(ctx.string(field).ok_or(Step::HashDelete)?);
+        let mut strings = Vec::with_capacity(fields.len());
+        for field in fields {
+            strings.push(ctx.string(field).ok_or(Step::HashDelete)?);
         }
-        let mut args: Vec<&dyn RString> = Vec::with_capacity(fields.len() + 2);
+        let mut args: Vec<&dyn RString> = Vec::with_capacity(strings.len() + 1);
         args.push(&name);
-        for field in &fields {
+        for field in &strings {
             args.push(field);
-        }
-        if let Some(own) = own {
-            args.push(own);
         }
         for field in &args[1..] {
             if injected(Fault::HashDelete) || !self.key.hash_delete_field(*field) {
@@ -404,6 +436,39 @@ impl<'c> LeaseKey<'c> {
             return Err(Step::ReplicateHashDelete);
         }
         Ok(())
+    }
+}
+
+/// How the lease decisions read the key: a missing key holds none, a hash
+/// must hold leases, anything else is WRONGTYPE (`KeyKind::Other`).
+impl LeaseStore for LeaseKey<'_> {
+    fn kind(&self) -> KeyKind {
+        self.key.kind()
+    }
+
+    /// The summary and the lease of the id this key was opened for, in
+    /// one HashGet (`_id` is that id's bytes).
+    fn with_summary<R>(
+        &self,
+        _id: Option<&[u8]>,
+        f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R,
+    ) -> R {
+        // `init` made the name before any command was registered.
+        let Some(summary) = SUMMARY.get() else {
+            return f(None, None);
+        };
+        let (summary, own) = match self.id {
+            Some(id) => self.key.hash_get(summary, &id),
+            None => (self.key.hash_get_field(summary), None),
+        };
+        f(
+            summary.as_ref().map(|s| s.bytes()),
+            own.as_ref().map(|s| s.bytes()),
+        )
+    }
+
+    fn scan(&self, visit: impl FnMut(&[u8], &[u8]) -> Result<(), Error>) -> Result<(), Error> {
+        self.key.scan_hash(visit)
     }
 }
 

@@ -8,21 +8,17 @@ use crate::commands::{apply, key_at, reply_ints, reply_outcome};
 use crate::ffi::{log_warning, Args, Ctx};
 use crate::keyspace::{BucketKey, LeaseKey};
 use crate::stats;
-use tb_core::bucket::{consume_all_if, Limits, Stored};
+use tb_core::args::Argv;
 use tb_core::error::{Error, Step};
-use tb_core::lease::{self, Scan, Write, ACQUIRE_ID_INDEX, ID_INDEX};
+use tb_core::lease::{self, Kind, Write, ACQUIRE_ID_INDEX, ID_INDEX};
 
-/// Carries out a lease write; a failed step is logged and becomes the
-/// call's error reply, as for buckets.
-fn write(
-    key: &mut LeaseKey,
-    write: &Write,
-    args: &Args,
-    id_index: usize,
-    scan: &Scan,
-) -> Result<(), Error> {
-    let id = key_at(args, id_index)?;
-    key.apply(write, &id, &scan.expired).map_err(|step: Step| {
+/// Carries out a lease write, if any; a failed step is logged and becomes
+/// the call's error reply, as for buckets.
+fn write(key: &mut LeaseKey, write: Option<Write>) -> Result<(), Error> {
+    let Some(write) = write else {
+        return Ok(());
+    };
+    key.apply(&write).map_err(|step: Step| {
         log_warning(&format!(
             "tb: a lease write failed at {}; the call replied an error instead of its outcome",
             step.name()
@@ -42,63 +38,77 @@ pub fn acquire(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     }
     let call = lease::parse_acquire(args)?;
     let now = ctx.now_us();
-    let mut key = LeaseKey::open(ctx, key_at(args, 1)?, true);
-    let id_bytes = tb_core::args::Argv::arg(args, ACQUIRE_ID_INDEX);
-    let mut scan = Scan::new(Some(id_bytes), now);
-    key.scan(&mut scan)?;
-    // Bucket by bucket, as TB.MCONSUME does: a bad key stops the call
-    // before later keys are opened.
+    let id = key_at(args, ACQUIRE_ID_INDEX)?;
+    let mut key = LeaseKey::open(ctx, key_at(args, 1)?, Some(id), true);
     let mut keys = Vec::with_capacity(call.buckets.len());
-    let mut buckets: Vec<(Limits, Option<Stored>, f64)> = Vec::with_capacity(call.buckets.len());
-    for (i, group) in call.buckets.iter().enumerate() {
-        let bucket = BucketKey::open(ctx, key_at(args, group.key_index)?, true);
-        let stored = bucket.load().map_err(|e| e.in_group(i + 1))?;
-        keys.push(bucket);
-        buckets.push((group.limits, stored, group.cost));
-    }
-    let taken = lease::acquire(&scan, &call);
-    let (buckets_pay, bucket_retry, outcomes) = consume_all_if(&buckets, now, taken.fits);
-    let acquired = taken.fits && buckets_pay;
-    if acquired {
-        write(&mut key, &taken.write, args, ACQUIRE_ID_INDEX, &scan)?;
-        for (bucket, outcome) in keys.iter_mut().zip(&outcomes) {
+    let id_bytes = args.arg(ACQUIRE_ID_INDEX);
+    let (taken, change) = lease::decide(&key, Some(id_bytes), now, Kind::Acquire, |leases| {
+        // Bucket by bucket, as TB.MCONSUME does, after the lease key: a
+        // bad key stops the call before later keys are opened.
+        keys.clear();
+        let mut buckets = Vec::with_capacity(call.buckets.len());
+        for (i, group) in call.buckets.iter().enumerate() {
+            let opened = key_at(args, group.key_index)
+                .map(|name| BucketKey::open(ctx, name, true))
+                .and_then(|bucket| Ok((bucket.load().map_err(|e| e.in_group(i + 1))?, bucket)));
+            match opened {
+                Ok((stored, bucket)) => {
+                    keys.push(bucket);
+                    buckets.push((group.limits, stored, group.cost));
+                }
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        lease::acquire(leases, call.limit, call.lease_ms, call.weight, &buckets).map(Ok)
+    })?;
+    let taken = taken?;
+    // A denial writes only what a pass of a large key found.
+    write(&mut key, change)?;
+    if taken.acquired {
+        for (bucket, outcome) in keys.iter_mut().zip(&taken.buckets) {
             apply(bucket, &outcome.effect)?;
         }
         stats::ACQUIRED.incr();
     } else {
         stats::BUSY.incr();
     }
-    ctx.reply_array(4 + outcomes.len());
-    ctx.reply_int(i64::from(acquired));
-    if acquired {
-        ctx.reply_int(taken.in_use_if_taken);
-        ctx.reply_int(0);
-        ctx.reply_int(taken.expires_in_ms(now));
-    } else {
-        ctx.reply_int(taken.in_use_if_not);
-        ctx.reply_int(taken.retry_after_ms.max(bucket_retry));
-        ctx.reply_int(0);
+    ctx.reply_array(4 + taken.buckets.len());
+    for v in taken.head {
+        ctx.reply_int(v);
     }
-    for outcome in &outcomes {
+    for outcome in &taken.buckets {
         reply_outcome(ctx, outcome);
     }
     Ok(())
 }
 
+/// The steps TB.RELEASE, TB.RENEW and TB.INFLIGHT share: the lease key for
+/// the id at `id_index` (none: TB.INFLIGHT), the decision, its write.
+fn single<T>(
+    ctx: &Ctx,
+    args: &Args,
+    id_index: Option<usize>,
+    kind: Kind,
+    op: impl FnMut(&mut lease::Leases) -> Result<T, lease::Unsure>,
+) -> Result<T, Error> {
+    let now = ctx.now_us();
+    let id = id_index.map(|i| key_at(args, i)).transpose()?;
+    let mut key = LeaseKey::open(ctx, key_at(args, 1)?, id, kind != Kind::Inflight);
+    let id_bytes = id_index.map(|i| args.arg(i));
+    let (result, change) = lease::decide(&key, id_bytes, now, kind, op)?;
+    write(&mut key, change)?;
+    Ok(result)
+}
+
 /// `TB.RELEASE key id`: `[released, in_use]`; an unknown or expired id
-/// writes nothing.
+/// writes nothing (but what a pass of a large key found).
 pub fn release(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     lease::parse_release(args)?;
-    let now = ctx.now_us();
-    let mut key = LeaseKey::open(ctx, key_at(args, 1)?, true);
-    let mut scan = Scan::new(Some(tb_core::args::Argv::arg(args, ID_INDEX)), now);
-    key.scan(&mut scan)?;
-    let (released, in_use, change) = lease::release(&scan);
-    write(&mut key, &change, args, ID_INDEX, &scan)?;
-    if released {
+    let reply = single(ctx, args, Some(ID_INDEX), Kind::Release, lease::release)?;
+    if reply[0] == 1 {
         stats::RELEASED.incr();
     }
-    reply_ints(ctx, &[i64::from(released), in_use]);
+    reply_ints(ctx, &reply);
     Ok(())
 }
 
@@ -106,27 +116,27 @@ pub fn release(ctx: &Ctx, args: &Args) -> Result<(), Error> {
 /// not live is never recreated.
 pub fn renew(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let lease_ms = lease::parse_renew(args)?;
-    let now = ctx.now_us();
-    let mut key = LeaseKey::open(ctx, key_at(args, 1)?, true);
-    let mut scan = Scan::new(Some(tb_core::args::Argv::arg(args, ID_INDEX)), now);
-    key.scan(&mut scan)?;
-    let (renewed, expires_in_ms, change) = lease::renew(&scan, lease_ms);
-    write(&mut key, &change, args, ID_INDEX, &scan)?;
-    if renewed {
+    let reply = single(ctx, args, Some(ID_INDEX), Kind::Renew, |leases| {
+        lease::renew(leases, lease_ms)
+    })?;
+    if reply[0] == 1 {
         stats::RENEWED.incr();
     }
-    reply_ints(ctx, &[i64::from(renewed), expires_in_ms]);
+    reply_ints(ctx, &reply);
     Ok(())
 }
 
 /// `TB.INFLIGHT key`: the live weight. Read-only.
 pub fn inflight(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     lease::parse_inflight(args)?;
-    let now = ctx.now_us();
-    let key = LeaseKey::open(ctx, key_at(args, 1)?, false);
-    let mut scan = Scan::new(None, now);
-    key.scan(&mut scan)?;
+    let in_use = single(
+        ctx,
+        args,
+        None,
+        Kind::Inflight,
+        |leases| Ok(leases.in_use()),
+    )?;
     stats::INFLIGHTS.incr();
-    ctx.reply_int(scan.in_use());
+    ctx.reply_int(in_use);
     Ok(())
 }

@@ -6,17 +6,18 @@
 //! read by tb-core's rule (`state::load`, as `src/keyspace.rs` does); what
 //! `src/commands.rs` does around it (save-or-delete, what is written when)
 //! is repeated here in a few lines so that whole commands can be checked
-//! without a server. Lease keys likewise: read field by field into
-//! `tb_core::lease::Scan`, decided by `tb_core::lease`, and written as
-//! `src/leases.rs` and `LeaseKey::apply` write them.
+//! without a server. Lease keys likewise: decided by `tb_core::lease` as
+//! `src/leases.rs` does, and written as `LeaseKey::apply` writes them
+//! (`testkit::write_leases`).
 
 use std::collections::BTreeMap;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
-use tb_core::bucket::{consume_all, consume_all_if, Effect, Outcome};
+use tb_core::bucket::{consume_all, Effect, Outcome};
 use tb_core::error::{Error, StateError};
-use tb_core::lease::{self, Scan, Write};
+use tb_core::lease::{self, Kind};
 use tb_core::state::Text;
 use testkit::vectors::{vectors, After, Before, Case};
+use testkit::write_leases;
 
 /// `BucketKey::apply`: the outcome's effect on the key.
 fn save(after: &mut BTreeMap<String, After>, key: &str, o: &Outcome) {
@@ -104,123 +105,90 @@ fn run(case: &Case, now: i64) -> Run {
     }
 }
 
-/// `LeaseKey::scan`: a missing key holds no lease, a hash is read field
-/// by field, anything else is WRONGTYPE.
-fn scan<'a>(case: &'a Case, key: &str, id: Option<&'a [u8]>, now: i64) -> Result<Scan<'a>, String> {
-    let mut scan = Scan::new(id, now);
-    match case.state.get(key) {
-        None => {}
-        Some(Before::String(_)) => return Err(Error::WrongType.to_string()),
-        Some(Before::Hash(h)) => {
-            for (field, value) in h {
-                scan.visit(field.as_bytes(), value.as_bytes())
-                    .map_err(|e| e.to_string())?;
-            }
-        }
-    }
-    Ok(scan)
-}
-
-/// `LeaseKey::apply`: the lease key after `write`.
-fn write_leases(
-    after: &mut BTreeMap<String, After>,
-    case: &Case,
-    key: &str,
-    id: &str,
-    scan: &Scan,
-    write: &Write,
-) {
-    let state = match write {
-        Write::Nothing => return,
-        Write::Delete => After::Same("absent".to_string()),
-        Write::Save {
-            set,
-            remove_own,
-            expire_at_ms,
-        } => {
-            let mut leases = match case.state.get(key) {
-                Some(Before::Hash(h)) => h.clone(),
-                _ => BTreeMap::new(),
-            };
-            for field in &scan.expired {
-                leases.remove(&String::from_utf8_lossy(field).into_owned());
-            }
-            if *remove_own {
-                leases.remove(id);
-            }
-            if let Some(lease) = set {
-                leases.insert(
-                    id.to_string(),
-                    String::from_utf8_lossy(&lease.text()).into_owned(),
-                );
-            }
-            After::Leases {
-                leases,
-                expire_at_ms: *expire_at_ms,
-            }
-        }
-    };
-    after.insert(key.to_string(), state);
-}
-
-/// A lease command as `src/leases.rs` runs it.
+/// A lease call as `src/leases.rs` runs it: the key read as `LeaseKey`
+/// reads it (`tb_core::lease::decide` on the case's hash), the decision,
+/// and its write applied as `LeaseKey::apply` applies it.
 fn run_lease(case: &Case, argv: &[String], now: i64, mut after: BTreeMap<String, After>) -> Run {
     let bad_args = |e: Error| e.to_string();
     let key = argv[1].as_str();
-    match case.command.as_str() {
-        "acquire" => {
+    let (kind, id) = match case.command.as_str() {
+        "acquire" => (Kind::Acquire, Some(lease::ACQUIRE_ID_INDEX)),
+        "release" => (Kind::Release, Some(lease::ID_INDEX)),
+        "renew" => (Kind::Renew, Some(lease::ID_INDEX)),
+        _ => (Kind::Inflight, None),
+    };
+    let id = id.and_then(|i| argv.get(i)).map(|a| a.as_bytes());
+    let view = case.key(key);
+    let (reply, write) = match kind {
+        Kind::Acquire => {
             let call = lease::parse_acquire(argv).map_err(bad_args)?;
-            let id = argv[lease::ACQUIRE_ID_INDEX].as_str();
-            let scan = scan(case, key, Some(id.as_bytes()), now)?;
-            let mut buckets = Vec::new();
-            for (i, g) in call.buckets.iter().enumerate() {
-                let stored = case
-                    .key(&argv[g.key_index])
-                    .load()
-                    .map_err(|e| e.in_group(i + 1).to_string())?;
-                buckets.push((g.limits, stored, g.cost));
-            }
-            let taken = lease::acquire(&scan, &call);
-            let (pay, bucket_retry, outcomes) = consume_all_if(&buckets, now, taken.fits);
-            let acquired = taken.fits && pay;
-            let mut reply = if acquired {
-                write_leases(&mut after, case, key, id, &scan, &taken.write);
-                vec![1, taken.in_use_if_taken, 0, taken.expires_in_ms(now)]
-            } else {
-                let retry = taken.retry_after_ms.max(bucket_retry);
-                vec![0, taken.in_use_if_not, retry, 0]
-            }
-            .into_iter()
-            .map(|n| serde_json::json!(n))
-            .collect::<Vec<_>>();
-            for (g, o) in call.buckets.iter().zip(&outcomes) {
-                save(&mut after, &argv[g.key_index], o);
+            let (taken, write) = lease::decide(&view, id, now, kind, |leases| {
+                let mut buckets = Vec::new();
+                for (i, g) in call.buckets.iter().enumerate() {
+                    match case.key(&argv[g.key_index]).load() {
+                        Ok(stored) => buckets.push((g.limits, stored, g.cost)),
+                        Err(e) => return Ok(Err(e.in_group(i + 1).to_string())),
+                    }
+                }
+                lease::acquire(leases, call.limit, call.lease_ms, call.weight, &buckets).map(Ok)
+            })
+            .map_err(|e| e.to_string())?;
+            let taken = taken?;
+            let mut reply: Vec<serde_json::Value> =
+                taken.head.iter().map(|n| serde_json::json!(n)).collect();
+            for (g, o) in call.buckets.iter().zip(&taken.buckets) {
+                if taken.acquired {
+                    save(&mut after, &argv[g.key_index], o);
+                }
                 reply.push(ints(o));
             }
-            Ok((serde_json::Value::Array(reply), after))
+            (serde_json::Value::Array(reply), write)
         }
-        "release" | "renew" => {
-            let lease_ms = if case.command == "release" {
+        Kind::Release | Kind::Renew => {
+            let lease_ms = if kind == Kind::Release {
                 lease::parse_release(argv).map(|()| None)
             } else {
                 lease::parse_renew(argv).map(Some)
             }
             .map_err(bad_args)?;
-            let id = argv[lease::ID_INDEX].as_str();
-            let scan = scan(case, key, Some(id.as_bytes()), now)?;
-            let (done, n, write) = match lease_ms {
-                None => lease::release(&scan),
-                Some(ms) => lease::renew(&scan, ms),
-            };
-            write_leases(&mut after, case, key, id, &scan, &write);
-            Ok((serde_json::json!([i64::from(done), n]), after))
+            let (r, write) = lease::decide(&view, id, now, kind, |leases| match lease_ms {
+                None => lease::release(leases),
+                Some(ms) => lease::renew(leases, ms),
+            })
+            .map_err(|e| e.to_string())?;
+            (serde_json::json!(r), write)
         }
-        _ => {
+        Kind::Inflight => {
             lease::parse_inflight(argv).map_err(bad_args)?;
-            let scan = scan(case, key, None, now)?;
-            Ok((serde_json::json!(scan.in_use()), after))
+            let (n, write) = lease::decide(&view, None, now, kind, |l| Ok(l.in_use()))
+                .map_err(|e| e.to_string())?;
+            (serde_json::json!(n), write)
         }
+    };
+    if let Some(write) = write {
+        let mut hash: BTreeMap<Vec<u8>, Vec<u8>> = match case.state.get(key) {
+            Some(Before::Hash(h)) => h
+                .iter()
+                .map(|(f, v)| (f.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                .collect(),
+            _ => BTreeMap::new(),
+        };
+        let state = match write_leases(&mut hash, id.unwrap_or_default(), &write) {
+            None => After::Same("absent".to_string()),
+            Some(expire_at_ms) => After::Leases {
+                leases: hash
+                    .into_iter()
+                    .map(|(f, v)| {
+                        let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+                        (text(f), text(v))
+                    })
+                    .collect(),
+                expire_at_ms,
+            },
+        };
+        after.insert(key.to_string(), state);
     }
+    Ok((reply, after))
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! drop; writes take `&mut self`, so nothing read in place outlives a change.
 
 use super::api::{Api, OK};
-use super::string::{string_bytes, ArgString, Interned, OwnedString, RString};
+use super::string::{string_bytes, ArgString, OwnedString, RString};
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 use std::os::raw::{c_char, c_int, c_void};
 use std::ptr::{self, NonNull};
@@ -53,8 +53,8 @@ impl<'c> Key<'c> {
     /// The values of two fields of a hash (`None`: absent).
     pub fn hash_get(
         &self,
-        a: &Interned,
-        b: &Interned,
+        a: &(impl RString + ?Sized),
+        b: &(impl RString + ?Sized),
     ) -> (Option<OwnedString<'c>>, Option<OwnedString<'c>>) {
         let Some(key) = self.key else {
             return (None, None);
@@ -78,12 +78,30 @@ impl<'c> Key<'c> {
         (own(va), own(vb))
     }
 
+    /// The value of one field of a hash (`None`: absent).
+    pub fn hash_get_field(&self, field: &(impl RString + ?Sized)) -> Option<OwnedString<'c>> {
+        let key = self.key?;
+        let mut value: *mut RedisModuleString = ptr::null_mut();
+        // SAFETY: an open hash key, one field/out-pointer pair,
+        // NULL-terminated; HashGet hands over a new string (or leaves NULL).
+        unsafe {
+            (self.api.hash_get)(
+                key.as_ptr(),
+                raw::REDISMODULE_HASH_NONE as c_int,
+                field.ptr(),
+                &mut value as *mut *mut RedisModuleString,
+                ptr::null::<c_char>(),
+            )
+        };
+        OwnedString::own(value, self.ctx, self.api)
+    }
+
     /// Sets two fields of a hash (creating it); true if both were written.
     pub fn hash_set(
         &mut self,
-        a: &Interned,
+        a: &(impl RString + ?Sized),
         va: &dyn RString,
-        b: &Interned,
+        b: &(impl RString + ?Sized),
         vb: &dyn RString,
     ) -> bool {
         let Some(key) = self.key else {

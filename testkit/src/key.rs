@@ -1,12 +1,15 @@
 //! A key as a test holds it (a snapshot, a vectors case), read by
-//! tb-core's one rule, `tb_core::state::load` (and `tb_core::lease::Scan`
-//! for a lease key), so no test restates it.
+//! tb-core's one rule, `tb_core::state::load` (and as a
+//! `tb_core::lease::LeaseStore` for a lease key), so no test restates it;
+//! and a lease call's write applied to such a hash, as the module applies
+//! it ([`write_leases`]).
 
 use std::collections::BTreeMap;
 use tb_core::bucket::Stored;
 use tb_core::contract::{TOKENS_FIELD, TS_FIELD};
 use tb_core::error::Error;
-use tb_core::lease::Scan;
+use tb_core::lease::stored::Header;
+use tb_core::lease::{Lease, LeaseStore, Write, SUMMARY_FIELD, TRACKED};
 use tb_core::state::{load, BucketFields, KeyKind};
 
 /// What a key holds: nothing, a hash (field → value), or another type.
@@ -31,19 +34,133 @@ impl<K: AsRef<[u8]>, V: AsRef<[u8]>> KeyView<'_, K, V> {
     pub fn load(&self) -> Result<Option<Stored>, Error> {
         load(self.kind(), self)
     }
+}
 
-    /// Reads every lease into `scan`, as the lease commands read their key
-    /// (src/keyspace.rs `LeaseKey::scan`): a missing key holds none, a hash
-    /// must hold only leases, anything else is WRONGTYPE.
-    pub fn scan_leases(&self, scan: &mut Scan) -> Result<(), Error> {
+impl<K: AsRef<[u8]>, V: AsRef<[u8]>> KeyView<'_, K, V> {
+    fn field(&self, name: &[u8]) -> Option<&[u8]> {
         match self {
-            KeyView::Missing => Ok(()),
-            KeyView::Other => Err(Error::WrongType),
             KeyView::Hash(h) => h
                 .iter()
-                .try_for_each(|(f, v)| scan.visit(f.as_ref(), v.as_ref())),
+                .find(|(k, _)| k.as_ref() == name)
+                .map(|(_, v)| v.as_ref()),
+            _ => None,
         }
     }
+}
+
+/// As the lease commands read their key (src/keyspace.rs `LeaseKey`).
+impl<K: AsRef<[u8]>, V: AsRef<[u8]>> LeaseStore for KeyView<'_, K, V> {
+    fn kind(&self) -> KeyKind {
+        KeyView::kind(self)
+    }
+
+    fn with_summary<R>(
+        &self,
+        id: Option<&[u8]>,
+        f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R,
+    ) -> R {
+        f(self.field(SUMMARY_FIELD), id.and_then(|id| self.field(id)))
+    }
+
+    fn scan(&self, mut visit: impl FnMut(&[u8], &[u8]) -> Result<(), Error>) -> Result<(), Error> {
+        match self {
+            KeyView::Hash(h) => h
+                .iter()
+                .try_for_each(|(f, v)| visit(f.as_ref(), v.as_ref())),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Applies a lease call's `write` for `id` to `hash`, as the module does
+/// (`LeaseKey::apply`): the key's expire time in ms after it, `None` once
+/// the key is deleted (the hash is then empty).
+pub fn write_leases(
+    hash: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+    id: &[u8],
+    write: &Write,
+) -> Option<i64> {
+    match write {
+        Write::Delete => {
+            hash.clear();
+            None
+        }
+        Write::Save {
+            expire_first,
+            own,
+            summary,
+            delete,
+            expire_at_ms,
+        } => {
+            // The effects in their order (HSET first, or last).
+            let set = |hash: &mut BTreeMap<Vec<u8>, Vec<u8>>| {
+                if let Some(lease) = own {
+                    hash.insert(id.to_vec(), Lease::text(lease));
+                }
+                if let Some(text) = summary {
+                    hash.insert(SUMMARY_FIELD.to_vec(), text.clone());
+                }
+            };
+            if !expire_first {
+                set(hash);
+            }
+            for field in delete {
+                hash.remove(field);
+            }
+            if *expire_first {
+                set(hash);
+            }
+            Some(*expire_at_ms)
+        }
+    }
+}
+
+/// What is wrong with a lease hash's summary, if anything: it must hold
+/// the totals of every lease field, list exactly the leases expiring
+/// before its horizon (as stored, in ascending expiry), and bound every
+/// expiry by its latest; a key of more than TRACKED + 1 fields must have
+/// one. (A hash with a field that holds no lease has no summary to check.)
+pub fn lease_summary_problem(hash: &BTreeMap<Vec<u8>, Vec<u8>>) -> Option<String> {
+    let mut leases = Vec::new();
+    for (field, value) in hash {
+        if field.as_slice() != SUMMARY_FIELD {
+            leases.push((field.as_slice(), Lease::parse(value)?));
+        }
+    }
+    let Some(text) = hash.get(SUMMARY_FIELD) else {
+        return (hash.len() > TRACKED + 1).then(|| format!("{} fields and no summary", hash.len()));
+    };
+    let Some(h) = Header::parse(text) else {
+        return Some("the summary's numbers break the grammar".into());
+    };
+    let Some(listed) = h.tracked() else {
+        return Some("the summary's list breaks the grammar".into());
+    };
+    let weight: i64 = leases.iter().map(|(_, l)| l.weight).sum();
+    let latest = leases.iter().map(|(_, l)| l.expires_us).max().unwrap_or(0);
+    let mut before: Vec<(i64, Vec<u8>, i64)> = leases
+        .iter()
+        .filter(|(_, l)| l.expires_us < h.horizon_us)
+        .map(|(f, l)| (l.expires_us, f.to_vec(), l.weight))
+        .collect();
+    before.sort();
+    let mut list: Vec<(i64, Vec<u8>, i64)> = listed
+        .iter()
+        .map(|t| (t.lease.expires_us, t.id.to_vec(), t.lease.weight))
+        .collect();
+    let ordered = list.windows(2).all(|w| w[0].0 <= w[1].0);
+    list.sort();
+    let problems = [
+        (h.count as usize != leases.len(), "count"),
+        (h.weight != weight, "weight"),
+        (h.latest_us < latest, "latest"),
+        (list != before, "the list"),
+        (!ordered, "the list's order"),
+    ];
+    problems
+        .iter()
+        .find(|(wrong, _)| *wrong)
+        .map(|(_, what)| format!("the summary's {what} disagrees with the fields"))
 }
 
 impl<K: AsRef<[u8]>, V: AsRef<[u8]>> BucketFields for KeyView<'_, K, V> {
@@ -97,18 +214,18 @@ mod tests {
 
     #[test]
     fn reads_leases_by_the_rule() {
-        let scan = |view: &KeyView<'_, Vec<u8>, Vec<u8>>| {
-            let mut s = Scan::new(Some(b"me".as_slice()), 10);
-            view.scan_leases(&mut s)
-                .map(|()| (s.own, s.others_weight, s.expired))
+        use tb_core::lease::{decide, Kind};
+        let in_use = |view: &KeyView<'_, Vec<u8>, Vec<u8>>| {
+            decide(view, Some(b"me".as_slice()), 10, Kind::Inflight, |v| {
+                Ok((v.own().map(|l| l.weight), v.in_use()))
+            })
+            .map(|(r, _)| r)
         };
         let leases = hash(&[("me", "20:2"), ("x", "30:3"), ("old", "10:1")]);
-        let (own, others, expired) = scan(&KeyView::Hash(&leases)).unwrap();
-        assert_eq!(own.map(|l| l.weight), Some(2));
-        assert_eq!((others, expired), (3, vec![b"old".to_vec()]));
-        assert_eq!(scan(&KeyView::Missing), Ok((None, 0, vec![])));
-        assert_eq!(scan(&KeyView::Other), Err(Error::WrongType));
+        assert_eq!(in_use(&KeyView::Hash(&leases)), Ok((Some(2), 5)));
+        assert_eq!(in_use(&KeyView::Missing), Ok((None, 0)));
+        assert_eq!(in_use(&KeyView::Other), Err(Error::WrongType));
         let bucket = hash(&[("tokens", "1"), ("ts", "1")]);
-        assert_eq!(scan(&KeyView::Hash(&bucket)), Err(Error::NotALeaseKey));
+        assert_eq!(in_use(&KeyView::Hash(&bucket)), Err(Error::NotALeaseKey));
     }
 }

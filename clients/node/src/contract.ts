@@ -17,6 +17,8 @@ export const MAX_LEASE_LIMIT = 1000000;
 export const MAX_LEASE_MS = 86400000;
 /** Longest lease id, in bytes. */
 export const MAX_LEASE_ID_BYTES = 256;
+/** Leases a lease key's summary lists: the earliest to expire. A key of at most this many leases keeps no summary, and every call reads it whole. */
+export const LEASE_TRACKED = 8;
 
 export const COMMANDS = {
   consume: "tb.consume",
@@ -31,7 +33,7 @@ export const COMMANDS = {
 } as const;
 
 /** The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION). */
-export const LIBRARY_VERSION = "0.1.0+89300cbd67a7";
+export const LIBRARY_VERSION = "0.1.0+f346c12f43bd";
 
 /** Error reply templates; message() fills in the {name} marks. */
 export const ERRORS = {

@@ -22,6 +22,8 @@ MAX_LEASE_LIMIT = 1000000
 MAX_LEASE_MS = 86400000
 # Longest lease id, in bytes.
 MAX_LEASE_ID_BYTES = 256
+# Leases a lease key's summary lists: the earliest to expire. A key of at most this many leases keeps no summary, and every call reads it whole.
+LEASE_TRACKED = 8
 
 COMMANDS = {
     "consume": "tb.consume",
@@ -36,7 +38,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+89300cbd67a7"
+LIBRARY_VERSION = "0.1.0+f346c12f43bd"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {

@@ -1,0 +1,377 @@
+//! What a lease key stores, read and written: one field per lease, and on a
+//! key of more than [`TRACKED`] leases the summary field. The grammar is
+//! contract.json's "stored" (see `crate::contract::LEASE_SUMMARY_FIELD`);
+//! the Lua library reads and writes the same text.
+
+use crate::contract::{LEASE_SUMMARY_FIELD, LEASE_TRACKED, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT};
+use crate::number::digit_run;
+use std::borrow::Cow;
+
+/// The summary's field name: empty, which no lease id can be.
+pub const SUMMARY_FIELD: &[u8] = LEASE_SUMMARY_FIELD.as_bytes();
+
+/// The leases a summary lists.
+pub const TRACKED: usize = LEASE_TRACKED;
+
+/// A stored integer at the start of `s`: canonical decimal (`0`, or digits
+/// with no leading zero, at most 19 and an i64), and the bytes it takes.
+/// `None` if `s` starts with anything else.
+#[inline(always)]
+fn int_at(s: &[u8]) -> Option<(i64, usize)> {
+    let (v, n) = digit_run(s);
+    // Past 19 digits the run's value has wrapped: refused by the count.
+    if n == 0 || n > 19 || (n > 1 && s[0] == b'0') {
+        return None;
+    }
+    Some((i64::try_from(v).ok()?, n))
+}
+
+/// A whole slice as one stored integer.
+fn int(s: &[u8]) -> Option<i64> {
+    int_at(s).and_then(|(v, n)| (n == s.len()).then_some(v))
+}
+
+/// One lease as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// Microseconds since the Unix epoch, server clock.
+    pub expires_us: i64,
+    pub weight: i64,
+}
+
+impl Lease {
+    /// Reads a lease field's value, `<expires_at_us>:<weight>`: two stored
+    /// integers, the weight one a lease can have (1 to MAX_LEASE_LIMIT, so
+    /// sums of them can't overflow). `None` for anything else, which makes
+    /// the key not a lease key.
+    pub fn parse(value: &[u8]) -> Option<Lease> {
+        let (expires_us, n) = int_at(value)?;
+        if value.get(n) != Some(&b':') {
+            return None;
+        }
+        let weight = int(&value[n + 1..])?;
+        (1..=MAX_LEASE_LIMIT)
+            .contains(&weight)
+            .then_some(Lease { expires_us, weight })
+    }
+
+    /// The stored value, `<expires_at_us>:<weight>`.
+    pub fn text(&self) -> Vec<u8> {
+        format!("{}:{}", self.expires_us, self.weight).into_bytes()
+    }
+
+    pub fn is_live(&self, now_us: i64) -> bool {
+        now_us < self.expires_us
+    }
+}
+
+/// A lease the summary lists, with its id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tracked<'a> {
+    pub lease: Lease,
+    pub id: Cow<'a, [u8]>,
+}
+
+/// The summary's four numbers, and where its list starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header<'a> {
+    /// The total weight of the key's lease fields.
+    pub weight: i64,
+    /// How many lease fields the key holds.
+    pub count: i64,
+    /// Every lease expiring before this is listed.
+    pub horizon_us: i64,
+    /// No lease expires after this.
+    pub latest_us: i64,
+    /// The listed leases' text: empty, or `;` and the first of them.
+    pub list: &'a [u8],
+}
+
+impl<'a> Header<'a> {
+    /// Reads the numbers of a summary; `None` if they break the grammar.
+    pub fn parse(text: &'a [u8]) -> Option<Header<'a>> {
+        let mut at = 0;
+        let mut next = |last: bool| {
+            let (v, n) = int_at(&text[at..])?;
+            at += n;
+            match text.get(at) {
+                Some(b':') if !last => at += 1,
+                Some(b';') | None if last => {}
+                _ => return None,
+            }
+            Some(v)
+        };
+        let (weight, count, horizon_us) = (next(false)?, next(false)?, next(false)?);
+        let latest_us = next(true)?;
+        Some(Header {
+            weight,
+            count,
+            horizon_us,
+            latest_us,
+            list: &text[at..],
+        })
+    }
+
+    /// The first listed lease's expiry (`Some(None)`: none listed), read
+    /// without the rest of the list; `None` if it breaks the grammar.
+    pub fn first_expiry(&self) -> Option<Option<i64>> {
+        match self.list.split_first() {
+            None => Some(None),
+            Some((b';', rest)) => {
+                let (v, n) = int_at(rest)?;
+                (rest.get(n) == Some(&b':')).then_some(Some(v))
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Every listed lease, in the order stored; `None` if one breaks the
+    /// grammar or there are more than TRACKED. The order, the horizon and
+    /// the totals are the caller's to check.
+    pub fn tracked(&self) -> Option<Vec<Tracked<'a>>> {
+        let mut list = Vec::new();
+        let mut rest = self.list;
+        while let Some((&b';', after)) = rest.split_first() {
+            if list.len() == TRACKED {
+                return None;
+            }
+            let mut at = 0;
+            let mut next = || {
+                let (v, n) = int_at(&after[at..])?;
+                at += n;
+                (after.get(at) == Some(&b':')).then(|| at += 1)?;
+                Some(v)
+            };
+            let (expires_us, weight, len) = (next()?, next()?, next()?);
+            let len = usize::try_from(len).ok()?;
+            if !(1..=MAX_LEASE_LIMIT).contains(&weight) || !(1..=MAX_LEASE_ID_BYTES).contains(&len)
+            {
+                return None;
+            }
+            let id = after.get(at..at + len)?;
+            list.push(Tracked {
+                lease: Lease { expires_us, weight },
+                id: Cow::Borrowed(id),
+            });
+            rest = &after[at + len..];
+        }
+        rest.is_empty().then_some(list)
+    }
+}
+
+/// The summary's text for these numbers and listed leases.
+pub fn summary_text(
+    weight: i64,
+    count: i64,
+    horizon_us: i64,
+    latest_us: i64,
+    tracked: &[Tracked],
+) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = Vec::with_capacity(64 + tracked.iter().map(|t| 32 + t.id.len()).sum::<usize>());
+    // Writing to a Vec cannot fail.
+    let _ = write!(out, "{weight}:{count}:{horizon_us}:{latest_us}");
+    for t in tracked {
+        let _ = write!(
+            out,
+            ";{}:{}:{}:",
+            t.lease.expires_us,
+            t.lease.weight,
+            t.id.len()
+        );
+        out.extend_from_slice(&t.id);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::number::parse_i64;
+
+    #[test]
+    fn stored_integers_are_canonical_decimals_that_fit_an_i64() {
+        let mut rng = testkit::Rng(0x5EED_1EA5);
+        let mut samples: Vec<String> = [
+            "0",
+            "00",
+            "01",
+            "9223372036854775807",
+            "9223372036854775808",
+            "18446744073709551615",
+            "00000000000000000000001",
+            "1a",
+            "",
+            "+1",
+            "-1",
+            " 1",
+            "1 ",
+        ]
+        .map(String::from)
+        .to_vec();
+        for _ in 0..20_000 {
+            let x = rng.next();
+            samples.push((x >> (x % 64)).to_string());
+            samples.push(format!("{:0width$}", x % 1000, width = (x % 25) as usize));
+        }
+        for s in samples {
+            let canonical = !s.is_empty()
+                && s.bytes().all(|b| b.is_ascii_digit())
+                && (s == "0" || !s.starts_with('0'));
+            let want = parse_i64(s.as_bytes()).filter(|_| canonical);
+            assert_eq!(int(s.as_bytes()), want, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn stored_values_read_as_their_two_integers() {
+        // The reading by parts: split at the first colon, each side a
+        // stored integer, the weight in range.
+        let by_parts = |v: &[u8]| {
+            let colon = v.iter().position(|&b| b == b':')?;
+            let lease = Lease {
+                expires_us: int(&v[..colon])?,
+                weight: int(&v[colon + 1..])?,
+            };
+            (1..=MAX_LEASE_LIMIT)
+                .contains(&lease.weight)
+                .then_some(lease)
+        };
+        let mut rng = testkit::Rng(0xA54F_F53A_5F1D_36F1);
+        let mut values: Vec<Vec<u8>> = vec![b"1:1".to_vec(), b":".to_vec(), b"0:1:1".to_vec()];
+        for _ in 0..50_000 {
+            let x = rng.next();
+            let expires = format!("{:0width$}", x >> (x % 64), width = (x % 23) as usize);
+            let weight = format!("{:0width$}", x % 7, width = (x % 3) as usize);
+            let mut v = format!("{expires}:{weight}").into_bytes();
+            // Now and then one byte of anything, anywhere.
+            if x.is_multiple_of(3) {
+                let at = rng.below(v.len() as u64) as usize;
+                v[at] = rng.below(256) as u8;
+            }
+            values.push(v);
+        }
+        for v in values {
+            assert_eq!(
+                Lease::parse(&v),
+                by_parts(&v),
+                "{:?}",
+                String::from_utf8_lossy(&v)
+            );
+        }
+    }
+
+    #[test]
+    fn stored_values_round_trip_and_nothing_else_reads() {
+        let l = Lease {
+            expires_us: 1_764_513_600_000_000,
+            weight: 3,
+        };
+        assert_eq!(Lease::parse(&l.text()), Some(l));
+        assert_eq!(
+            Lease::parse(b"0:1"),
+            Some(Lease {
+                expires_us: 0,
+                weight: 1
+            })
+        );
+        for bad in [
+            &b""[..],
+            b"1",
+            b"1:",
+            b":1",
+            b"1:0",
+            b"1:01",
+            b"01:1",
+            b"1:0001",
+            b"-1:1",
+            b"1:-1",
+            b"1:1:1",
+            b"1.5:1",
+            b" 1:1",
+            b"99999999999999999999:1",
+            b"9",
+            b"1:1000001",
+            b"1:9223372036854775807",
+        ] {
+            assert_eq!(Lease::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    fn tracked(e: i64, w: i64, id: &str) -> Tracked<'static> {
+        Tracked {
+            lease: Lease {
+                expires_us: e,
+                weight: w,
+            },
+            id: Cow::Owned(id.as_bytes().to_vec()),
+        }
+    }
+
+    #[test]
+    fn a_summary_reads_back_what_was_written() {
+        let list = [
+            tracked(10, 2, "a"),
+            tracked(12, 1, "b;:7:x"),
+            tracked(12, 5, "c"),
+        ];
+        let text = summary_text(40, 20, 13, 99, &list);
+        assert_eq!(text, b"40:20:13:99;10:2:1:a;12:1:6:b;:7:x;12:5:1:c");
+        let h = Header::parse(&text).unwrap();
+        assert_eq!(
+            (h.weight, h.count, h.horizon_us, h.latest_us),
+            (40, 20, 13, 99)
+        );
+        assert_eq!(h.first_expiry(), Some(Some(10)));
+        assert_eq!(h.tracked().unwrap(), list);
+        let empty = summary_text(9, 9, 5, 6, &[]);
+        let h = Header::parse(&empty).unwrap();
+        assert_eq!(h.first_expiry(), Some(None));
+        assert_eq!(h.tracked(), Some(vec![]));
+        let full: Vec<_> = (0..TRACKED as i64)
+            .map(|i| tracked(i, 1, &"i".repeat(MAX_LEASE_ID_BYTES)))
+            .collect();
+        let text = summary_text(9, 9, 99, 99, &full);
+        assert_eq!(Header::parse(&text).unwrap().tracked().unwrap(), full);
+    }
+
+    #[test]
+    fn a_summary_that_breaks_the_grammar_reads_as_none() {
+        for bad in [
+            &b""[..],
+            b"1:1:1",
+            b"1:1:1:1:",
+            b"1:1:1:01",
+            b"1:1:1:-1",
+            b"1:1:1:1x",
+            b"a:1:1:1",
+        ] {
+            assert_eq!(
+                Header::parse(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        for bad_list in [
+            &b"1:1:1:1;"[..],
+            b"1:1:1:1;5",
+            b"1:1:1:1;5:1",
+            b"1:1:1:1;5:1:1",
+            b"1:1:1:1;5:1:2:a",
+            b"1:1:1:1;5:1:0:",
+            b"1:1:1:1;5:0:1:a",
+            b"1:1:1:1;5:1:257:a",
+            b"1:1:1:1;5:1:1:ab",
+            b"1:1:1:1;5:1:1:a;",
+            b"1:1:1:1;05:1:1:a",
+        ] {
+            let h = Header::parse(bad_list).unwrap();
+            assert_eq!(h.tracked(), None, "{:?}", String::from_utf8_lossy(bad_list));
+        }
+        assert_eq!(Header::parse(b"1:1:1:1;x").unwrap().first_expiry(), None);
+        let too_many: Vec<_> = (0..=TRACKED as i64).map(|i| tracked(i, 1, "i")).collect();
+        let text = summary_text(9, 9, 99, 99, &too_many);
+        assert_eq!(Header::parse(&text).unwrap().tracked(), None);
+    }
+}

@@ -1,0 +1,591 @@
+//! A lease key as one call sees it ([`Leases`]), what each command does to
+//! it, and what it then writes ([`Write`]).
+//!
+//! A key of at most [`TRACKED`] + 1 fields is read whole: a *pass*. A
+//! larger one keeps a summary (stored.rs): the total weight and count,
+//! a horizon, the latest expiry, and the leases that expire before the
+//! horizon. While the clock is before the horizon, every lease that can
+//! have expired is listed, so the live weight is the total less the
+//! listed leases that have expired, and a call reads two fields: the
+//! summary and its own lease. The list is read only when the call needs
+//! it: a listed lease has expired, the caller's lease is listed or joins
+//! the list, or a denial's hint. A summary that is missing, disagrees
+//! with what the call sees (the field count, the caller's own lease, its
+//! own grammar and order), or whose horizon has passed is rebuilt by a
+//! pass, which writers then store with what it pruned, so the next call
+//! is cheap again.
+
+use super::stored::{summary_text, Header, Lease, Tracked, SUMMARY_FIELD, TRACKED};
+use crate::bucket::{consume_all_if, Limits, Outcome, Stored};
+use crate::error::Error;
+use crate::state::KeyKind;
+use std::borrow::Cow;
+
+/// How a lease key is read, by the module (src/keyspace.rs) and by the
+/// tests' snapshots (testkit).
+pub trait LeaseStore {
+    /// What the key holds: its field count for a hash.
+    fn kind(&self) -> KeyKind;
+    /// Calls `f` with the summary's value and the value of field `id`
+    /// (`None`: absent).
+    fn with_summary<R>(
+        &self,
+        id: Option<&[u8]>,
+        f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R,
+    ) -> R;
+    /// Calls `visit(field, value)` for every field of the hash, until it
+    /// returns `Err`, which is then the result.
+    fn scan(&self, visit: impl FnMut(&[u8], &[u8]) -> Result<(), Error>) -> Result<(), Error>;
+}
+
+/// The summary can't answer a call (its list breaks its grammar or
+/// disagrees with the key): the call is decided again after a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unsure;
+
+/// The command a call is, for what it writes and in which order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Acquire,
+    Release,
+    Renew,
+    /// Read-only: never writes.
+    Inflight,
+}
+
+/// Whole milliseconds from `now_us` until `at_us`, rounded up: waiting that
+/// long always reaches it. 0 if it has passed.
+pub fn ms_until(now_us: i64, at_us: i64) -> i64 {
+    let us = at_us.saturating_sub(now_us).max(0);
+    us / 1000 + i64::from(us % 1000 != 0)
+}
+
+/// The absolute expiry in ms of a key whose latest lease ends at `at_us`,
+/// rounded up so the key never goes before its last lease.
+pub fn key_expire_at_ms(at_us: i64) -> i64 {
+    at_us.div_euclid(1000) + i64::from(at_us.rem_euclid(1000) != 0)
+}
+
+/// The expiry a lease taken or renewed at `now_us` for `lease_ms` gets:
+/// never earlier than it had (a clock that stepped back must not shorten
+/// it, and a renewal never does).
+pub fn extended(own: Option<Lease>, now_us: i64, lease_ms: i64) -> i64 {
+    let new = now_us.saturating_add(lease_ms.saturating_mul(1000));
+    own.map_or(new, |l| l.expires_us.max(new))
+}
+
+/// The listed leases: still text, or read (live ones only, in ascending
+/// expiry).
+#[derive(Debug)]
+enum List<'a> {
+    Unread(Header<'a>),
+    Read(Vec<Tracked<'a>>),
+}
+
+/// A lease key at one instant, after the leases that expired are set
+/// aside, with the changes the call makes.
+#[derive(Debug)]
+pub struct Leases<'a> {
+    now_us: i64,
+    id: Option<&'a [u8]>,
+    /// The caller's lease, if live.
+    own: Option<Lease>,
+    /// What the caller's field holds, live or not (the summary must agree).
+    own_stored: Option<Lease>,
+    /// The live leases' total weight and number, the caller's included.
+    weight: i64,
+    count: i64,
+    /// No live lease but the caller's expires after this (exact after a
+    /// pass; the summary's bound otherwise).
+    latest_others_us: i64,
+    /// Every live lease expiring before this is in `list`; `None`: every
+    /// live lease is.
+    horizon_us: Option<i64>,
+    list: List<'a>,
+    /// Fields whose lease has expired: pruned by the next write.
+    expired: Vec<Cow<'a, [u8]>>,
+    /// The hash's fields when read, and its summary as stored.
+    fields: usize,
+    summary: Option<Cow<'a, [u8]>>,
+    /// The key was read whole.
+    passed: bool,
+    /// The caller's lease was set, or released.
+    set_own: Option<Lease>,
+    released: bool,
+}
+
+impl<'a> Leases<'a> {
+    /// The key as its summary tells it, or `Ok(None)` where a pass must
+    /// read it. `Err` if the caller's own field holds no lease.
+    fn from_summary(
+        fields: usize,
+        summary: Option<&'a [u8]>,
+        own: Option<&'a [u8]>,
+        id: Option<&'a [u8]>,
+        now_us: i64,
+    ) -> Result<Option<Self>, Error> {
+        let own_stored = own
+            .map(|v| Lease::parse(v).ok_or(Error::NotALeaseKey))
+            .transpose()?;
+        let Some(h) = summary.and_then(Header::parse) else {
+            return Ok(None);
+        };
+        let agrees = i64::try_from(fields).is_ok_and(|n| h.count == n - 1)
+            && h.weight >= h.count
+            && h.latest_us >= h.horizon_us
+            && own_stored.is_none_or(|l| l.expires_us <= h.latest_us);
+        let Some(first) = h.first_expiry() else {
+            return Ok(None);
+        };
+        if !agrees || now_us >= h.horizon_us {
+            return Ok(None);
+        }
+        let mut view = Leases {
+            now_us,
+            id,
+            own: own_stored.filter(|l| l.is_live(now_us)),
+            own_stored,
+            weight: h.weight,
+            count: h.count,
+            latest_others_us: h.latest_us,
+            horizon_us: Some(h.horizon_us),
+            list: List::Unread(h),
+            expired: Vec::new(),
+            fields,
+            summary: summary.map(Cow::Borrowed),
+            passed: false,
+            set_own: None,
+            released: false,
+        };
+        // The list answers for leases that expired (at its head) and for
+        // the caller's, if listed.
+        let listed = |l: Lease| l.expires_us < h.horizon_us;
+        let needs_list = first.is_some_and(|e| e <= now_us) || own_stored.is_some_and(listed);
+        if needs_list && view.list().is_err() {
+            return Ok(None);
+        }
+        Ok(Some(view))
+    }
+
+    /// The key read whole: every field visited once.
+    fn pass(store: &impl LeaseStore, id: Option<&'a [u8]>, now_us: i64) -> Result<Self, Error> {
+        let fields = match store.kind() {
+            KeyKind::Missing => 0,
+            KeyKind::Hash(n) => n,
+            KeyKind::Other => return Err(Error::WrongType),
+        };
+        let mut view = Leases {
+            now_us,
+            id,
+            own: None,
+            own_stored: None,
+            weight: 0,
+            count: 0,
+            latest_others_us: 0,
+            horizon_us: None,
+            list: List::Read(Vec::new()),
+            expired: Vec::new(),
+            fields,
+            summary: None,
+            passed: true,
+            set_own: None,
+            released: false,
+        };
+        // The TRACKED + 1 earliest live leases, in ascending expiry.
+        let mut earliest: Vec<Tracked<'a>> = Vec::with_capacity(TRACKED + 1);
+        if fields > 0 {
+            store.scan(|field, value| {
+                if field == SUMMARY_FIELD {
+                    view.summary = Some(Cow::Owned(value.to_vec()));
+                    return Ok(());
+                }
+                let lease = Lease::parse(value).ok_or(Error::NotALeaseKey)?;
+                if !lease.is_live(now_us) {
+                    view.expired.push(Cow::Owned(field.to_vec()));
+                    return Ok(());
+                }
+                // At most 1e6 leases... of weight at most 1e6 each per
+                // limit; a hostile key could hold more: saturate.
+                view.weight = view.weight.saturating_add(lease.weight);
+                view.count += 1;
+                if id == Some(field) {
+                    view.own = Some(lease);
+                } else {
+                    view.latest_others_us = view.latest_others_us.max(lease.expires_us);
+                }
+                let full = earliest.len() > TRACKED;
+                if !full
+                    || earliest
+                        .last()
+                        .is_some_and(|t| lease.expires_us < t.lease.expires_us)
+                {
+                    if full {
+                        earliest.pop();
+                    }
+                    let at = earliest.partition_point(|t| t.lease.expires_us <= lease.expires_us);
+                    earliest.insert(
+                        at,
+                        Tracked {
+                            lease,
+                            id: Cow::Owned(field.to_vec()),
+                        },
+                    );
+                }
+                Ok(())
+            })?;
+        }
+        view.own_stored = view.own;
+        if earliest.len() > TRACKED {
+            let horizon = earliest[TRACKED].lease.expires_us;
+            earliest.retain(|t| t.lease.expires_us < horizon);
+            view.horizon_us = Some(horizon);
+        }
+        view.list = List::Read(earliest);
+        Ok(view)
+    }
+
+    /// The listed leases, read (and the expired ones set aside) on first
+    /// use; `Unsure` if the list breaks its grammar or disagrees with the
+    /// summary's numbers or the caller's own lease.
+    fn list(&mut self) -> Result<&mut Vec<Tracked<'a>>, Unsure> {
+        if let List::Unread(h) = self.list {
+            let list = h.tracked().ok_or(Unsure)?;
+            let horizon = h.horizon_us;
+            let ordered = list
+                .windows(2)
+                .all(|w| w[0].lease.expires_us <= w[1].lease.expires_us);
+            let before_horizon = list.iter().all(|t| t.lease.expires_us < horizon);
+            let distinct = list
+                .iter()
+                .enumerate()
+                .all(|(i, t)| list[..i].iter().all(|u| u.id != t.id));
+            let total: i64 = list.iter().map(|t| t.lease.weight).sum();
+            // The caller's lease is listed exactly when it expires before
+            // the horizon, and as stored.
+            let own_entry = list.iter().find(|t| Some(&*t.id) == self.id);
+            let own_agrees = match (self.own_stored, own_entry) {
+                (Some(l), Some(t)) => l.expires_us < horizon && t.lease == l,
+                (Some(l), None) => l.expires_us >= horizon,
+                (None, entry) => entry.is_none(),
+            };
+            if !(ordered
+                && before_horizon
+                && distinct
+                && own_agrees
+                && total <= h.weight
+                && list.len() as i64 <= h.count)
+            {
+                return Err(Unsure);
+            }
+            let live = list.partition_point(|t| !t.lease.is_live(self.now_us));
+            let mut list = list;
+            for t in list.drain(..live) {
+                self.weight -= t.lease.weight;
+                self.count -= 1;
+                self.expired.push(t.id);
+            }
+            if self.weight < self.count {
+                return Err(Unsure);
+            }
+            self.list = List::Read(list);
+        }
+        match &mut self.list {
+            List::Read(list) => Ok(list),
+            List::Unread(_) => Err(Unsure),
+        }
+    }
+
+    /// The caller's live lease.
+    pub fn own(&self) -> Option<Lease> {
+        self.own
+    }
+
+    /// The live weight.
+    pub fn in_use(&self) -> i64 {
+        self.weight
+    }
+
+    /// The live weight of the leases other than the caller's.
+    fn others_weight(&self) -> i64 {
+        self.weight - self.own.map_or(0, |l| l.weight)
+    }
+
+    /// Whether a lease of `weight` fits beside the others under `limit`.
+    pub fn fits(&self, limit: i64, weight: i64) -> bool {
+        self.others_weight() + weight <= limit
+    }
+
+    /// Whether a lease expiring then is in the list.
+    fn listed(&self, lease: Lease) -> bool {
+        self.horizon_us.is_none_or(|h| lease.expires_us < h)
+    }
+
+    /// How long until enough leases other than the caller's expire for
+    /// `weight` to fit under `limit` (0 if it fits now): exact where the
+    /// list holds the leases whose expiry makes room, else the time until
+    /// the horizon, before which no unlisted lease expires. Never later
+    /// than the room appears by expiry.
+    pub fn wait_for_room(&mut self, limit: i64, weight: i64) -> Result<i64, Unsure> {
+        let mut excess = self.others_weight() + weight - limit;
+        if excess <= 0 {
+            return Ok(0);
+        }
+        let (now, horizon, id) = (self.now_us, self.horizon_us, self.id);
+        for t in self.list()?.iter() {
+            if Some(&*t.id) == id {
+                continue;
+            }
+            excess -= t.lease.weight;
+            if excess <= 0 {
+                return Ok(ms_until(now, t.lease.expires_us));
+            }
+        }
+        // With no horizon every lease is listed, and weight <= limit: the
+        // loop always returns.
+        Ok(horizon.map_or(0, |h| ms_until(now, h)))
+    }
+
+    /// Takes or renews the caller's lease as `lease`.
+    pub fn set_own(&mut self, lease: Lease) -> Result<(), Unsure> {
+        let old = self.own;
+        if old.is_some_and(|l| self.listed(l)) || self.listed(lease) {
+            let (id, listed) = (self.id, self.listed(lease));
+            let list = self.list()?;
+            list.retain(|t| Some(&*t.id) != id);
+            if listed {
+                let at = list.partition_point(|t| t.lease.expires_us <= lease.expires_us);
+                let id = Cow::Borrowed(id.unwrap_or_default());
+                list.insert(at, Tracked { lease, id });
+            }
+            self.keep_list_short();
+        }
+        self.weight += lease.weight - old.map_or(0, |l| l.weight);
+        self.count += i64::from(old.is_none());
+        self.own = Some(lease);
+        self.set_own = Some(lease);
+        Ok(())
+    }
+
+    /// Releases the caller's lease; false if it had none.
+    pub fn release_own(&mut self) -> Result<bool, Unsure> {
+        let Some(old) = self.own else {
+            return Ok(false);
+        };
+        if self.listed(old) {
+            let id = self.id;
+            self.list()?.retain(|t| Some(&*t.id) != id);
+        }
+        self.weight -= old.weight;
+        self.count -= 1;
+        self.own = None;
+        self.released = true;
+        Ok(true)
+    }
+
+    /// Drops the list's latest leases past TRACKED, and the horizon with
+    /// them: every lease expiring before it stays listed.
+    fn keep_list_short(&mut self) {
+        if let List::Read(list) = &mut self.list {
+            while list.len() > TRACKED {
+                let Some(last) = list.last().map(|t| t.lease.expires_us) else {
+                    break;
+                };
+                list.retain(|t| t.lease.expires_us < last);
+                self.horizon_us = Some(last);
+            }
+        }
+    }
+
+    /// The latest live lease's expiry, as far as the call knows.
+    fn latest_us(&self) -> i64 {
+        self.latest_others_us
+            .max(self.own.map_or(0, |l| l.expires_us))
+    }
+
+    /// The summary the key needs now, if it holds more than TRACKED
+    /// leases. A pass of a key of TRACKED + 1 leases whose earliest share
+    /// one expiry lists none, so the horizon is always set here.
+    fn summary_now(&self) -> Option<Vec<u8>> {
+        if self.count <= TRACKED as i64 {
+            return None;
+        }
+        let (List::Read(list), Some(horizon)) = (&self.list, self.horizon_us) else {
+            // Unread: the list is the stored text, unchanged.
+            let List::Unread(h) = &self.list else {
+                return None;
+            };
+            let mut text =
+                summary_text(self.weight, self.count, h.horizon_us, self.latest_us(), &[]);
+            text.extend_from_slice(h.list);
+            return Some(text);
+        };
+        Some(summary_text(
+            self.weight,
+            self.count,
+            horizon,
+            self.latest_us(),
+            list,
+        ))
+    }
+
+    /// What the call writes: its own change, and after a pass of a key
+    /// that keeps a summary (more than TRACKED + 1 fields) what the pass
+    /// found, so the next call need not pass again. A key of fewer fields
+    /// is written only when a lease changes, as every call reads it whole.
+    fn write(&self, kind: Kind) -> Option<Write> {
+        if kind == Kind::Inflight {
+            return None;
+        }
+        let summary = self.summary_now();
+        let changed = self.set_own.is_some() || self.released;
+        let stored = self.summary.as_deref();
+        let found = self.passed
+            && self.fields > TRACKED + 1
+            && (!self.expired.is_empty() || summary.as_deref() != stored);
+        if !changed && !found {
+            return None;
+        }
+        if self.count == 0 {
+            return Some(Write::Delete);
+        }
+        // The caller's expired lease is overwritten, not deleted, when set.
+        let overwritten = |f: &&Cow<[u8]>| self.set_own.is_some() && Some(&***f) == self.id;
+        let mut delete: Vec<Vec<u8>> = self
+            .expired
+            .iter()
+            .filter(|f| !overwritten(f))
+            .map(|f| f.to_vec())
+            .collect();
+        if self.released {
+            delete.push(self.id.unwrap_or_default().to_vec());
+        }
+        if summary.is_none() && stored.is_some() {
+            delete.push(SUMMARY_FIELD.to_vec());
+        }
+        Some(Write::Save {
+            expire_first: kind != Kind::Acquire,
+            own: self.set_own,
+            summary: summary.filter(|s| Some(&s[..]) != stored),
+            delete,
+            expire_at_ms: key_expire_at_ms(self.latest_us()),
+        })
+    }
+}
+
+/// What a lease call writes to its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// No lease is left: `DEL key`.
+    Delete,
+    /// `HSET key id <own> "" <summary>` (each if given), `HDEL key
+    /// <delete>...` (expired leases' fields, the released id, the summary
+    /// a key no longer needs), and `PEXPIREAT key <expire_at_ms>`, the
+    /// latest lease's end rounded up. TB.ACQUIRE's HSET goes first: under
+    /// maxmemory an EVAL is refused its first write only, so the EVAL
+    /// script's acquire is then refused before it writes anything, as
+    /// TB.ACQUIRE is. TB.RELEASE and TB.RENEW (`expire_first`), which run
+    /// under maxmemory, start with PEXPIREAT, then HDEL, then HSET.
+    Save {
+        expire_first: bool,
+        own: Option<Lease>,
+        summary: Option<Vec<u8>>,
+        delete: Vec<Vec<u8>>,
+        expire_at_ms: i64,
+    },
+}
+
+/// Decides a call on `store` for `id` at `now_us`: `op` runs on the key as
+/// its summary tells it, or on the key read whole where the summary can't
+/// answer. The result is `op`'s, and what to write.
+pub fn decide<T>(
+    store: &impl LeaseStore,
+    id: Option<&[u8]>,
+    now_us: i64,
+    kind: Kind,
+    mut op: impl FnMut(&mut Leases) -> Result<T, Unsure>,
+) -> Result<(T, Option<Write>), Error> {
+    if let KeyKind::Hash(fields) = store.kind() {
+        if fields > TRACKED + 1 {
+            let fast = store.with_summary(id, |summary, own| {
+                let Some(mut view) = Leases::from_summary(fields, summary, own, id, now_us)? else {
+                    return Ok(None);
+                };
+                Ok(op(&mut view).ok().map(|t| (t, view.write(kind))))
+            })?;
+            if let Some(done) = fast {
+                return Ok(done);
+            }
+        }
+    }
+    let mut view = Leases::pass(store, id, now_us)?;
+    // A pass reads the list it builds: op can't be unsure of it.
+    let t = op(&mut view).map_err(|Unsure| Error::Internal("a pass left its lease list unread"))?;
+    Ok((t, view.write(kind)))
+}
+
+/// TB.ACQUIRE's reply: whether it was acquired, its four numbers, and one
+/// outcome per bucket (charged only if acquired by a new lease).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Acquired {
+    pub acquired: bool,
+    pub head: [i64; 4],
+    pub buckets: Vec<Outcome>,
+}
+
+/// TB.ACQUIRE: the lease and every bucket, or nothing. A live lease of
+/// the same id (a retry) is renewed with the new weight, counted once and
+/// charges no bucket: its bucket replies are what TB.PEEK would answer.
+pub fn acquire(
+    view: &mut Leases,
+    limit: i64,
+    lease_ms: i64,
+    weight: i64,
+    buckets: &[(Limits, Option<Stored>, f64)],
+) -> Result<Acquired, Unsure> {
+    let now = view.now_us;
+    let retry = view.own.is_some();
+    let fits = view.fits(limit, weight);
+    let (pay, bucket_wait, outcomes) = consume_all_if(buckets, now, fits && !retry);
+    let acquired = fits && (retry || pay);
+    let head = if acquired {
+        let lease = Lease {
+            expires_us: extended(view.own, now, lease_ms),
+            weight,
+        };
+        view.set_own(lease)?;
+        [1, view.in_use(), 0, ms_until(now, lease.expires_us)]
+    } else {
+        let lease_wait = if fits {
+            0
+        } else {
+            view.wait_for_room(limit, weight)?
+        };
+        let bucket_wait = if retry { 0 } else { bucket_wait };
+        [0, view.in_use(), lease_wait.max(bucket_wait), 0]
+    };
+    Ok(Acquired {
+        acquired,
+        head,
+        buckets: outcomes,
+    })
+}
+
+/// TB.RELEASE: `[released, in_use]`.
+pub fn release(view: &mut Leases) -> Result<[i64; 2], Unsure> {
+    let released = view.release_own()?;
+    Ok([i64::from(released), view.in_use()])
+}
+
+/// TB.RENEW: `[renewed, expires_in_ms]`. A lease that is not live is never
+/// recreated.
+pub fn renew(view: &mut Leases, lease_ms: i64) -> Result<[i64; 2], Unsure> {
+    let Some(own) = view.own else {
+        return Ok([0, 0]);
+    };
+    let lease = Lease {
+        expires_us: extended(Some(own), view.now_us, lease_ms),
+        weight: own.weight,
+    };
+    view.set_own(lease)?;
+    Ok([1, ms_until(view.now_us, lease.expires_us)])
+}
