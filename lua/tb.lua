@@ -44,8 +44,9 @@ local MAX_LEASE_LIMIT = 1000000
 local MAX_LEASE_MS = 86400000
 local MAX_LEASE_ID_BYTES = 256
 local LEASE_TRACKED = 8
+local MAX_STORED_INTEGER = 9007199254740991
 -- What the lease functions store (contract.json's "stored"):
---   integer: A stored integer is canonical decimal: 0, or digits with no leading zero; at most 19 digits and an i64.
+--   integer: A stored integer is canonical decimal: 0, or digits with no leading zero; at most max_stored_integer.
 --   lease: A lease field: the id (1 to max_lease_id_bytes bytes) holds <expires_at_us>:<weight>, two stored integers, the weight 1 to max_lease_limit.
 --   summary: The summary field, named by the empty string (no id can be): <weight>:<count>:<horizon_us>:<latest_us> then, for each lease it lists, ;<expires_at_us>:<weight>:<id_bytes>:<id>. weight and count are the lease fields' total weight and number, horizon_us the expiry before which every lease is listed, latest_us no earlier than any lease's expiry; the listed leases are at most lease_tracked, in ascending expiry, each before horizon_us, ids distinct.
 local LEASE_SUMMARY_FIELD = ''
@@ -98,7 +99,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+f346c12f43bd'
+local LIBRARY_VERSION = '0.1.0+712d054c2587'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -622,13 +623,16 @@ local function tb_cl_throttle(keys, args)
     retry, math.ceil(r[4] / 1000) }
 end
 
--- ---- concurrency leases (core/src/lease.rs, src/leases.rs) ---------------
+-- ---- concurrency leases (core/src/lease/, src/leases.rs) -----------------
 
 -- A lease key is a hash with one field per lease: the holder's id, and
 -- "<expires_at_us>:<weight>". A lease is live while the clock is before
--- its expiry; expired ones count as absent and the next write prunes them.
--- Times and weights are exact integers below 2^53 (µs: the year 2255),
--- which every lease the commands write is.
+-- its expiry; expired ones count as absent and a later write prunes them.
+-- A key of more than LEASE_TRACKED leases also keeps a summary under the
+-- empty field name (core/src/lease/view.rs, the same state and rules): a
+-- call reads the summary and its own lease while the clock is before the
+-- summary's horizon, and the whole key (a pass) otherwise. Every stored
+-- integer is at most MAX_STORED_INTEGER (2^53 - 1), so it is exact here.
 
 -- Everything here is made on the first lease call (LEASES): the EVAL
 -- script runs this block on every call, and a bucket call should not pay
@@ -656,16 +660,21 @@ local function leases()
     return #id == 0 or #id > MAX_LEASE_ID_BYTES
   end
 
-  -- A stored value's expiry (µs) and weight, or nil if it holds no lease
-  -- (Lease::parse: digits, a colon, digits, the expiry an i64, the weight
-  -- one a lease can have, 1 to MAX_LEASE_LIMIT).
+  -- A stored integer's digits (contract.json "stored"): canonical decimal,
+  -- at most MAX_STORED_INTEGER. Its value, or nil.
+  local function int(s)
+    if #s > 16 or (#s > 1 and string.byte(s, 1) == 48) then return nil end
+    local v = tonumber(s)
+    if v > MAX_STORED_INTEGER then return nil end
+    return v
+  end
+
+  -- A lease field's value: its expiry (µs) and weight, or nil if it holds
+  -- no lease (stored.rs Lease::parse).
   local function lease_value(v)
     local es, ws = string.match(v, '^(%d+):(%d+)$')
     if not es then return nil end
-    -- 18 digits always fit an i64: only longer ones need the range check.
-    local e
-    if #es > 18 then e = parse_i64(es) else e = tonumber(es) end
-    local w = #ws <= 18 and tonumber(ws) or nil
+    local e, w = int(es), int(ws)
     if not e or not w or w < 1 or w > MAX_LEASE_LIMIT then return nil end
     return e, w
   end
@@ -689,69 +698,265 @@ local function leases()
     return ceil_ms(at_us - now_us)
   end
 
-  -- The lease key `key` at `now_us`, as tb-core's Scan reads it: `own`, the
-  -- live lease of `id` ({e, w}, or nil); the other live leases (their
-  -- expiries `ends`, `weights`, total `weight`, `latest` expiry); and the
-  -- expired fields other than `id`, which a write prunes (`id` itself is
-  -- then overwritten, or nothing is written). nil and the error for a key
-  -- that holds anything else.
-  local function scan_leases(key, id, now_us)
-    local s = { weight = 0, latest = 0, ends = {}, weights = {}, expired = {} }
-    local kind = redis.call('TYPE', key)['ok']
-    if kind == 'none' then return s end
-    if kind ~= 'hash' then return nil, msg('wrongtype') end
-    local all = redis.call('HGETALL', key)
-    local ends, weights, expired = s.ends, s.weights, s.expired
-    local n, weight, latest = 0, 0, 0
-    for i = 1, #all, 2 do
-      local e, w = lease_value(all[i + 1])
+  -- The listed leases of a summary's text from `pos` ({e, w, id} each), or
+  -- nil if one breaks the grammar or there are more than LEASE_TRACKED
+  -- (stored.rs Header::tracked).
+  local function tracked(text, pos)
+    local list, n = {}, 0
+    while pos <= #text do
+      if n == LEASE_TRACKED then return nil end
+      local es, ws, ls, at = string.match(text, '^;(%d+):(%d+):(%d+):()', pos)
+      if not es then return nil end
+      local e, w, len = int(es), int(ws), int(ls)
+      if not e or not w or not len or w < 1 or w > MAX_LEASE_LIMIT
+        or len < 1 or len > MAX_LEASE_ID_BYTES or at + len - 1 > #text then
+        return nil
+      end
+      n = n + 1
+      list[n] = { e = e, w = w, id = string.sub(text, at, at + len - 1) }
+      pos = at + len
+    end
+    return list
+  end
+
+  -- The view's list, read on first use (view.rs Leases::list): checked
+  -- against the summary and the caller's own lease, the expired leases
+  -- set aside. nil where the summary can't answer (a pass must).
+  local function list_of(v)
+    if v.list then return v.list end
+    local list = tracked(v.text, v.at)
+    if not list then return nil end
+    local h, total, own_entry = v.h, 0, nil
+    for i = 1, #list do
+      local t = list[i]
+      if t.e >= h then return nil end
+      if i > 1 and list[i - 1].e > t.e then return nil end
+      for j = 1, i - 1 do
+        if list[j].id == t.id then return nil end
+      end
+      total = total + t.w
+      if t.id == v.id then own_entry = t end
+    end
+    local own = v.own_stored
+    if own then
+      if own_entry then
+        if own.e >= h or own_entry.e ~= own.e or own_entry.w ~= own.w then return nil end
+      elseif own.e < h then
+        return nil
+      end
+    elseif own_entry then
+      return nil
+    end
+    if total > v.stored_weight or #list > v.stored_count then return nil end
+    local live = {}
+    for i = 1, #list do
+      local t = list[i]
+      if t.e > v.now then
+        live[#live + 1] = t
+      else
+        v.weight, v.count = v.weight - t.w, v.count - 1
+        v.expired[#v.expired + 1] = t.id
+      end
+    end
+    if v.weight < v.count then return nil end
+    v.list = live
+    return live
+  end
+
+  -- The key as its summary tells it, or nil where a pass must read it; nil
+  -- and the error if the caller's own field holds no lease.
+  local function from_summary(key, fields, id, now_us)
+    local got = id and redis.call('HMGET', key, LEASE_SUMMARY_FIELD, id)
+      or redis.call('HMGET', key, LEASE_SUMMARY_FIELD)
+    local own
+    if got[2] then
+      local e, w = lease_value(got[2])
       if not e then return nil, msg('not_a_lease_key') end
+      own = { e = e, w = w }
+    end
+    local text = got[1]
+    if not text then return nil end
+    local ws, ns, hs, xs, at = string.match(text, '^(%d+):(%d+):(%d+):(%d+)()')
+    if not ws then return nil end
+    local w, n, h, x = int(ws), int(ns), int(hs), int(xs)
+    if not w or not n or not h or not x then return nil end
+    local first
+    if at <= #text then
+      local fs = string.match(text, '^;(%d+):', at)
+      first = fs and int(fs)
+      if not first then return nil end
+    end
+    if n ~= fields - 1 or w < n or x < h or (own and own.e > x) or now_us >= h then
+      return nil
+    end
+    local v = { now = now_us, id = id, own_stored = own, weight = w, count = n,
+      stored_weight = w, stored_count = n, latest = x, h = h, text = text, at = at,
+      expired = {}, fields = fields, summary = text }
+    if own and own.e > now_us then v.own = own end
+    if (first and first <= now_us) or (own and own.e < h) then
+      if not list_of(v) then return nil end
+    end
+    return v
+  end
+
+  -- Whether a lease (e, id) comes before the listed lease t: by expiry,
+  -- then id byte by byte (Rust's order of byte slices; Lua's `<` on
+  -- strings follows the server's locale).
+  local function before(e, id, t)
+    if e ~= t.e then return e < t.e end
+    local other = t.id
+    for i = 1, math.min(#id, #other) do
+      local a, b = string.byte(id, i), string.byte(other, i)
+      if a ~= b then return a < b end
+    end
+    return #id < #other
+  end
+
+  -- The key read whole (view.rs Leases::pass), or nil and the error.
+  local function pass(key, fields, id, now_us)
+    local v = { now = now_us, id = id, weight = 0, count = 0, latest = 0,
+      expired = {}, fields = fields, passed = true }
+    -- The LEASE_TRACKED + 1 earliest live leases, in ascending expiry.
+    local earliest, n = {}, 0
+    local all = fields > 0 and redis.call('HGETALL', key) or {}
+    for i = 1, #all, 2 do
       local field = all[i]
-      if field == id then
-        if now_us < e then s.own = { e = e, w = w } end
-      elseif now_us < e then
-        n = n + 1
-        ends[n], weights[n] = e, w
-        weight = weight + w
-        if e > latest then latest = e end
+      if field == LEASE_SUMMARY_FIELD then
+        v.summary = all[i + 1]
       else
-        expired[#expired + 1] = field
+        local e, w = lease_value(all[i + 1])
+        if not e then return nil, msg('not_a_lease_key') end
+        if e <= now_us then
+          v.expired[#v.expired + 1] = field
+        else
+          v.weight, v.count = v.weight + w, v.count + 1
+          if field == id then
+            v.own = { e = e, w = w }
+          elseif e > v.latest then
+            v.latest = e
+          end
+          if n <= LEASE_TRACKED or before(e, field, earliest[n]) then
+            if n > LEASE_TRACKED then n = n - 1 end
+            local at = n + 1
+            while at > 1 and before(e, field, earliest[at - 1]) do
+              earliest[at] = earliest[at - 1]
+              at = at - 1
+            end
+            earliest[at] = { e = e, w = w, id = field }
+            n = n + 1
+            earliest[n + 1] = nil
+          end
+        end
       end
     end
-    s.weight, s.latest = weight, latest
-    return s
+    v.own_stored = v.own
+    if n > LEASE_TRACKED then
+      local h = earliest[LEASE_TRACKED + 1].e
+      local list = {}
+      for i = 1, n do
+        if earliest[i].e < h then list[#list + 1] = earliest[i] end
+      end
+      earliest, v.h = list, h
+    end
+    v.list = earliest
+    return v
   end
 
-  -- The live weight: the others' and the caller's own.
-  local function in_use(s)
-    return s.weight + (s.own and s.own.w or 0)
+  -- Whether a lease expiring at `e` is listed.
+  local function listed(v, e)
+    return v.h == nil or e < v.h
   end
 
-  -- How long until enough of the others expire for `weight` to fit beside
-  -- them under `limit`: 0 if it fits now.
-  local function wait_for_room(s, now_us, limit, weight)
-    local excess = s.weight + weight - limit
+  -- The live weight of the leases other than the caller's.
+  local function others_weight(v)
+    return v.weight - (v.own and v.own.w or 0)
+  end
+
+  -- How long until enough leases other than the caller's expire for
+  -- `weight` to fit under `limit` (view.rs wait_for_room); nil: unsure.
+  local function wait_for_room(v, limit, weight)
+    local excess = others_weight(v) + weight - limit
     if excess <= 0 then return 0 end
-    -- The weight that ends at each expiry, and the expiries in order (a
-    -- plain sort of numbers: no Lua call per comparison).
-    local by_end, times = {}, {}
-    for i = 1, #s.ends do
-      local e = s.ends[i]
-      local w = by_end[e]
-      if w then
-        by_end[e] = w + s.weights[i]
-      else
-        by_end[e] = s.weights[i]
-        times[#times + 1] = e
+    local list = list_of(v)
+    if not list then return nil end
+    for i = 1, #list do
+      local t = list[i]
+      if t.id ~= v.id then
+        excess = excess - t.w
+        if excess <= 0 then return ms_until(v.now, t.e) end
       end
     end
-    table.sort(times)
-    for i = 1, #times do
-      excess = excess - by_end[times[i]]
-      if excess <= 0 then return ms_until(now_us, times[i]) end
-    end
-    -- weight <= limit, so the others' expiry always makes room.
+    if v.h then return ms_until(v.now, v.h) end
     return 0
+  end
+
+  -- The list without the caller's entry.
+  local function unlist_own(list, id)
+    for i = 1, #list do
+      if list[i].id == id then
+        table.remove(list, i)
+        return
+      end
+    end
+  end
+
+  -- Takes or renews the caller's lease as {e, w} (view.rs set_own); nil:
+  -- unsure.
+  local function set_own(v, lease)
+    local old = v.own
+    if (old and listed(v, old.e)) or listed(v, lease.e) then
+      local list = list_of(v)
+      if not list then return nil end
+      unlist_own(list, v.id)
+      if listed(v, lease.e) then
+        local at = #list + 1
+        while at > 1 and before(lease.e, v.id, list[at - 1]) do at = at - 1 end
+        table.insert(list, at, { e = lease.e, w = lease.w, id = v.id })
+      end
+      -- Keep at most LEASE_TRACKED, the horizon moving down with them.
+      while #list > LEASE_TRACKED do
+        local last = list[#list].e
+        while #list > 0 and list[#list].e == last do list[#list] = nil end
+        v.h = last
+      end
+    end
+    v.weight = v.weight + lease.w - (old and old.w or 0)
+    if not old then v.count = v.count + 1 end
+    v.own, v.set = lease, lease
+    return true
+  end
+
+  -- Releases the caller's lease: true, false if it had none; nil: unsure.
+  local function release_own(v)
+    local old = v.own
+    if not old then return false end
+    if listed(v, old.e) then
+      local list = list_of(v)
+      if not list then return nil end
+      unlist_own(list, v.id)
+    end
+    v.weight, v.count = v.weight - old.w, v.count - 1
+    v.own, v.released = nil, true
+    return true
+  end
+
+  -- The latest live lease's expiry, as far as the call knows.
+  local function latest_of(v)
+    if v.own and v.own.e > v.latest then return v.own.e end
+    return v.latest
+  end
+
+  -- The summary the key needs now, if it holds more than LEASE_TRACKED.
+  local function summary_now(v)
+    if v.count <= LEASE_TRACKED or not v.h then return nil end
+    local head = string.format('%d:%d:%d:%d', v.weight, v.count, v.h, latest_of(v))
+    if not v.list then return head .. string.sub(v.text, v.at) end
+    local parts = { head }
+    for i = 1, #v.list do
+      local t = v.list[i]
+      parts[i + 1] = string.format(';%d:%d:%d:', t.e, t.w, #t.id) .. t.id
+    end
+    return table.concat(parts)
   end
 
   -- HDEL of `fields`, HDEL_CHUNK at a time.
@@ -762,21 +967,71 @@ local function leases()
     end
   end
 
-  -- A lease call's write (LeaseKey::apply, the same state): the lease of
-  -- `id` set to `lease` ({e, w}) if given, the `prune` fields deleted, and
-  -- the key's expiry at `until_us`, the latest live lease's end, rounded up
-  -- to the ms. The order is for maxmemory: a script is refused a denyoom
-  -- command (HSET) only before its first write, so an EVAL acquire fails
-  -- under OOM before writing anything, expired fields or not, and an EVAL
-  -- renew (`expire_first`) goes through, as TB.RENEW does.
-  local function save_leases(key, id, lease, prune, until_us, expire_first)
-    local at = string.format('%d', ceil_ms(until_us))
-    if expire_first then redis.call('PEXPIREAT', key, at) end
-    if lease then
-      redis.call('HSET', key, id, string.format('%d:%d', lease.e, lease.w))
+  -- What the call writes (view.rs Leases::write and LeaseKey::apply): its
+  -- own change, and after a pass of a key of more than LEASE_TRACKED + 1
+  -- fields what the pass found. tb_acquire's HSET goes first (under
+  -- maxmemory an EVAL is refused only its first write, so the EVAL form
+  -- of an acquire is refused before it writes anything); tb_release and
+  -- tb_renew, which run under maxmemory, start with PEXPIREAT.
+  local function write(key, v, acquire)
+    local summary = summary_now(v)
+    local found = v.passed and v.fields > LEASE_TRACKED + 1
+      and (#v.expired > 0 or summary ~= v.summary)
+    if not (v.set or v.released or found) then return end
+    if v.count == 0 then
+      redis.call('DEL', key)
+      return
     end
-    hdel(key, prune)
-    if not expire_first then redis.call('PEXPIREAT', key, at) end
+    local delete = {}
+    for i = 1, #v.expired do
+      local f = v.expired[i]
+      -- The caller's expired lease is overwritten, not deleted, when set.
+      if not (v.set and f == v.id) then delete[#delete + 1] = f end
+    end
+    if v.released then delete[#delete + 1] = v.id end
+    if not summary and v.summary then delete[#delete + 1] = LEASE_SUMMARY_FIELD end
+    if summary == v.summary then summary = nil end
+    local function set()
+      local own = v.set and string.format('%d:%d', v.set.e, v.set.w)
+      if own and summary then
+        redis.call('HSET', key, v.id, own, LEASE_SUMMARY_FIELD, summary)
+      elseif own then
+        redis.call('HSET', key, v.id, own)
+      elseif summary then
+        redis.call('HSET', key, LEASE_SUMMARY_FIELD, summary)
+      end
+    end
+    local at = string.format('%d', ceil_ms(latest_of(v)))
+    if acquire then set() end
+    if not acquire then redis.call('PEXPIREAT', key, at) end
+    hdel(key, delete)
+    if acquire then redis.call('PEXPIREAT', key, at) else set() end
+  end
+
+  -- Decides a call on `key` for `id` at `now_us` (view.rs decide): `op`
+  -- runs on the key as its summary tells it, or on the key read whole
+  -- where the summary can't answer (op's nil). op returns its result, or
+  -- false and an error (nothing is then written). Writes unless `ro`.
+  -- Returns the result, or nil and the error text.
+  local function decide(key, id, now_us, op, acquire, ro)
+    -- HLEN, as load() reads a bucket: 0 for a missing key, WRONGTYPE for
+    -- anything but a hash; any other error raised as redis.call raises it.
+    local fields = redis.pcall('HLEN', key) if type(fields) == 'table' and not string.find(fields.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(fields) end error(fields.err, 0) end
+    if type(fields) == 'table' then return nil, msg('wrongtype') end
+    local v, r, err
+    if fields > LEASE_TRACKED + 1 then
+      v, err = from_summary(key, fields, id, now_us)
+      if err then return nil, err end
+      if v then r, err = op(v) end
+    end
+    if r == nil then
+      v, err = pass(key, fields, id, now_us)
+      if not v then return nil, err end
+      r, err = op(v)
+    end
+    if r == false then return nil, err end
+    if not ro then write(key, v, acquire) end
+    return r
   end
 
   -- The expiry of a lease taken or renewed now for `lease_ms`: never
@@ -840,63 +1095,70 @@ local function leases()
       limits = limits, costs = costs }
   end
 
-  -- tb_acquire: the lease and every bucket, or nothing.
+  -- tb_acquire: the lease and every bucket, or nothing. A live lease of
+  -- the same id (a retry) is renewed, counted once, and charges no bucket:
+  -- its bucket replies are what tb_peek would answer.
   -- {acquired, in_use, retry_after_ms, expires_in_ms, bucket replies...}
   local function tb_acquire(keys, args)
     local call, err = acquire_args(keys, args)
     if not call then return redis.error_reply(err) end
     local now = clock()
     local now_us = us_of(now)
-    local s
-    s, err = scan_leases(keys[1], call.id, now_us)
-    if not s then return redis.error_reply(err) end
-    -- Bucket by bucket, as TB.MCONSUME: a bad key stops the call before
-    -- later keys are read.
     local n = #call.limits
-    local stored, cur = {}, {}
-    for g = 1, n do
-      local b
-      b, err = load(keys[g + 1], g)
-      if b == nil then return redis.error_reply(err) end
-      stored[g], cur[g] = b, current_at(call.limits[g], b, now.hi, now.lo)
-    end
-    local acquired = s.weight + call.weight <= call.limit
-    for g = 1, n do
-      if not (cur[g] >= call.costs[g]) then acquired = false end
-    end
+    local stored, cur, retry, charging
     local out
-    if acquired then
-      local lease = { e = extended(s.own, now_us, call.lease_ms), w = call.weight }
-      save_leases(keys[1], call.id, lease, s.expired, math.max(lease.e, s.latest), false)
-      out = { 1, s.weight + call.weight, 0, ms_until(now_us, lease.e) }
-    else
-      out = { 0, in_use(s), wait_for_room(s, now_us, call.limit, call.weight), 0 }
-    end
+    out, err = decide(keys[1], call.id, now_us, function(v)
+      -- Bucket by bucket, as TB.MCONSUME, after the lease key: a bad key
+      -- stops the call before later keys are read.
+      stored, cur = {}, {}
+      for g = 1, n do
+        local b, e = load(keys[g + 1], g)
+        if b == nil then return false, e end
+        stored[g], cur[g] = b, current_at(call.limits[g], b, now.hi, now.lo)
+      end
+      retry = v.own ~= nil
+      local fits = others_weight(v) + call.weight <= call.limit
+      local pay = true
+      for g = 1, n do
+        if not (cur[g] >= call.costs[g]) then pay = false end
+      end
+      charging = fits and pay and not retry
+      if fits and (retry or pay) then
+        local lease = { e = extended(v.own, now_us, call.lease_ms), w = call.weight }
+        if not set_own(v, lease) then return nil end
+        return { 1, v.weight, 0, ms_until(now_us, lease.e) }
+      end
+      local wait = 0
+      if not fits then
+        wait = wait_for_room(v, call.limit, call.weight)
+        if wait == nil then return nil end
+      end
+      return { 0, v.weight, wait, 0 }
+    end, true)
+    if not out then return redis.error_reply(err) end
     for g = 1, n do
-      local r, tokens, writes =
-        charge(call.limits[g], stored[g], now, cur[g], call.costs[g], acquired)
+      local r, tokens, writes = charge(call.limits[g], stored[g], now, cur[g], call.costs[g], charging)
       if writes then save(keys[g + 1], stored[g], call.limits[g], tokens, r[4], now) end
-      if r[3] > out[3] then out[3] = r[3] end
+      -- A retry's buckets were paid: their wait is not the call's.
+      if not retry and r[3] > out[3] then out[3] = r[3] end
       out[4 + g] = r
     end
     return out
   end
 
-  -- tb_release: {released, in_use}; an unknown or expired id writes nothing.
+  -- tb_release: {released, in_use}; an unknown or expired id writes
+  -- nothing (but what a pass of a large key found).
   local function tb_release(keys, args)
     if #keys ~= 1 or #args ~= 1 then return arity_error('tb_release') end
     local id = args[1]
     if bad_id(id) then return redis.error_reply(msg('bad_id')) end
-    local s, err = scan_leases(keys[1], id, us_of(clock()))
-    if not s then return redis.error_reply(err) end
-    if not s.own then return { 0, s.weight } end
-    if #s.ends == 0 then
-      redis.call('DEL', keys[1])
-    else
-      s.expired[#s.expired + 1] = id
-      save_leases(keys[1], id, nil, s.expired, s.latest, false)
-    end
-    return { 1, s.weight }
+    local out, err = decide(keys[1], id, us_of(clock()), function(v)
+      local released = release_own(v)
+      if released == nil then return nil end
+      return { released and 1 or 0, v.weight }
+    end, false)
+    if not out then return redis.error_reply(err) end
+    return out
   end
 
   -- tb_renew: {renewed, expires_in_ms}; a lease that is not live is never
@@ -908,21 +1170,25 @@ local function leases()
     local lease_ms, err = lease_int(args[2], 'lease_ms', 1, MAX_LEASE_MS)
     if not lease_ms then return redis.error_reply(err) end
     local now_us = us_of(clock())
-    local s
-    s, err = scan_leases(keys[1], id, now_us)
-    if not s then return redis.error_reply(err) end
-    if not s.own then return { 0, 0 } end
-    local lease = { e = extended(s.own, now_us, lease_ms), w = s.own.w }
-    save_leases(keys[1], id, lease, s.expired, math.max(lease.e, s.latest), true)
-    return { 1, ms_until(now_us, lease.e) }
+    local out
+    out, err = decide(keys[1], id, now_us, function(v)
+      if not v.own then return { 0, 0 } end
+      local lease = { e = extended(v.own, now_us, lease_ms), w = v.own.w }
+      if not set_own(v, lease) then return nil end
+      return { 1, ms_until(now_us, lease.e) }
+    end, false)
+    if not out then return redis.error_reply(err) end
+    return out
   end
 
   -- Read-only (registered no-writes): the live weight.
   local function tb_inflight(keys, args)
     if #keys ~= 1 or #args ~= 0 then return arity_error('tb_inflight') end
-    local s, err = scan_leases(keys[1], nil, us_of(clock()))
-    if not s then return redis.error_reply(err) end
-    return s.weight
+    local out, err = decide(keys[1], nil, us_of(clock()), function(v)
+      return v.weight
+    end, false, true)
+    if not out then return redis.error_reply(err) end
+    return out
   end
 
   LEASES = { acquire = tb_acquire, release = tb_release, renew = tb_renew, inflight = tb_inflight }

@@ -172,31 +172,53 @@ fn a_failed_lease_write_is_an_error_counted_and_the_same_on_the_replica() {
     };
     let written = snapshot(&mut p);
 
-    // Pruning the expired lease fails: nothing changes anywhere.
+    // An acquire sets its lease first (an EVAL acquire under maxmemory is
+    // then refused before it writes anything): that failing changes
+    // nothing anywhere.
     let take_b = ["TB.ACQUIRE", "k", "3", "600000", "b"];
-    fails_at(&mut p, "hdel", &take_b, "HDEL", 1);
+    fails_at(&mut p, "hashset", &take_b, "HSET", 1);
     assert_eq!(snapshot(&mut p), written);
     same(&mut p, &mut r);
-    // Setting the lease fails after the prune: both sides pruned, no b.
-    fails_at(&mut p, "hashset", &take_b, "HSET", 2);
-    let pruned = snapshot(&mut p);
-    let fields: Vec<&String> = pruned[b"k".as_slice()].0.keys().collect();
-    assert_eq!(fields, ["a"]);
+    // Pruning the expired lease fails after the HSET: both sides hold b,
+    // and the expired lease still.
+    fails_at(&mut p, "hdel", &take_b, "HDEL", 2);
+    let taken = snapshot(&mut p);
+    let fields: Vec<&String> = taken[b"k".as_slice()].0.keys().collect();
+    assert_eq!(fields, ["a", "b", "short"]);
+    assert_eq!(taken[b"k".as_slice()].1, written[b"k".as_slice()].1);
     same(&mut p, &mut r);
-    // The expire of a renewal fails after its HSET: both keep the old one.
+    // A renewal (which runs under maxmemory) starts with its expire: that
+    // failing changes nothing.
     let renew = ["TB.RENEW", "k", "a", "900000"];
     fails_at(&mut p, "expire", &renew, "PEXPIREAT", 3);
-    let renewed = snapshot(&mut p);
-    assert_ne!(renewed[b"k".as_slice()].0, pruned[b"k".as_slice()].0);
-    assert_eq!(renewed[b"k".as_slice()].1, pruned[b"k".as_slice()].1);
+    assert_eq!(snapshot(&mut p), taken);
+    same(&mut p, &mut r);
+    // Its HSET fails after the expire and the prune: the key expires
+    // later and lost the expired lease on both sides, a's lease is as it
+    // was.
+    fails_at(&mut p, "hashset", &renew, "HSET", 4);
+    let pruned = snapshot(&mut p);
+    let fields: Vec<&String> = pruned[b"k".as_slice()].0.keys().collect();
+    assert_eq!(fields, ["a", "b"]);
+    assert_eq!(
+        pruned[b"k".as_slice()].0["a"],
+        taken[b"k".as_slice()].0["a"]
+    );
+    assert!(pruned[b"k".as_slice()].1 > taken[b"k".as_slice()].1);
     same(&mut p, &mut r);
     // The last release deletes the key; the delete fails: nothing changes.
-    fails_at(&mut p, "delete", &["TB.RELEASE", "k", "a"], "DEL", 4);
-    assert_eq!(snapshot(&mut p), renewed);
+    let released: Vec<i64> = redis::cmd("TB.RELEASE")
+        .arg(&["k", "b"])
+        .query(&mut p)
+        .unwrap();
+    assert_eq!(released, [1, 1]);
+    let one_left = snapshot(&mut p);
+    fails_at(&mut p, "delete", &["TB.RELEASE", "k", "a"], "DEL", 5);
+    assert_eq!(snapshot(&mut p), one_left);
     same(&mut p, &mut r);
     // Replicate fails only for a command the server lacks (which refuses
     // the load); forced, it is still reported, counted and logged.
-    fails_at(&mut p, "replicate", &take_b, "replicate HSET", 5);
+    fails_at(&mut p, "replicate", &take_b, "replicate HSET", 6);
     assert!(primary
         .log()
         .contains("tb: a lease write failed at replicate HSET"));

@@ -870,7 +870,10 @@ fn hostile_calls_on_garbage_keys_error_cleanly_or_answer_in_shape() {
                 let kind = want.split([':', '(']).next().unwrap().trim().to_string();
                 *kinds.entry(kind).or_default() += 1;
             }
-            (Err(want), Ok(v)) => panic!("{ctx}: want error {want:?}, got {v:?}"),
+            (Err(want), Ok(v)) => panic!(
+                "{ctx}: want error {want:?}, got {v:?}; before {:?}",
+                argv.get(1).and_then(|k| before.get(k))
+            ),
             (Ok(_), Err(e)) => panic!("{ctx}: want success, got {e:?}"),
             (Ok(mut call), Ok(v)) => {
                 *kinds.entry("ok".into()).or_default() += 1;

@@ -1257,7 +1257,7 @@ fn eval_scripts_fall_back_from_noscript_on_redis_7() {
     assert_eq!(int(&mut c, "EXISTS", "fresh"), 0);
     // Likewise inflight and acquire.
     let _: () = redis::cmd("HSET")
-        .arg(&["held", "a", "99999999999999999:3"])
+        .arg(&["held", "a", "9007199254740991:3"])
         .query(&mut c)
         .unwrap();
     let n: i64 = redis::cmd("EVAL_RO")

@@ -16,6 +16,10 @@
 //!   limits and lease times, the clock stepped by µs to a minute (leases
 //!   expire, sometimes it steps back), lease states planted on both sides
 //!   (expired leases, leading zeros), and keys of the wrong kind.
+//! * `random_calls_on_large_lease_keys_match_the_module`: the lease
+//!   commands on keys of more leases than a summary lists, leases expiring
+//!   in the middle, the live weight checked against the hash after every
+//!   step.
 //! * `module_and_library_share_keys`: one key served alternately by both
 //!   behaves exactly like a key served by the module alone.
 //!
@@ -1192,4 +1196,151 @@ fn module_and_library_share_lease_keys() {
     }
     assert!(acquired > 50 && denied > 30, "{acquired} {denied}");
     assert!(released > 20 && renewed > 20, "{released} {renewed}");
+}
+
+/// The live weight of a lease hash at `now`, read by brute force (the
+/// summary, the empty field, left out).
+fn live_weight(c: &mut redis::Connection, key: &str, now: i64) -> i64 {
+    hgetall(c, key)
+        .iter()
+        .filter(|(f, _)| !f.is_empty())
+        .filter_map(|(_, v)| {
+            let (e, w) = v.split_once(':')?;
+            let (e, w): (i64, i64) = (e.parse().ok()?, w.parse().ok()?);
+            (now < e).then_some(w)
+        })
+        .sum()
+}
+
+/// Random calls on keys of many leases (more than a summary lists), short
+/// leases expiring in the middle: module and library give the same replies
+/// and leave the same hash (its summary included) and expire time, and
+/// after every step TB.INFLIGHT on both equals the live weight read by
+/// brute force. Now and then both sides get the same key as written before
+/// summaries (many leases, none), or a summary that disagrees.
+#[test]
+fn random_calls_on_large_lease_keys_match_the_module() {
+    let seed = std::env::var("TB_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x000B_161E_A5E5_u64);
+    let mut rng = Rng(seed);
+    let clock = FakeClock::new(T0);
+    let s = Server::with(clock.config());
+    let mut c = s.conn();
+    load_library(&mut c);
+    let ids: Vec<String> = (0..60).map(|i| format!("id{i}")).collect();
+    let lease_ms = ["5", "50", "500", "2000", "10000", "30000", "60000"];
+    let mut now = T0;
+    let (mut large, mut with_summary, mut acquired, mut denied, mut released, mut renewed) =
+        (0, 0, 0, 0, 0, 0);
+    for i in 0..OPS {
+        now += match rng.below(100) {
+            0..=29 => 0,
+            30..=96 => rng.below(150_000) as i64,
+            97 => rng.below(20_000_000) as i64,
+            _ => -(rng.below(3_000_000) as i64),
+        };
+        clock.set(now);
+        if rng.chance(0.01) {
+            // The same many leases on both sides, as written before
+            // summaries, or with a summary that counts one lease too many.
+            let n = 10 + rng.below(30);
+            let broken = rng.chance(0.5);
+            for p in ["m:", "l:"] {
+                let k = format!("{p}big");
+                let _: () = redis::cmd("DEL").arg(&k).query(&mut c).unwrap();
+                let mut cmd = redis::cmd("HSET");
+                cmd.arg(&k);
+                for j in 0..n {
+                    cmd.arg(format!("old{j}"))
+                        .arg(format!("{}:1", now + 1 + (j as i64) * 700_000));
+                }
+                if broken {
+                    cmd.arg("")
+                        .arg(format!("{n}:{}:{}:{}", n + 1, now + 5, now + 9));
+                }
+                let _: () = cmd.query(&mut c).unwrap();
+            }
+        }
+        let id = if rng.chance(0.6) {
+            // An id the key holds, live or expired, if any.
+            let held: Vec<String> = hgetall(&mut c, "m:big")
+                .into_keys()
+                .filter(|k| !k.is_empty())
+                .collect();
+            if held.is_empty() {
+                rng.pick(&ids).clone()
+            } else {
+                rng.pick(&held).clone()
+            }
+        } else {
+            rng.pick(&ids).clone()
+        };
+        let (kind, args) = match rng.below(10) {
+            0..=4 => {
+                let limit = 20 + rng.below(40);
+                let weight = 1 + rng.below(3);
+                let ms = rng.pick(&lease_ms).to_string();
+                let args = vec![limit.to_string(), ms, id, weight.to_string()];
+                ("acquire", args)
+            }
+            5..=6 => ("release", vec![id]),
+            7..=8 => ("renew", vec![id, rng.pick(&lease_ms).to_string()]),
+            _ => ("inflight", vec![]),
+        };
+        let op = Op {
+            kind,
+            keys: vec!["big".into()],
+            args,
+        };
+        let fields: i64 = int(&mut c, "HLEN", "m:big");
+        large += usize::from(fields > 9);
+        with_summary += usize::from(hgetall(&mut c, "m:big").contains_key(""));
+        let by_module = run(&mut c, &op.module("m:"));
+        let by_library = module_spelling(run(&mut c, &op.library("l:")));
+        let ctx = format!("op {i} (seed {seed:#x}, clock T0{:+}us): {op:?}", now - T0);
+        assert_eq!(by_library, by_module, "{ctx}");
+        assert_eq!(
+            any_state(&mut c, "l:big"),
+            any_state(&mut c, "m:big"),
+            "{ctx}"
+        );
+        let live = live_weight(&mut c, "m:big", now);
+        let inflight = Op {
+            kind: "inflight",
+            keys: vec!["big".into()],
+            args: vec![],
+        };
+        for (form, got) in [
+            ("module", run(&mut c, &inflight.module("m:"))),
+            ("library", run(&mut c, &inflight.library("l:"))),
+        ] {
+            assert_eq!(
+                got,
+                Ok(Value::Int(live)),
+                "{form}'s live weight after {ctx}"
+            );
+        }
+        if let Ok(Value::Array(r)) = &by_module {
+            let done = r[0] == Value::Int(1);
+            match kind {
+                "acquire" if done => acquired += 1,
+                "acquire" => denied += 1,
+                "release" => released += usize::from(done),
+                "renew" => renewed += usize::from(done),
+                _ => {}
+            }
+        }
+    }
+    eprintln!(
+        "large {large}, with a summary {with_summary}, acquired {acquired}, denied {denied}, \
+         released {released}, renewed {renewed}"
+    );
+    assert!(
+        large > OPS / 2 && with_summary > OPS / 3,
+        "{large} {with_summary}"
+    );
+    assert!(acquired > 500 && denied > 200, "{acquired} {denied}");
+    assert!(released > 200 && renewed > 200, "{released} {renewed}");
 }

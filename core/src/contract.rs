@@ -23,6 +23,8 @@ pub const MAX_LEASE_MS: i64 = 86400000;
 pub const MAX_LEASE_ID_BYTES: usize = 256;
 /// Leases a lease key's summary lists: the earliest to expire. A key of at most this many leases keeps no summary, and every call reads it whole.
 pub const LEASE_TRACKED: usize = 8;
+/// Largest integer a lease key stores: 2^53 - 1, which a Lua number holds exactly (as µs since the epoch, the year 2255).
+pub const MAX_STORED_INTEGER: i64 = 9007199254740991;
 
 /// The commands, as registered (and as their arity errors name them).
 pub const CONSUME: &CStr = c"tb.consume";
@@ -38,7 +40,7 @@ pub const COMMANDS: [&CStr; 9] = [CONSUME, PEEK, MCONSUME, ADJUST, CL_THROTTLE, 
 
 /// The grammar of what the lease commands store (contract.json's
 /// "stored"), which `crate::lease::stored` reads and writes:
-/// * integer: A stored integer is canonical decimal: 0, or digits with no leading zero; at most 19 digits and an i64.
+/// * integer: A stored integer is canonical decimal: 0, or digits with no leading zero; at most max_stored_integer.
 /// * lease: A lease field: the id (1 to max_lease_id_bytes bytes) holds <expires_at_us>:<weight>, two stored integers, the weight 1 to max_lease_limit.
 /// * summary: The summary field, named by the empty string (no id can be): <weight>:<count>:<horizon_us>:<latest_us> then, for each lease it lists, ;<expires_at_us>:<weight>:<id_bytes>:<id>. weight and count are the lease fields' total weight and number, horizon_us the expiry before which every lease is listed, latest_us no earlier than any lease's expiry; the listed leases are at most lease_tracked, in ascending expiry, each before horizon_us, ids distinct.
 pub const LEASE_SUMMARY_FIELD: &str = "";

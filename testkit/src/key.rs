@@ -148,7 +148,10 @@ pub fn lease_summary_problem(hash: &BTreeMap<Vec<u8>, Vec<u8>>) -> Option<String
         .iter()
         .map(|t| (t.lease.expires_us, t.id.to_vec(), t.lease.weight))
         .collect();
-    let ordered = list.windows(2).all(|w| w[0].0 <= w[1].0);
+    // In ascending expiry, then id: the one order both forms write.
+    let ordered = list
+        .windows(2)
+        .all(|w| (w[0].0, &w[0].1) < (w[1].0, &w[1].1));
     list.sort();
     let problems = [
         (h.count as usize != leases.len(), "count"),

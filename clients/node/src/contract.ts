@@ -19,6 +19,8 @@ export const MAX_LEASE_MS = 86400000;
 export const MAX_LEASE_ID_BYTES = 256;
 /** Leases a lease key's summary lists: the earliest to expire. A key of at most this many leases keeps no summary, and every call reads it whole. */
 export const LEASE_TRACKED = 8;
+/** Largest integer a lease key stores: 2^53 - 1, which a Lua number holds exactly (as µs since the epoch, the year 2255). */
+export const MAX_STORED_INTEGER = 9007199254740991;
 
 export const COMMANDS = {
   consume: "tb.consume",
@@ -33,7 +35,7 @@ export const COMMANDS = {
 } as const;
 
 /** The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION). */
-export const LIBRARY_VERSION = "0.1.0+f346c12f43bd";
+export const LIBRARY_VERSION = "0.1.0+712d054c2587";
 
 /** Error reply templates; message() fills in the {name} marks. */
 export const ERRORS = {

@@ -3,7 +3,9 @@
 //! contract.json's "stored" (see `crate::contract::LEASE_SUMMARY_FIELD`);
 //! the Lua library reads and writes the same text.
 
-use crate::contract::{LEASE_SUMMARY_FIELD, LEASE_TRACKED, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT};
+use crate::contract::{
+    LEASE_SUMMARY_FIELD, LEASE_TRACKED, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_STORED_INTEGER,
+};
 use crate::number::digit_run;
 use std::borrow::Cow;
 
@@ -14,16 +16,18 @@ pub const SUMMARY_FIELD: &[u8] = LEASE_SUMMARY_FIELD.as_bytes();
 pub const TRACKED: usize = LEASE_TRACKED;
 
 /// A stored integer at the start of `s`: canonical decimal (`0`, or digits
-/// with no leading zero, at most 19 and an i64), and the bytes it takes.
-/// `None` if `s` starts with anything else.
+/// with no leading zero, at most MAX_STORED_INTEGER, which a Lua number
+/// holds exactly), and the bytes it takes. `None` if `s` starts with
+/// anything else.
 #[inline(always)]
 fn int_at(s: &[u8]) -> Option<(i64, usize)> {
     let (v, n) = digit_run(s);
     // Past 19 digits the run's value has wrapped: refused by the count.
-    if n == 0 || n > 19 || (n > 1 && s[0] == b'0') {
+    if n == 0 || n > 16 || (n > 1 && s[0] == b'0') {
         return None;
     }
-    Some((i64::try_from(v).ok()?, n))
+    let v = i64::try_from(v).ok()?;
+    (v <= MAX_STORED_INTEGER).then_some((v, n))
 }
 
 /// A whole slice as one stored integer.
@@ -196,6 +200,8 @@ mod tests {
             "0",
             "00",
             "01",
+            "9007199254740991",
+            "9007199254740992",
             "9223372036854775807",
             "9223372036854775808",
             "18446744073709551615",
@@ -218,7 +224,7 @@ mod tests {
             let canonical = !s.is_empty()
                 && s.bytes().all(|b| b.is_ascii_digit())
                 && (s == "0" || !s.starts_with('0'));
-            let want = parse_i64(s.as_bytes()).filter(|_| canonical);
+            let want = parse_i64(s.as_bytes()).filter(|&v| canonical && v <= MAX_STORED_INTEGER);
             assert_eq!(int(s.as_bytes()), want, "{s:?}");
         }
     }

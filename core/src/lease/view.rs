@@ -13,7 +13,9 @@
 //! with what the call sees (the field count, the caller's own lease, its
 //! own grammar and order), or whose horizon has passed is rebuilt by a
 //! pass, which writers then store with what it pruned, so the next call
-//! is cheap again.
+//! is cheap again. The list is kept in ascending expiry, then id, so the
+//! module and the Lua library write the same text whatever order they
+//! read the hash in.
 
 use super::stored::{summary_text, Header, Lease, Tracked, SUMMARY_FIELD, TRACKED};
 use crate::bucket::{consume_all_if, Limits, Outcome, Stored};
@@ -72,6 +74,11 @@ pub fn key_expire_at_ms(at_us: i64) -> i64 {
 pub fn extended(own: Option<Lease>, now_us: i64, lease_ms: i64) -> i64 {
     let new = now_us.saturating_add(lease_ms.saturating_mul(1000));
     own.map_or(new, |l| l.expires_us.max(new))
+}
+
+/// The order of the list: by expiry, then id (bytes).
+fn order<'t>(t: &'t Tracked) -> (i64, &'t [u8]) {
+    (t.lease.expires_us, &t.id)
 }
 
 /// The listed leases: still text, or read (live ones only, in ascending
@@ -213,16 +220,15 @@ impl<'a> Leases<'a> {
                 } else {
                     view.latest_others_us = view.latest_others_us.max(lease.expires_us);
                 }
+                // In ascending expiry, then id: one order, whatever order
+                // the hash is read in.
+                let this = (lease.expires_us, field);
                 let full = earliest.len() > TRACKED;
-                if !full
-                    || earliest
-                        .last()
-                        .is_some_and(|t| lease.expires_us < t.lease.expires_us)
-                {
+                if !full || earliest.last().is_some_and(|t| this < order(t)) {
                     if full {
                         earliest.pop();
                     }
-                    let at = earliest.partition_point(|t| t.lease.expires_us <= lease.expires_us);
+                    let at = earliest.partition_point(|t| order(t) < this);
                     earliest.insert(
                         at,
                         Tracked {
@@ -353,8 +359,9 @@ impl<'a> Leases<'a> {
             let list = self.list()?;
             list.retain(|t| Some(&*t.id) != id);
             if listed {
-                let at = list.partition_point(|t| t.lease.expires_us <= lease.expires_us);
-                let id = Cow::Borrowed(id.unwrap_or_default());
+                let id = id.unwrap_or_default();
+                let at = list.partition_point(|t| order(t) < (lease.expires_us, id));
+                let id = Cow::Borrowed(id);
                 list.insert(at, Tracked { lease, id });
             }
             self.keep_list_short();

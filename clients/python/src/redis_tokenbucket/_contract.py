@@ -24,6 +24,8 @@ MAX_LEASE_MS = 86400000
 MAX_LEASE_ID_BYTES = 256
 # Leases a lease key's summary lists: the earliest to expire. A key of at most this many leases keeps no summary, and every call reads it whole.
 LEASE_TRACKED = 8
+# Largest integer a lease key stores: 2^53 - 1, which a Lua number holds exactly (as µs since the epoch, the year 2255).
+MAX_STORED_INTEGER = 9007199254740991
 
 COMMANDS = {
     "consume": "tb.consume",
@@ -38,7 +40,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+f346c12f43bd"
+LIBRARY_VERSION = "0.1.0+712d054c2587"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
