@@ -99,7 +99,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+712d054c2587'
+local LIBRARY_VERSION = '0.1.0+6f78cd0b46eb'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -786,7 +786,9 @@ local function leases()
       first = fs and int(fs)
       if not first then return nil end
     end
-    if n ~= fields - 1 or w < n or x < h or (own and own.e > x) or now_us >= h then
+    -- The caller's lease is one of n, each of weight 1 or more.
+    if n ~= fields - 1 or w < n or x < h or now_us >= h
+      or (own and (own.e > x or n < 1 or own.w + n - 1 > w)) then
       return nil
     end
     local v = { now = now_us, id = id, own_stored = own, weight = w, count = n,

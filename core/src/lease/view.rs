@@ -140,7 +140,10 @@ impl<'a> Leases<'a> {
         let agrees = i64::try_from(fields).is_ok_and(|n| h.count == n - 1)
             && h.weight >= h.count
             && h.latest_us >= h.horizon_us
-            && own_stored.is_none_or(|l| l.expires_us <= h.latest_us);
+            && own_stored.is_none_or(|l| {
+                // The caller's lease is one of `count`, each of weight 1 or more.
+                l.expires_us <= h.latest_us && h.count >= 1 && l.weight + h.count - 1 <= h.weight
+            });
         let Some(first) = h.first_expiry() else {
             return Ok(None);
         };
