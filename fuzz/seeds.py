@@ -7,6 +7,10 @@ The formats are the ones testkit/src/oracles.rs decodes:
   bucket  flags u8 | max f64 | rate f64 | a u16 | b u16 | tokens f64 | t u16
           | ts i64 | now i64 | dt i32 | cost f64 | c u16 | delta f64 | d u16
           | steps: (kind u8, dt u32, frac u16)*   (little-endian)
+  lease   flags u8 | n u8 | n leases: (id u8, expiry ms i16, weight u8) or,
+          with flags bit 1 and an odd id byte, (id u8, len u8, bytes)
+          | [flags bit 0: summary len u8, bytes]
+          | calls: (kind u8, id u8, dt ms i16, lease_ms u16, weight u8)*
 
 Run it after changing a format: python3 fuzz/seeds.py
 """
@@ -133,7 +137,47 @@ bucket_seeds = [
     ("raw-fill-too-slow", bucket(RAW, 1e11, 1.0, tokens=0.0, ts=NOW, now=NOW, cost=1.0, delta=1.0)),
 ]
 
+
+
+def lease_case(flags, leases, summary=None, calls=()):
+    out = bytes([flags, len(leases)])
+    for k, lease in enumerate(leases):
+        if isinstance(lease, bytes):  # (raw) an odd id byte, a length, the value
+            out += bytes([2 * k + 1, len(lease)]) + lease
+        else:
+            idb, offset_ms, weight = lease
+            out += struct.pack("<BhB", idb * 2, offset_ms, weight - 1)
+    if summary is not None:
+        out += bytes([len(summary)]) + summary
+    for kind, idb, dt, lease_ms, weight in calls:
+        out += struct.pack("<BBhHB", kind, idb, dt, lease_ms, weight - 1)
+    return out
+
+
+ACQ, REL, REN, INF = 0, 1, 2, 3
+many = [(i, 1000 + 700 * i, 1 + i % 3) for i in range(24)]
+churn = [(ACQ, 30 + i, 150, 2000, 1) for i in range(10)] + [
+    (REN, 30 + i, 300, 5000, 1) for i in range(10)] + [
+    (REL, 31, 500, 1, 1), (INF, 0, 1500, 1, 1), (ACQ, 45, -3000, 100, 2), (INF, 0, 0, 1, 1)]
+lease_seeds = [
+    ("empty", lease_case(0, [])),
+    ("acquire-release", lease_case(0, [], calls=[(ACQ, 40, 0, 1000, 1), (REL, 40, 10, 1, 1)])),
+    ("small-key", lease_case(0, many[:5], calls=churn)),
+    ("nine-leases", lease_case(0, many[:9], calls=churn)),
+    ("large-key", lease_case(0, many, calls=churn)),
+    ("large-key-expiring", lease_case(0, many, calls=[(INF, 0, 3000, 1, 1)] * 8 + churn)),
+    ("clock-back", lease_case(0, many, calls=[(ACQ, 41, -30000, 60000, 3), (INF, 0, 30000, 1, 1)] + churn)),
+    ("retry", lease_case(0, many, calls=[(ACQ, 41, 0, 60000, 2), (ACQ, 41, 5, 60000, 2), (ACQ, 41, 5, 10, 4)])),
+    ("summary-garbage", lease_case(1, many, b"x:y:z", churn)),
+    ("summary-count-off", lease_case(1, many, b"24:25:1893456000001000:1893456000017100", churn)),
+    ("summary-no-leases", lease_case(1, many[:2], b"0:0:1893456999000000:1893456999000000", churn)),
+    ("summary-list-out-of-order", lease_case(1, many, b"48:24:1893456009000000:1893456017100000;1893456001700000:2:2:i1;1893456001000000:1:2:i0", churn)),
+    ("summary-weight-low", lease_case(1, many, b"24:24:1893456099000000:1893456099000000", churn)),
+    ("raw-values", lease_case(2, [b"1:0", b"01:1", b"9007199254740992:1", b":", b"1:1:1"] + many[:4], calls=churn)),
+]
+
 write("args", args)
 write("state", state)
 write("bucket", bucket_seeds)
-print(f"{len(args)} args, {len(state)} state, {len(bucket_seeds)} bucket seeds")
+write("lease", lease_seeds)
+print(f"{len(args)} args, {len(state)} state, {len(bucket_seeds)} bucket, {len(lease_seeds)} lease seeds")

@@ -343,6 +343,41 @@ proptest! {
     }
 }
 
+// ---- (d) lease keys -------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3_000))]
+
+    #[test]
+    fn lease_keys_from_raw_bytes(data in vec(any::<u8>(), 0..400)) {
+        oracles::lease_target(&data);
+    }
+
+    /// Well-formed leases only (no planted summary, no raw value), so the
+    /// exact properties hold at every step.
+    #[test]
+    fn lease_keys_of_well_formed_leases(
+        leases in vec((any::<u8>(), -3000i16..30000, 1u8..5), 0..40),
+        calls in vec((0u8..4, any::<u8>(), -2000i16..4000, 1u16..20000, 1u8..5), 0..60),
+    ) {
+        let mut data = vec![0, leases.len() as u8];
+        for (id, offset, weight) in leases {
+            data.push(id & !1);
+            data.extend(offset.to_le_bytes());
+            data.push(weight - 1);
+        }
+        for (kind, id, dt, lease_ms, weight) in calls {
+            data.extend([kind, id]);
+            data.extend(dt.to_le_bytes());
+            data.extend(lease_ms.to_le_bytes());
+            data.push(weight - 1);
+        }
+        let case = oracles::lease_case_from_bytes(&data);
+        prop_assert!(case.trusted);
+        oracles::check_leases(&case);
+    }
+}
+
 /// The cases the fuzzer found while the harness was written, pinned.
 #[test]
 fn found_by_the_fuzzer() {

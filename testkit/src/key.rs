@@ -115,6 +115,17 @@ pub fn write_leases(
     }
 }
 
+/// The live weight of a lease hash at `now_us`, read by brute force: every
+/// field but the summary that holds a lease expiring after `now_us`.
+pub fn live_weight(hash: &BTreeMap<Vec<u8>, Vec<u8>>, now_us: i64) -> i64 {
+    hash.iter()
+        .filter(|(f, _)| f.as_slice() != SUMMARY_FIELD)
+        .filter_map(|(_, v)| Lease::parse(v))
+        .filter(|l| l.is_live(now_us))
+        .map(|l| l.weight)
+        .sum()
+}
+
 /// What is wrong with a lease hash's summary, if anything: it must hold
 /// the totals of every lease field, list exactly the leases expiring
 /// before its horizon (as stored, in ascending expiry), and bound every

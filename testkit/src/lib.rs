@@ -41,7 +41,7 @@ mod server;
 #[cfg(feature = "server")]
 mod stream;
 
-pub use key::{lease_summary_problem, write_leases, KeyView};
+pub use key::{lease_summary_problem, live_weight, write_leases, KeyView};
 pub use pypi::{pypi_server, Pypi};
 pub use rng::Rng;
 
