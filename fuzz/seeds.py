@@ -169,10 +169,10 @@ lease_seeds = [
     ("clock-back", lease_case(0, many, calls=[(ACQ, 41, -30000, 60000, 3), (INF, 0, 30000, 1, 1)] + churn)),
     ("retry", lease_case(0, many, calls=[(ACQ, 41, 0, 60000, 2), (ACQ, 41, 5, 60000, 2), (ACQ, 41, 5, 10, 4)])),
     ("summary-garbage", lease_case(1, many, b"x:y:z", churn)),
-    ("summary-count-off", lease_case(1, many, b"24:25:1893456000001000:1893456000017100", churn)),
-    ("summary-no-leases", lease_case(1, many[:2], b"0:0:1893456999000000:1893456999000000", churn)),
-    ("summary-list-out-of-order", lease_case(1, many, b"48:24:1893456009000000:1893456017100000;1893456001700000:2:2:i1;1893456001000000:1:2:i0", churn)),
-    ("summary-weight-low", lease_case(1, many, b"24:24:1893456099000000:1893456099000000", churn)),
+    ("summary-count-off", lease_case(1, many, b"24:25:0:1893456000001000:1893456000017100", churn)),
+    ("summary-no-leases", lease_case(1, many[:2], b"0:0:0:1893456999000000:1893456999000000", churn)),
+    ("summary-list-out-of-order", lease_case(1, many, b"48:24:2:1893456009000000:1893456017100000;1893456001700000:2:2:i1;1893456001000000:1:2:i0", churn)),
+    ("summary-weight-low", lease_case(1, many, b"24:24:0:1893456099000000:1893456099000000", churn)),
     ("raw-values", lease_case(2, [b"1:0", b"01:1", b"9007199254740992:1", b":", b"1:1:1"] + many[:4], calls=churn)),
 ]
 

@@ -48,7 +48,7 @@ local MAX_STORED_INTEGER = 9007199254740991
 -- What the lease functions store (contract.json's "stored"):
 --   integer: A stored integer is canonical decimal: 0, or digits with no leading zero; at most max_stored_integer.
 --   lease: A lease field: the id (1 to max_lease_id_bytes bytes) holds <expires_at_us>:<weight>, two stored integers, the weight 1 to max_lease_limit.
---   summary: The summary field, named by the empty string (no id can be): <weight>:<count>:<horizon_us>:<latest_us> then, for each lease it lists, ;<expires_at_us>:<weight>:<id_bytes>:<id>. weight and count are the lease fields' total weight and number, horizon_us the expiry before which every lease is listed, latest_us no earlier than any lease's expiry; the listed leases are at most lease_tracked, in ascending expiry, each before horizon_us, ids distinct.
+--   summary: The summary field, named by the empty string (no id can be): <weight>:<count>:<listed>:<horizon_us>:<latest_us> then, for each lease it lists, ;<expires_at_us>:<weight>:<id_bytes>:<id>. weight and count are the lease fields' total weight and number, listed the number of leases the list holds, horizon_us the expiry before which every lease is listed, latest_us no earlier than any lease's expiry; the listed leases, at most lease_tracked, are the leases expiring before horizon_us, in ascending expiry then id (bytes).
 local LEASE_SUMMARY_FIELD = ''
 -- Error reply templates, made on the first error (the EVAL script runs
 -- this block on every call).
@@ -99,7 +99,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+6f78cd0b46eb'
+local LIBRARY_VERSION = '0.1.0+cb95b9ff636f'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -698,69 +698,128 @@ local function leases()
     return ceil_ms(at_us - now_us)
   end
 
-  -- The listed leases of a summary's text from `pos` ({e, w, id} each), or
-  -- nil if one breaks the grammar or there are more than LEASE_TRACKED
-  -- (stored.rs Header::tracked).
-  local function tracked(text, pos)
-    local list, n = {}, 0
-    while pos <= #text do
-      if n == LEASE_TRACKED then return nil end
-      local es, ws, ls, at = string.match(text, '^;(%d+):(%d+):(%d+):()', pos)
-      if not es then return nil end
-      local e, w, len = int(es), int(ws), int(ls)
-      if not e or not w or not len or w < 1 or w > MAX_LEASE_LIMIT
-        or len < 1 or len > MAX_LEASE_ID_BYTES or at + len - 1 > #text then
-        return nil
-      end
-      n = n + 1
-      list[n] = { e = e, w = w, id = string.sub(text, at, at + len - 1) }
-      pos = at + len
+  -- Whether a lease (e, id) comes before the listed lease t: by expiry,
+  -- then id byte by byte (Rust's order of byte slices; Lua's `<` on
+  -- strings follows the server's locale).
+  local function id_less(a, b)
+    for i = 1, math.min(#a, #b) do
+      local x, y = string.byte(a, i), string.byte(b, i)
+      if x ~= y then return x < y end
     end
-    return list
+    return #a < #b
+  end
+  local function before(e, id, t)
+    if e ~= t.e then return e < t.e end
+    return id_less(id, t.id)
   end
 
-  -- The view's list, read on first use (view.rs Leases::list): checked
-  -- against the summary and the caller's own lease, the expired leases
-  -- set aside. nil where the summary can't answer (a pass must).
-  local function list_of(v)
-    if v.list then return v.list end
-    local list = tracked(v.text, v.at)
-    if not list then return nil end
-    local h, total, own_entry = v.h, 0, nil
-    for i = 1, #list do
-      local t = list[i]
-      if t.e >= h then return nil end
-      if i > 1 and list[i - 1].e > t.e then return nil end
-      for j = 1, i - 1 do
-        if list[j].id == t.id then return nil end
-      end
-      total = total + t.w
-      if t.id == v.id then own_entry = t end
+  -- Reads the view's next listed lease (view.rs read_one): set aside if it
+  -- has expired, else kept in v.read. true, false if none is left, nil if
+  -- the summary can't answer (a pass must).
+  local function read_one(v)
+    local text = v.text
+    if v.left == 0 then
+      if text and v.rest <= #text then return nil end
+      return false
     end
-    local own = v.own_stored
-    if own then
-      if own_entry then
-        if own.e >= h or own_entry.e ~= own.e or own_entry.w ~= own.w then return nil end
-      elseif own.e < h then
-        return nil
-      end
-    elseif own_entry then
+    local es, ws, ls, at = string.match(text, '^;(%d+):(%d+):(%d+):()', v.rest)
+    if not es then return nil end
+    local e, w, len = int(es), int(ws), int(ls)
+    if not e or not w or not len or w < 1 or w > MAX_LEASE_LIMIT
+      or len < 1 or len > MAX_LEASE_ID_BYTES or at + len - 1 > #text then
       return nil
     end
-    if total > v.stored_weight or #list > v.stored_count then return nil end
-    local live = {}
-    for i = 1, #list do
-      local t = list[i]
-      if t.e > v.now then
-        live[#live + 1] = t
-      else
-        v.weight, v.count = v.weight - t.w, v.count - 1
-        v.expired[#v.expired + 1] = t.id
-      end
+    local id = string.sub(text, at, at + len - 1)
+    local own = v.own_stored
+    -- In order, before the horizon, and the caller's only as stored.
+    if e < v.last or e >= v.h
+      or (id == v.id and not (own and own.e == e and own.w == w)) then
+      return nil
     end
-    if v.weight < v.count then return nil end
-    v.list = live
-    return live
+    -- Where its text is, which a new summary copies rather than writes
+    -- again.
+    local t = { e = e, w = w, id = id, from = v.rest, to = at + len - 1 }
+    v.rest, v.left, v.last = at + len, v.left - 1, e
+    if e > v.now then
+      v.read[#v.read + 1] = t
+    else
+      v.weight, v.count = v.weight - w, v.count - 1
+      v.expired[#v.expired + 1] = id
+      if v.count < 0 or v.weight < v.count then return nil end
+    end
+    return true
+  end
+
+  -- Reads the listed leases that have expired, and the first live one.
+  local function read_past_expired(v)
+    while #v.read == 0 do
+      local r = read_one(v)
+      if r == nil then return nil end
+      if not r then break end
+    end
+    return true
+  end
+
+  -- Reads the list up to where (e, id) goes: the index of the first lease
+  -- read that does not come before it (or one past the last); nil: unsure.
+  local function read_up_to(v, e, id)
+    while true do
+      local read = v.read
+      local at = #read + 1
+      for i = 1, #read do
+        local t = read[i]
+        if not (t.e < e or (t.e == e and id_less(t.id, id))) then
+          at = i
+          break
+        end
+      end
+      if at <= #read then return at end
+      local r = read_one(v)
+      if r == nil then return nil end
+      if not r then return at end
+    end
+  end
+
+  -- Where the caller's listed lease is in v.read (0: it expired, and is
+  -- set aside with the others); nil if it is not listed where it must be.
+  local function find_own(v)
+    local own, id = v.own_stored, v.id
+    if not own or not id then return nil end
+    if own.e <= v.now then
+      if not read_past_expired(v) then return nil end
+      for i = 1, #v.expired do
+        if v.expired[i] == id then return 0 end
+      end
+      return nil
+    end
+    local at = read_up_to(v, own.e, id)
+    if at and v.read[at] and v.read[at].id == id then return at end
+    return nil
+  end
+
+  -- The last summary header read, kept by the library between calls (a
+  -- Lua string is interned, so comparing one is comparing a pointer): at
+  -- the cap, every denial reads the same summary.
+  local HEADER = {}
+
+  -- A summary's five numbers, where its list starts, and the first listed
+  -- lease's expiry if any (its ';' and ':' checked here, the rest of the
+  -- list only when read); nil if they break the grammar.
+  local function header(text)
+    if text == HEADER.text then return HEADER end
+    local ws, ns, ls, hs, xs, at, fs, after =
+      string.match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+)();?(%d*)()')
+    if not ws then return nil end
+    local w, n, l, h, x = int(ws), int(ns), int(ls), int(hs), int(xs)
+    if not w or not n or not l or not h or not x or l > LEASE_TRACKED then return nil end
+    local first
+    if at <= #text then
+      first = fs ~= '' and string.byte(text, at) == 59 and string.byte(text, after) == 58 and int(fs)
+      if not first then return nil end
+    end
+    HEADER = { text = text, w = w, n = n, l = l, h = h, x = x, at = at, first = first,
+      hs = hs, xs = xs }
+    return HEADER
   end
 
   -- The key as its summary tells it, or nil where a pass must read it; nil
@@ -776,48 +835,29 @@ local function leases()
     end
     local text = got[1]
     if not text then return nil end
-    local ws, ns, hs, xs, at = string.match(text, '^(%d+):(%d+):(%d+):(%d+)()')
-    if not ws then return nil end
-    local w, n, h, x = int(ws), int(ns), int(hs), int(xs)
-    if not w or not n or not h or not x then return nil end
-    local first
-    if at <= #text then
-      local fs = string.match(text, '^;(%d+):', at)
-      first = fs and int(fs)
-      if not first then return nil end
-    end
+    local hd = header(text)
+    if not hd then return nil end
+    local w, n, l, h, x, at, first = hd.w, hd.n, hd.l, hd.h, hd.x, hd.at, hd.first
     -- The caller's lease is one of n, each of weight 1 or more.
-    if n ~= fields - 1 or w < n or x < h or now_us >= h
+    if n ~= fields - 1 or l > n or w < n or x < h or now_us >= h
       or (own and (own.e > x or n < 1 or own.w + n - 1 > w)) then
       return nil
     end
     local v = { now = now_us, id = id, own_stored = own, weight = w, count = n,
-      stored_weight = w, stored_count = n, latest = x, h = h, text = text, at = at,
-      expired = {}, fields = fields, summary = text }
+      latest = x, h = h, text = text, read = {}, rest = at, left = l, last = -math.huge,
+      expired = {}, fields = fields, summary = text, h0 = h, hs = hd.hs, x0 = x, xs = hd.xs }
     if own and own.e > now_us then v.own = own end
-    if (first and first <= now_us) or (own and own.e < h) then
-      if not list_of(v) then return nil end
-    end
+    -- The list answers for the leases that expired (at its head), and for
+    -- the caller's, if listed.
+    if first and first <= now_us and not read_past_expired(v) then return nil end
+    if own and own.e < h and not find_own(v) then return nil end
     return v
-  end
-
-  -- Whether a lease (e, id) comes before the listed lease t: by expiry,
-  -- then id byte by byte (Rust's order of byte slices; Lua's `<` on
-  -- strings follows the server's locale).
-  local function before(e, id, t)
-    if e ~= t.e then return e < t.e end
-    local other = t.id
-    for i = 1, math.min(#id, #other) do
-      local a, b = string.byte(id, i), string.byte(other, i)
-      if a ~= b then return a < b end
-    end
-    return #id < #other
   end
 
   -- The key read whole (view.rs Leases::pass), or nil and the error.
   local function pass(key, fields, id, now_us)
     local v = { now = now_us, id = id, weight = 0, count = 0, latest = 0,
-      expired = {}, fields = fields, passed = true }
+      last = -math.huge, expired = {}, fields = fields, passed = true }
     -- The LEASE_TRACKED + 1 earliest live leases, in ascending expiry.
     local earliest, n = {}, 0
     local all = fields > 0 and redis.call('HGETALL', key) or {}
@@ -860,7 +900,7 @@ local function leases()
       end
       earliest, v.h = list, h
     end
-    v.list = earliest
+    v.read, v.left = earliest, 0
     return v
   end
 
@@ -875,52 +915,62 @@ local function leases()
   end
 
   -- How long until enough leases other than the caller's expire for
-  -- `weight` to fit under `limit` (view.rs wait_for_room); nil: unsure.
+  -- `weight` to fit under `limit` (view.rs wait_for_room), reading the
+  -- list only as far as it needs; nil: unsure.
   local function wait_for_room(v, limit, weight)
     local excess = others_weight(v) + weight - limit
     if excess <= 0 then return 0 end
-    local list = list_of(v)
-    if not list then return nil end
-    for i = 1, #list do
-      local t = list[i]
-      if t.id ~= v.id then
-        excess = excess - t.w
-        if excess <= 0 then return ms_until(v.now, t.e) end
+    local at = 0
+    while true do
+      if at == #v.read then
+        local r = read_one(v)
+        if r == nil then return nil end
+        if not r then
+          if v.h then return ms_until(v.now, v.h) end
+          return 0
+        end
+      else
+        at = at + 1
+        local t = v.read[at]
+        if t.id ~= v.id then
+          excess = excess - t.w
+          if excess <= 0 then return ms_until(v.now, t.e) end
+        end
       end
     end
-    if v.h then return ms_until(v.now, v.h) end
-    return 0
   end
 
-  -- The list without the caller's entry.
-  local function unlist_own(list, id)
-    for i = 1, #list do
-      if list[i].id == id then
-        table.remove(list, i)
-        return
-      end
+  -- Reads the whole list, then drops its latest leases past LEASE_TRACKED,
+  -- and the horizon with them; nil: unsure.
+  local function keep_short(v)
+    while true do
+      local r = read_one(v)
+      if r == nil then return nil end
+      if not r then break end
     end
+    local list = v.read
+    while #list > LEASE_TRACKED do
+      local last = list[#list].e
+      while #list > 0 and list[#list].e == last do list[#list] = nil end
+      v.h = last
+    end
+    return true
   end
 
   -- Takes or renews the caller's lease as {e, w} (view.rs set_own); nil:
   -- unsure.
   local function set_own(v, lease)
     local old = v.own
-    if (old and listed(v, old.e)) or listed(v, lease.e) then
-      local list = list_of(v)
-      if not list then return nil end
-      unlist_own(list, v.id)
-      if listed(v, lease.e) then
-        local at = #list + 1
-        while at > 1 and before(lease.e, v.id, list[at - 1]) do at = at - 1 end
-        table.insert(list, at, { e = lease.e, w = lease.w, id = v.id })
-      end
-      -- Keep at most LEASE_TRACKED, the horizon moving down with them.
-      while #list > LEASE_TRACKED do
-        local last = list[#list].e
-        while #list > 0 and list[#list].e == last do list[#list] = nil end
-        v.h = last
-      end
+    if old and listed(v, old.e) then
+      local at = find_own(v)
+      if at == nil then return nil end
+      if at > 0 then table.remove(v.read, at) end
+    end
+    if listed(v, lease.e) then
+      local at = read_up_to(v, lease.e, v.id)
+      if not at then return nil end
+      table.insert(v.read, at, { e = lease.e, w = lease.w, id = v.id })
+      if #v.read + v.left > LEASE_TRACKED and not keep_short(v) then return nil end
     end
     v.weight = v.weight + lease.w - (old and old.w or 0)
     if not old then v.count = v.count + 1 end
@@ -933,9 +983,9 @@ local function leases()
     local old = v.own
     if not old then return false end
     if listed(v, old.e) then
-      local list = list_of(v)
-      if not list then return nil end
-      unlist_own(list, v.id)
+      local at = find_own(v)
+      if at == nil then return nil end
+      if at > 0 then table.remove(v.read, at) end
     end
     v.weight, v.count = v.weight - old.w, v.count - 1
     v.own, v.released = nil, true
@@ -948,16 +998,31 @@ local function leases()
     return v.latest
   end
 
-  -- The summary the key needs now, if it holds more than LEASE_TRACKED.
+  -- The summary the key needs now, if it holds more than LEASE_TRACKED:
+  -- the leases read, then the list's text not read, as stored.
   local function summary_now(v)
     if v.count <= LEASE_TRACKED or not v.h then return nil end
-    local head = string.format('%d:%d:%d:%d', v.weight, v.count, v.h, latest_of(v))
-    if not v.list then return head .. string.sub(v.text, v.at) end
-    local parts = { head }
-    for i = 1, #v.list do
-      local t = v.list[i]
-      parts[i + 1] = string.format(';%d:%d:%d:', t.e, t.w, #t.id) .. t.id
+    -- Numbers below 1e14 as Lua writes them (%.14g: every digit), the
+    -- times as read where unchanged, else by string.format, which costs
+    -- more.
+    local function num(x)
+      if x < 1e14 then return x .. '' end
+      if x == v.h0 then return v.hs end
+      if x == v.x0 then return v.xs end
+      return string.format('%d', x)
     end
+    local read = v.read
+    local parts = { num(v.weight) .. ':' .. num(v.count) .. ':' .. num(#read + v.left)
+      .. ':' .. num(v.h) .. ':' .. num(latest_of(v)) }
+    for i = 1, #read do
+      local t = read[i]
+      if t.from then
+        parts[i + 1] = string.sub(v.text, t.from, t.to)
+      else
+        parts[i + 1] = string.format(';%d:%d:%d:', t.e, t.w, #t.id) .. t.id
+      end
+    end
+    if v.text then parts[#parts + 1] = string.sub(v.text, v.rest) end
     return table.concat(parts)
   end
 

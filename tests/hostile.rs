@@ -725,14 +725,16 @@ fn garbage(r: &mut Rng, g: &mut redis::Connection, pool: &[Vec<u8>]) {
             }
             let count = n as i64;
             let summary = match r.index(7) {
-                0 | 1 => Some(format!("{count}:{count}:4102444800000000:4102444800000000")),
+                0 | 1 => Some(format!(
+                    "{count}:{count}:0:4102444800000000:4102444800000000"
+                )),
                 2 => Some(format!(
-                    "{count}:{}:4102444800000000:4102444800000000",
+                    "{count}:{}:0:4102444800000000:4102444800000000",
                     count - 1
                 )),
-                3 => Some(format!("1:{count}:4102444800000000:4102444800000000")),
-                4 => Some("0:0:4102444800000000:4102444800000000".to_string()),
-                5 => Some(format!("{count}:{count}:9:9;1:1:1:x")),
+                3 => Some(format!("1:{count}:0:4102444800000000:4102444800000000")),
+                4 => Some("0:0:0:4102444800000000:4102444800000000".to_string()),
+                5 => Some(format!("{count}:{count}:1:9:9;1:1:1:x")),
                 _ => None,
             };
             if let Some(summary) = summary {

@@ -1258,7 +1258,7 @@ fn random_calls_on_large_lease_keys_match_the_module() {
                 }
                 if broken {
                     cmd.arg("")
-                        .arg(format!("{n}:{}:{}:{}", n + 1, now + 5, now + 9));
+                        .arg(format!("{n}:{}:0:{}:{}", n + 1, now + 5, now + 9));
                 }
                 let _: () = cmd.query(&mut c).unwrap();
             }

@@ -42,7 +42,7 @@ pub const COMMANDS: [&CStr; 9] = [CONSUME, PEEK, MCONSUME, ADJUST, CL_THROTTLE, 
 /// "stored"), which `crate::lease::stored` reads and writes:
 /// * integer: A stored integer is canonical decimal: 0, or digits with no leading zero; at most max_stored_integer.
 /// * lease: A lease field: the id (1 to max_lease_id_bytes bytes) holds <expires_at_us>:<weight>, two stored integers, the weight 1 to max_lease_limit.
-/// * summary: The summary field, named by the empty string (no id can be): <weight>:<count>:<horizon_us>:<latest_us> then, for each lease it lists, ;<expires_at_us>:<weight>:<id_bytes>:<id>. weight and count are the lease fields' total weight and number, horizon_us the expiry before which every lease is listed, latest_us no earlier than any lease's expiry; the listed leases are at most lease_tracked, in ascending expiry, each before horizon_us, ids distinct.
+/// * summary: The summary field, named by the empty string (no id can be): <weight>:<count>:<listed>:<horizon_us>:<latest_us> then, for each lease it lists, ;<expires_at_us>:<weight>:<id_bytes>:<id>. weight and count are the lease fields' total weight and number, listed the number of leases the list holds, horizon_us the expiry before which every lease is listed, latest_us no earlier than any lease's expiry; the listed leases, at most lease_tracked, are the leases expiring before horizon_us, in ascending expiry then id (bytes).
 pub const LEASE_SUMMARY_FIELD: &str = "";
 
 /// The bucket hash's fields.

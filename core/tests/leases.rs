@@ -390,8 +390,14 @@ fn a_summary_that_disagrees_is_rebuilt_by_a_pass() {
                 let h = Header::parse(&good).unwrap();
                 let mut list = h.tracked().unwrap();
                 list.reverse();
-                let text =
-                    stored::summary_text(h.weight, h.count, h.horizon_us, h.latest_us, &list);
+                let text = stored::summary_text(
+                    h.weight,
+                    h.count,
+                    h.horizon_us,
+                    h.latest_us,
+                    &list,
+                    (b"", 0),
+                );
                 set_summary(k, &text);
             }),
         ),
@@ -401,8 +407,14 @@ fn a_summary_that_disagrees_is_rebuilt_by_a_pass() {
                 let text = k.hash[SUMMARY_FIELD].clone();
                 let h = Header::parse(&text).unwrap();
                 let list = h.tracked().unwrap();
-                let text =
-                    stored::summary_text(h.weight, h.count, h.horizon_us, h.latest_us, &list[1..]);
+                let text = stored::summary_text(
+                    h.weight,
+                    h.count,
+                    h.horizon_us,
+                    h.latest_us,
+                    &list[1..],
+                    (b"", 0),
+                );
                 set_summary(k, &text);
             }),
         ),
@@ -455,7 +467,14 @@ fn edit(key: &mut Key, change: impl Fn(&mut Header)) {
     let mut h = Header::parse(&text).unwrap();
     let list = h.tracked().unwrap();
     change(&mut h);
-    let text = stored::summary_text(h.weight, h.count, h.horizon_us, h.latest_us, &list);
+    let text = stored::summary_text(
+        h.weight,
+        h.count,
+        h.horizon_us,
+        h.latest_us,
+        &list,
+        (b"", 0),
+    );
     set_summary(key, &text);
 }
 

@@ -7,6 +7,7 @@ use crate::contract::{
     LEASE_SUMMARY_FIELD, LEASE_TRACKED, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_STORED_INTEGER,
 };
 use crate::number::digit_run;
+use crate::state::Text;
 use std::borrow::Cow;
 
 /// The summary's field name: empty, which no lease id can be.
@@ -28,6 +29,22 @@ fn int_at(s: &[u8]) -> Option<(i64, usize)> {
     }
     let v = i64::try_from(v).ok()?;
     (v <= MAX_STORED_INTEGER).then_some((v, n))
+}
+
+/// A stored integer of at most `digits` digits at the start of `s`, read
+/// a byte at a time (a weight, an id's length), and the bytes it takes.
+#[inline(always)]
+fn small_at(s: &[u8], digits: usize) -> Option<(i64, usize)> {
+    let mut v = 0;
+    let mut n = 0;
+    while let Some(&c) = s.get(n).filter(|c| c.is_ascii_digit()) {
+        if n == digits {
+            return None;
+        }
+        v = v * 10 + i64::from(c - b'0');
+        n += 1;
+    }
+    (n > 0 && (n == 1 || s[0] != b'0')).then_some((v, n))
 }
 
 /// A whole slice as one stored integer.
@@ -61,7 +78,11 @@ impl Lease {
 
     /// The stored value, `<expires_at_us>:<weight>`.
     pub fn text(&self) -> Vec<u8> {
-        format!("{}:{}", self.expires_us, self.weight).into_bytes()
+        let mut out = Vec::with_capacity(24);
+        out.extend_from_slice(Text::int(self.expires_us).as_bytes());
+        out.push(b':');
+        out.extend_from_slice(Text::int(self.weight).as_bytes());
+        out
     }
 
     pub fn is_live(&self, now_us: i64) -> bool {
@@ -74,15 +95,30 @@ impl Lease {
 pub struct Tracked<'a> {
     pub lease: Lease,
     pub id: Cow<'a, [u8]>,
+    /// Its text in the summary it was read from (`;e:w:len:id`), which a
+    /// new summary copies rather than writing it again.
+    pub text: Option<&'a [u8]>,
 }
 
-/// The summary's four numbers, and where its list starts.
+impl<'a> Tracked<'a> {
+    pub fn new(lease: Lease, id: Cow<'a, [u8]>) -> Self {
+        Tracked {
+            lease,
+            id,
+            text: None,
+        }
+    }
+}
+
+/// The summary's numbers, and where its list starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header<'a> {
     /// The total weight of the key's lease fields.
     pub weight: i64,
     /// How many lease fields the key holds.
     pub count: i64,
+    /// How many leases the list holds (at most TRACKED).
+    pub listed: usize,
     /// Every lease expiring before this is listed.
     pub horizon_us: i64,
     /// No lease expires after this.
@@ -92,7 +128,8 @@ pub struct Header<'a> {
 }
 
 impl<'a> Header<'a> {
-    /// Reads the numbers of a summary; `None` if they break the grammar.
+    /// Reads the numbers of a summary; `None` if they break the grammar
+    /// or list more than TRACKED leases.
     pub fn parse(text: &'a [u8]) -> Option<Header<'a>> {
         let mut at = 0;
         let mut next = |last: bool| {
@@ -105,11 +142,13 @@ impl<'a> Header<'a> {
             }
             Some(v)
         };
-        let (weight, count, horizon_us) = (next(false)?, next(false)?, next(false)?);
-        let latest_us = next(true)?;
+        let (weight, count, listed) = (next(false)?, next(false)?, next(false)?);
+        let (horizon_us, latest_us) = (next(false)?, next(true)?);
+        let listed = usize::try_from(listed).ok().filter(|&n| n <= TRACKED)?;
         Some(Header {
             weight,
             count,
+            listed,
             horizon_us,
             latest_us,
             list: &text[at..],
@@ -130,61 +169,85 @@ impl<'a> Header<'a> {
     }
 
     /// Every listed lease, in the order stored; `None` if one breaks the
-    /// grammar or there are more than TRACKED. The order, the horizon and
-    /// the totals are the caller's to check.
+    /// grammar or they are not `listed`. The order, the horizon and the
+    /// totals are the caller's to check.
     pub fn tracked(&self) -> Option<Vec<Tracked<'a>>> {
-        let mut list = Vec::new();
+        let mut list = Vec::with_capacity(self.listed);
         let mut rest = self.list;
-        while let Some((&b';', after)) = rest.split_first() {
-            if list.len() == TRACKED {
-                return None;
-            }
-            let mut at = 0;
-            let mut next = || {
-                let (v, n) = int_at(&after[at..])?;
-                at += n;
-                (after.get(at) == Some(&b':')).then(|| at += 1)?;
-                Some(v)
-            };
-            let (expires_us, weight, len) = (next()?, next()?, next()?);
-            let len = usize::try_from(len).ok()?;
-            if !(1..=MAX_LEASE_LIMIT).contains(&weight) || !(1..=MAX_LEASE_ID_BYTES).contains(&len)
-            {
-                return None;
-            }
-            let id = after.get(at..at + len)?;
-            list.push(Tracked {
-                lease: Lease { expires_us, weight },
-                id: Cow::Borrowed(id),
-            });
-            rest = &after[at + len..];
+        while !rest.is_empty() {
+            let (t, after) = entry(rest)?;
+            list.push(t);
+            rest = after;
         }
-        rest.is_empty().then_some(list)
+        (list.len() == self.listed).then_some(list)
     }
 }
 
-/// The summary's text for these numbers and listed leases.
+/// The listed lease `text` starts with, `;<expires_at_us>:<weight>:<id
+/// bytes>:<id>`, and the text after it; `None` if it breaks the grammar.
+pub fn entry(text: &[u8]) -> Option<(Tracked<'_>, &[u8])> {
+    let after = text.strip_prefix(b";")?;
+    let mut at = 0;
+    // The expiry, then the weight (at most 7 digits) and the id's length
+    // (3), a byte at a time: longer ones are out of range.
+    let mut next = |digits| {
+        let (v, n) = if digits == 0 {
+            int_at(&after[at..])?
+        } else {
+            small_at(&after[at..], digits)?
+        };
+        at += n;
+        (after.get(at) == Some(&b':')).then(|| at += 1)?;
+        Some(v)
+    };
+    let (expires_us, weight, len) = (next(0)?, next(7)?, next(3)?);
+    let len = usize::try_from(len).ok()?;
+    if !(1..=MAX_LEASE_LIMIT).contains(&weight) || !(1..=MAX_LEASE_ID_BYTES).contains(&len) {
+        return None;
+    }
+    let id = after.get(at..at + len)?;
+    let t = Tracked {
+        lease: Lease { expires_us, weight },
+        id: Cow::Borrowed(id),
+        text: Some(&text[..1 + at + len]),
+    };
+    Some((t, &after[at + len..]))
+}
+
+/// The summary's text for these numbers and listed leases: those in
+/// `tracked`, then `rest`, the text of `rest_count` more as stored.
 pub fn summary_text(
     weight: i64,
     count: i64,
     horizon_us: i64,
     latest_us: i64,
     tracked: &[Tracked],
+    (rest, rest_count): (&[u8], usize),
 ) -> Vec<u8> {
-    use std::io::Write;
-    let mut out = Vec::with_capacity(64 + tracked.iter().map(|t| 32 + t.id.len()).sum::<usize>());
-    // Writing to a Vec cannot fail.
-    let _ = write!(out, "{weight}:{count}:{horizon_us}:{latest_us}");
+    let mut out = Vec::with_capacity(
+        64 + rest.len() + tracked.iter().map(|t| 32 + t.id.len()).sum::<usize>(),
+    );
+    let int = |out: &mut Vec<u8>, sep: &[u8], v: i64| {
+        out.extend_from_slice(sep);
+        out.extend_from_slice(Text::int(v).as_bytes());
+    };
+    int(&mut out, b"", weight);
+    int(&mut out, b":", count);
+    int(&mut out, b":", (tracked.len() + rest_count) as i64);
+    int(&mut out, b":", horizon_us);
+    int(&mut out, b":", latest_us);
     for t in tracked {
-        let _ = write!(
-            out,
-            ";{}:{}:{}:",
-            t.lease.expires_us,
-            t.lease.weight,
-            t.id.len()
-        );
+        if let Some(text) = t.text {
+            out.extend_from_slice(text);
+            continue;
+        }
+        int(&mut out, b";", t.lease.expires_us);
+        int(&mut out, b":", t.lease.weight);
+        int(&mut out, b":", t.id.len() as i64);
+        out.push(b':');
         out.extend_from_slice(&t.id);
     }
+    out.extend_from_slice(rest);
     out
 }
 
@@ -305,13 +368,16 @@ mod tests {
     }
 
     fn tracked(e: i64, w: i64, id: &str) -> Tracked<'static> {
-        Tracked {
-            lease: Lease {
-                expires_us: e,
-                weight: w,
-            },
-            id: Cow::Owned(id.as_bytes().to_vec()),
-        }
+        let lease = Lease {
+            expires_us: e,
+            weight: w,
+        };
+        Tracked::new(lease, Cow::Owned(id.as_bytes().to_vec()))
+    }
+
+    /// As read back: each with its text.
+    fn read(list: &[Tracked<'static>]) -> Vec<(Lease, Vec<u8>)> {
+        list.iter().map(|t| (t.lease, t.id.to_vec())).collect()
     }
 
     #[test]
@@ -321,24 +387,45 @@ mod tests {
             tracked(12, 1, "b;:7:x"),
             tracked(12, 5, "c"),
         ];
-        let text = summary_text(40, 20, 13, 99, &list);
-        assert_eq!(text, b"40:20:13:99;10:2:1:a;12:1:6:b;:7:x;12:5:1:c");
+        let text = summary_text(40, 20, 13, 99, &list, (b"", 0));
+        assert_eq!(text, b"40:20:3:13:99;10:2:1:a;12:1:6:b;:7:x;12:5:1:c");
         let h = Header::parse(&text).unwrap();
         assert_eq!(
-            (h.weight, h.count, h.horizon_us, h.latest_us),
-            (40, 20, 13, 99)
+            (h.weight, h.count, h.listed, h.horizon_us, h.latest_us),
+            (40, 20, 3, 13, 99)
         );
         assert_eq!(h.first_expiry(), Some(Some(10)));
-        assert_eq!(h.tracked().unwrap(), list);
-        let empty = summary_text(9, 9, 5, 6, &[]);
+        let back = h.tracked().unwrap();
+        assert_eq!(
+            read(
+                &back
+                    .iter()
+                    .map(|t| Tracked::new(t.lease, t.id.to_vec().into()))
+                    .collect::<Vec<_>>()
+            ),
+            read(&list)
+        );
+        // Written again from what was read: the same text, copied.
+        assert!(back.iter().all(|t| t.text.is_some()));
+        assert_eq!(summary_text(40, 20, 13, 99, &back, (b"", 0)), text);
+        // Two read, the third left as text.
+        let (first, rest) = entry(h.list).unwrap();
+        let (second, rest) = entry(rest).unwrap();
+        assert_eq!(
+            summary_text(40, 20, 13, 99, &[first, second], (rest, 1)),
+            text
+        );
+        let empty = summary_text(9, 9, 5, 6, &[], (b"", 0));
         let h = Header::parse(&empty).unwrap();
         assert_eq!(h.first_expiry(), Some(None));
         assert_eq!(h.tracked(), Some(vec![]));
         let full: Vec<_> = (0..TRACKED as i64)
             .map(|i| tracked(i, 1, &"i".repeat(MAX_LEASE_ID_BYTES)))
             .collect();
-        let text = summary_text(9, 9, 99, 99, &full);
-        assert_eq!(Header::parse(&text).unwrap().tracked().unwrap(), full);
+        let text = summary_text(9, 9, 99, 99, &full, (b"", 0));
+        let back = Header::parse(&text).unwrap().tracked().unwrap();
+        assert_eq!(summary_text(9, 9, 99, 99, &back, (b"", 0)), text);
+        assert_eq!(back.len(), full.len());
     }
 
     #[test]
@@ -346,10 +433,12 @@ mod tests {
         for bad in [
             &b""[..],
             b"1:1:1",
-            b"1:1:1:1:",
-            b"1:1:1:01",
-            b"1:1:1:-1",
-            b"1:1:1:1x",
+            b"1:1:0:1",
+            b"1:1:0:1:1:",
+            b"1:1:0:1:01",
+            b"1:1:0:1:-1",
+            b"1:1:0:1:1x",
+            b"1:1:9:1:1",
             b"a:1:1:1",
         ] {
             assert_eq!(
@@ -360,24 +449,26 @@ mod tests {
             );
         }
         for bad_list in [
-            &b"1:1:1:1;"[..],
-            b"1:1:1:1;5",
-            b"1:1:1:1;5:1",
-            b"1:1:1:1;5:1:1",
-            b"1:1:1:1;5:1:2:a",
-            b"1:1:1:1;5:1:0:",
-            b"1:1:1:1;5:0:1:a",
-            b"1:1:1:1;5:1:257:a",
-            b"1:1:1:1;5:1:1:ab",
-            b"1:1:1:1;5:1:1:a;",
-            b"1:1:1:1;05:1:1:a",
+            &b"1:1:1:1:1;"[..],
+            b"1:1:1:1:1;5",
+            b"1:1:1:1:1;5:1",
+            b"1:1:1:1:1;5:1:1",
+            b"1:1:1:1:1;5:1:2:a",
+            b"1:1:1:1:1;5:1:0:",
+            b"1:1:1:1:1;5:0:1:a",
+            b"1:1:1:1:1;5:1:257:a",
+            b"1:1:1:1:1;5:1:1:ab",
+            b"1:1:1:1:1;5:1:1:a;",
+            b"1:1:1:1:1;05:1:1:a",
+            b"1:1:2:1:1;5:1:1:a",
+            b"1:1:0:1:1;5:1:1:a",
         ] {
             let h = Header::parse(bad_list).unwrap();
             assert_eq!(h.tracked(), None, "{:?}", String::from_utf8_lossy(bad_list));
         }
-        assert_eq!(Header::parse(b"1:1:1:1;x").unwrap().first_expiry(), None);
+        assert_eq!(Header::parse(b"1:1:1:1:1;x").unwrap().first_expiry(), None);
         let too_many: Vec<_> = (0..=TRACKED as i64).map(|i| tracked(i, 1, "i")).collect();
-        let text = summary_text(9, 9, 99, 99, &too_many);
-        assert_eq!(Header::parse(&text).unwrap().tracked(), None);
+        let text = summary_text(9, 9, 99, 99, &too_many, (b"", 0));
+        assert_eq!(Header::parse(&text), None);
     }
 }

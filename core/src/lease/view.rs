@@ -3,21 +3,23 @@
 //!
 //! A key of at most [`TRACKED`] + 1 fields is read whole: a *pass*. A
 //! larger one keeps a summary (stored.rs): the total weight and count,
-//! a horizon, the latest expiry, and the leases that expire before the
-//! horizon. While the clock is before the horizon, every lease that can
-//! have expired is listed, so the live weight is the total less the
-//! listed leases that have expired, and a call reads two fields: the
-//! summary and its own lease. The list is read only when the call needs
-//! it: a listed lease has expired, the caller's lease is listed or joins
-//! the list, or a denial's hint. A summary that is missing, disagrees
-//! with what the call sees (the field count, the caller's own lease, its
-//! own grammar and order), or whose horizon has passed is rebuilt by a
-//! pass, which writers then store with what it pruned, so the next call
-//! is cheap again. The list is kept in ascending expiry, then id, so the
-//! module and the Lua library write the same text whatever order they
-//! read the hash in.
+//! how many leases it lists, a horizon, the latest expiry, and the leases
+//! that expire before the horizon, in ascending expiry then id. While the
+//! clock is before the horizon, every lease that can have expired is
+//! listed, so the live weight is the total less the listed leases that
+//! have expired, and a call reads two fields: the summary and its own
+//! lease. The list is read lease by lease, only as far as the call needs:
+//! past the ones that expired, up to the caller's own lease if it is
+//! listed, up to where a new lease goes, as far as a denial's wait needs,
+//! and whole only to drop a lease when one more would make it too long.
+//! Each lease read is checked against the summary and the caller's own
+//! lease. A summary that is missing, disagrees with what the call sees, or
+//! whose horizon has passed is rebuilt by a pass, which writers then store
+//! with what it pruned, so the next call is cheap again. The module and
+//! the Lua library read and write the same way, so they write the same
+//! text whatever order they read the hash in.
 
-use super::stored::{summary_text, Header, Lease, Tracked, SUMMARY_FIELD, TRACKED};
+use super::stored::{entry, summary_text, Header, Lease, Tracked, SUMMARY_FIELD, TRACKED};
 use crate::bucket::{consume_all_if, Limits, Outcome, Stored};
 use crate::error::Error;
 use crate::state::KeyKind;
@@ -81,12 +83,16 @@ fn order<'t>(t: &'t Tracked) -> (i64, &'t [u8]) {
     (t.lease.expires_us, &t.id)
 }
 
-/// The listed leases: still text, or read (live ones only, in ascending
-/// expiry).
+/// The listed leases: those read so far (live ones, in order; the expired
+/// ones are set aside as read), and the text of the rest.
 #[derive(Debug)]
-enum List<'a> {
-    Unread(Header<'a>),
-    Read(Vec<Tracked<'a>>),
+struct List<'a> {
+    read: Vec<Tracked<'a>>,
+    rest: &'a [u8],
+    /// How many leases `rest` holds, as the summary says.
+    left: usize,
+    /// The expiry of the last lease read, for the order.
+    last_us: i64,
 }
 
 /// A lease key at one instant, after the leases that expired are set
@@ -138,6 +144,7 @@ impl<'a> Leases<'a> {
             return Ok(None);
         };
         let agrees = i64::try_from(fields).is_ok_and(|n| h.count == n - 1)
+            && h.listed as i64 <= h.count
             && h.weight >= h.count
             && h.latest_us >= h.horizon_us
             && own_stored.is_none_or(|l| {
@@ -159,7 +166,12 @@ impl<'a> Leases<'a> {
             count: h.count,
             latest_others_us: h.latest_us,
             horizon_us: Some(h.horizon_us),
-            list: List::Unread(h),
+            list: List {
+                read: Vec::new(),
+                rest: h.list,
+                left: h.listed,
+                last_us: i64::MIN,
+            },
             expired: Vec::new(),
             fields,
             summary: summary.map(Cow::Borrowed),
@@ -167,11 +179,12 @@ impl<'a> Leases<'a> {
             set_own: None,
             released: false,
         };
-        // The list answers for leases that expired (at its head) and for
-        // the caller's, if listed.
-        let listed = |l: Lease| l.expires_us < h.horizon_us;
-        let needs_list = first.is_some_and(|e| e <= now_us) || own_stored.is_some_and(listed);
-        if needs_list && view.list().is_err() {
+        // The list answers for the leases that expired (at its head), and
+        // for the caller's, if listed.
+        if first.is_some_and(|e| e <= now_us) && view.read_past_expired().is_err() {
+            return Ok(None);
+        }
+        if own_stored.is_some_and(|l| view.listed(l)) && view.find_own().is_err() {
             return Ok(None);
         }
         Ok(Some(view))
@@ -193,7 +206,12 @@ impl<'a> Leases<'a> {
             count: 0,
             latest_others_us: 0,
             horizon_us: None,
-            list: List::Read(Vec::new()),
+            list: List {
+                read: Vec::new(),
+                rest: b"",
+                left: 0,
+                last_us: i64::MIN,
+            },
             expired: Vec::new(),
             fields,
             summary: None,
@@ -232,13 +250,7 @@ impl<'a> Leases<'a> {
                         earliest.pop();
                     }
                     let at = earliest.partition_point(|t| order(t) < this);
-                    earliest.insert(
-                        at,
-                        Tracked {
-                            lease,
-                            id: Cow::Owned(field.to_vec()),
-                        },
-                    );
+                    earliest.insert(at, Tracked::new(lease, Cow::Owned(field.to_vec())));
                 }
                 Ok(())
             })?;
@@ -249,58 +261,80 @@ impl<'a> Leases<'a> {
             earliest.retain(|t| t.lease.expires_us < horizon);
             view.horizon_us = Some(horizon);
         }
-        view.list = List::Read(earliest);
+        view.list.read = earliest;
         Ok(view)
     }
 
-    /// The listed leases, read (and the expired ones set aside) on first
-    /// use; `Unsure` if the list breaks its grammar or disagrees with the
-    /// summary's numbers or the caller's own lease.
-    fn list(&mut self) -> Result<&mut Vec<Tracked<'a>>, Unsure> {
-        if let List::Unread(h) = self.list {
-            let list = h.tracked().ok_or(Unsure)?;
-            let horizon = h.horizon_us;
-            let ordered = list
-                .windows(2)
-                .all(|w| w[0].lease.expires_us <= w[1].lease.expires_us);
-            let before_horizon = list.iter().all(|t| t.lease.expires_us < horizon);
-            let distinct = list
-                .iter()
-                .enumerate()
-                .all(|(i, t)| list[..i].iter().all(|u| u.id != t.id));
-            let total: i64 = list.iter().map(|t| t.lease.weight).sum();
-            // The caller's lease is listed exactly when it expires before
-            // the horizon, and as stored.
-            let own_entry = list.iter().find(|t| Some(&*t.id) == self.id);
-            let own_agrees = match (self.own_stored, own_entry) {
-                (Some(l), Some(t)) => l.expires_us < horizon && t.lease == l,
-                (Some(l), None) => l.expires_us >= horizon,
-                (None, entry) => entry.is_none(),
+    /// Reads the next listed lease: set aside if it has expired, else kept
+    /// in `read`. False if none is left. `Unsure` if it breaks the
+    /// grammar, the order or the horizon, disagrees with the caller's own
+    /// lease, or leaves the totals impossible.
+    fn read_one(&mut self) -> Result<bool, Unsure> {
+        let list = &mut self.list;
+        if list.left == 0 {
+            return if list.rest.is_empty() {
+                Ok(false)
+            } else {
+                Err(Unsure)
             };
-            if !(ordered
-                && before_horizon
-                && distinct
-                && own_agrees
-                && total <= h.weight
-                && list.len() as i64 <= h.count)
-            {
-                return Err(Unsure);
-            }
-            let live = list.partition_point(|t| !t.lease.is_live(self.now_us));
-            let mut list = list;
-            for t in list.drain(..live) {
-                self.weight -= t.lease.weight;
-                self.count -= 1;
-                self.expired.push(t.id);
-            }
-            if self.weight < self.count {
-                return Err(Unsure);
-            }
-            self.list = List::Read(list);
         }
-        match &mut self.list {
-            List::Read(list) => Ok(list),
-            List::Unread(_) => Err(Unsure),
+        let (t, rest) = entry(list.rest).ok_or(Unsure)?;
+        let e = t.lease.expires_us;
+        let before_horizon = self.horizon_us.is_some_and(|h| e < h);
+        // The caller's lease is listed only as stored.
+        let own_agrees = Some(&*t.id) != self.id || self.own_stored == Some(t.lease);
+        if e < list.last_us || !before_horizon || !own_agrees {
+            return Err(Unsure);
+        }
+        (list.rest, list.left, list.last_us) = (rest, list.left - 1, e);
+        if t.lease.is_live(self.now_us) {
+            list.read.push(t);
+        } else {
+            self.weight -= t.lease.weight;
+            self.count -= 1;
+            self.expired.push(t.id);
+            if self.count < 0 || self.weight < self.count {
+                return Err(Unsure);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads the listed leases that have expired, and the first live one.
+    fn read_past_expired(&mut self) -> Result<(), Unsure> {
+        while self.list.read.is_empty() && self.read_one()? {}
+        Ok(())
+    }
+
+    /// Reads the list up to where `(expires_us, id)` goes: the index of the
+    /// first lease read that comes after it (or every lease's count).
+    fn read_up_to(&mut self, key: (i64, &[u8])) -> Result<usize, Unsure> {
+        loop {
+            let at = self.list.read.partition_point(|t| order(t) < key);
+            if at < self.list.read.len() || !self.read_one()? {
+                return Ok(at);
+            }
+        }
+    }
+
+    /// Where the caller's listed lease is in `read` (`None`: it expired,
+    /// and is set aside with the others); `Unsure` if it is not listed
+    /// where it must be.
+    fn find_own(&mut self) -> Result<Option<usize>, Unsure> {
+        let (Some(own), Some(id)) = (self.own_stored, self.id) else {
+            return Err(Unsure);
+        };
+        if !own.is_live(self.now_us) {
+            self.read_past_expired()?;
+            return match self.expired.iter().any(|f| **f == *id) {
+                true => Ok(None),
+                false => Err(Unsure),
+            };
+        }
+        let at = self.read_up_to((own.expires_us, id))?;
+        match self.list.read.get(at) {
+            Some(t) if *t.id == *id => Ok(Some(at)),
+            _ => Err(Unsure),
         }
     }
 
@@ -333,41 +367,50 @@ impl<'a> Leases<'a> {
     /// `weight` to fit under `limit` (0 if it fits now): exact where the
     /// list holds the leases whose expiry makes room, else the time until
     /// the horizon, before which no unlisted lease expires. Never later
-    /// than the room appears by expiry.
+    /// than the room appears by expiry. Reads the list only as far as it
+    /// needs.
     pub fn wait_for_room(&mut self, limit: i64, weight: i64) -> Result<i64, Unsure> {
         let mut excess = self.others_weight() + weight - limit;
         if excess <= 0 {
             return Ok(0);
         }
-        let (now, horizon, id) = (self.now_us, self.horizon_us, self.id);
-        for t in self.list()?.iter() {
-            if Some(&*t.id) == id {
-                continue;
-            }
-            excess -= t.lease.weight;
-            if excess <= 0 {
-                return Ok(ms_until(now, t.lease.expires_us));
+        let mut at = 0;
+        loop {
+            let Some(t) = self.list.read.get(at) else {
+                if self.read_one()? {
+                    continue;
+                }
+                // With no horizon every lease is listed, and weight <=
+                // limit: the loop returns before.
+                return Ok(self.horizon_us.map_or(0, |h| ms_until(self.now_us, h)));
+            };
+            at += 1;
+            if Some(&*t.id) != self.id {
+                excess -= t.lease.weight;
+                if excess <= 0 {
+                    return Ok(ms_until(self.now_us, t.lease.expires_us));
+                }
             }
         }
-        // With no horizon every lease is listed, and weight <= limit: the
-        // loop always returns.
-        Ok(horizon.map_or(0, |h| ms_until(now, h)))
     }
 
     /// Takes or renews the caller's lease as `lease`.
     pub fn set_own(&mut self, lease: Lease) -> Result<(), Unsure> {
         let old = self.own;
-        if old.is_some_and(|l| self.listed(l)) || self.listed(lease) {
-            let (id, listed) = (self.id, self.listed(lease));
-            let list = self.list()?;
-            list.retain(|t| Some(&*t.id) != id);
-            if listed {
-                let id = id.unwrap_or_default();
-                let at = list.partition_point(|t| order(t) < (lease.expires_us, id));
-                let id = Cow::Borrowed(id);
-                list.insert(at, Tracked { lease, id });
+        if old.is_some_and(|l| self.listed(l)) {
+            if let Some(at) = self.find_own()? {
+                self.list.read.remove(at);
             }
-            self.keep_list_short();
+        }
+        if self.listed(lease) {
+            let id = self.id.unwrap_or_default();
+            let at = self.read_up_to((lease.expires_us, id))?;
+            self.list
+                .read
+                .insert(at, Tracked::new(lease, Cow::Borrowed(id)));
+            if self.list.read.len() + self.list.left > TRACKED {
+                self.keep_list_short()?;
+            }
         }
         self.weight += lease.weight - old.map_or(0, |l| l.weight);
         self.count += i64::from(old.is_none());
@@ -382,8 +425,9 @@ impl<'a> Leases<'a> {
             return Ok(false);
         };
         if self.listed(old) {
-            let id = self.id;
-            self.list()?.retain(|t| Some(&*t.id) != id);
+            if let Some(at) = self.find_own()? {
+                self.list.read.remove(at);
+            }
         }
         self.weight -= old.weight;
         self.count -= 1;
@@ -392,18 +436,19 @@ impl<'a> Leases<'a> {
         Ok(true)
     }
 
-    /// Drops the list's latest leases past TRACKED, and the horizon with
-    /// them: every lease expiring before it stays listed.
-    fn keep_list_short(&mut self) {
-        if let List::Read(list) = &mut self.list {
-            while list.len() > TRACKED {
-                let Some(last) = list.last().map(|t| t.lease.expires_us) else {
-                    break;
-                };
-                list.retain(|t| t.lease.expires_us < last);
-                self.horizon_us = Some(last);
-            }
+    /// Reads the whole list, then drops its latest leases past TRACKED, and
+    /// the horizon with them: every lease expiring before it stays listed.
+    fn keep_list_short(&mut self) -> Result<(), Unsure> {
+        while self.read_one()? {}
+        let list = &mut self.list.read;
+        while list.len() > TRACKED {
+            let Some(last) = list.last().map(|t| t.lease.expires_us) else {
+                break;
+            };
+            list.retain(|t| t.lease.expires_us < last);
+            self.horizon_us = Some(last);
         }
+        Ok(())
     }
 
     /// The latest live lease's expiry, as far as the call knows.
@@ -413,28 +458,21 @@ impl<'a> Leases<'a> {
     }
 
     /// The summary the key needs now, if it holds more than TRACKED
-    /// leases. A pass of a key of TRACKED + 1 leases whose earliest share
-    /// one expiry lists none, so the horizon is always set here.
+    /// leases: the leases read, then the list's text not read, as stored.
+    /// A pass of a key of TRACKED + 1 leases whose earliest share one
+    /// expiry lists none, so the horizon is always set here.
     fn summary_now(&self) -> Option<Vec<u8>> {
         if self.count <= TRACKED as i64 {
             return None;
         }
-        let (List::Read(list), Some(horizon)) = (&self.list, self.horizon_us) else {
-            // Unread: the list is the stored text, unchanged.
-            let List::Unread(h) = &self.list else {
-                return None;
-            };
-            let mut text =
-                summary_text(self.weight, self.count, h.horizon_us, self.latest_us(), &[]);
-            text.extend_from_slice(h.list);
-            return Some(text);
-        };
+        let list = &self.list;
         Some(summary_text(
             self.weight,
             self.count,
-            horizon,
+            self.horizon_us?,
             self.latest_us(),
-            list,
+            &list.read,
+            (list.rest, list.left),
         ))
     }
 
@@ -443,11 +481,12 @@ impl<'a> Leases<'a> {
     /// found, so the next call need not pass again. A key of fewer fields
     /// is written only when a lease changes, as every call reads it whole.
     fn write(&self, kind: Kind) -> Option<Write> {
-        if kind == Kind::Inflight {
+        let changed = self.set_own.is_some() || self.released;
+        // A call that changed nothing writes only what its pass found.
+        if kind == Kind::Inflight || !(changed || self.passed && self.fields > TRACKED + 1) {
             return None;
         }
         let summary = self.summary_now();
-        let changed = self.set_own.is_some() || self.released;
         let stored = self.summary.as_deref();
         let found = self.passed
             && self.fields > TRACKED + 1
