@@ -15,21 +15,11 @@ import { concurrencyHook, rateLimitPlugin } from "redis-tokenbucket/fastify";
 import { rateLimitResponse, withRateLimitHeaders } from "redis-tokenbucket/fetch";
 import { client } from "./clients.mjs";
 import { Server, SLOW, stopAll, target } from "./servers.mjs";
+import { get, serve } from "./web.mjs";
 
 after(stopAll);
 
 const USER = new Bucket({ max: 2, rate: SLOW, name: "user" });
-
-async function serve(app) {
-  const server = app.listen(0, "127.0.0.1");
-  await new Promise((r) => server.once("listening", r));
-  return { url: `http://127.0.0.1:${server.address().port}`, close: () => server.close() };
-}
-
-async function get(url, headers = {}) {
-  const r = await fetch(url, { headers });
-  return { status: r.status, headers: Object.fromEntries(r.headers), body: await r.text() };
-}
 
 test("express middleware: admitted with the fields, then a 429 problem", async () => {
   const t = await target("redis-7.0+module");
