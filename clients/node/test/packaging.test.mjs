@@ -90,3 +90,13 @@ test("the package metadata: peers optional, no dependencies", () => {
   for (const peer of ["ioredis", "redis", "wasmoon"]) assert.equal(meta.peerDependenciesMeta[peer].optional, true);
   assert.equal(meta.engines.node, ">=18");
 });
+
+test("the Lua sources are typed as string in lua.d.ts, not as literal types of their whole text", () => {
+  for (const dir of ["esm", "cjs"]) {
+    const dts = readFileSync(join(root, "dist", dir, "lua.d.ts"), "utf8");
+    assert.ok(dts.length < 1000, `dist/${dir}/lua.d.ts is ${dts.length} bytes`);
+    assert.match(dts, /LIBRARY_SOURCE: string;/);
+    assert.match(dts, /EVAL_SOURCE: string;/);
+  }
+});
+
