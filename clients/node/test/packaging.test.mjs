@@ -10,7 +10,9 @@ import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { after, test } from "node:test";
+import * as esm from "redis-tokenbucket";
 import { Bucket, EVAL_SCRIPT, EVAL_SOURCE, LIBRARY_SOURCE, LIBRARY_VERSION, Limiter } from "redis-tokenbucket";
+import { rateLimitResponse } from "redis-tokenbucket/fetch";
 import { client } from "./clients.mjs";
 import { REPO, stopAll, target } from "./servers.mjs";
 
@@ -100,3 +102,37 @@ test("the Lua sources are typed as string in lua.d.ts, not as literal types of t
   }
 });
 
+test("the ESM and CommonJS builds take each other's objects", async () => {
+  const cjs = require("redis-tokenbucket");
+  const streams = new cjs.Concurrency({ limit: 1, leaseMs: 1000, name: "streams" });
+  const lease = new cjs.Lease({
+    ...{ acquired: false, inUse: 1, retryAfterMs: 2500, expiresInMs: 0, id: "l", key: "rl:streams:a" },
+    ...{ concurrency: streams, weight: 1, decisions: [], held: "none" },
+  });
+  const refused = rateLimitResponse(lease);
+  assert.equal(refused.status, 429);
+  assert.equal(refused.headers.get("retry-after"), "3");
+  assert.equal(refused.headers.get("ratelimit-policy"), '"streams";q=1;qu="concurrent-requests"');
+  const user = new cjs.Bucket({ max: 5, rate: 1, name: "user" });
+  const multi = new cjs.MultiDecision(true, 0, [new cjs.Decision(true, 4, 0, 1000, "k", user, 1)]);
+  assert.equal(esm.rateLimitHeaders(multi).RateLimit, '"user";r=4;t=1');
+  // instanceof holds across the builds too.
+  assert.ok(lease instanceof esm.Lease && streams instanceof esm.Concurrency && user instanceof esm.Bucket);
+  assert.ok(multi instanceof esm.MultiDecision && multi.decisions[0] instanceof esm.Decision);
+  assert.ok(new cjs.Busy(lease) instanceof esm.Busy && new cjs.Shed("x") instanceof esm.LimiterError);
+  assert.ok(
+    !(new cjs.Shed("x") instanceof esm.Busy) && !(user instanceof esm.Concurrency) && !({} instanceof esm.Bucket),
+  );
+  // A limiter of one build with the buckets and leases of the other.
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  try {
+    const d = await new Limiter(c.client).consume("rl:user:x", user);
+    assert.equal(d.remaining, 4);
+    const lim = new cjs.Limiter(c.client);
+    const held = await new Limiter(c.client).acquire("rl:streams:x", new esm.Concurrency({ limit: 1, leaseMs: 5000 }));
+    assert.equal(await lim.release(held), true);
+  } finally {
+    c.close();
+  }
+});
