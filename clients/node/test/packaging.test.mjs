@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -135,4 +135,28 @@ test("the ESM and CommonJS builds take each other's objects", async () => {
   } finally {
     c.close();
   }
+});
+
+test('onError "local" without wasmoon is refused when the limiter is built, naming what to install', () => {
+  // The package alone, where no wasmoon can be found.
+  const dir = mkdtempSync(join(tmpdir(), "tb-no-wasmoon-"));
+  cpSync(root, join(dir, "node_modules", "redis-tokenbucket"), { recursive: true });
+  const body = `
+const fake = { call() { throw new Error("nothing may be sent"); }, status: "ready" };
+(async () => {
+  const out = [];
+  try { new Limiter(fake, { onError: "local" }); out.push("built"); } catch (e) { out.push(e.message); }
+  const lim = new Limiter(fake, { onError: "closed" });
+  try { await lim.consume("k", new Bucket({ max: 1, rate: 1 }), 1, { onError: "local" }); out.push("sent"); } catch (e) { out.push(e.message); }
+  console.log(JSON.stringify(out));
+})();`;
+  writeFileSync(join(dir, "esm.mjs"), `import { Bucket, Limiter } from "redis-tokenbucket";${body}`);
+  writeFileSync(join(dir, "cjs.cjs"), `const { Bucket, Limiter } = require("redis-tokenbucket");${body}`);
+  const message = 'onError "local" needs wasmoon, an optional peer dependency: npm install wasmoon';
+  for (const file of ["esm.mjs", "cjs.cjs"]) {
+    const out = execFileSync(process.execPath, [file], { cwd: dir, encoding: "utf8" });
+    assert.deepEqual(JSON.parse(out), [message, message], file);
+  }
+  // Where wasmoon is installed (here), it is accepted.
+  assert.equal(new Limiter({ call() {}, status: "ready" }, { onError: "local" }).onError, "local");
 });
