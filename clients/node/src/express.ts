@@ -6,7 +6,7 @@
 
 import { Bucket } from "./bucket.js";
 import type { MultiDecision } from "./decision.js";
-import { rateLimitHeaders } from "./headers.js";
+import { mergeRateLimitHeaders, rateLimitHeaders } from "./headers.js";
 import {
   acquireFor,
   type ConcurrencyLimitOptions,
@@ -39,6 +39,7 @@ export {
 
 interface ExpressResponse extends ResponseEvents {
   setHeader(name: string, value: string): unknown;
+  getHeaders(): Record<string, unknown>;
   status(code: number): ExpressResponse;
   type(type: string): ExpressResponse;
   send(body: string): unknown;
@@ -46,6 +47,11 @@ interface ExpressResponse extends ResponseEvents {
 }
 
 type Next = (error?: unknown) => void;
+
+/** Sets a limiter's fields, joining those an earlier limiter set on the response. */
+function setFields(response: ExpressResponse, fields: Record<string, string>): void {
+  for (const [k, v] of Object.entries(mergeRateLimitHeaders(response.getHeaders(), fields))) response.setHeader(k, v);
+}
 
 export interface MiddlewareOptions<R extends NodeRequest> extends LimitOptions {
   /** The buckets each request is charged against, in one all-or-nothing call. */
@@ -73,12 +79,10 @@ export function rateLimit<R extends NodeRequest>(limiter: Limiter, options: Midd
       if (response.locals) response.locals.rateLimit = decision;
       const refused = refusal(decision, options);
       if (refused === undefined) {
-        for (const [k, v] of Object.entries(rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }))) {
-          response.setHeader(k, v);
-        }
+        setFields(response, rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }));
         return next();
       }
-      for (const [k, v] of Object.entries(refused.headers)) response.setHeader(k, v);
+      setFields(response, refused.headers);
       response.status(refused.status).type(PROBLEM_JSON).send(JSON.stringify(refused.body));
     }, next);
   };
@@ -109,12 +113,10 @@ export function concurrencyLimit<R extends NodeRequest>(limiter: Limiter, option
       const refused = refusal(lease, options);
       if (refused === undefined) {
         holdUntilSent(limiter, lease, response);
-        for (const [k, v] of Object.entries(rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }))) {
-          response.setHeader(k, v);
-        }
+        setFields(response, rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }));
         return next();
       }
-      for (const [k, v] of Object.entries(refused.headers)) response.setHeader(k, v);
+      setFields(response, refused.headers);
       response.status(refused.status).type(PROBLEM_JSON).send(JSON.stringify(refused.body));
     }, next);
   };

@@ -3,7 +3,7 @@
 // the hook alone, for single routes, and a hook holding a concurrency slot
 // per request until its response is done. Fastify is not imported.
 
-import { rateLimitHeaders } from "./headers.js";
+import { mergeRateLimitHeaders, rateLimitHeaders } from "./headers.js";
 import {
   acquireFor,
   type ConcurrencyLimitOptions,
@@ -35,6 +35,7 @@ export {
 interface FastifyReply {
   code(status: number): FastifyReply;
   header(name: string, value: string): FastifyReply;
+  getHeaders(): Record<string, unknown>;
   type(type: string): FastifyReply;
   send(body: string): FastifyReply;
   /** Node's http.ServerResponse under the reply. */
@@ -44,6 +45,11 @@ interface FastifyReply {
 interface FastifyInstance {
   addHook(name: "onRequest", hook: (request: never, reply: FastifyReply) => Promise<unknown>): unknown;
   decorateRequest?(name: string, value: unknown): unknown;
+}
+
+/** Sets a limiter's fields, joining those an earlier hook set on the reply. */
+function setFields(reply: FastifyReply, fields: Record<string, string>): void {
+  for (const [k, v] of Object.entries(mergeRateLimitHeaders(reply.getHeaders(), fields))) reply.header(k, v);
 }
 
 export interface HookOptions<R extends NodeRequest> extends LimitOptions {
@@ -72,12 +78,10 @@ export function rateLimitHook<R extends NodeRequest>(limiter: Limiter, options: 
     (request as R & { rateLimit?: unknown }).rateLimit = decision;
     const refused = refusal(decision, options);
     if (refused === undefined) {
-      for (const [k, v] of Object.entries(rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }))) {
-        reply.header(k, v);
-      }
+      setFields(reply, rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }));
       return undefined;
     }
-    for (const [k, v] of Object.entries(refused.headers)) reply.header(k, v);
+    setFields(reply, refused.headers);
     return reply.code(refused.status).type(PROBLEM_JSON).send(JSON.stringify(refused.body));
   };
 }
@@ -104,12 +108,10 @@ export function concurrencyHook<R extends NodeRequest>(limiter: Limiter, options
     if (refused === undefined) {
       if (reply.raw === undefined) throw new TypeError("concurrencyHook needs Fastify's reply.raw");
       holdUntilSent(limiter, lease, reply.raw);
-      for (const [k, v] of Object.entries(rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }))) {
-        reply.header(k, v);
-      }
+      setFields(reply, rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }));
       return undefined;
     }
-    for (const [k, v] of Object.entries(refused.headers)) reply.header(k, v);
+    setFields(reply, refused.headers);
     return reply.code(refused.status).type(PROBLEM_JSON).send(JSON.stringify(refused.body));
   };
 }
