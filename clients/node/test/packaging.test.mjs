@@ -89,7 +89,15 @@ test("the client sends the packaged EVAL script", async () => {
 test("the package metadata: peers optional, no dependencies", () => {
   const meta = require("redis-tokenbucket/package.json");
   assert.equal(meta.dependencies, undefined);
-  for (const peer of ["ioredis", "redis", "wasmoon"]) assert.equal(meta.peerDependenciesMeta[peer].optional, true);
+  // Every peer is optional: ioredis or node-redis, wasmoon for onError "local", the types of Express and Fastify.
+  assert.deepEqual(Object.keys(meta.peerDependencies).sort(), [
+    "@types/express",
+    "fastify",
+    "ioredis",
+    "redis",
+    "wasmoon",
+  ]);
+  for (const peer of Object.keys(meta.peerDependencies)) assert.equal(meta.peerDependenciesMeta[peer].optional, true);
   assert.equal(meta.engines.node, ">=18");
 });
 
