@@ -1,11 +1,11 @@
 // Express: a middleware charging each request against its rules, one
 // holding a concurrency slot per request until its response is done, and
-// a Store for express-rate-limit backed by the limiter's token buckets.
+// (store.ts) a Store for express-rate-limit backed by the limiter's token
+// buckets.
 // Express itself is not imported: its types are (@types/express), so that
 // the requests given to rules and options are Express's.
 
 import type { NextFunction, Request, Response } from "express";
-import { Bucket } from "./bucket.js";
 import type { MultiDecision } from "./decision.js";
 import { mergeRateLimitHeaders, rateLimitHeaders } from "./headers.js";
 import {
@@ -41,6 +41,7 @@ export {
   type ResponseEvents,
   type Rule,
 } from "./http.js";
+export { type ClientRateLimitInfo, type StoreOptions, StoreUnavailable, TokenBucketStore } from "./store.js";
 
 /** An Express request with the decision `rateLimitMiddleware` put on it. */
 export type RateLimitedRequest = Request & { rateLimit?: MultiDecision };
@@ -180,124 +181,4 @@ export function concurrencyLimit<R extends NodeRequest = Request>(
       })
       .catch(next);
   };
-}
-
-/** express-rate-limit's answer to increment and get. */
-export interface ClientRateLimitInfo {
-  totalHits: number;
-  resetTime: Date | undefined;
-}
-
-export interface StoreOptions {
-  /**
-   * The bucket every key gets. By default it is made from the middleware's
-   * `limit` and `windowMs` (a burst of `limit`, refilled at `limit` per
-   * window), which must then be numbers.
-   */
-  bucket?: Bucket;
-  /** Key prefix in Redis (default "rl:erl:"). */
-  prefix?: string;
-}
-
-/**
- * A Store for express-rate-limit: `rateLimit({ windowMs, limit, store: new
- * TokenBucketStore(limiter) })`. Each key is a token bucket of `limit`
- * tokens refilled at `limit` per `windowMs`, so clients get a smooth rate
- * instead of a window that resets all at once; an existing setup switches
- * by changing its `store:`.
- *
- * `increment` charges one token: `totalHits` is the tokens used (`limit`
- * minus what is left) when admitted, and `limit + 1` when denied, so that
- * express-rate-limit answers 429; `resetTime` is when the request would
- * pass (denied) or the bucket is full (admitted), so its Retry-After and
- * RateLimit-Reset are the bucket's. `decrement` refunds a token
- * (skipSuccessfulRequests, skipFailedRequests), `resetKey` fills the
- * bucket, `get` peeks. The limiter's onError applies: a degraded "open"
- * answer counts no hits, "closed" and shed answers count `limit + 1`.
- */
-export class TokenBucketStore {
-  readonly localKeys = false;
-  readonly prefix: string;
-  private bucket: Bucket | undefined;
-  // express-rate-limit decrements (skipFailedRequests, skipSuccessfulRequests)
-  // requests it refused too, whose increment charged nothing here: such a
-  // decrement must refund nothing. Denials not yet decremented, per key.
-  private readonly uncharged = new Map<string, number>();
-  private tracksDenials = false;
-
-  constructor(
-    readonly limiter: Limiter,
-    options: StoreOptions = {},
-  ) {
-    this.bucket = options.bucket;
-    this.prefix = options.prefix ?? "rl:erl:";
-  }
-
-  /** Called by express-rate-limit with the middleware's options. */
-  init(options: {
-    limit?: unknown;
-    max?: unknown;
-    windowMs?: unknown;
-    skipFailedRequests?: unknown;
-    skipSuccessfulRequests?: unknown;
-  }): void {
-    this.tracksDenials = Boolean(options.skipFailedRequests || options.skipSuccessfulRequests);
-    if (this.bucket !== undefined) return;
-    const limit = options.limit ?? options.max;
-    const windowMs = options.windowMs;
-    if (typeof limit !== "number" || typeof windowMs !== "number") {
-      throw new TypeError(
-        "TokenBucketStore needs numeric limit and windowMs, or a bucket: new TokenBucketStore(limiter, { bucket })",
-      );
-    }
-    this.bucket = new Bucket({ max: limit, rate: limit / (windowMs / 1000) });
-  }
-
-  private get limits(): Bucket {
-    if (this.bucket === undefined)
-      throw new TypeError("TokenBucketStore: init() was not called, and no bucket was given");
-    return this.bucket;
-  }
-
-  async increment(key: string): Promise<ClientRateLimitInfo> {
-    const bucket = this.limits;
-    const d = await this.limiter.consume(this.prefix + key, bucket, 1);
-    const limit = Math.floor(bucket.max);
-    if (!d.allowed) {
-      if (this.tracksDenials) {
-        if (this.uncharged.size >= 10_000) this.uncharged.clear(); // bounded: a lost entry refunds one token
-        this.uncharged.set(key, (this.uncharged.get(key) ?? 0) + 1);
-      }
-      return { totalHits: limit + 1, resetTime: new Date(Date.now() + d.retryAfterMs) };
-    }
-    if (d.degraded && d.retryAfterMs === 0 && d.resetAfterMs === 0) return { totalHits: 0, resetTime: undefined };
-    return { totalHits: limit - Math.max(d.remaining, 0), resetTime: new Date(Date.now() + d.resetAfterMs) };
-  }
-
-  async decrement(key: string): Promise<void> {
-    const denied = this.uncharged.get(key) ?? 0;
-    if (denied > 0) {
-      if (denied === 1) this.uncharged.delete(key);
-      else this.uncharged.set(key, denied - 1);
-      return; // its increment charged nothing
-    }
-    await this.limiter.adjust(this.prefix + key, this.limits, 1);
-  }
-
-  async resetKey(key: string): Promise<void> {
-    const bucket = this.limits;
-    // A refund of the whole capacity fills the bucket, which deletes the key.
-    await this.limiter.adjust(this.prefix + key, bucket, 2 * bucket.max);
-  }
-
-  async get(key: string): Promise<ClientRateLimitInfo | undefined> {
-    const bucket = this.limits;
-    const d = await this.limiter.peek(this.prefix + key, bucket, 0);
-    if (d.degraded || d.shed) return undefined;
-    if (d.resetAfterMs === 0) return { totalHits: 0, resetTime: undefined };
-    return {
-      totalHits: Math.floor(bucket.max) - Math.max(d.remaining, 0),
-      resetTime: new Date(Date.now() + d.resetAfterMs),
-    };
-  }
 }

@@ -117,8 +117,8 @@ test("express-rate-limit with the Store: limit per window as a token bucket, 429
     // One token back every 20 s: Retry-After is the bucket's wait, not the window's.
     assert.ok(Number(denied.headers["retry-after"]) <= 20 && Number(denied.headers["retry-after"]) >= 19);
     assert.match(denied.headers.ratelimit, /limit=3, remaining=0/);
-    // Its buckets are the package's: the same hash under rl:erl:.
-    assert.deepEqual(Object.keys(await c.client.hgetall("rl:erl:u1")).sort(), ["tokens", "ts"]);
+    // Its buckets are the package's: the same hash, under rl:erl:<limit>-in-<windowMs>ms:.
+    assert.deepEqual(Object.keys(await c.client.hgetall("rl:erl:3-in-60000ms:u1")).sort(), ["tokens", "ts"]);
     // skipFailedRequests: a 500 is refunded (decrement).
     for (let i = 0; i < 5; i++) assert.equal((await get(`${s.url}/fail`, { "x-user": "u2" })).status, 500);
     assert.equal((await store.get("u2")).totalHits, 0);
@@ -126,7 +126,7 @@ test("express-rate-limit with the Store: limit per window as a token bucket, 429
     assert.equal((await store.get("u1")).totalHits, 3);
     await limiter.resetKey("u1");
     assert.equal((await store.get("u1")).totalHits, 0);
-    assert.equal(await c.client.exists("rl:erl:u1"), 0);
+    assert.equal(await c.client.exists("rl:erl:3-in-60000ms:u1"), 0);
     assert.equal((await get(`${s.url}/`, { "x-user": "u1" })).status, 200);
   } finally {
     s.close();
