@@ -53,8 +53,12 @@ export type RateLimitedRequest = Request & { rateLimit?: MultiDecision };
 export type RefusalHandler<R> = (request: R, response: Response, next: NextFunction, refusal: Refusal) => unknown;
 
 export interface MiddlewareOptions<R extends NodeRequest = Request> extends LimitOptions, RefusalOptions<R> {
-  /** The buckets each request is charged against, in one all-or-nothing call. */
-  rules: readonly Rule<R>[];
+  /**
+   * The buckets each request is charged against, in one all-or-nothing
+   * call. (Their key functions don't decide the request's type: apiKey()
+   * and clientIp() take any request, and the type stays the framework's.)
+   */
+  rules: readonly Rule<NoInfer<R>>[];
   /** True to let a request through unlimited (health checks, say). */
   skip?: (request: R) => boolean;
   /** Sends the refusals (429s and 503s) instead of the middleware. */
@@ -112,7 +116,7 @@ async function refuse<R>(
 export function rateLimitMiddleware<R extends NodeRequest = Request>(
   limiter: Limiter,
   options: MiddlewareOptions<R>,
-): RateLimitMiddleware<R> {
+): RateLimitMiddleware<NoInfer<R>> {
   checkRules(limiter, options.rules);
   const middleware = (request: R, response: Response, next: NextFunction): void => {
     if (options.skip?.(request)) {
@@ -160,7 +164,7 @@ export const rateLimit = rateLimitMiddleware;
 export function concurrencyLimit<R extends NodeRequest = Request>(
   limiter: Limiter,
   options: ConcurrencyMiddlewareOptions<R>,
-): (request: R, response: Response, next: NextFunction) => void {
+): (request: NoInfer<R>, response: Response, next: NextFunction) => void {
   checkConcurrencyOptions(limiter, options);
   return (request: R, response: Response, next: NextFunction): void => {
     if (options.skip?.(request)) {

@@ -54,8 +54,12 @@ declare module "fastify" {
 export type RefusalHandler<R> = (request: R, reply: FastifyReply, refusal: Refusal) => unknown;
 
 export interface HookOptions<R extends NodeRequest = FastifyRequest> extends LimitOptions, RefusalOptions<R> {
-  /** The buckets each request is charged against, in one all-or-nothing call. */
-  rules: readonly Rule<R>[];
+  /**
+   * The buckets each request is charged against, in one all-or-nothing
+   * call. (Their key functions don't decide the request's type: apiKey()
+   * and clientIp() take any request, and the type stays the framework's.)
+   */
+  rules: readonly Rule<NoInfer<R>>[];
   /** True to let a request through unlimited (health checks, say). */
   skip?: (request: R) => boolean;
   /** Sends the refusals (429s and 503s) instead of the hook. */
@@ -112,7 +116,7 @@ async function refuse<R>(
 export function rateLimitHook<R extends NodeRequest = FastifyRequest>(
   limiter: Limiter,
   options: HookOptions<R>,
-): RateLimitHook<R> {
+): RateLimitHook<NoInfer<R>> {
   checkRules(limiter, options.rules);
   const hook = async (request: R, reply: FastifyReply): Promise<unknown> => {
     if (options.skip?.(request)) return undefined;
@@ -146,7 +150,7 @@ export function rateLimitHook<R extends NodeRequest = FastifyRequest>(
 export function concurrencyHook<R extends NodeRequest = FastifyRequest>(
   limiter: Limiter,
   options: ConcurrencyHookOptions<R>,
-): (request: R, reply: FastifyReply) => Promise<unknown> {
+): (request: NoInfer<R>, reply: FastifyReply) => Promise<unknown> {
   checkConcurrencyOptions(limiter, options);
   return async (request: R, reply: FastifyReply): Promise<unknown> => {
     if (options.skip?.(request)) return undefined;

@@ -186,13 +186,13 @@ export interface ConcurrencyLimitOptions<R>
   extends Pick<LimitOptions, "onError" | "timeoutMs" | "legacyHeaders">,
     RefusalOptions<R> {
   /** The slot each request holds until its response is done. */
-  concurrency: ConcurrencyRule<R>;
+  concurrency: ConcurrencyRule<NoInfer<R>>;
   /**
    * Buckets charged in the same TB.ACQUIRE as the slot, all or nothing. On
    * a Cluster their keys must share the lease key's hash slot (a hash tag
    * in the identity); else limit them with the rate-limit helper instead.
    */
-  rules?: readonly Rule<R>[];
+  rules?: readonly Rule<NoInfer<R>>[];
   /** True to let a request through unlimited (health checks, say). */
   skip?: (request: R) => boolean;
 }
