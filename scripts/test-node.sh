@@ -4,7 +4,9 @@
 # clients/node/test, with ioredis, node-redis, express, fastify, ... from
 # its lockfile), and its tests run there against the servers of the root
 # venv. The differential test against the Python package uses the wheel
-# (`make python-wheel`) in a venv of its own.
+# (`make python-wheel`) in a venv of its own. The scratch project also holds
+# the TypeScript versions readme.test.mjs checks the README with, and the
+# Express example's clone test runs git clone and npm install itself.
 # Then the same tests again on Node 18, the oldest the package supports
 # (package.json's engines): its binary comes from the npm registry's
 # node-linux-<arch> package, into target/node18.
