@@ -259,8 +259,8 @@ export class TokenBucketStore {
     const limit = Math.floor(bucket.max);
     const now = Date.now();
     if (unavailable(d)) {
+      if (!this.passOnStoreError) throw new StoreUnavailable(d); // express-rate-limit decrements none of these
       this.unchargedOne(prefix + key);
-      if (!this.passOnStoreError) throw new StoreUnavailable(d);
       return { totalHits: limit + 1, resetTime: new Date(now + unavailableRetryMs(d)) };
     }
     if (!d.allowed) {

@@ -5,6 +5,7 @@
 
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import express from "express";
 import { rateLimit as expressRateLimit } from "express-rate-limit";
 import { Bucket, Limiter } from "redis-tokenbucket";
@@ -152,6 +153,7 @@ test("a function limit: each request's limit is its own bucket (store.wrap gives
       keyGenerator: (req) => req.headers["x-user"],
       standardHeaders: "draft-8",
       legacyHeaders: false,
+      skipFailedRequests: true,
       logger,
       store,
     }),
@@ -160,6 +162,7 @@ test("a function limit: each request's limit is its own bucket (store.wrap gives
   app.set("env", "test");
   app.use(limited);
   app.get("/", ok);
+  app.get("/fail", (_req, res) => res.status(500).send("no"));
   // The same, unwrapped: the store can't know the limit.
   const bare = express();
   const errors = [];
@@ -187,6 +190,11 @@ test("a function limit: each request's limit is its own bucket (store.wrap gives
       "rl:erl:4-in-3600000ms:carol",
     ]);
     assert.deepEqual(logger.codes(), []);
+    // skipFailedRequests: a failed request's token comes back, to its own limit's bucket.
+    for (let i = 0; i < 3; i++) assert.equal((await get(`${s.url}/fail`, { "x-user": "dave" })).status, 500);
+    const deadline = performance.now() + 2000;
+    while ((await c.client.exists("rl:erl:2-in-3600000ms:dave")) === 1 && performance.now() < deadline) await sleep(10);
+    assert.equal(await c.client.exists("rl:erl:2-in-3600000ms:dave"), 0); // full again: refunded
     // resetKey, through the wrapped middleware, resets the key for every limit it was counted under.
     await limited.resetKey("alice");
     assert.deepEqual(await run(1, { "x-user": "alice" }), [200]);
