@@ -137,7 +137,7 @@ test("express-rate-limit with the Store: limit per window as a token bucket, 429
 test("fastify plugin: every route of the instance, 429 problem, decision on the request", async () => {
   const t = await target("valkey-9.1");
   const c = await client("redis6", t.port);
-  const app = Fastify();
+  const app = Fastify({ forceCloseConnections: true }); // Node 18's server.close() waits for idle keep-alives
   await app.register(rateLimitPlugin, {
     limiter: new Limiter(c.client),
     rules: [

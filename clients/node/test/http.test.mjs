@@ -32,7 +32,7 @@ test("stacked limiters send every policy that applied: the Fastify plugin and a 
   const t = await target("redis-7.0+module");
   const c = await client("ioredis", t.port);
   const lim = new Limiter(c.client);
-  const app = Fastify();
+  const app = Fastify({ forceCloseConnections: true }); // Node 18's server.close() waits for idle keep-alives
   await app.register(rateLimitPlugin, { limiter: lim, rules: [{ bucket: IP, key: () => "f" }] });
   app.get("/", { onRequest: rateLimitHook(lim, { rules: [{ bucket: STRICT, key: () => "f" }] }) }, async () => "ok");
   const url = await listen(app);
@@ -107,7 +107,7 @@ test("a custom refusal: statusCode and message, or a handler, as express-rate-li
     }),
     ok,
   );
-  const app = Fastify();
+  const app = Fastify({ forceCloseConnections: true }); // Node 18's server.close() waits for idle keep-alives
   app.get("/code", { onRequest: rateLimitHook(lim, { rules: rules("d"), statusCode: 420, message: "slow" }) }, ok);
   app.get(
     "/handler",
@@ -198,7 +198,7 @@ test("Fastify: resetKey on the hook, and clientIp honours trustProxy as request.
   const c = await client("ioredis", t.port);
   const lim = new Limiter(c.client);
   const hook = rateLimitHook(lim, { rules: [{ bucket: STRICT.named("once"), key: ex.clientIp() }] });
-  const app = Fastify({ trustProxy: "127.0.0.1" });
+  const app = Fastify({ trustProxy: "127.0.0.1", forceCloseConnections: true });
   app.get("/", { onRequest: hook }, async (request) => ({ remaining: request.rateLimit.decisions[0].remaining }));
   const url = await listen(app);
   try {
