@@ -14,6 +14,7 @@ import {
   type ConcurrencyLimitOptions,
   check,
   checkConcurrencyOptions,
+  checkRefusalOptions,
   checkRules,
   holdUntilSent,
   type LimitOptions,
@@ -117,6 +118,7 @@ export function rateLimitMiddleware<R extends NodeRequest = Request>(
   limiter: Limiter,
   options: MiddlewareOptions<R>,
 ): RateLimitMiddleware<NoInfer<R>> {
+  checkRefusalOptions(options);
   checkRules(limiter, options.rules);
   const middleware = (request: R, response: Response, next: NextFunction): void => {
     if (options.skip?.(request)) {

@@ -14,6 +14,7 @@ import {
   type ConcurrencyLimitOptions,
   check,
   checkConcurrencyOptions,
+  checkRefusalOptions,
   checkRules,
   holdUntilSent,
   type LimitOptions,
@@ -117,6 +118,7 @@ export function rateLimitHook<R extends NodeRequest = FastifyRequest>(
   limiter: Limiter,
   options: HookOptions<R>,
 ): RateLimitHook<NoInfer<R>> {
+  checkRefusalOptions(options);
   checkRules(limiter, options.rules);
   const hook = async (request: R, reply: FastifyReply): Promise<unknown> => {
     if (options.skip?.(request)) return undefined;

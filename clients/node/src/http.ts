@@ -64,6 +64,18 @@ export interface RefusalOptions<R> {
   message?: string | object | ((request: R, refusal: Refusal) => unknown);
 }
 
+/** Checks `statusCode` and `message` when they are written. */
+export function checkRefusalOptions<R>(options: RefusalOptions<R>): void {
+  const status = options.statusCode;
+  if (status !== undefined && !(Number.isInteger(status) && status >= 400 && status <= 599)) {
+    throw new RangeError(`statusCode must be an HTTP error status (an integer 400 to 599), got ${String(status)}`);
+  }
+  const message = options.message;
+  if (message !== undefined && message !== null && !["string", "object", "function"].includes(typeof message)) {
+    throw new TypeError(`message must be a string, an object or a function, got ${typeof message}`);
+  }
+}
+
 /** The Redis key prefix of a rule or concurrency rule: `prefix:name`. */
 function policyKey(prefix: string | undefined, name: string | undefined): string {
   return `${prefix ?? "rl"}:${name}`;
@@ -209,6 +221,7 @@ function checkNamed(concurrency: Concurrency): void {
 export function checkConcurrencyOptions<R>(limiter: Limiter, options: ConcurrencyLimitOptions<R>): void {
   const rule = options.concurrency;
   if (rule === null || typeof rule !== "object") throw new TypeError("concurrency: expected { concurrency, key }");
+  checkRefusalOptions(options);
   if (typeof rule.concurrency !== "function") {
     checkNamed(rule.concurrency);
     if (rule.weight !== undefined && typeof rule.weight !== "function") rule.concurrency.checkWeight(rule.weight);

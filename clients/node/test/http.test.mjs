@@ -249,4 +249,7 @@ test("policies of one name with different limits are refused when written: they 
     concurrency: { concurrency: new Concurrency({ limit: 2, leaseMs: 1000, name: "streams" }), key },
   });
   ex.rateLimit(new Limiter({ call() {}, status: "ready" }), { rules: [{ bucket: ip2, key }] });
+  // A refusal's options too, when written.
+  assert.throws(() => rateLimitHook(other, { rules: [{ bucket: ip2, key }], statusCode: 200 }), /statusCode must be/);
+  assert.throws(() => ex.rateLimitMiddleware(other, { rules: [{ bucket: ip2, key }], message: 5 }), /message must be/);
 });
