@@ -125,19 +125,18 @@ export function rateLimitMiddleware<R extends NodeRequest = Request>(
       next();
       return;
     }
-    check(limiter, options.rules, request, options)
-      .then(async (decision: MultiDecision | undefined) => {
-        if (decision === undefined) return next();
-        (request as R & { rateLimit?: MultiDecision }).rateLimit = decision;
-        response.locals.rateLimit = decision;
-        const refused = refusal(decision, options);
-        if (refused === undefined) {
-          setFields(response, rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }));
-          return next();
-        }
-        await refuse(refused, options, request, response, next);
-      })
-      .catch(next);
+    check(limiter, options.rules, request, options).then(async (decision: MultiDecision | undefined) => {
+      if (decision === undefined) return next();
+      (request as R & { rateLimit?: MultiDecision }).rateLimit = decision;
+      response.locals.rateLimit = decision;
+      const refused = refusal(decision, options);
+      if (refused === undefined) {
+        setFields(response, rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }));
+        return next();
+      }
+      // What a handler or message function throws goes to Express, not what the next layers do.
+      await refuse(refused, options, request, response, next).catch(next);
+    }, next);
   };
   return Object.assign(middleware, {
     resetKey: (identity: string) => resetIdentity(limiter, options.rules, identity),
@@ -173,18 +172,16 @@ export function concurrencyLimit<R extends NodeRequest = Request>(
       next();
       return;
     }
-    acquireFor(limiter, options, request)
-      .then(async (lease: Lease | undefined) => {
-        if (lease === undefined) return next();
-        response.locals.lease = lease;
-        const refused = refusal(lease, options);
-        if (refused === undefined) {
-          holdUntilSent(limiter, lease, response);
-          setFields(response, rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }));
-          return next();
-        }
-        await refuse(refused, options, request, response, next);
-      })
-      .catch(next);
+    acquireFor(limiter, options, request).then(async (lease: Lease | undefined) => {
+      if (lease === undefined) return next();
+      response.locals.lease = lease;
+      const refused = refusal(lease, options);
+      if (refused === undefined) {
+        holdUntilSent(limiter, lease, response);
+        setFields(response, rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }));
+        return next();
+      }
+      await refuse(refused, options, request, response, next).catch(next);
+    }, next);
   };
 }
