@@ -4,7 +4,9 @@
 # clients/node/test, with ioredis, node-redis, express, fastify, ... from
 # its lockfile), and its tests run there against the servers of the root
 # venv. The differential test against the Python package uses the wheel
-# (`make python-wheel`) in a venv of its own.
+# (`make python-wheel`) in a venv of its own. The scratch project also holds
+# the TypeScript versions readme.test.mjs checks the README with, and the
+# Express example's clone test runs git clone and npm install itself.
 # Then the same tests again on Node 18, the oldest the package supports
 # (package.json's engines): its binary comes from the npm registry's
 # node-linux-<arch> package, into target/node18.
@@ -44,10 +46,21 @@ fi
 servers=$(cargo run -q --release -p testkit --no-default-features --bin tb-servers --)
 cd "$scratch"
 if [ $# -eq 0 ]; then set -- *.test.mjs express-gateway/test/*.test.mjs; fi
+# The tests that compile and install (the README's TypeScript, the example
+# from a clean clone) run after the others, alone: beside the timing tests
+# their CPU would make calls shed.
+light=() heavy=()
+for file in "$@"; do
+  case "$file" in
+    readme.test.mjs | express-gateway/test/clone.test.mjs) heavy+=("$file") ;;
+    *) light+=("$file") ;;
+  esac
+done
 run() {
   env $servers TB_REPO="$repo" TB_PYTHON="$repo/$pyvenv/bin/python" TB_TARBALL="$repo/$tarball" "$@"
 }
-run node --test --test-concurrency=2 --test-timeout=120000 "$@"
+if [ ${#light[@]} -gt 0 ]; then run node --test --test-concurrency=2 --test-timeout=120000 "${light[@]}"; fi
+if [ ${#heavy[@]} -gt 0 ]; then run node --test --test-concurrency=1 --test-timeout=600000 "${heavy[@]}"; fi
 echo "== the same tests on Node $("$repo/$node18/node_modules/.bin/node" --version)"
 # Node 18's runner has neither --test-concurrency nor --test-timeout.
 PATH="$repo/$node18/node_modules/.bin:$PATH" run node --test "$@"

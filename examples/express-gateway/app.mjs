@@ -3,7 +3,7 @@
 // Express and the redis-tokenbucket package. Run: node server.mjs (README).
 
 import express from "express";
-import { Breaker, Limiter, MultiDecision, rateLimitHeaders } from "redis-tokenbucket";
+import { Breaker, Limiter, MultiDecision, mergeRateLimitHeaders, rateLimitHeaders } from "redis-tokenbucket";
 import { clientIp, holdUntilSent } from "redis-tokenbucket/express";
 import { keyId } from "./config.mjs";
 import { countTokens, LLMError, StubLLM } from "./llm.mjs";
@@ -112,11 +112,7 @@ async function takeStreamSlot(req, res, budget) {
     await limiter.release(lease).catch((e) => console.error(`could not give back stream slot ${lease.id}: ${e}`));
     throw error;
   }
-  const fields = rateLimitHeaders(lease);
-  for (const [name, value] of Object.entries(rateLimitHeaders(decision, { legacy: true }))) {
-    fields[name] = fields[name] ? `${fields[name]}, ${value}` : value;
-  }
-  res.set(fields);
+  res.set(mergeRateLimitHeaders(rateLimitHeaders(lease), rateLimitHeaders(decision, { legacy: true })));
   return lease;
 }
 

@@ -2,6 +2,8 @@
 // their failure policy at once, without a try and without a timeout's cost,
 // until a probe finds Redis back (docs/failure-model.md).
 
+import { brand } from "./brand.js";
+
 export type BreakerState = "closed" | "open" | "half_open";
 
 /** What `enter` tells a call to do. */
@@ -31,6 +33,9 @@ export interface BreakerOptions {
  * dead or frozen Redis costs a handful of calls their timeout, then nothing.
  */
 export class Breaker {
+  static {
+    brand(Breaker);
+  }
   readonly failures: number;
   readonly windowMs: number;
   readonly cooldownMs: number;

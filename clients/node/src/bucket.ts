@@ -2,6 +2,7 @@
 // (contract.ts, generated from contract/contract.json), so a bad limit fails
 // where it is written instead of as an error reply on a request path.
 
+import { brand } from "./brand.js";
 import { type ErrorName, MAX_CAPACITY, MAX_FILL_SECONDS, MAX_RATE, message } from "./contract.js";
 
 /** A Redis key: a string, or a Buffer for binary keys. */
@@ -16,6 +17,9 @@ export type Amount = number | string;
  * argument's name; `field` holds that name.
  */
 export class InvalidArgument extends RangeError {
+  static {
+    brand(InvalidArgument);
+  }
   readonly field: string;
   constructor(field: string, text: string) {
     super(text);
@@ -114,6 +118,9 @@ export interface BucketOptions {
  * built, with the module's rules and messages; immutable.
  */
 export class Bucket {
+  static {
+    brand(Bucket);
+  }
   readonly max: number;
   readonly rate: number;
   readonly name: string | undefined;

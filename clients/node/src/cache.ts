@@ -7,6 +7,7 @@
 // retry loop costs Redis one call per retry window instead of one per
 // attempt.
 
+import { brand } from "./brand.js";
 import type { Bucket } from "./bucket.js";
 import type { Decision } from "./decision.js";
 
@@ -36,6 +37,9 @@ export interface CachedDenial {
  * `clock` must be monotonic (ms); tests pass a fake one.
  */
 export class DenialCache {
+  static {
+    brand(DenialCache);
+  }
   readonly maxEntries: number;
   readonly clock: () => number;
   hits = 0;

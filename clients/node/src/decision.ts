@@ -1,5 +1,6 @@
 // What a call answers.
 
+import { brand } from "./brand.js";
 import type { Bucket, Key } from "./bucket.js";
 
 /** Milliseconds as whole seconds, rounded up: waiting that long always suffices. */
@@ -28,6 +29,9 @@ export interface Flags {
  * `retryAfterMs` is 0 whenever `allowed`, on every call (as in Python).
  */
 export class Decision {
+  static {
+    brand(Decision);
+  }
   readonly allowed: boolean;
   /** Whole tokens left, negative while in debt. */
   readonly remaining: number;
@@ -121,6 +125,9 @@ export interface MultiFlags extends Flags {
  * Cluster slots).
  */
 export class MultiDecision {
+  static {
+    brand(MultiDecision);
+  }
   readonly allowed: boolean;
   readonly retryAfterMs: number;
   readonly decisions: readonly Decision[];

@@ -1,8 +1,14 @@
 // The limiter's own errors (invalid arguments are `InvalidArgument`, a
-// RangeError, in bucket.ts).
+// RangeError, in bucket.ts). Branded (brand.ts): `instanceof` holds
+// across the ESM and CommonJS builds.
+
+import { brand } from "./brand.js";
 
 /** Base class of the limiter's own errors. */
 export class LimiterError extends Error {
+  static {
+    brand(LimiterError);
+  }
   constructor(text: string, options?: { cause?: unknown }) {
     super(text, options);
     this.name = new.target.name;
@@ -16,6 +22,9 @@ export class LimiterError extends Error {
  * `onError` policy applies.
  */
 export class NoBackendError extends LimiterError {
+  static {
+    brand(NoBackendError);
+  }
   readonly causes: ReadonlyArray<readonly [string, unknown]>;
   constructor(causes: ReadonlyArray<readonly [string, unknown]>) {
     const detail = causes.map(([name, e]) => `${name}: ${e instanceof Error ? e.message : String(e)}`).join("; ");
@@ -28,23 +37,39 @@ export class NoBackendError extends LimiterError {
  * `consumeMany(..., { atomic: true })` on a Redis Cluster with keys in more
  * than one hash slot: one atomic call can't reach them all.
  */
-export class CrossSlotError extends LimiterError {}
+export class CrossSlotError extends LimiterError {
+  static {
+    brand(CrossSlotError);
+  }
+}
 
 /**
  * Thrown instead of calling Redis while the circuit breaker is open (Redis
  * failed several times lately) and the policy is "raise".
  */
-export class CircuitOpenError extends LimiterError {}
+export class CircuitOpenError extends LimiterError {
+  static {
+    brand(CircuitOpenError);
+  }
+}
 
 /**
  * Redis got the command and sent no reply within the budget (a Redis
  * failure: the policy applies).
  */
-export class RedisTimeoutError extends LimiterError {}
+export class RedisTimeoutError extends LimiterError {
+  static {
+    brand(RedisTimeoutError);
+  }
+}
 
 /**
  * The call could not get its decision in time for a local reason (the
  * event loop too far behind): the process is overloaded, Redis did not
  * fail. Never admitted; a limiter turns it into a shed decision.
  */
-export class Shed extends LimiterError {}
+export class Shed extends LimiterError {
+  static {
+    brand(Shed);
+  }
+}

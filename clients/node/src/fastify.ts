@@ -1,23 +1,31 @@
 // Fastify: a plugin adding an onRequest hook that charges each request
 // against its rules (for every route of the instance it is registered on),
 // the hook alone, for single routes, and a hook holding a concurrency slot
-// per request until its response is done. Fastify is not imported.
+// per request until its response is done. Fastify itself is not imported:
+// its types are, so that the plugin and hooks are Fastify's own kinds and
+// the requests given to rules and options are Fastify's.
 
-import { rateLimitHeaders } from "./headers.js";
+import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from "fastify";
+import type { MultiDecision } from "./decision.js";
+import { mergeRateLimitHeaders, rateLimitHeaders } from "./headers.js";
 import {
   acquireFor,
+  answer,
   type ConcurrencyLimitOptions,
   check,
   checkConcurrencyOptions,
+  checkRefusalOptions,
   checkRules,
   holdUntilSent,
   type LimitOptions,
   type NodeRequest,
-  PROBLEM_JSON,
-  type ResponseEvents,
+  type Refusal,
+  type RefusalOptions,
   type Rule,
   refusal,
+  resetIdentity,
 } from "./http.js";
+import type { Lease } from "./lease.js";
 import type { Limiter } from "./limiter.js";
 
 export {
@@ -29,57 +37,104 @@ export {
   type KeyFunction,
   type NodeRequest,
   QUOTA_EXCEEDED,
+  type Refusal,
+  type RefusalOptions,
   type Rule,
 } from "./http.js";
 
-interface FastifyReply {
-  code(status: number): FastifyReply;
-  header(name: string, value: string): FastifyReply;
-  type(type: string): FastifyReply;
-  send(body: string): FastifyReply;
-  /** Node's http.ServerResponse under the reply. */
-  raw?: ResponseEvents;
+declare module "fastify" {
+  interface FastifyRequest {
+    /** The decision of redis-tokenbucket's rateLimitPlugin or rateLimitHook (null or undefined where none applied). */
+    rateLimit?: MultiDecision | null;
+    /** The lease redis-tokenbucket's concurrencyHook took for this request. */
+    lease?: Lease | null;
+  }
 }
 
-interface FastifyInstance {
-  addHook(name: "onRequest", hook: (request: never, reply: FastifyReply) => Promise<unknown>): unknown;
-  decorateRequest?(name: string, value: unknown): unknown;
-}
+/** Sends a refusal yourself (and returns the reply): its headers (RateLimit fields, Retry-After) are already set. */
+export type RefusalHandler<R> = (request: R, reply: FastifyReply, refusal: Refusal) => unknown;
 
-export interface HookOptions<R extends NodeRequest> extends LimitOptions {
-  rules: readonly Rule<R>[];
+export interface HookOptions<R extends NodeRequest = FastifyRequest> extends LimitOptions, RefusalOptions<R> {
+  /**
+   * The buckets each request is charged against, in one all-or-nothing
+   * call. (Their key functions don't decide the request's type: apiKey()
+   * and clientIp() take any request, and the type stays the framework's.)
+   */
+  rules: readonly Rule<NoInfer<R>>[];
   /** True to let a request through unlimited (health checks, say). */
   skip?: (request: R) => boolean;
+  /** Sends the refusals (429s and 503s) instead of the hook. */
+  handler?: RefusalHandler<R>;
 }
 
-export interface PluginOptions<R extends NodeRequest> extends HookOptions<R> {
+export interface PluginOptions extends HookOptions<FastifyRequest> {
   limiter: Limiter;
+}
+
+export interface ConcurrencyHookOptions<R extends NodeRequest = FastifyRequest> extends ConcurrencyLimitOptions<R> {
+  /** Sends the refusals (429s and 503s) instead of the hook. */
+  handler?: RefusalHandler<R>;
+}
+
+/** An onRequest hook, with express-rate-limit's `resetKey`. */
+export interface RateLimitHook<R extends NodeRequest = FastifyRequest> {
+  (request: R, reply: FastifyReply): Promise<unknown>;
+  /** Fills `identity`'s bucket of every rule again (its keys are deleted). */
+  resetKey(identity: string): Promise<void>;
+}
+
+/** Sets a limiter's fields, joining those an earlier hook set on the reply. */
+function setFields(reply: FastifyReply, fields: Record<string, string>): void {
+  for (const [k, v] of Object.entries(mergeRateLimitHeaders(reply.getHeaders(), fields))) reply.header(k, v);
+}
+
+/** Sends a refusal: the handler's, or the status and body the options say; returns the reply. */
+async function refuse<R>(
+  refused: Refusal,
+  options: RefusalOptions<R> & { handler?: RefusalHandler<R> },
+  request: R,
+  reply: FastifyReply,
+): Promise<FastifyReply> {
+  setFields(reply, refused.headers);
+  if (options.handler !== undefined) {
+    await options.handler(request, reply, refused);
+    return reply;
+  }
+  const { status, body, type } = await answer(refused, options, request);
+  reply.code(status);
+  if (type !== undefined) reply.type(type);
+  return reply.send(body);
 }
 
 /**
  * An onRequest hook: `fastify.get("/x", { onRequest: rateLimitHook(limiter, { rules }) }, handler)`.
- * Admitted requests carry RateLimit-Policy and RateLimit (the decision is
- * `request.rateLimit`); a denial is a 429 problem with them and
- * Retry-After; a shed call or a failing-closed limiter is a 503 with
- * Retry-After.
+ * Admitted requests carry RateLimit-Policy and RateLimit, joined to any an
+ * earlier hook set (the plugin's); the decision is `request.rateLimit`. A
+ * denial is a 429 problem with them and Retry-After (or `statusCode`,
+ * `message`, or your `handler`); a shed call or a failing-closed limiter
+ * is a 503 with Retry-After.
  */
-export function rateLimitHook<R extends NodeRequest>(limiter: Limiter, options: HookOptions<R>) {
-  checkRules(options.rules);
-  return async (request: R, reply: FastifyReply): Promise<unknown> => {
+export function rateLimitHook<R extends NodeRequest = FastifyRequest>(
+  limiter: Limiter,
+  options: HookOptions<R>,
+): RateLimitHook<NoInfer<R>> {
+  checkRefusalOptions(options);
+  checkRules(limiter, options.rules);
+  const hook = async (request: R, reply: FastifyReply): Promise<unknown> => {
     if (options.skip?.(request)) return undefined;
     const decision = await check(limiter, options.rules, request, options);
     if (decision === undefined) return undefined;
-    (request as R & { rateLimit?: unknown }).rateLimit = decision;
+    (request as R & { rateLimit?: MultiDecision }).rateLimit = decision;
     const refused = refusal(decision, options);
     if (refused === undefined) {
-      for (const [k, v] of Object.entries(rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }))) {
-        reply.header(k, v);
-      }
+      setFields(reply, rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }));
       return undefined;
     }
-    for (const [k, v] of Object.entries(refused.headers)) reply.header(k, v);
-    return reply.code(refused.status).type(PROBLEM_JSON).send(JSON.stringify(refused.body));
+    return refuse(refused, options, request, reply);
   };
+  return Object.assign(hook, {
+    resetKey: (identity: string) => resetIdentity(limiter, options.rules, identity),
+  });
 }
 
 /**
@@ -91,26 +146,26 @@ export function rateLimitHook<R extends NodeRequest>(limiter: Limiter, options: 
  * 'finish' or 'close'), renewed meanwhile; bucket `rules` are charged in
  * the same TB.ACQUIRE. Admitted requests carry the RateLimit fields (the
  * lease is `request.lease`); no slot is a 429 problem with them and
- * Retry-After; a shed call or a failing-closed limiter is a 503.
+ * Retry-After (or `statusCode`, `message`, `handler`); a shed call or a
+ * failing-closed limiter is a 503.
  */
-export function concurrencyHook<R extends NodeRequest>(limiter: Limiter, options: ConcurrencyLimitOptions<R>) {
-  checkConcurrencyOptions(options);
+export function concurrencyHook<R extends NodeRequest = FastifyRequest>(
+  limiter: Limiter,
+  options: ConcurrencyHookOptions<R>,
+): (request: NoInfer<R>, reply: FastifyReply) => Promise<unknown> {
+  checkConcurrencyOptions(limiter, options);
   return async (request: R, reply: FastifyReply): Promise<unknown> => {
     if (options.skip?.(request)) return undefined;
     const lease = await acquireFor(limiter, options, request);
     if (lease === undefined) return undefined;
-    (request as R & { lease?: unknown }).lease = lease;
+    (request as R & { lease?: Lease }).lease = lease;
     const refused = refusal(lease, options);
     if (refused === undefined) {
-      if (reply.raw === undefined) throw new TypeError("concurrencyHook needs Fastify's reply.raw");
       holdUntilSent(limiter, lease, reply.raw);
-      for (const [k, v] of Object.entries(rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }))) {
-        reply.header(k, v);
-      }
+      setFields(reply, rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }));
       return undefined;
     }
-    for (const [k, v] of Object.entries(refused.headers)) reply.header(k, v);
-    return reply.code(refused.status).type(PROBLEM_JSON).send(JSON.stringify(refused.body));
+    return refuse(refused, options, request, reply);
   };
 }
 
@@ -119,10 +174,10 @@ export function concurrencyHook<R extends NodeRequest>(limiter: Limiter, options
  * on every route. Like plugins wrapped in fastify-plugin, it is not
  * encapsulated: it applies to the instance it is registered on.
  */
-export async function rateLimitPlugin<R extends NodeRequest>(fastify: FastifyInstance, options: PluginOptions<R>) {
-  fastify.decorateRequest?.("rateLimit", null);
-  fastify.addHook("onRequest", rateLimitHook(options.limiter, options) as never);
-}
+export const rateLimitPlugin: FastifyPluginAsync<PluginOptions> = async (fastify, options) => {
+  if (!fastify.hasRequestDecorator("rateLimit")) fastify.decorateRequest("rateLimit", null);
+  fastify.addHook("onRequest", rateLimitHook(options.limiter, options));
+};
 // What fastify-plugin sets: the hook reaches the routes of the parent instance.
 Object.assign(rateLimitPlugin, {
   [Symbol.for("skip-override")]: true,

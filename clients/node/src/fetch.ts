@@ -3,7 +3,7 @@
 
 import type { Decision, MultiDecision } from "./decision.js";
 import { MultiDecision as Multi } from "./decision.js";
-import { type HeaderOptions, rateLimitHeaders } from "./headers.js";
+import { type HeaderOptions, mergeRateLimitHeaders, rateLimitHeaders } from "./headers.js";
 import { PROBLEM_JSON, refusal } from "./http.js";
 import { Lease } from "./lease.js";
 
@@ -36,12 +36,20 @@ export function rateLimitResponse(
   });
 }
 
-/** `response` with the decision's RateLimit fields added (for an admitted request). */
+/**
+ * A new Response: `response` (its status, headers and body, which it
+ * takes over) with the decision's RateLimit fields added, for an admitted
+ * request. A new one because a Response from fetch() can't be changed
+ * (its headers are immutable); the fields join any that another limiter
+ * put on `response` (RateLimit and RateLimit-Policy are lists).
+ */
 export function withRateLimitHeaders(
   response: Response,
   decision: Decision | MultiDecision | Lease,
   options: HeaderOptions = {},
 ): Response {
-  for (const [k, v] of Object.entries(rateLimitHeaders(decision, options))) response.headers.set(k, v);
-  return response;
+  const headers = new Headers(response.headers);
+  const fields = mergeRateLimitHeaders(Object.fromEntries(headers), rateLimitHeaders(decision, options));
+  for (const [k, v] of Object.entries(fields)) headers.set(k, v);
+  return new Response(response.body, { status: response.status, statusText: response.statusText, headers });
 }

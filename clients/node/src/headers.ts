@@ -99,3 +99,75 @@ export function rateLimitHeaders(
 function legacyOf(tightest: Decision): [number, number] {
   return [quota(tightest.bucket), Math.max(tightest.remaining, 0)];
 }
+
+/** A header's value as a string (Node's are also numbers or arrays of lines). */
+function text(value: unknown): string | undefined {
+  if (value === undefined || value === null) return undefined;
+  return Array.isArray(value) ? value.join(", ") : String(value);
+}
+
+/** The items of a structured-field list: split at the commas outside sf-strings. */
+function items(list: string): string[] {
+  const out: string[] = [];
+  let start = 0;
+  let quoted = false;
+  for (let i = 0; i < list.length; i++) {
+    const c = list[i];
+    if (quoted && c === "\\") i++;
+    else if (c === '"') quoted = !quoted;
+    else if (c === "," && !quoted) {
+      out.push(list.slice(start, i).trim());
+      start = i + 1;
+    }
+  }
+  out.push(list.slice(start).trim());
+  return out.filter((item) => item !== "");
+}
+
+/** A list item's policy name: its leading sf-string (or token), as written. */
+function itemName(item: string): string {
+  return /^("(?:[^"\\]|\\.)*"|[^;\s]*)/.exec(item)?.[1] ?? item;
+}
+
+/**
+ * The fields to set on a response that already carries some, when another
+ * limiter's `added` fields join them (limiters stacked on one request).
+ * RateLimit and RateLimit-Policy are lists: the added policies join the
+ * ones there, a policy of the same name taking its place. Retry-After is
+ * the longer wait; the legacy X-RateLimit-Limit and -Remaining stay those
+ * of the most restrictive (fewest remaining). `current` is the response's
+ * headers, names in any case (`res.getHeaders()`, `reply.getHeaders()`,
+ * `Object.fromEntries(response.headers)`).
+ */
+export function mergeRateLimitHeaders(
+  current: Readonly<Record<string, unknown>>,
+  added: Readonly<Record<string, string>>,
+): Record<string, string> {
+  const lower = new Map(Object.entries(current).map(([k, v]) => [k.toLowerCase(), text(v)]));
+  const now = (name: string) => lower.get(name.toLowerCase());
+  const out: Record<string, string> = { ...added };
+  for (const name of ["RateLimit", "RateLimit-Policy"]) {
+    const there = now(name);
+    const more = added[name];
+    if (!there || more === undefined) continue;
+    const merged = items(there);
+    for (const item of items(more)) {
+      const at = merged.findIndex((m) => itemName(m) === itemName(item));
+      if (at >= 0) merged[at] = item;
+      else merged.push(item);
+    }
+    out[name] = merged.join(", ");
+  }
+  const retry = now("Retry-After");
+  if (retry !== undefined && added["Retry-After"] !== undefined && Number(retry) > Number(added["Retry-After"])) {
+    out["Retry-After"] = retry;
+  }
+  const remaining = now("X-RateLimit-Remaining");
+  if (remaining !== undefined && added["X-RateLimit-Remaining"] !== undefined) {
+    if (Number(remaining) < Number(added["X-RateLimit-Remaining"])) {
+      delete out["X-RateLimit-Limit"];
+      delete out["X-RateLimit-Remaining"];
+    }
+  }
+  return out;
+}

@@ -15,26 +15,32 @@ import { BlockList, isIP } from "node:net";
 import { type Amount, type Bucket, checkCost } from "./bucket.js";
 import type { MultiDecision } from "./decision.js";
 import { rateLimitHeaders } from "./headers.js";
-import { type Concurrency, checkInt, Lease } from "./lease.js";
+import { Concurrency, checkInt, Lease } from "./lease.js";
 import type { GroupIn, Limiter, ManyOptions } from "./limiter.js";
 
 /** The request, as Node's http server gives it (Express and Fastify requests are this too). */
 export interface NodeRequest {
   headers: Record<string, string | string[] | undefined>;
   socket?: { remoteAddress?: string | undefined } | undefined;
+  /** The client's address as the framework reads it (Express's trust proxy, Fastify's trustProxy). */
+  ip?: string | undefined;
 }
 
 /** The request's identity for one rule, or undefined to skip the rule. */
 export type KeyFunction<R = NodeRequest> = (request: R) => string | undefined | Promise<string | undefined>;
 
 export interface Rule<R = NodeRequest> {
-  /** The bucket; its name names the policy in the headers and in `violated-policies`. */
+  /**
+   * The bucket. Its name names the policy in the headers and in
+   * `violated-policies`, and is part of the Redis key, so on one limiter a
+   * name has one max and rate (another is refused when written).
+   */
   bucket: Bucket;
-  /** The identity: requests are charged at `prefix:name:identity`. */
+  /** The identity: requests are charged at the Redis key `prefix:name:identity`. */
   key: KeyFunction<R>;
   /** Tokens per request (default 1), or a function of the request. */
   cost?: Amount | ((request: R) => Amount);
-  /** Key prefix (default "rl"). */
+  /** The first part of the Redis key (default "rl"). */
   prefix?: string;
 }
 
@@ -43,8 +49,82 @@ export interface LimitOptions extends Pick<ManyOptions, "atomic" | "onError" | "
   legacyHeaders?: boolean;
 }
 
-/** Checks rules when they are written: names present, constant costs valid. */
-export function checkRules<R>(rules: readonly Rule<R>[]): void {
+/** How a denial by a limit is answered, as express-rate-limit's options say it. */
+export interface RefusalOptions<R> {
+  /**
+   * The status of a denial by a limit (default 429). Shed and
+   * failing-closed answers stay 503: no limit was reached.
+   */
+  statusCode?: number;
+  /**
+   * The body of a denial by a limit, instead of the RFC 9457 problem: a
+   * string, an object (sent as JSON), or a function of the request and
+   * the refusal returning either (or a Promise of it).
+   */
+  message?: string | object | ((request: R, refusal: Refusal) => unknown);
+}
+
+/** Checks `statusCode` and `message` when they are written. */
+export function checkRefusalOptions<R>(options: RefusalOptions<R>): void {
+  const status = options.statusCode;
+  if (status !== undefined && !(Number.isInteger(status) && status >= 400 && status <= 599)) {
+    throw new RangeError(`statusCode must be an HTTP error status (an integer 400 to 599), got ${String(status)}`);
+  }
+  const message = options.message;
+  if (message !== undefined && message !== null && !["string", "object", "function"].includes(typeof message)) {
+    throw new TypeError(`message must be a string, an object or a function, got ${typeof message}`);
+  }
+}
+
+/** The Redis key prefix of a rule or concurrency rule: `prefix:name`. */
+function policyKey(prefix: string | undefined, name: string | undefined): string {
+  return `${prefix ?? "rl"}:${name}`;
+}
+
+// The limits each `prefix:name` has on a limiter, kept on the limiter
+// under a registered symbol (so the ESM and CommonJS builds share it).
+const POLICIES = Symbol.for("redis-tokenbucket.policies");
+
+function describe(limit: Bucket | Concurrency): string {
+  return limit instanceof Concurrency
+    ? `a Concurrency of limit ${limit.limit}`
+    : `max ${(limit as Bucket).max}, rate ${(limit as Bucket).rate}`;
+}
+
+function sameLimits(a: Bucket | Concurrency, b: Bucket | Concurrency): boolean {
+  if (a instanceof Concurrency || b instanceof Concurrency) {
+    return a instanceof Concurrency && b instanceof Concurrency && a.limit === b.limit;
+  }
+  return (a as Bucket).sameLimits(b as Bucket);
+}
+
+/**
+ * Records the policies of a middleware or hook on its limiter, refusing
+ * one whose `prefix:name` the limiter already has with other limits: both
+ * would charge the same Redis keys. All are checked before any is kept.
+ */
+function claim(limiter: Limiter, policies: readonly [string, Bucket | Concurrency][]): void {
+  const held = limiter as unknown as { [POLICIES]?: Map<string, Bucket | Concurrency> };
+  const known = new Map(held[POLICIES] ?? []);
+  for (const [key, limit] of policies) {
+    const there = known.get(key);
+    if (there !== undefined && !sameLimits(there, limit)) {
+      const name = key.slice(key.indexOf(":") + 1);
+      throw new RangeError(
+        `policy ${JSON.stringify(name)} (key ${key}:<identity>) is ${describe(there)} on this limiter: ` +
+          `not ${describe(limit)}; give one of them another name or prefix`,
+      );
+    }
+    known.set(key, limit);
+  }
+  Object.defineProperty(held, POLICIES, { value: known, configurable: true });
+}
+
+/**
+ * Checks rules when they are written: names present, constant costs valid,
+ * and no name the limiter already has with other limits.
+ */
+export function checkRules<R>(limiter: Limiter, rules: readonly Rule<R>[]): void {
   if (rules.length === 0) throw new RangeError("at least one rule is needed");
   for (const rule of rules) {
     if (rule.bucket.name === undefined) {
@@ -52,6 +132,25 @@ export function checkRules<R>(rules: readonly Rule<R>[]): void {
     }
     if (rule.cost !== undefined && typeof rule.cost !== "function") checkCost(rule.cost, rule.bucket);
   }
+  claim(
+    limiter,
+    rules.map((rule) => [policyKey(rule.prefix, rule.bucket.name), rule.bucket]),
+  );
+}
+
+/**
+ * Fills `identity`'s bucket of each rule again (a refund of twice its max
+ * fills it from any debt, and a full bucket's key is deleted): what
+ * express-rate-limit's `resetKey` does. Redis errors are thrown.
+ */
+export async function resetIdentity<R>(limiter: Limiter, rules: readonly Rule<R>[], identity: string): Promise<void> {
+  await Promise.all(
+    rules.map((rule) =>
+      limiter.adjust(`${policyKey(rule.prefix, rule.bucket.name)}:${identity}`, rule.bucket, 2 * rule.bucket.max, {
+        onError: "raise",
+      }),
+    ),
+  );
 }
 
 /** A request's `[key, bucket, cost]` groups under its rules (a rule whose key is undefined is skipped). */
@@ -61,7 +160,7 @@ async function groupsOf<R>(rules: readonly Rule<R>[], request: R): Promise<Group
     const identity = await rule.key(request);
     if (identity === undefined) continue;
     const cost = typeof rule.cost === "function" ? rule.cost(request) : (rule.cost ?? 1);
-    groups.push([`${rule.prefix ?? "rl"}:${rule.bucket.name}:${identity}`, rule.bucket, cost]);
+    groups.push([`${policyKey(rule.prefix, rule.bucket.name)}:${identity}`, rule.bucket, cost]);
   }
   return groups;
 }
@@ -87,23 +186,25 @@ export interface ConcurrencyRule<R = NodeRequest> {
    * `violated-policies`. Or a function of the request (the caller's tier).
    */
   concurrency: Concurrency | ((request: R) => Concurrency);
-  /** The identity: each request holds a slot of `prefix:name:identity`. */
+  /** The identity: each request holds a slot of the Redis key `prefix:name:identity`. */
   key: KeyFunction<R>;
   /** Slots per request (default 1), or a function of the request. */
   weight?: number | ((request: R) => number);
-  /** Key prefix (default "rl"). */
+  /** The first part of the Redis key (default "rl"). */
   prefix?: string;
 }
 
-export interface ConcurrencyLimitOptions<R> extends Pick<LimitOptions, "onError" | "timeoutMs" | "legacyHeaders"> {
+export interface ConcurrencyLimitOptions<R>
+  extends Pick<LimitOptions, "onError" | "timeoutMs" | "legacyHeaders">,
+    RefusalOptions<R> {
   /** The slot each request holds until its response is done. */
-  concurrency: ConcurrencyRule<R>;
+  concurrency: ConcurrencyRule<NoInfer<R>>;
   /**
    * Buckets charged in the same TB.ACQUIRE as the slot, all or nothing. On
    * a Cluster their keys must share the lease key's hash slot (a hash tag
    * in the identity); else limit them with the rate-limit helper instead.
    */
-  rules?: readonly Rule<R>[];
+  rules?: readonly Rule<NoInfer<R>>[];
   /** True to let a request through unlimited (health checks, say). */
   skip?: (request: R) => boolean;
 }
@@ -117,16 +218,18 @@ function checkNamed(concurrency: Concurrency): void {
 }
 
 /** Checks a concurrency rule and its bucket rules when they are written. */
-export function checkConcurrencyOptions<R>(options: ConcurrencyLimitOptions<R>): void {
+export function checkConcurrencyOptions<R>(limiter: Limiter, options: ConcurrencyLimitOptions<R>): void {
   const rule = options.concurrency;
   if (rule === null || typeof rule !== "object") throw new TypeError("concurrency: expected { concurrency, key }");
+  checkRefusalOptions(options);
   if (typeof rule.concurrency !== "function") {
     checkNamed(rule.concurrency);
     if (rule.weight !== undefined && typeof rule.weight !== "function") rule.concurrency.checkWeight(rule.weight);
+    claim(limiter, [[policyKey(rule.prefix, rule.concurrency.name), rule.concurrency]]);
   } else if (rule.weight !== undefined && typeof rule.weight !== "function") {
     checkInt(rule.weight, "weight", 1);
   }
-  if (options.rules !== undefined && options.rules.length > 0) checkRules(options.rules);
+  if (options.rules !== undefined && options.rules.length > 0) checkRules(limiter, options.rules);
 }
 
 /**
@@ -145,7 +248,7 @@ export async function acquireFor<R>(
   checkNamed(concurrency);
   const weight = typeof rule.weight === "function" ? rule.weight(request) : (rule.weight ?? 1);
   const buckets = await groupsOf(options.rules ?? [], request);
-  const key = `${rule.prefix ?? "rl"}:${concurrency.name}:${identity}`;
+  const key = `${policyKey(rule.prefix, concurrency.name)}:${identity}`;
   return limiter.acquire(key, concurrency, {
     weight,
     buckets,
@@ -188,11 +291,30 @@ export function holdUntilSent(limiter: Limiter, lease: Lease, response: Response
 export const QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 export const PROBLEM_JSON = "application/problem+json";
 
-/** A refusal: status, headers and a problem+json body (RFC 9457). */
+/** A refusal: status, headers and a problem+json body (RFC 9457), for the decision or lease that refused. */
 export interface Refusal {
+  /** 429 for a denial by a limit; 503 for a shed call or a limiter failing closed. */
   status: 429 | 503;
   headers: Record<string, string>;
   body: Record<string, unknown>;
+  decision: MultiDecision | Lease;
+}
+
+/**
+ * What to send for a refusal, under a middleware's `statusCode` and
+ * `message` (which apply to denials by a limit): the status, the body, and
+ * its content type (undefined: the framework's, for a custom message).
+ */
+export async function answer<R>(
+  refused: Refusal,
+  options: RefusalOptions<R>,
+  request: R,
+): Promise<{ status: number; body: unknown; type: string | undefined }> {
+  if (refused.status !== 429) return { status: refused.status, body: JSON.stringify(refused.body), type: PROBLEM_JSON };
+  const status = options.statusCode ?? 429;
+  const message = options.message;
+  if (message === undefined) return { status, body: JSON.stringify({ ...refused.body, status }), type: PROBLEM_JSON };
+  return { status, body: typeof message === "function" ? await message(request, refused) : message, type: undefined };
 }
 
 /**
@@ -217,6 +339,7 @@ export function refusal(
         status: 503,
         detail: decision.shed ? "The server is overloaded." : "The rate limiter is unavailable.",
       },
+      decision,
     };
   }
   const violated = decision.deniedBy.map((d) => d.bucket.name ?? "default");
@@ -237,6 +360,7 @@ export function refusal(
       detail: `Rate limited by ${violated.join(", ")}: retry in ${decision.retryAfter} s.`,
       "violated-policies": violated,
     },
+    decision,
   };
 }
 
@@ -316,17 +440,32 @@ function net64(text: string): string {
 }
 
 /**
- * The client's address: the socket peer, unless the peer is a trusted proxy,
- * in which case X-Forwarded-For is walked from the right (each proxy
- * appends the address it received from) to the first untrusted hop.
+ * The client's address, IPv6 clients per /64 (IPv4-mapped addresses count
+ * as IPv4).
+ *
+ * `clientIp()`: the address the framework read, `request.ip`, which
+ * honours Express's `trust proxy` setting and Fastify's `trustProxy`
+ * option (without them, the socket peer); the socket peer where there is
+ * no `request.ip`.
+ *
+ * `clientIp(trustedProxies)`: the socket peer, unless the peer is one of
+ * these proxies (addresses or networks), in which case X-Forwarded-For is
+ * walked from the right (each proxy appends the address it received from)
+ * to the first untrusted hop; the framework's setting is not used.
  *
  * Anyone can send X-Forwarded-For, so believing it from any peer would let a
  * client pick its own bucket, a fresh one per request. Hops left of the
  * first untrusted one were written by the client and are ignored; a
- * malformed hop ends the walk at the proxy that passed it on. IPv6 clients
- * count per /64; IPv4-mapped addresses count as IPv4.
+ * malformed hop ends the walk at the proxy that passed it on.
  */
-export function clientIp(trustedProxies: readonly string[] = []): KeyFunction {
+export function clientIp(trustedProxies?: readonly string[]): KeyFunction {
+  if (trustedProxies === undefined) {
+    return (request) => {
+      const framework = typeof request.ip === "string" ? parseIp(request.ip) : undefined;
+      if (framework !== undefined) return framework.family === 6 ? net64(framework.text) : framework.text;
+      return peerOf(request, () => false);
+    };
+  }
   const trusted = new BlockList();
   for (const entry of trustedProxies) {
     const [addr, prefix] = entry.split("/") as [string, string | undefined];
@@ -337,17 +476,20 @@ export function clientIp(trustedProxies: readonly string[] = []): KeyFunction {
     else trusted.addSubnet(parsed.text, Number(prefix), type);
   }
   const isTrusted = (a: Address) => trusted.check(a.text, a.family === 4 ? "ipv4" : "ipv6");
-  return (request) => {
-    const peer = request.socket?.remoteAddress ?? "";
-    let addr = parseIp(peer);
-    if (addr === undefined) return peer || "unknown";
-    const hops = (header(request, "x-forwarded-for") ?? "").split(",");
-    for (const hop of hops.reverse()) {
-      if (!isTrusted(addr)) break;
-      const previous = parseIp(hop);
-      if (previous === undefined) break;
-      addr = previous;
-    }
-    return addr.family === 6 ? net64(addr.text) : addr.text;
-  };
+  return (request) => peerOf(request, isTrusted);
+}
+
+/** The socket peer, or the first untrusted hop of X-Forwarded-For behind trusted proxies. */
+function peerOf(request: NodeRequest, isTrusted: (address: Address) => boolean): string {
+  const peer = request.socket?.remoteAddress ?? "";
+  let addr = parseIp(peer);
+  if (addr === undefined) return peer || "unknown";
+  const hops = (header(request, "x-forwarded-for") ?? "").split(",");
+  for (const hop of hops.reverse()) {
+    if (!isTrusted(addr)) break;
+    const previous = parseIp(hop);
+    if (previous === undefined) break;
+    addr = previous;
+  }
+  return addr.family === 6 ? net64(addr.text) : addr.text;
 }

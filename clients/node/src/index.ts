@@ -25,7 +25,7 @@ export {
   Shed,
 } from "./errors.js";
 export type { DecisionEvent } from "./events.js";
-export { type HeaderOptions, rateLimitHeaders } from "./headers.js";
+export { type HeaderOptions, mergeRateLimitHeaders, rateLimitHeaders } from "./headers.js";
 export type { LeaseKeeper } from "./hold.js";
 export { hashTagged } from "./keys.js";
 export { Busy, Concurrency, type ConcurrencyOptions, type Held, Lease } from "./lease.js";

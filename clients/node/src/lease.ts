@@ -4,6 +4,7 @@
 // generated from contract/contract.json), as Bucket is.
 
 import { randomUUID } from "node:crypto";
+import { brand } from "./brand.js";
 import { checkName, type Key, refusal } from "./bucket.js";
 import { MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_LEASE_MS } from "./contract.js";
 import { type Decision, wholeSeconds } from "./decision.js";
@@ -45,6 +46,9 @@ export interface ConcurrencyOptions {
  * Checked when built, with the module's rules and messages; immutable.
  */
 export class Concurrency {
+  static {
+    brand(Concurrency);
+  }
   readonly limit: number;
   readonly leaseMs: number;
   readonly name: string | undefined;
@@ -124,6 +128,9 @@ export interface LeaseFields {
  * this process's share of the limit (its `busy` and `remaining` are about it).
  */
 export class Lease {
+  static {
+    brand(Lease);
+  }
   readonly acquired: boolean;
   readonly inUse: number;
   readonly retryAfterMs: number;
@@ -190,6 +197,9 @@ export class Lease {
  * denies. `lease` is the denied Lease, with the reason.
  */
 export class Busy extends LimiterError {
+  static {
+    brand(Busy);
+  }
   readonly lease: Lease;
   constructor(lease: Lease) {
     super(why(lease));

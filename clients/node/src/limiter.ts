@@ -15,7 +15,7 @@ import type { DecisionEvent } from "./events.js";
 import { Keeper, type LeaseKeeper } from "./hold.js";
 import { keyId } from "./keys.js";
 import { Busy, Concurrency, checkId, Lease, newId } from "./lease.js";
-import { LocalBuckets, LocalReplyError } from "./local.js";
+import { LocalBuckets, LocalReplyError, requireWasmoon } from "./local.js";
 import type { BucketOp, Group, LeaseHead, LeaseOp } from "./scripts.js";
 import { bounded, classify } from "./transport.js";
 
@@ -176,8 +176,11 @@ export class Limiter {
     if (!(Number.isInteger(processes) && processes >= 1)) throw new RangeError("processes must be an integer >= 1");
     this.processes = processes;
     this.onDecision = options.onDecision;
-    // Started now, so that wasmoon is ready (or its absence logged) before Redis fails.
-    if (this.onError === "local") this.localBuckets().catch((e: Error) => this.logger.error(e.message));
+    if (this.onError === "local") {
+      requireWasmoon();
+      // Started now, so that the Lua VM is ready (or its failure logged) before Redis fails.
+      this.localBuckets().catch((e: Error) => this.logger.error(e.message));
+    }
   }
 
   /** The backend in use ("module", "functions" or "eval"); undefined until a call finds it. */
@@ -471,9 +474,11 @@ export class Limiter {
   }
 
   private options(options: CallOptions): { timeoutMs: number | null; onError: OnError } {
+    const onError = options.onError === undefined ? this.onError : checkOnError(options.onError);
+    if (onError === "local") requireWasmoon();
     return {
       timeoutMs: options.timeoutMs === undefined ? this.timeoutMs : checkTimeout(options.timeoutMs, false),
-      onError: options.onError === undefined ? this.onError : checkOnError(options.onError),
+      onError,
     };
   }
 

@@ -18,12 +18,48 @@
 // breaker opens (what a client already spent in Redis is not known here).
 
 import { createHash } from "node:crypto";
+import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
+import { join } from "node:path";
 import { Bucket, encode } from "./bucket.js";
+import { LimiterError } from "./errors.js";
 import { keyId } from "./keys.js";
 import { LIBRARY_SOURCE } from "./lua.js";
 import type { Arg, BucketOp, Group, LeaseOp, Op } from "./scripts.js";
 
-export const MISSING = 'onError "local" needs wasmoon: npm install wasmoon';
+export const MISSING = 'onError "local" needs wasmoon, an optional peer dependency: npm install wasmoon';
+
+/**
+ * This file's path (or file URL), from V8's structured stack trace: the
+ * ESM and CommonJS builds compile this one source, and only ESM has
+ * import.meta (CommonJS can't even parse it).
+ */
+function thisFile(): string {
+  const prepare = Error.prepareStackTrace;
+  try {
+    Error.prepareStackTrace = (_error, stack) => stack;
+    const stack = new Error().stack as unknown as NodeJS.CallSite[] | undefined;
+    return stack?.[0]?.getFileName() ?? join(process.cwd(), "index.js");
+  } finally {
+    Error.prepareStackTrace = prepare;
+  }
+}
+
+let found = false;
+
+/**
+ * Throws unless wasmoon can be found from here, where `import("wasmoon")`
+ * looks for it: a limiter refuses onError "local" when it is built (or a
+ * call that asks for it, before anything is sent), not during an outage.
+ * Synchronous, so it looks for the package's folder on the resolution path
+ * instead of loading it.
+ */
+export function requireWasmoon(): void {
+  if (found) return;
+  const paths = createRequire(thisFile()).resolve.paths("wasmoon") ?? [];
+  found = paths.some((dir) => existsSync(join(dir, "wasmoon", "package.json")));
+  if (!found) throw new LimiterError(MISSING);
+}
 
 // Redis's Lua is 5.1, where every number is a double; in 5.4 "10" reads as
 // an integer, and the library's arithmetic on integers could overflow
@@ -103,7 +139,7 @@ export class LocalBuckets {
       const name = "wasmoon"; // an optional peer: not resolved at build time
       wasmoon = await import(name);
     } catch (error) {
-      throw new Error(MISSING, { cause: error });
+      throw new LimiterError(MISSING, { cause: error });
     }
     const engine = await new wasmoon.LuaFactory().createEngine({ injectObjects: false, enableProxy: false });
     let self: LocalBuckets | undefined;

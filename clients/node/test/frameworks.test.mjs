@@ -15,21 +15,11 @@ import { concurrencyHook, rateLimitPlugin } from "redis-tokenbucket/fastify";
 import { rateLimitResponse, withRateLimitHeaders } from "redis-tokenbucket/fetch";
 import { client } from "./clients.mjs";
 import { Server, SLOW, stopAll, target } from "./servers.mjs";
+import { get, serve } from "./web.mjs";
 
 after(stopAll);
 
 const USER = new Bucket({ max: 2, rate: SLOW, name: "user" });
-
-async function serve(app) {
-  const server = app.listen(0, "127.0.0.1");
-  await new Promise((r) => server.once("listening", r));
-  return { url: `http://127.0.0.1:${server.address().port}`, close: () => server.close() };
-}
-
-async function get(url, headers = {}) {
-  const r = await fetch(url, { headers });
-  return { status: r.status, headers: Object.fromEntries(r.headers), body: await r.text() };
-}
 
 test("express middleware: admitted with the fields, then a 429 problem", async () => {
   const t = await target("redis-7.0+module");
@@ -127,8 +117,8 @@ test("express-rate-limit with the Store: limit per window as a token bucket, 429
     // One token back every 20 s: Retry-After is the bucket's wait, not the window's.
     assert.ok(Number(denied.headers["retry-after"]) <= 20 && Number(denied.headers["retry-after"]) >= 19);
     assert.match(denied.headers.ratelimit, /limit=3, remaining=0/);
-    // Its buckets are the package's: the same hash under rl:erl:.
-    assert.deepEqual(Object.keys(await c.client.hgetall("rl:erl:u1")).sort(), ["tokens", "ts"]);
+    // Its buckets are the package's: the same hash, under rl:erl:<limit>-in-<windowMs>ms:.
+    assert.deepEqual(Object.keys(await c.client.hgetall("rl:erl:3-in-60000ms:u1")).sort(), ["tokens", "ts"]);
     // skipFailedRequests: a 500 is refunded (decrement).
     for (let i = 0; i < 5; i++) assert.equal((await get(`${s.url}/fail`, { "x-user": "u2" })).status, 500);
     assert.equal((await store.get("u2")).totalHits, 0);
@@ -136,7 +126,7 @@ test("express-rate-limit with the Store: limit per window as a token bucket, 429
     assert.equal((await store.get("u1")).totalHits, 3);
     await limiter.resetKey("u1");
     assert.equal((await store.get("u1")).totalHits, 0);
-    assert.equal(await c.client.exists("rl:erl:u1"), 0);
+    assert.equal(await c.client.exists("rl:erl:3-in-60000ms:u1"), 0);
     assert.equal((await get(`${s.url}/`, { "x-user": "u1" })).status, 200);
   } finally {
     s.close();
@@ -147,7 +137,7 @@ test("express-rate-limit with the Store: limit per window as a token bucket, 429
 test("fastify plugin: every route of the instance, 429 problem, decision on the request", async () => {
   const t = await target("valkey-9.1");
   const c = await client("redis6", t.port);
-  const app = Fastify();
+  const app = Fastify({ forceCloseConnections: true }); // Node 18's server.close() waits for idle keep-alives
   await app.register(rateLimitPlugin, {
     limiter: new Limiter(c.client),
     rules: [

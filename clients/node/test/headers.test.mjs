@@ -2,7 +2,16 @@
 
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
-import { Bucket, Concurrency, Decision, Lease, Limiter, MultiDecision, rateLimitHeaders } from "redis-tokenbucket";
+import {
+  Bucket,
+  Concurrency,
+  Decision,
+  Lease,
+  Limiter,
+  MultiDecision,
+  mergeRateLimitHeaders,
+  rateLimitHeaders,
+} from "redis-tokenbucket";
 import { client } from "./clients.mjs";
 import { stopAll, TARGETS, target } from "./servers.mjs";
 
@@ -114,4 +123,34 @@ test("from real calls on every backend", async () => {
     assert.deepEqual([full.RateLimit, full["Retry-After"]], ['"s";r=0;t=4', "4"]);
     c.close();
   }
+});
+
+test("stacked limiters: the lists joined, a policy of the same name replaced, the longer Retry-After", () => {
+  const odd = new Bucket({ max: 5, rate: 1, name: 'a "b", c' });
+  const first = rateLimitHeaders(new MultiDecision(true, 0, [new Decision(true, 4, 0, 1000, "k", odd, 1)]), {
+    legacy: true,
+  });
+  const second = rateLimitHeaders(new Decision(false, 0, 5001, 58830, "k", USER, 1), { legacy: true });
+  // Names in any case, as Node's getHeaders() and fetch's Headers give them.
+  const current = Object.fromEntries(Object.entries(first).map(([k, v]) => [k.toLowerCase(), v]));
+  assert.deepEqual(mergeRateLimitHeaders(current, second), {
+    "RateLimit-Policy": '"a \\"b\\", c";q=5;w=5, "user";q=10;w=59',
+    RateLimit: '"a \\"b\\", c";r=4;t=1, "user";r=0;t=6',
+    "Retry-After": "6",
+    "X-RateLimit-Limit": "10",
+    "X-RateLimit-Remaining": "0",
+  });
+  // The same policy again (one limiter on two routes): its newer numbers, once.
+  const again = rateLimitHeaders(new Decision(true, 3, 0, 2000, "k", odd, 1), { legacy: true });
+  assert.deepEqual(mergeRateLimitHeaders({ ...current, "retry-after": "9" }, { ...again, "Retry-After": "2" }), {
+    "RateLimit-Policy": '"a \\"b\\", c";q=5;w=5',
+    RateLimit: '"a \\"b\\", c";r=3;t=2',
+    "Retry-After": "9",
+    "X-RateLimit-Limit": "5",
+    "X-RateLimit-Remaining": "3",
+  });
+  // Nothing there yet: the fields as they are; an earlier, more restrictive legacy pair stays.
+  assert.deepEqual(mergeRateLimitHeaders({}, second), second);
+  const fewer = { "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0" };
+  assert.deepEqual(mergeRateLimitHeaders(fewer, again)["X-RateLimit-Remaining"], undefined);
 });
