@@ -99,7 +99,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+cb95b9ff636f'
+local LIBRARY_VERSION = '0.1.0+1061b63f61a4'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -644,11 +644,17 @@ local function leases()
 
   -- Fields per HDEL: unpack() can't spread more than a few thousand values.
   local HDEL_CHUNK = 1000
+  -- The string functions as upvalues: each use of string.x is two table
+  -- look-ups, which a lease call would make dozens of times.
+  local match, find, byte, sub, format = string.match, string.find, string.byte, string.sub, string.format
 
   -- An integer argument as Rust's i64 parser reads it, in [least, most]:
   -- the value, or nil and the error text.
   local function lease_int(s, arg, least, most)
-    local v = parse_i64(s)
+    -- Plain digits with no leading zero, as clients send them: tonumber
+    -- reads them as parse_i64 does, for less.
+    local v
+    if #s < 16 and find(s, '^[1-9]%d*$') then v = tonumber(s) else v = parse_i64(s) end
     if v == nil then return nil, msg('not_an_integer', nil, { arg = arg }) end
     if v < least or v > most then
       return nil, msg('int_out_of_range', nil, { arg = arg, least = least, most = most })
@@ -663,7 +669,7 @@ local function leases()
   -- A stored integer's digits (contract.json "stored"): canonical decimal,
   -- at most MAX_STORED_INTEGER. Its value, or nil.
   local function int(s)
-    if #s > 16 or (#s > 1 and string.byte(s, 1) == 48) then return nil end
+    if #s > 16 or (#s > 1 and byte(s, 1) == 48) then return nil end
     local v = tonumber(s)
     if v > MAX_STORED_INTEGER then return nil end
     return v
@@ -672,14 +678,19 @@ local function leases()
   -- A lease field's value: its expiry (µs) and weight, or nil if it holds
   -- no lease (stored.rs Lease::parse).
   local function lease_value(v)
-    local es, ws = string.match(v, '^(%d+):(%d+)$')
+    local es, ws = match(v, '^(%d+):(%d+)$')
     if not es then return nil end
     local e, w = int(es), int(ws)
     if not e or not w or w < 1 or w > MAX_LEASE_LIMIT then return nil end
     return e, w
   end
 
-  -- The clock() table's µs.
+  -- The server clock in µs, read with TIME (exact: below 2^53), or as
+  -- the clock() table gives it to the buckets.
+  local function now_us()
+    local t = redis.call('TIME')
+    return t[1] * 1e6 + t[2]
+  end
   local function us_of(now)
     return now.hi * 1e8 + now.lo
   end
@@ -703,7 +714,7 @@ local function leases()
   -- strings follows the server's locale).
   local function id_less(a, b)
     for i = 1, math.min(#a, #b) do
-      local x, y = string.byte(a, i), string.byte(b, i)
+      local x, y = byte(a, i), byte(b, i)
       if x ~= y then return x < y end
     end
     return #a < #b
@@ -722,14 +733,14 @@ local function leases()
       if text and v.rest <= #text then return nil end
       return false
     end
-    local es, ws, ls, at = string.match(text, '^;(%d+):(%d+):(%d+):()', v.rest)
+    local es, ws, ls, at = match(text, '^;(%d+):(%d+):(%d+):()', v.rest)
     if not es then return nil end
     local e, w, len = int(es), int(ws), int(ls)
     if not e or not w or not len or w < 1 or w > MAX_LEASE_LIMIT
       or len < 1 or len > MAX_LEASE_ID_BYTES or at + len - 1 > #text then
       return nil
     end
-    local id = string.sub(text, at, at + len - 1)
+    local id = sub(text, at, at + len - 1)
     local own = v.own_stored
     -- In order, before the horizon, and the caller's only as stored.
     if e < v.last or e >= v.h
@@ -808,13 +819,13 @@ local function leases()
   local function header(text)
     if text == HEADER.text then return HEADER end
     local ws, ns, ls, hs, xs, at, fs, after =
-      string.match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+)();?(%d*)()')
+      match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+)();?(%d*)()')
     if not ws then return nil end
     local w, n, l, h, x = int(ws), int(ns), int(ls), int(hs), int(xs)
     if not w or not n or not l or not h or not x or l > LEASE_TRACKED then return nil end
     local first
     if at <= #text then
-      first = fs ~= '' and string.byte(text, at) == 59 and string.byte(text, after) == 58 and int(fs)
+      first = fs ~= '' and byte(text, at) == 59 and byte(text, after) == 58 and int(fs)
       if not first then return nil end
     end
     HEADER = { text = text, w = w, n = n, l = l, h = h, x = x, at = at, first = first,
@@ -854,12 +865,12 @@ local function leases()
     return v
   end
 
-  -- The key read whole (view.rs Leases::pass), or nil and the error.
+  -- The key read whole (view.rs Leases::pass), or nil and the error. Its
+  -- list (the LEASE_TRACKED + 1 earliest) is made only when the call needs
+  -- it (list_of): a small key's call seldom does.
   local function pass(key, fields, id, now_us)
     local v = { now = now_us, id = id, weight = 0, count = 0, latest = 0,
-      last = -math.huge, expired = {}, fields = fields, passed = true }
-    -- The LEASE_TRACKED + 1 earliest live leases, in ascending expiry.
-    local earliest, n = {}, 0
+      last = -math.huge, expired = {}, fields = fields, passed = true, left = 0 }
     local all = fields > 0 and redis.call('HGETALL', key) or {}
     for i = 1, #all, 2 do
       local field = all[i]
@@ -877,21 +888,41 @@ local function leases()
           elseif e > v.latest then
             v.latest = e
           end
-          if n <= LEASE_TRACKED or before(e, field, earliest[n]) then
-            if n > LEASE_TRACKED then n = n - 1 end
-            local at = n + 1
-            while at > 1 and before(e, field, earliest[at - 1]) do
-              earliest[at] = earliest[at - 1]
-              at = at - 1
-            end
-            earliest[at] = { e = e, w = w, id = field }
-            n = n + 1
-            earliest[n + 1] = nil
-          end
         end
       end
     end
-    v.own_stored = v.own
+    v.own_stored, v.all = v.own, all
+    return v
+  end
+
+  -- The list of a pass's view as view.rs keeps it: the LEASE_TRACKED + 1
+  -- earliest live leases when read (the caller's as it was), then the
+  -- call's change to the caller's lease, as set_own and release_own make
+  -- it on a list already read.
+  local place
+  local function list_of(v)
+    if v.read then return v.read end
+    local earliest, n, all, now, own = {}, 0, v.all, v.now, v.own_stored
+    for i = 1, #all, 2 do
+      local field = all[i]
+      if field ~= LEASE_SUMMARY_FIELD then
+        local e, w = lease_value(all[i + 1])
+        -- The usual comparison of expiries here, ids only on a tie.
+        local last = earliest[n]
+        if e > now and (n <= LEASE_TRACKED or e < last.e or (e == last.e and before(e, field, last))) then
+          if n > LEASE_TRACKED then n = n - 1 end
+          local at = n + 1
+          while at > 1 and (e < earliest[at - 1].e
+            or (e == earliest[at - 1].e and before(e, field, earliest[at - 1]))) do
+            earliest[at] = earliest[at - 1]
+            at = at - 1
+          end
+          earliest[at] = { e = e, w = w, id = field }
+          n = n + 1
+          earliest[n + 1] = nil
+        end
+      end
+    end
     if n > LEASE_TRACKED then
       local h = earliest[LEASE_TRACKED + 1].e
       local list = {}
@@ -900,8 +931,12 @@ local function leases()
       end
       earliest, v.h = list, h
     end
-    v.read, v.left = earliest, 0
-    return v
+    v.read = earliest
+    if v.set or v.released then
+      local old = own and own.e > now and own or nil
+      if not place(v, old, v.own) then return nil end
+    end
+    return v.read
   end
 
   -- Whether a lease expiring at `e` is listed.
@@ -920,6 +955,7 @@ local function leases()
   local function wait_for_room(v, limit, weight)
     local excess = others_weight(v) + weight - limit
     if excess <= 0 then return 0 end
+    if not list_of(v) then return nil end
     local at = 0
     while true do
       if at == #v.read then
@@ -957,21 +993,29 @@ local function leases()
     return true
   end
 
-  -- Takes or renews the caller's lease as {e, w} (view.rs set_own); nil:
-  -- unsure.
-  local function set_own(v, lease)
-    local old = v.own
+  -- The list's change for the caller's lease going from `old` to `new`
+  -- (view.rs set_own, release_own): old taken out, new put in, if listed,
+  -- and the list kept short. nil: unsure.
+  place = function(v, old, new)
     if old and listed(v, old.e) then
       local at = find_own(v)
       if at == nil then return nil end
       if at > 0 then table.remove(v.read, at) end
     end
-    if listed(v, lease.e) then
-      local at = read_up_to(v, lease.e, v.id)
+    if new and listed(v, new.e) then
+      local at = read_up_to(v, new.e, v.id)
       if not at then return nil end
-      table.insert(v.read, at, { e = lease.e, w = lease.w, id = v.id })
+      table.insert(v.read, at, { e = new.e, w = new.w, id = v.id })
       if #v.read + v.left > LEASE_TRACKED and not keep_short(v) then return nil end
     end
+    return true
+  end
+
+  -- Takes or renews the caller's lease as {e, w}; nil: unsure. A pass's
+  -- list not read yet takes the change when it is (list_of).
+  local function set_own(v, lease)
+    local old = v.own
+    if v.read and not place(v, old, lease) then return nil end
     v.weight = v.weight + lease.w - (old and old.w or 0)
     if not old then v.count = v.count + 1 end
     v.own, v.set = lease, lease
@@ -982,11 +1026,7 @@ local function leases()
   local function release_own(v)
     local old = v.own
     if not old then return false end
-    if listed(v, old.e) then
-      local at = find_own(v)
-      if at == nil then return nil end
-      if at > 0 then table.remove(v.read, at) end
-    end
+    if v.read and not place(v, old, nil) then return nil end
     v.weight, v.count = v.weight - old.w, v.count - 1
     v.own, v.released = nil, true
     return true
@@ -1001,7 +1041,7 @@ local function leases()
   -- The summary the key needs now, if it holds more than LEASE_TRACKED:
   -- the leases read, then the list's text not read, as stored.
   local function summary_now(v)
-    if v.count <= LEASE_TRACKED or not v.h then return nil end
+    if v.count <= LEASE_TRACKED or not list_of(v) or not v.h then return nil end
     -- Numbers below 1e14 as Lua writes them (%.14g: every digit), the
     -- times as read where unchanged, else by string.format, which costs
     -- more.
@@ -1009,7 +1049,7 @@ local function leases()
       if x < 1e14 then return x .. '' end
       if x == v.h0 then return v.hs end
       if x == v.x0 then return v.xs end
-      return string.format('%d', x)
+      return format('%d', x)
     end
     local read = v.read
     local parts = { num(v.weight) .. ':' .. num(v.count) .. ':' .. num(#read + v.left)
@@ -1017,12 +1057,12 @@ local function leases()
     for i = 1, #read do
       local t = read[i]
       if t.from then
-        parts[i + 1] = string.sub(v.text, t.from, t.to)
+        parts[i + 1] = sub(v.text, t.from, t.to)
       else
-        parts[i + 1] = string.format(';%d:%d:%d:', t.e, t.w, #t.id) .. t.id
+        parts[i + 1] = format(';%d:%d:%d:', t.e, t.w, #t.id) .. t.id
       end
     end
-    if v.text then parts[#parts + 1] = string.sub(v.text, v.rest) end
+    if v.text then parts[#parts + 1] = sub(v.text, v.rest) end
     return table.concat(parts)
   end
 
@@ -1031,6 +1071,19 @@ local function leases()
     local n = #fields
     for i = 1, n, HDEL_CHUNK do
       redis.call('HDEL', key, unpack(fields, i, math.min(i + HDEL_CHUNK - 1, n)))
+    end
+  end
+
+  -- HSET of the caller's lease as the call set it and of `summary`, each
+  -- if there is one.
+  local function hset(key, v, summary)
+    local own = v.set and format('%d:%d', v.set.e, v.set.w)
+    if own and summary then
+      redis.call('HSET', key, v.id, own, LEASE_SUMMARY_FIELD, summary)
+    elseif own then
+      redis.call('HSET', key, v.id, own)
+    elseif summary then
+      redis.call('HSET', key, LEASE_SUMMARY_FIELD, summary)
     end
   end
 
@@ -1058,32 +1111,25 @@ local function leases()
     if v.released then delete[#delete + 1] = v.id end
     if not summary and v.summary then delete[#delete + 1] = LEASE_SUMMARY_FIELD end
     if summary == v.summary then summary = nil end
-    local function set()
-      local own = v.set and string.format('%d:%d', v.set.e, v.set.w)
-      if own and summary then
-        redis.call('HSET', key, v.id, own, LEASE_SUMMARY_FIELD, summary)
-      elseif own then
-        redis.call('HSET', key, v.id, own)
-      elseif summary then
-        redis.call('HSET', key, LEASE_SUMMARY_FIELD, summary)
-      end
+    -- A number: redis.call writes one below 2^53 as its digits.
+    local at = ceil_ms(latest_of(v))
+    if acquire then
+      hset(key, v, summary)
+    else
+      redis.call('PEXPIREAT', key, at)
     end
-    local at = string.format('%d', ceil_ms(latest_of(v)))
-    if acquire then set() end
-    if not acquire then redis.call('PEXPIREAT', key, at) end
-    hdel(key, delete)
-    if acquire then redis.call('PEXPIREAT', key, at) else set() end
+    if #delete > 0 then hdel(key, delete) end
+    if acquire then
+      redis.call('PEXPIREAT', key, at)
+    else
+      hset(key, v, summary)
+    end
   end
 
-  -- Decides a call on `key` for `id` at `now_us` (view.rs decide): `op`
-  -- runs on the key as its summary tells it, or on the key read whole
-  -- where the summary can't answer (op's nil). op returns its result, or
-  -- false and an error (nothing is then written). Writes unless `ro`.
-  -- Returns the result, or nil and the error text.
   local function decide(key, id, now_us, op, acquire, ro)
     -- HLEN, as load() reads a bucket: 0 for a missing key, WRONGTYPE for
     -- anything but a hash; any other error raised as redis.call raises it.
-    local fields = redis.pcall('HLEN', key) if type(fields) == 'table' and not string.find(fields.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(fields) end error(fields.err, 0) end
+    local fields = redis.pcall('HLEN', key) if type(fields) == 'table' and not find(fields.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(fields) end error(fields.err, 0) end
     if type(fields) == 'table' then return nil, msg('wrongtype') end
     local v, r, err
     if fields > LEASE_TRACKED + 1 then
@@ -1139,6 +1185,10 @@ local function leases()
     end
     if n > MAX_GROUPS then return nil, msg('too_many_groups') end
     local limits, costs = {}, {}
+    if n == 0 then
+      return { limit = limit, lease_ms = lease_ms, id = args[3], weight = weight,
+        limits = limits, costs = costs }
+    end
     for g = 1, n do
       local at = first + 3 * (g - 1)
       local l, cost = parse_limits(args[at], args[at + 1], args[at + 2], g)
@@ -1169,15 +1219,16 @@ local function leases()
   local function tb_acquire(keys, args)
     local call, err = acquire_args(keys, args)
     if not call then return redis.error_reply(err) end
-    local now = clock()
-    local now_us = us_of(now)
     local n = #call.limits
+    -- One reading of the clock, as the buckets take it if there are any.
+    local now = n > 0 and clock()
+    local now_us = now and us_of(now) or now_us()
     local stored, cur, retry, charging
     local out
     out, err = decide(keys[1], call.id, now_us, function(v)
       -- Bucket by bucket, as TB.MCONSUME, after the lease key: a bad key
       -- stops the call before later keys are read.
-      stored, cur = {}, {}
+      if n > 0 then stored, cur = {}, {} end
       for g = 1, n do
         local b, e = load(keys[g + 1], g)
         if b == nil then return false, e end
@@ -1219,7 +1270,7 @@ local function leases()
     if #keys ~= 1 or #args ~= 1 then return arity_error('tb_release') end
     local id = args[1]
     if bad_id(id) then return redis.error_reply(msg('bad_id')) end
-    local out, err = decide(keys[1], id, us_of(clock()), function(v)
+    local out, err = decide(keys[1], id, now_us(), function(v)
       local released = release_own(v)
       if released == nil then return nil end
       return { released and 1 or 0, v.weight }
@@ -1236,13 +1287,13 @@ local function leases()
     if bad_id(id) then return redis.error_reply(msg('bad_id')) end
     local lease_ms, err = lease_int(args[2], 'lease_ms', 1, MAX_LEASE_MS)
     if not lease_ms then return redis.error_reply(err) end
-    local now_us = us_of(clock())
+    local now = now_us()
     local out
-    out, err = decide(keys[1], id, now_us, function(v)
+    out, err = decide(keys[1], id, now, function(v)
       if not v.own then return { 0, 0 } end
-      local lease = { e = extended(v.own, now_us, lease_ms), w = v.own.w }
+      local lease = { e = extended(v.own, now, lease_ms), w = v.own.w }
       if not set_own(v, lease) then return nil end
-      return { 1, ms_until(now_us, lease.e) }
+      return { 1, ms_until(now, lease.e) }
     end, false)
     if not out then return redis.error_reply(err) end
     return out
@@ -1251,7 +1302,7 @@ local function leases()
   -- Read-only (registered no-writes): the live weight.
   local function tb_inflight(keys, args)
     if #keys ~= 1 or #args ~= 0 then return arity_error('tb_inflight') end
-    local out, err = decide(keys[1], nil, us_of(clock()), function(v)
+    local out, err = decide(keys[1], nil, now_us(), function(v)
       return v.weight
     end, false, true)
     if not out then return redis.error_reply(err) end
