@@ -84,7 +84,8 @@ fn command_flags_match_the_contract() {
     for f in ["write", "denyoom", "fast"] {
         assert!(cl.contains(&f.to_string()), "{cl:?}");
     }
-    // The lease commands read every lease of their key: O(N), never "fast".
+    // The lease commands now and then read every lease of their key (a
+    // pass): never "fast".
     for name in ["tb.acquire", "tb.release", "tb.renew", "tb.inflight"] {
         let f = flags(&mut c, name);
         assert!(!f.contains(&"fast".to_string()), "{name}: {f:?}");
