@@ -443,7 +443,8 @@ def report(cases: dict[tuple[str, str, int], Case], churns: list[Churn], rounds:
         "`redis-cli --pipe` on one connection (server on core 0, client on core 1). The recipe is "
         "`bench/semaphore-zset.lua` (a sorted set scored by expiry, pruned by ZREMRANGEBYSCORE, counted by "
         "ZCARD), released by ZREM, renewed by ZADD XX. Instructions: the whole server under callgrind, per "
-        "operation. A shared 2-core machine: compare within the table.",
+        "operation, the figure the targets compare (pairs/s is one pipe's, which the client bounds for the "
+        "faster forms). A shared 2-core machine: compare within the table.",
         "",
         "| live leases | semaphore | pairs/s | server µs per pair | instructions per pair "
         "| denials/s | server µs per denial | instructions per denial |",
@@ -517,8 +518,11 @@ def report(cases: dict[tuple[str, str, int], Case], churns: list[Churn], rounds:
         return cost(many) / cost(one)
 
     def ops_ratio(a: str, b: str, live: int) -> float | None:
+        """a's pairs per unit of Redis's work against b's: instructions where
+        callgrind ran, else server CPU µs (one pipe's wall-clock pairs/s
+        is the client's speed, not Redis's, for the faster forms)."""
         x, y = cases.get(("pairs", a, live)), cases.get(("pairs", b, live))
-        return x.median_ops() / y.median_ops() if x and y and x.ops and y.ops else None
+        return cost(y) / cost(x) if x and y and x.ops and y.ops else None
 
     at_most(f"module pair, 10,000 live vs 1, <= {TARGET_FLAT_MODULE}x", flat("pairs", "module"), TARGET_FLAT_MODULE)
     at_most(f"FCALL pair, 10,000 live vs 1, <= {TARGET_FLAT_FCALL}x", flat("pairs", "FCALL"), TARGET_FLAT_FCALL)
@@ -526,10 +530,10 @@ def report(cases: dict[tuple[str, str, int], Case], churns: list[Churn], rounds:
         at_most(f"{backend} denial at a full key, 10,000 vs 1, <= {TARGET_FLAT_DENIAL}x", flat("denials", backend),
                 TARGET_FLAT_DENIAL)  # fmt: skip
     for live in LIVE:
-        at_least(f"module >= {TARGET_MODULE_VS_ZSET}x the recipe's pairs/s, {live:,} live",
+        at_least(f"module >= {TARGET_MODULE_VS_ZSET}x the recipe's pairs per unit of Redis work, {live:,} live",
                  ops_ratio("module", "zset script", live), TARGET_MODULE_VS_ZSET)  # fmt: skip
     for live in LIVE:
-        at_least(f"FCALL >= {TARGET_FCALL_VS_ZSET}x the recipe's pairs/s, {live:,} live",
+        at_least(f"FCALL >= {TARGET_FCALL_VS_ZSET}x the recipe's pairs per unit of Redis work, {live:,} live",
                  ops_ratio("FCALL", "zset script", live), TARGET_FCALL_VS_ZSET)  # fmt: skip
     one, many = cases.get(("pairs", "module", 1)), cases.get(("pairs", "module", LIVE[-1]))
     if one and many and one.instructions and many.instructions:
@@ -592,7 +596,7 @@ def main() -> None:
             server.stop()
         if not args.no_callgrind and shutil.which("valgrind"):
             for case in cases.values():
-                if case.backend in ("module", "FCALL"):
+                if case.backend in ("module", "FCALL", "zset script"):
                     case.instructions = callgrind(work, case)
                     print(f"callgrind {case.kind:7} {case.backend:12} {case.live:6,} live: "
                           f"{case.instructions:12,.0f} instr", flush=True)  # fmt: skip

@@ -99,7 +99,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+1061b63f61a4'
+local LIBRARY_VERSION = '0.1.0+702be6a26179'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -1052,8 +1052,10 @@ local function leases()
       return format('%d', x)
     end
     local read = v.read
-    local parts = { num(v.weight) .. ':' .. num(v.count) .. ':' .. num(#read + v.left)
-      .. ':' .. num(v.h) .. ':' .. num(latest_of(v)) }
+    local hs, xs, latest = num(v.h), num(latest_of(v)), latest_of(v)
+    local head = num(v.weight) .. ':' .. num(v.count) .. ':' .. num(#read + v.left)
+      .. ':' .. hs .. ':' .. xs
+    local parts = { head }
     for i = 1, #read do
       local t = read[i]
       if t.from then
@@ -1063,7 +1065,13 @@ local function leases()
       end
     end
     if v.text then parts[#parts + 1] = sub(v.text, v.rest) end
-    return table.concat(parts)
+    local text = table.concat(parts)
+    -- What header() would make of it, for the next call to find.
+    local first = read[1] and read[1].e
+    if not first and v.left > 0 then first = int(match(text, '^;(%d+):', #head + 1)) end
+    HEADER = { text = text, w = v.weight, n = v.count, l = #read + v.left, h = v.h, x = latest,
+      at = #head + 1, first = first, hs = hs, xs = xs }
+    return text
   end
 
   -- HDEL of `fields`, HDEL_CHUNK at a time.
