@@ -21,10 +21,14 @@ LIB="$ROOT/clients/openresty/lib"
 [ -x "$NGINX" ] || { echo "no nginx: make test installs nginx and libnginx-mod-http-lua" >&2; exit 1; }
 
 # The module carries the Lua library it loads into Redis, generated from
-# lua/tb.lua (as `make` does); made here when missing or stale.
+# lua/tb.lua (as `make` does); made here when missing or older than its sources.
 LIBRARY="$LIB/resty/tokenbucket/library.lua"
-python3 "$ROOT/clients/openresty/gen_library.py" --check "$LIBRARY" \
-  || python3 "$ROOT/clients/openresty/gen_library.py" "$LIBRARY"
+for source in "$ROOT/lua/tb.lua" "$ROOT/lua/gen_eval.py" "$ROOT/clients/openresty/gen_library.py"; do
+  if [ ! -f "$LIBRARY" ] || [ "$source" -nt "$LIBRARY" ]; then
+    python3 "$ROOT/clients/openresty/gen_library.py" "$LIBRARY"
+    break
+  fi
+done
 
 # Debian's nginx loads lua-nginx-module as a dynamic module; OpenResty has it built in.
 LOAD_MODULES=""
