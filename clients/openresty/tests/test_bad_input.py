@@ -92,13 +92,15 @@ def test_moved_is_followed_and_remembered_ask_is_followed_once(nginx):
     try:
         n = nginx(one_limiter(moved.url, rules=RULES), workers=1)
         for _ in range(3):
-            assert n.get("/limited", {"X-User": "u"}).status == 200
+            res = n.get("/limited", {"X-User": "u"})
+            assert res.status == 200, n.error_log.read_text()[-2000:]
         assert len(moved.commands) == 1, "the slot learned from MOVED: straight to its node"
         assert [a[0].lower() for a in target.commands] == [b"tb.mconsume"] * 3
         target.commands.clear()
         m = nginx(one_limiter(asked.url, rules=RULES), workers=1)
         for _ in range(2):
-            assert m.get("/limited", {"X-User": "u"}).status == 200
+            res = m.get("/limited", {"X-User": "u"})
+            assert res.status == 200, m.error_log.read_text()[-2000:]
         assert len(asked.commands) == 2, "ASK is for one command: the next goes to the node again"
         assert [a[0].lower() for a in target.commands] == [b"asking", b"tb.mconsume"] * 2
     finally:

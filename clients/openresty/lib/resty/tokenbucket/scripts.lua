@@ -8,6 +8,8 @@
 local contract = require "resty.tokenbucket.contract"
 local encode = require("resty.tokenbucket.bucket").encode
 
+local tostring = tostring
+
 local _M = {}
 
 -- FCALL_RO for the read-only ones, so they also run on replicas.
@@ -66,7 +68,7 @@ end
 -- Lua takes keys and arguments apart: every key first (for a lease
 -- operation the lease key, then the bucket keys), then the head, then one
 -- `max rate amount` group per bucket key, in the same order.
-local function keys_then_args(out, op, groups, lease)
+local function keys_then_args(out, groups, lease)
   if lease then
     out[#out + 1] = tostring(1 + #groups)
     out[#out + 1] = lease[1]
@@ -80,7 +82,7 @@ end
 -- FCALL tb_<op> numkeys key... [head...] max rate amount ...
 function _M.fcall_args(op, groups, lease)
   local f = FUNCTIONS[op]
-  local out = keys_then_args({ f[1], f[2] }, op, groups, lease)
+  local out = keys_then_args({ f[1], f[2] }, groups, lease)
   if lease then
     local head = lease[2]
     for i = 1, #head do out[#out + 1] = head[i] end
@@ -94,7 +96,7 @@ end
 -- tb_<op>. Plain EVALSHA for peek and inflight too (EVALSHA_RO needs
 -- Redis 7; this backend is mostly for Redis 6.2).
 function _M.eval_tail(op, groups, lease)
-  local out = keys_then_args({}, op, groups, lease)
+  local out = keys_then_args({}, groups, lease)
   out[#out + 1] = op
   if lease then
     local head = lease[2]
