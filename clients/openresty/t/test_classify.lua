@@ -22,6 +22,8 @@ local CASES = {
   { { socket = "closed", op = "command" }, "failure", "closed" },
   { { socket = "broken pipe", op = "command" }, "failure", "broken pipe" },
   { { socket = "timeout", op = "command" }, "failure", "no reply within the budget after the write" },
+  { { socket = "timeout", op = "command", answering = true }, "shed",
+    "no reply in time, while Redis answered this worker's other commands" },
   { { socket = "no route to host", op = "connect" }, "failure", "no route" },
   { { socket = "redis.example could not be resolved (3: Host not found)", op = "connect" }, "failure", "dns" },
   { { reply = "LOADING Redis is loading the dataset in memory" }, "failure", "LOADING" },

@@ -81,7 +81,9 @@ function _M.new(config)
     connect_timeout_ms = config.connect_timeout_ms,
     redis = config.redis_module,
   })
-  local prefix = "tb:" .. (config.name or "") .. ":"
+  -- Keys in the shared dict: limiters of one Redis share a breaker (the
+  -- server is what fails); `name` separates them anyway.
+  local prefix = "tb:" .. (config.name or transport.default) .. ":"
   local limiter = limiter_mod.new({
     send = transport:sender(),
     node_of = function(key) return transport:node_of(key) end,

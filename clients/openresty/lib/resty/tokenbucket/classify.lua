@@ -21,7 +21,10 @@
 --   {socket = "connection refused", op = "connect" | "command"}
 --                                               what the cosocket said
 --                                               (lua-resty-redis passes
---                                               its text through as is)
+--                                               its text through as is);
+--                                               `answering = true` on a
+--                                               timeout while Redis
+--                                               answered other commands
 --   {shape = "..."}                             a reply of the wrong shape
 --   {usage = "..."} / {shed = "..."}            decided where it arose
 -- Plain Lua: the scenario runner of clients/spec drives it without nginx.
@@ -94,8 +97,10 @@ function _M.classify(err)
     if text == "timeout" then
       -- A connection not up within the budget: waiting for the pool's
       -- queue, or a connect the worker may have seen late. A written
-      -- command without a reply in time is Redis's silence.
-      return err.op == "connect" and "shed" or "failure"
+      -- command without a reply in time is Redis's silence, unless Redis
+      -- answered other commands meanwhile (`answering`): then it is there,
+      -- and only this call is late.
+      return (err.op == "connect" or err.answering) and "shed" or "failure"
     end
     if contains_any(text, REDIS_GONE) then return "failure" end
     return "shed" -- in doubt: refused, never admitted

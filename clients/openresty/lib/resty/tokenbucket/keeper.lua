@@ -13,7 +13,9 @@
 --
 -- A lease whose request ended without done() (log_by_lua not configured)
 -- is noticed when the request's ngx.ctx is collected: it is no longer
--- renewed, expires by itself, and the log says why, once.
+-- renewed, expires by itself, and the log says why, once. An internal
+-- redirect (error_page, try_files, ngx.exec) drops ngx.ctx too: its
+-- leases are then left to expire.
 --
 -- Plain Lua: timer_at(delay_s, fn) (fn(premature)), the clock and the
 -- limiter are injected, so the tests drive it under LuaJIT.

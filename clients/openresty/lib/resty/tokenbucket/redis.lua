@@ -6,7 +6,10 @@
 --     and the command each get `budget_ms` (set_timeout before each). A
 --     command with no reply within its budget is Redis's silence, and the
 --     library closes that connection, so a late reply is never read as
---     another command's.
+--     another command's. Unless Redis answered other commands of this
+--     worker meanwhile: then it is there, only slow for this one (a box
+--     short of CPU, say), and the call is marked `answering` (shed, never
+--     admitted: classify.lua).
 --   * The pool: `pool_size` connections per worker at most, and `backlog`
 --     connects waiting for one; a full queue, or a wait past the budget,
 --     is local overload (classify.lua), never a Redis failure.
@@ -99,6 +102,7 @@ function _M.new(opts)
     connect_timeout_ms = opts.connect_timeout_ms,
     slots = nil, -- slot -> "host:port", learned from MOVED (a Cluster)
     nodes = {}, -- "host:port" -> {host, port}
+    replied_at = nil, -- when a reply last came (ngx.now()), from any node
   }, Transport)
   self.default = target.path or (target.host .. ":" .. target.port)
   self.nodes[self.default] = target.path and { host = target.path } or { host = target.host, port = target.port }
@@ -166,6 +170,7 @@ local function once(self, node, args, budget_ms, asking)
   end
   local cmd = lower(args[1])
   local res
+  local sent = ngx.now()
   if asking then
     red:init_pipeline(2)
     red:asking()
@@ -182,8 +187,10 @@ local function once(self, node, args, budget_ms, asking)
   if res == nil then
     -- The connection is broken or timed out (the library closed it then).
     red:close()
-    return nil, { socket = err or "closed", op = "command" }
+    local answering = err == "timeout" and (self.replied_at or 0) > sent
+    return nil, { socket = err or "closed", op = "command", answering = answering or nil }
   end
+  self.replied_at = ngx.now()
   red:set_keepalive(self.idle_ms, self.pool_size)
   if res == false then
     local moved_slot, moved_to = match(err, "^MOVED (%d+) (%S+)$")
