@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
-from typing import Optional
 
 
 def bulk(text: str) -> bytes:
@@ -59,7 +58,7 @@ class FakeRedis:
             conn.close()
 
     @staticmethod
-    def _read(f) -> Optional[list[bytes]]:  # type: ignore[no-untyped-def]
+    def _read(f) -> list[bytes] | None:  # type: ignore[no-untyped-def]
         line = f.readline()
         if not line:
             return None

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 LIB = ROOT / "clients" / "openresty" / "lib"
@@ -65,7 +65,7 @@ class Response:
 
 
 def request(
-    port: int, method: str, path: str, headers: Optional[dict[str, str]] = None, body: Any = None, timeout: float = 10
+    port: int, method: str, path: str, headers: dict[str, str] | None = None, body: Any = None, timeout: float = 10
 ) -> Response:
     """One request on a connection of its own."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -112,13 +112,13 @@ class Nginx:
         *,
         workers: int = 2,
         http: str = "",
-        files: Optional[dict[str, str]] = None,
+        files: dict[str, str] | None = None,
         main: str = "",
     ) -> None:
         self.init, self.locations, self.workers, self.http, self.main = init, locations, workers, http, main
         self.files = files or {}
         self.port = 0
-        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.prefix = Path(tempfile.mkdtemp(prefix="tb-nginx."))
 
     @property
@@ -177,7 +177,7 @@ http {{
                 self.stop()
         raise RuntimeError("nginx could not bind a free port")
 
-    def get(self, path: str, headers: Optional[dict[str, str]] = None, timeout: float = 10) -> Response:
+    def get(self, path: str, headers: dict[str, str] | None = None, timeout: float = 10) -> Response:
         return request(self.port, "GET", path, headers, timeout=timeout)
 
     def log_lines(self, text: str) -> list[str]:
@@ -208,7 +208,7 @@ class Gateway:
     def __init__(self, env: dict[str, str], workers: int = 2) -> None:
         self.env = {**os.environ, "GATEWAY_WORKERS": str(workers), "GATEWAY_LOG_LEVEL": "info", **env}
         self.port = 0
-        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.log = Path(tempfile.mkstemp(prefix="tb-gateway.", suffix=".log")[1])
 
     def start(self) -> Gateway:
@@ -228,7 +228,7 @@ class Gateway:
                     raise
         raise RuntimeError("the gateway could not bind a free port")
 
-    def request(self, method: str, path: str, headers: Optional[dict[str, str]] = None, body: Any = None) -> Response:
+    def request(self, method: str, path: str, headers: dict[str, str] | None = None, body: Any = None) -> Response:
         return request(self.port, method, path, headers, body)
 
     def log_lines(self, text: str) -> list[str]:

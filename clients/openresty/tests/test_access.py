@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import redis
-
 from conftest import SLOW, burst, lua_config, one_limiter
 
 
@@ -56,16 +55,19 @@ def test_the_fields_and_the_problem_body(server, r, nginx):
     assert denied.headers["content-type"] == "application/problem+json"
     assert denied.headers["retry-after"] == "2"
     assert denied.headers["ratelimit"] == '"user";r=0;t=2'
-    assert denied.body == json.dumps(
-        {
-            "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
-            "title": "Request cannot be satisfied as assigned quota has been exceeded",
-            "status": 429,
-            "detail": "Rate limited by user: retry in 2 s.",
-            "violated-policies": ["user"],
-        },
-        separators=(",", ":"),
-    ).encode()
+    assert (
+        denied.body
+        == json.dumps(
+            {
+                "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+                "title": "Request cannot be satisfied as assigned quota has been exceeded",
+                "status": 429,
+                "detail": "Rate limited by user: retry in 2 s.",
+                "violated-policies": ["user"],
+            },
+            separators=(",", ":"),
+        ).encode()
+    )
 
 
 def test_keys_from_a_lua_function_with_a_tier_and_a_cost(server, r, nginx):
@@ -77,7 +79,7 @@ def test_keys_from_a_lua_function_with_a_tier_and_a_cost(server, r, nginx):
             "cost = function(ctx) return tonumber(ngx.var.http_x_tokens) end }"
         ],
     )
-    init = 'TIERS = { free = { max = 100, rate = 0.001 }, pro = { max = 1000, rate = 0.001 } }\n' + (
+    init = "TIERS = { free = { max = 100, rate = 0.001 }, pro = { max = 1000, rate = 0.001 } }\n" + (
         f'limit = require("resty.tokenbucket").new({limits})'
     )
     n = nginx(init)
@@ -108,7 +110,7 @@ def test_a_denied_client_in_a_retry_loop_costs_redis_one_call(server, r, nginx):
     codes = [n.get("/limited", {"X-User": "f"}).status for _ in range(30)]
     assert codes == [429] * 30
     stats = r.info("commandstats")
-    calls = sum(v["calls"] for k, v in stats.items() if k.startswith("cmdstat_tb.") or k.startswith("cmdstat_fcall"))
+    calls = sum(v["calls"] for k, v in stats.items() if k.startswith(("cmdstat_tb.", "cmdstat_fcall")))
     assert calls == 1, stats
 
 

@@ -5,10 +5,9 @@ request. Also what no real single Redis sends: Cluster redirects."""
 
 from __future__ import annotations
 
-from redis.crc import key_slot
-
-from fakeredis_resp import FakeRedis, array, integer
 from conftest import SLOW, one_limiter
+from fakeredis_resp import FakeRedis, array, integer
+from redis.crc import key_slot
 
 RULES = [f'{{ name = "user", max = 5, rate = {SLOW}, key = "$http_x_user" }}']
 BIG_HEADERS = "large_client_header_buffers 4 32k;"

@@ -7,13 +7,11 @@ on each primary it reaches."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
-from redis.crc import key_slot
-
 from conftest import SLOW, burst, one_limiter
+from redis.crc import key_slot
 from tbservers import Cluster
 
 

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import tbservers
 from conftest import SLOW, lua_config
 from tbservers import Server
@@ -127,9 +126,16 @@ def test_out_of_descriptors_is_shed_never_admitted_never_counted(server, r, ngin
     to Redis: its requests are shed (503, Retry-After), under every
     policy, and the breaker does not count them."""
     init = policies_init(server.url)
-    n = nginx(init, locations=POLICY_LOCATIONS + """
+    n = nginx(
+        init,
+        locations=POLICY_LOCATIONS
+        + """
         location = /health { content_by_lua_block { ngx.say("ok") } }
-    """, workers=1, main="worker_rlimit_nofile 48;", http="keepalive_requests 100000;")
+    """,
+        workers=1,
+        main="worker_rlimit_nofile 48;",
+        http="keepalive_requests 100000;",
+    )
     conns = []
     try:
         # Idle keep-alive connections until the worker can accept no more.
@@ -140,7 +146,7 @@ def test_out_of_descriptors_is_shed_never_admitted_never_counted(server, r, ngin
             try:
                 if b"200 OK" not in s.recv(4096):
                     break
-            except socket.timeout:
+            except TimeoutError:
                 break  # not accepted: the worker is out of descriptors
         else:
             pytest.fail("the worker never ran out of descriptors")

@@ -54,7 +54,8 @@ def test_a_chat_reserves_then_settles_the_unused_part(server, r, gateway):
     g = gateway()
     res = g.request("POST", "/v1/chat", auth("k-free"), {"prompt": "a b c d", "max_tokens": 10})
     assert res.status == 200
-    assert res.json() == {"text": "d c b a", "usage": {"prompt_tokens": 4, "completion_tokens": 4, "reserved_tokens": 14}}
+    usage = {"prompt_tokens": 4, "completion_tokens": 4, "reserved_tokens": 14}
+    assert res.json() == {"text": "d c b a", "usage": usage}
     assert '"llm";r=86;' in res.headers["ratelimit"], "the reservation, as charged"
     deadline = time.monotonic() + 2
     while int(float(r.hget("rl:llm:user:u-free", "tokens") or 0)) != 92 and time.monotonic() < deadline:

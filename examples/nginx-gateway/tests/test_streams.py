@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 import redis
-
 from conftest import LIMITS, auth
 
 STREAMS_KEY = "rl:streams:u-free"
@@ -29,7 +28,7 @@ class Stream:
     def __init__(self, port: int, prompt: str, max_tokens: int, headers: dict[str, str]) -> None:
         body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True}).encode()
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        lines = [f"POST /v1/chat HTTP/1.1", "Host: x", "Content-Type: application/json",
+        lines = ["POST /v1/chat HTTP/1.1", "Host: x", "Content-Type: application/json",
                  f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in headers.items())]  # fmt: skip
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
         self.buf = b""
@@ -103,7 +102,8 @@ def test_a_streamed_chat_sends_its_tokens_gives_its_slot_back_and_settles(server
 
 
 def test_the_stream_cap_holds_across_two_nginx_and_a_client_gone_frees_its_slot_at_once(server, r, gateway):
-    limits = {**LIMITS, "tiers": {**LIMITS["tiers"], "free": {**LIMITS["tiers"]["free"], "llm": {"max": 1000, "rate": 0.001}}}}
+    free = {**LIMITS["tiers"]["free"], "llm": {"max": 1000, "rate": 0.001}}
+    limits = {**LIMITS, "tiers": {**LIMITS["tiers"], "free": free}}
     a = gateway(limits=limits, stub_token_delay_ms=100)
     b = gateway(limits=limits, stub_token_delay_ms=100)
     first = Stream(a.port, words(40), 40, auth("k-free"))
