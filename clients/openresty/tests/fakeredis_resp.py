@@ -33,7 +33,9 @@ class FakeRedis:
         self.port: int = self.sock.getsockname()[1]
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._conns: list[socket.socket] = []
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -41,6 +43,10 @@ class FakeRedis:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            if self._closed:
+                conn.close()
+                return
+            self._conns.append(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -70,5 +76,18 @@ class FakeRedis:
         return args
 
     def close(self) -> None:
+        """Stops listening and serving before it returns: a thread still in
+        accept() when its socket's descriptor is closed could otherwise take
+        a later server's connections (the number is reused)."""
         self._closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept()
+        except OSError:
+            pass
+        self._acceptor.join(5)
         self.sock.close()
+        for conn in self._conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
