@@ -87,17 +87,24 @@ def request(
         conn.close()
 
 
-def wait_http(port: int, proc: subprocess.Popen[bytes], log: Path, path: str = "/", deadline_s: float = 15) -> None:
+def wait_http(port: int, proc: subprocess.Popen[bytes], log: Path, deadline_s: float = 15) -> None:
+    """Until our nginx answers HTTP on `port`. Another process may take a
+    free port between its choice and nginx's bind (other suites run at
+    the same time): only an answer from nginx, with ours still running,
+    counts."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"nginx exited ({proc.returncode}): {log.read_text(errors='replace')[-3000:]}")
         try:
-            with socket.create_connection(("127.0.0.1", port), 0.5):
-                return
+            with socket.create_connection(("127.0.0.1", port), 0.5) as s:
+                s.sendall(b"GET /__probe HTTP/1.0\r\nHost: x\r\n\r\n")
+                if b"\r\nServer: nginx" in s.recv(4096) and proc.poll() is None:
+                    return
         except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nginx did not listen on {port}: {log.read_text(errors='replace')[-3000:]}")
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"nginx did not answer on {port}: {log.read_text(errors='replace')[-3000:]}")
 
 
 class Nginx:
