@@ -35,6 +35,14 @@ PY_LATEST_PKGS := redis fastapi httpx pydantic pytest fakeredis lupa
 # The Node package (clients/node): npm installs its build and lint tools from
 # its lockfile; its tests run from the packed package (scripts/test-node.sh).
 NODE_CLIENT   := clients/node
+# The OpenResty module (clients/openresty) and the nginx gateway example:
+# Debian's nginx with lua-nginx-module, the cosocket Redis client, and
+# luajit2 (OpenResty's LuaJIT, the one libnginx-mod-http-lua links; Debian's
+# `luajit` conflicts with it) for the unit tests without nginx.
+OPENRESTY      := clients/openresty
+OPENRESTY_PKGS := nginx libnginx-mod-http-lua lua-nginx-redis lua-cjson luajit2
+OPENRESTY_LIB  := $(OPENRESTY)/lib/resty/tokenbucket/library.lua
+NGINX_PORT     ?= 8080
 # `make install PREFIX=... [DESTDIR=...]` and `make dist`.
 PREFIX       ?= /usr/local
 MODULEDIR     = $(PREFIX)/lib/redis/modules
@@ -61,9 +69,10 @@ FUZZ_STATUS  := target/fuzz-smoke.status
 FUZZ_SECONDS ?= 120
 
 .PHONY: help build run test test-rust test-matrix test-examples test-python test-dist \
-        test-prometheus test-node lint lint-rust lint-python lint-prometheus lint-node lint-generated contract \
-        deps build-deps run-deps prometheus-deps venv python-tools python-wheel node-tools install dist \
-        bench bench-python bench-node bench-gateway bench-leases bench-prometheus fuzz fuzz-smoke soak clean
+        test-prometheus test-node test-openresty lint lint-rust lint-python lint-prometheus lint-node lint-generated contract \
+        deps build-deps run-deps prometheus-deps openresty-deps venv python-tools python-wheel node-tools install dist \
+        bench bench-python bench-node bench-gateway bench-leases bench-prometheus bench-nginx run-nginx \
+        fuzz fuzz-smoke soak clean
 
 help: ## list these targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z][a-z0-9-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -84,6 +93,13 @@ $(MODULE): $(RUST_SOURCES)
 
 $(EVAL_SCRIPT): lua/tb.lua lua/gen_eval.py
 	python3 lua/gen_eval.py $@
+
+# The Lua library and EVAL script the OpenResty module carries (built, not committed).
+$(OPENRESTY_LIB): lua/tb.lua lua/gen_eval.py $(OPENRESTY)/gen_library.py
+	python3 $(OPENRESTY)/gen_library.py $@
+
+run-nginx: openresty-deps $(OPENRESTY_LIB) ## the nginx gateway example on 127.0.0.1:8080 (NGINX_PORT=...), Redis at GATEWAY_REDIS_URL (`make run`'s by default)
+	bash examples/nginx-gateway/run.sh $(NGINX_PORT)
 
 contract: ## rewrite every copy of contract/contract.json (Rust, Lua, Python, Node)
 	python3 contract/gen.py
@@ -122,6 +138,9 @@ $(NODE_CLIENT)/node_modules/.package-lock.json: $(NODE_CLIENT)/package-lock.json
 
 node-tools: $(NODE_CLIENT)/node_modules/.package-lock.json ## the Node package's build and lint tools, from its lockfile (npm ci)
 
+openresty-deps: ## install nginx, libnginx-mod-http-lua, lua-nginx-redis and luajit2 (the OpenResty module's tests)
+	@$(APT) $(OPENRESTY_PKGS)
+
 prometheus-deps: deps venv $(VENV)/.prometheus-tools ## Debian's Prometheus and redis_exporter, and the tools contrib/prometheus's tests use
 	@$(APT) $(PROM_PKGS)
 
@@ -131,7 +150,7 @@ prometheus-deps: deps venv $(VENV)/.prometheus-tools ## Debian's Prometheus and 
 # integration suite on the rest of the matrix, the example, the Python
 # package, a fuzz smoke run, and the release tarball on a fresh server. Each
 # runs once: the prerequisites are targets, not sub-makes.
-test: deps venv build lint test-rust fuzz-smoke test-matrix test-examples test-python test-node test-prometheus test-dist ## install what is missing, build, run every test
+test: deps venv build lint test-rust fuzz-smoke test-matrix test-examples test-python test-node test-openresty test-prometheus test-dist ## install what is missing, build, run every test
 	@echo "all tests passed; $$(cat $(FUZZ_STATUS))"
 
 test-rust: deps venv build ## unit, property and integration tests on Redis 7.0
@@ -159,6 +178,12 @@ python-wheel: python-tools ## the Python package's sdist and wheel, in clients/p
 
 test-node: deps venv build python-wheel node-tools ## the Node package, packed and installed as a user would, on every server; the Express example
 	bash scripts/test-node.sh
+
+# Two pytest runs: each suite has a conftest of its own.
+test-openresty: deps openresty-deps venv build $(OPENRESTY_LIB) ## the OpenResty module: unit tests under LuaJIT, then real nginx (2 workers) on Redis 7.0 with the module and the library; the nginx gateway example
+	cd $(OPENRESTY) && luajit t/run.lua
+	$(VENV)/bin/pytest -q -p no:cacheprovider $(OPENRESTY)/tests
+	$(VENV)/bin/pytest -q -p no:cacheprovider examples/nginx-gateway/tests
 
 # The live test runs the Python package (from this checkout) with the example's hook.
 test-prometheus: prometheus-deps build python-tools ## contrib/prometheus live: redis_exporter, Prometheus, rules, dashboard, the Python package's metrics (module and Lua library)
@@ -238,6 +263,9 @@ bench-gateway: deps venv build python-tools ## the example gateway under wrk at 
 
 bench-leases: deps venv build ## ACQUIRE+RELEASE pairs on keys of 1, 100 and 10,000 live leases: module, FCALL, a sorted-set script
 	$(PY) bench/leases.py --report docs/benchmarks.md
+
+bench-nginx: deps openresty-deps venv build $(OPENRESTY_LIB) ## wrk against the nginx gateway's /v1/models: this module, a pasted Lua script, limit_req, nginx alone; one node and two; writes docs/benchmarks.md
+	$(PY) examples/nginx-gateway/bench/bench.py --report docs/benchmarks.md
 
 bench-prometheus: prometheus-deps build ## what contrib/prometheus's collect script costs Redis per scrape
 	$(PY) $(PROM_TESTS)/scrape_cost.py --out contrib/prometheus/scrape-cost.md

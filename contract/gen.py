@@ -10,7 +10,8 @@ The copies:
 * lua/tb.lua: the block between the "contract" markers, inside the shared
   block (so the EVAL script has it too), with LIBRARY_VERSION;
 * clients/python/src/redis_tokenbucket/_contract.py;
-* clients/node/src/contract.ts.
+* clients/node/src/contract.ts;
+* clients/openresty/lib/resty/tokenbucket/contract.lua.
 
 Limits are written as the literal text the data file gives ("1e12"), so
 every language reads the same double. Message templates keep their
@@ -39,6 +40,7 @@ CORE = ROOT / "core" / "src" / "contract.rs"
 LUA = ROOT / "lua" / "tb.lua"
 PYTHON = ROOT / "clients" / "python" / "src" / "redis_tokenbucket" / "_contract.py"
 NODE = ROOT / "clients" / "node" / "src" / "contract.ts"
+OPENRESTY = ROOT / "clients" / "openresty" / "lib" / "resty" / "tokenbucket" / "contract.lua"
 
 LUA_BEGIN = "-- >>> contract: begin"
 LUA_END = "-- <<< contract: end"
@@ -260,6 +262,49 @@ def node(c: dict, version: str) -> str:
     return "\n".join(out) + "\n"
 
 
+# ---- OpenResty (LuaJIT) -----------------------------------------------------
+
+
+def openresty(c: dict, version: str) -> str:
+    out = [f"-- {NOTICE}", "-- The contract's numbers and messages (contract/contract.json).", "", "local _M = {}", ""]
+    for name, spec in c["limits"].items():
+        out.append(f"-- {spec['doc']}")
+        out.append(f"_M.{upper(name)} = {spec['value']}")
+    out.append("")
+    out.append("_M.COMMANDS = {")
+    for name, command in c["commands"].items():
+        out.append(f"  {name} = {lua_string(command)},")
+    out.append("}")
+    out.append("")
+    out.append("-- The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).")
+    out.append(f"_M.LIBRARY_VERSION = {lua_string(version)}")
+    out.append("")
+    out.append("-- Error reply templates; message() fills in the {name} marks.")
+    out.append("_M.ERRORS = {")
+    for name, template in c["rendered"].items():
+        out.append(f"  {name} = {lua_string(template)},")
+    out.append("}")
+    out.append("")
+    out.append("local ERRORS = _M.ERRORS")
+    out.append("")
+    out.append("-- The reply text of error `name`; `values.group` gives the \" (group N)\" suffix.")
+    out.append("function _M.message(name, values)")
+    out.append("  values = values or {}")
+    out.append("  local in_group = values.in_group")
+    out.append("  if in_group == nil then")
+    out.append("    in_group = values.group ~= nil and (ERRORS.group:gsub('{group}', tostring(values.group))) or ''")
+    out.append("  end")
+    out.append("  return (ERRORS[name]:gsub('{([%w_]+)}', function(k)")
+    out.append("    if k == 'in_group' then return in_group end")
+    out.append("    local v = values[k]")
+    out.append("    if v ~= nil then return tostring(v) end")
+    out.append("  end))")
+    out.append("end")
+    out.append("")
+    out.append("return _M")
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     check = sys.argv[1:] == ["--check"]
     if sys.argv[1:] not in ([], ["--check"]):
@@ -268,11 +313,17 @@ def main() -> int:
     c = load()
     lua_text = lua(c, LUA.read_text())
     version = library_version(lua_text)
-    outputs = {CORE: rust(c), LUA: lua_text, PYTHON: python(c, version), NODE: node(c, version)}
+    outputs = {
+        CORE: rust(c),
+        LUA: lua_text,
+        PYTHON: python(c, version),
+        NODE: node(c, version),
+        OPENRESTY: openresty(c, version),
+    }
     drifted = []
     for path, text in outputs.items():
-        if path == NODE and not path.parent.parent.exists():
-            continue  # no Node package in this checkout
+        if path in (NODE, OPENRESTY) and not ROOT.joinpath(*path.relative_to(ROOT).parts[:2]).exists():
+            continue  # no such package (clients/<name>) in this checkout
         old = path.read_text() if path.exists() else None
         if old == text:
             continue

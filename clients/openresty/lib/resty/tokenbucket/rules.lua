@@ -1,0 +1,270 @@
+-- The rules of nginx.conf's limiter: a small Lua table, checked when nginx
+-- loads it, and evaluated per request into the buckets of one all-or-
+-- nothing decision (and, with a concurrency rule, the slot it takes).
+--
+--   rules = {
+--     { name = "ip",   limit = "600/minute",   key = "$binary_remote_addr" },
+--     { name = "user", max = 10, rate = 0.17,   key = "$http_x_user", optional = true },
+--     { name = "llm",  bucket = function(ctx) return TIERS[ctx.tier] end,
+--       key = function(ctx) return ctx.user end, cost = function(ctx) return ctx.tokens end },
+--   },
+--   concurrency = { name = "streams", limit = 8, lease_ms = 30000, key = "$http_x_user" },
+--
+-- A key is an nginx variable ("$name") or a function of the request's
+-- ngx.ctx; the Redis key is `prefix:name:identity` (`prefix:name:{identity}`
+-- with hash_tag = true, so a user's buckets and slots share a Cluster
+-- slot). A rule whose identity is missing refuses the request (400) unless
+-- it is `optional`, then it is skipped. An identity must be at most
+-- `max_key_bytes` (1024) bytes, and text: control bytes or invalid UTF-8
+-- refuse the request, unless the rule says `binary = true` (the default for
+-- $binary_* variables). Nothing is written to Redis for a refused request.
+-- Plain Lua: the variable lookup is injected.
+
+local bucket_mod = require "resty.tokenbucket.bucket"
+
+local type, tostring, pcall, find, byte = type, tostring, pcall, string.find, string.byte
+local setmetatable = setmetatable
+
+local _M = {}
+
+_M.MAX_KEY_BYTES = 1024
+
+local Rules = {}
+Rules.__index = Rules
+
+local function fail(text)
+  error("resty.tokenbucket rules: " .. text, 0)
+end
+
+-- A key spec: "$variable" or a function.
+local function key_spec(spec, where)
+  if type(spec) == "function" then return { fn = spec } end
+  if type(spec) == "string" then
+    local var = spec:match("^%$([%w_]+)$")
+    if var then return { var = var, binary = var:find("^binary_") ~= nil } end
+  end
+  fail(where .. ": key must be an nginx variable (\"$http_x_api_key\") or a function, got " .. tostring(spec))
+end
+
+local function check_prefix(prefix, where)
+  if type(prefix) ~= "string" or prefix == "" or find(prefix, "{", 1, true) then
+    fail(where .. ": prefix must be a non-empty string without '{'")
+  end
+  return prefix
+end
+
+local function with_where(f, where, ...)
+  local ok, res = pcall(f, ...)
+  if not ok then fail(where .. ": " .. tostring(type(res) == "table" and res.message or res)) end
+  return res
+end
+
+local function check_rule(rule, i, prefix)
+  local where = "rule " .. i
+  if type(rule) ~= "table" then fail(where .. ": expected a table") end
+  if type(rule.name) ~= "string" then fail(where .. ": name is needed (it names the policy and the Redis key)") end
+  with_where(bucket_mod.check_name, where, rule.name)
+  if find(rule.name, "{", 1, true) then fail(where .. ": name must not contain '{'") end
+  where = "rule " .. rule.name
+  local out = { name = rule.name, optional = rule.optional == true, hash_tag = rule.hash_tag == true,
+    prefix = check_prefix(rule.prefix or prefix, where) }
+  local sources = (rule.bucket ~= nil and 1 or 0) + (rule.limit ~= nil and 1 or 0) + (rule.max ~= nil and 1 or 0)
+  if sources ~= 1 then fail(where .. ": give one of bucket, limit (\"N/minute\") or max and rate") end
+  if type(rule.bucket) == "function" then
+    out.bucket_fn = rule.bucket
+  elseif rule.bucket ~= nil then
+    out.bucket = with_where(bucket_mod.bucket, where, { max = rule.bucket.max, rate = rule.bucket.rate, name = rule.name })
+  elseif rule.limit ~= nil then
+    out.bucket = with_where(bucket_mod.parse, where, rule.limit, rule.name)
+  else
+    out.bucket = with_where(bucket_mod.bucket, where, { max = rule.max, rate = rule.rate, name = rule.name })
+  end
+  if type(rule.cost) == "function" then
+    out.cost_fn = rule.cost
+  elseif rule.cost ~= nil then
+    if out.bucket then with_where(bucket_mod.check_cost, where, rule.cost, out.bucket) end
+    out.cost = rule.cost
+  end
+  out.key = key_spec(rule.key, where)
+  if rule.binary ~= nil then out.key.binary = rule.binary == true end
+  return out
+end
+
+-- {rules = {...}, concurrency = {...}, prefix = "rl", max_key_bytes = 1024}
+function _M.new(config)
+  local prefix = check_prefix(config.prefix or "rl", "prefix")
+  local list = config.rules or {}
+  if type(list) ~= "table" then fail("rules must be a list") end
+  local self = setmetatable({ rules = {}, max_key_bytes = config.max_key_bytes or _M.MAX_KEY_BYTES }, Rules)
+  local seen = {}
+  for i = 1, #list do
+    local r = check_rule(list[i], i, prefix)
+    if seen[r.name] then fail("rule " .. r.name .. ": two rules of one name would share their Redis keys") end
+    seen[r.name] = true
+    self.rules[i] = r
+  end
+  local c = config.concurrency
+  if c ~= nil then
+    if type(c) ~= "table" or type(c.name) ~= "string" then
+      fail("concurrency: expected {name = ..., limit = ..., lease_ms = ..., key = ...}")
+    end
+    local where = "concurrency " .. c.name
+    if seen[c.name] then fail(where .. ": a rule has this name already") end
+    local out = { name = c.name, optional = c.optional == true, hash_tag = c.hash_tag == true,
+      prefix = check_prefix(c.prefix or prefix, where), key = key_spec(c.key, where) }
+    if type(c.limit) == "function" then
+      out.limit_fn, out.lease_ms = c.limit, c.lease_ms
+    else
+      out.concurrency = with_where(bucket_mod.concurrency, where, { limit = c.limit, lease_ms = c.lease_ms,
+        name = c.name })
+    end
+    if type(c.weight) == "function" then
+      out.weight_fn = c.weight
+    elseif c.weight ~= nil then
+      if out.concurrency then with_where(out.concurrency.check_weight, where, out.concurrency, c.weight) end
+      out.weight = c.weight
+    end
+    if c.binary ~= nil then out.key.binary = c.binary == true end
+    self.concurrency = out
+  end
+  if #self.rules == 0 and self.concurrency == nil then fail("no rules and no concurrency: nothing to limit") end
+  if type(self.max_key_bytes) ~= "number" or self.max_key_bytes < 1 then fail("max_key_bytes must be >= 1") end
+  return self
+end
+
+-- Text: no control bytes, and valid UTF-8.
+local function is_text(s)
+  if find(s, "[%z\1-\31\127]") then return false end
+  local i, n = 1, #s
+  while i <= n do
+    local c = byte(s, i)
+    local extra
+    if c < 0x80 then extra = 0
+    elseif c >= 0xC2 and c <= 0xDF then extra = 1
+    elseif c >= 0xE0 and c <= 0xEF then extra = 2
+    elseif c >= 0xF0 and c <= 0xF4 then extra = 3
+    else return false end
+    for j = i + 1, i + extra do
+      local d = byte(s, j)
+      if d == nil or d < 0x80 or d > 0xBF then return false end
+    end
+    i = i + extra + 1
+  end
+  return true
+end
+_M.is_text = is_text
+
+-- A bad request: {status = 400, cause = "...", detail = "..."}; `cause`
+-- names the rule and what was wrong, without the request's own bytes.
+local function refused(rule, what, spec)
+  local source = spec.var and ("$" .. spec.var) or "its key function"
+  return {
+    status = 400,
+    cause = "rule " .. rule.name .. ": " .. what .. " (" .. source .. ")",
+    detail = "The " .. rule.name .. " key is " .. what .. ".",
+  }
+end
+
+-- The identity of `rule` for this request: the text, or nil to skip the
+-- rule, or false and a refusal, or false and an error (a key function
+-- that raised).
+local function identity(self, rule, var, ctx)
+  local spec = rule.key
+  local value
+  if spec.var then
+    value = var(spec.var)
+  else
+    local ok, res = pcall(spec.fn, ctx)
+    if not ok then return false, { status = 500, cause = "rule " .. rule.name .. ": its key function raised: "
+      .. tostring(res), detail = "The rate limiter's rules failed." } end
+    value = res
+  end
+  if type(value) == "table" then value = value[1] end -- a header sent twice: the first
+  if value == nil or value == "" then
+    if rule.optional then return nil end
+    return false, refused(rule, "missing", spec)
+  end
+  if type(value) == "number" then value = tostring(value) end
+  if type(value) ~= "string" then
+    return false, { status = 500, cause = "rule " .. rule.name .. ": its key function returned a " .. type(value),
+      detail = "The rate limiter's rules failed." }
+  end
+  if #value > self.max_key_bytes then
+    return false, refused(rule, "too long (over " .. self.max_key_bytes .. " bytes)", spec)
+  end
+  if not spec.binary and not is_text(value) then return false, refused(rule, "not text", spec) end
+  return value
+end
+
+local function redis_key(rule, id)
+  if rule.hash_tag then return rule.prefix .. ":" .. rule.name .. ":{" .. id .. "}" end
+  return rule.prefix .. ":" .. rule.name .. ":" .. id
+end
+
+local function called(rule, what, f, ctx)
+  local ok, res = pcall(f, ctx)
+  if not ok then
+    return false, { status = 500, cause = "rule " .. rule.name .. ": its " .. what .. " function raised: "
+      .. tostring(res), detail = "The rate limiter's rules failed." }
+  end
+  return res
+end
+
+-- This request's groups {key, bucket, cost} and its lease {key,
+-- concurrency, weight} (or nil), or nil and a refusal {status, cause,
+-- detail}. `var(name)` reads an nginx variable; functions get `ctx`.
+function Rules:evaluate(var, ctx)
+  local groups = {}
+  for i = 1, #self.rules do
+    local rule = self.rules[i]
+    local id, bad = identity(self, rule, var, ctx)
+    if id == false then return nil, bad end
+    if id ~= nil then
+      local b = rule.bucket
+      if b == nil then
+        local spec
+        spec, bad = called(rule, "bucket", rule.bucket_fn, ctx)
+        if spec == false then return nil, bad end
+        if spec == nil then goto continue end -- no bucket for this request: the rule is skipped
+        local ok, res = pcall(bucket_mod.bucket, { max = spec.max, rate = spec.rate, name = rule.name })
+        if not ok then
+          return nil, { status = 500, cause = "rule " .. rule.name .. ": its bucket function gave "
+            .. tostring(res), detail = "The rate limiter's rules failed." }
+        end
+        b = res
+      end
+      local cost = rule.cost
+      if rule.cost_fn then
+        cost, bad = called(rule, "cost", rule.cost_fn, ctx)
+        if cost == false then return nil, bad end
+      end
+      groups[#groups + 1] = { redis_key(rule, id), b, cost == nil and 1 or cost }
+    end
+    ::continue::
+  end
+  local c = self.concurrency
+  if c == nil then return groups end
+  local id, bad = identity(self, c, var, ctx)
+  if id == false then return nil, bad end
+  if id == nil then return groups end
+  local concurrency = c.concurrency
+  if concurrency == nil then
+    local limit
+    limit, bad = called(c, "limit", c.limit_fn, ctx)
+    if limit == false then return nil, bad end
+    local ok, res = pcall(bucket_mod.concurrency, { limit = limit, lease_ms = c.lease_ms, name = c.name })
+    if not ok then
+      return nil, { status = 500, cause = "concurrency " .. c.name .. ": " .. tostring(res),
+        detail = "The rate limiter's rules failed." }
+    end
+    concurrency = res
+  end
+  local weight = c.weight
+  if c.weight_fn then
+    weight, bad = called(c, "weight", c.weight_fn, ctx)
+    if weight == false then return nil, bad end
+  end
+  return groups, { key = redis_key(c, id), concurrency = concurrency, weight = weight or 1 }
+end
+
+return _M

@@ -1,0 +1,86 @@
+local h = require "helpers"
+local rules = require "resty.tokenbucket.rules"
+
+local T = {}
+
+local function vars(t) return function(name) return t[name] end end
+
+local CONFIG = {
+  rules = {
+    { name = "ip", limit = "600/minute", key = "$binary_remote_addr" },
+    { name = "user", max = 10, rate = 0.17, key = "$http_x_user", optional = true },
+    { name = "llm", bucket = function(ctx) return ctx.tier == "pro" and { max = 1000, rate = 10 } or nil end,
+      key = function(ctx) return ctx.user end, cost = function(ctx) return ctx.tokens end, optional = true },
+  },
+  concurrency = { name = "streams", limit = 2, lease_ms = 30000, key = "$http_x_user", optional = true,
+    hash_tag = true },
+}
+
+function T.keys_from_variables_and_functions()
+  local r = rules.new(CONFIG)
+  local groups, lease = r:evaluate(vars({ binary_remote_addr = "\127\0\0\1", http_x_user = "alice" }),
+    { tier = "pro", user = "alice", tokens = 42 })
+  h.eq(#groups, 3)
+  h.eq(groups[1][1], "rl:ip:\127\0\0\1", "binary keys from $binary_ variables")
+  h.eq({ groups[1][2].max, groups[1][2].rate, groups[1][2].name }, { 600, 10, "ip" })
+  h.eq(groups[2][1], "rl:user:alice")
+  h.eq({ groups[3][1], groups[3][2].max, groups[3][3] }, { "rl:llm:alice", 1000, 42 })
+  h.eq(lease.key, "rl:streams:{alice}")
+  h.eq({ lease.concurrency.limit, lease.weight }, { 2, 1 })
+end
+
+function T.optional_rules_are_skipped_others_refuse_with_400()
+  local r = rules.new(CONFIG)
+  local groups, lease = r:evaluate(vars({ binary_remote_addr = "\1\2\3\4" }), {})
+  h.eq(#groups, 1, "user and llm skipped")
+  h.eq(lease, nil)
+  local none, bad = r:evaluate(vars({}), {})
+  h.eq(none, nil)
+  h.eq(bad.status, 400)
+  h.eq(bad.cause, "rule ip: missing ($binary_remote_addr)")
+  h.eq(bad.detail, "The ip key is missing.")
+end
+
+function T.huge_and_binary_identities_are_refused()
+  local r = rules.new({ rules = { { name = "key", max = 1, rate = 1, key = "$http_x_api_key" } } })
+  local _, bad = r:evaluate(vars({ http_x_api_key = string.rep("a", 1025) }), {})
+  h.eq(bad.cause, "rule key: too long (over 1024 bytes) ($http_x_api_key)")
+  _, bad = r:evaluate(vars({ http_x_api_key = "ab\1cd" }), {})
+  h.eq(bad.cause, "rule key: not text ($http_x_api_key)")
+  _, bad = r:evaluate(vars({ http_x_api_key = "ab\255cd" }), {})
+  h.eq(bad.cause, "rule key: not text ($http_x_api_key)", "invalid UTF-8")
+  local ok = r:evaluate(vars({ http_x_api_key = "clé-é" }), {})
+  h.eq(ok[1][1], "rl:key:clé-é")
+  local first = r:evaluate(vars({ http_x_api_key = { "one", "two" } }), {})
+  h.eq(first[1][1], "rl:key:one", "a header sent twice: the first")
+end
+
+function T.a_key_function_that_raises_is_a_500_naming_the_rule()
+  local r = rules.new({ rules = { { name = "u", max = 1, rate = 1, key = function() error("boom") end } } })
+  local _, bad = r:evaluate(vars({}), {})
+  h.eq(bad.status, 500)
+  h.ok(bad.cause:find("rule u: its key function raised", 1, true), bad.cause)
+end
+
+function T.rules_are_checked_when_loaded()
+  local function err(config)
+    local ok, e = pcall(rules.new, config)
+    h.ok(not ok, "expected an error")
+    return e
+  end
+  h.eq(err({ rules = { { name = "u", max = 0, rate = 1, key = "$x" } } }),
+    "resty.tokenbucket rules: rule u: max must be > 0 and <= 1e12")
+  h.eq(err({ rules = { { name = "u", max = 1, rate = 1, key = "x" } } }),
+    'resty.tokenbucket rules: rule u: key must be an nginx variable ("$http_x_api_key") or a function, got x')
+  h.eq(err({ rules = { { name = "u", max = 1, rate = 1, limit = "1/second", key = "$x" } } }),
+    'resty.tokenbucket rules: rule u: give one of bucket, limit ("N/minute") or max and rate')
+  h.eq(err({ rules = { { name = "u", max = 1, rate = 1, key = "$x" }, { name = "u", max = 2, rate = 1, key = "$y" } } }),
+    "resty.tokenbucket rules: rule u: two rules of one name would share their Redis keys")
+  h.eq(err({ rules = {} }), "resty.tokenbucket rules: no rules and no concurrency: nothing to limit")
+  h.eq(err({ rules = { { name = "u", max = 1, rate = 1, cost = 2, key = "$x" } } }),
+    "resty.tokenbucket rules: rule u: cost must not exceed max, it could never pass")
+  h.eq(err({ concurrency = { name = "s", limit = 0, lease_ms = 1, key = "$x" } }),
+    "resty.tokenbucket rules: concurrency s: limit must be >= 1 and <= 1000000")
+end
+
+return T
