@@ -71,7 +71,7 @@ FUZZ_SECONDS ?= 120
 .PHONY: help build run test test-rust test-matrix test-examples test-python test-dist \
         test-prometheus test-node test-openresty lint lint-rust lint-python lint-prometheus lint-node lint-generated contract \
         deps build-deps run-deps prometheus-deps openresty-deps venv python-tools python-wheel node-tools install dist \
-        bench bench-python bench-node bench-gateway bench-leases bench-prometheus bench-nginx run-nginx \
+        bench bench-python bench-node bench-gateway bench-leases charts bench-prometheus bench-nginx run-nginx \
         fuzz fuzz-smoke soak clean
 
 help: ## list these targets
@@ -245,8 +245,9 @@ dist: build ## release tarball and its .sha256 in target/dist/
 
 # The lease rows are bench-leases' (a prerequisite, so `make -j` never runs
 # the two benches at once).
-bench: deps venv build bench-leases ## the lease bench, then throughput, memory, scale and instructions per command (BENCH_CELL_SO=libredis_cell.so adds redis-cell); writes docs/benchmarks.md
+bench: deps venv build bench-leases ## the lease bench, then throughput, memory, scale and instructions per command (BENCH_CELL_SO=libredis_cell.so adds redis-cell); writes docs/benchmarks.md and its charts
 	bash bench/run.sh
+	@$(MAKE) --no-print-directory charts
 
 bench-python: deps venv build python-tools ## the Python client: its overhead per call, its denial cache, and the peers (limits)
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./$(PY_CLIENT)
@@ -261,8 +262,20 @@ bench-gateway: deps venv build python-tools ## the example gateway under wrk at 
 	$(MAKE) --no-print-directory -C examples/fastapi-gateway install
 	$(PY) examples/fastapi-gateway/bench/gateway.py --report docs/benchmarks.md
 
-bench-leases: deps venv build ## ACQUIRE+RELEASE pairs on keys of 1, 100 and 10,000 live leases: module, FCALL, a sorted-set script
+bench-leases: deps venv build ## lease calls on keys of 1 to 10,000 live leases (pairs, denials, a churn): module, FCALL, EVAL, a sorted-set script
 	$(PY) bench/leases.py --report docs/benchmarks.md
+	@$(MAKE) --no-print-directory charts
+
+# The charts docs/benchmarks.md opens with, drawn from its own tables, by
+# matplotlib in a venv of its own (no other target needs it).
+BENCH_VENV := target/bench-venv
+$(BENCH_VENV)/.installed:
+	python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check matplotlib==3.10.0
+	touch $@
+
+charts: $(BENCH_VENV)/.installed ## redraw docs/img's charts and the summary atop docs/benchmarks.md from its tables
+	cd bench && ../$(BENCH_VENV)/bin/python charts.py ../docs/benchmarks.md ../docs/img
 
 bench-nginx: deps openresty-deps venv build $(OPENRESTY_LIB) ## wrk against the nginx gateway's /v1/models: this module, a pasted Lua script, limit_req, nginx alone; one node and two; writes docs/benchmarks.md
 	$(PY) examples/nginx-gateway/bench/bench.py --report docs/benchmarks.md

@@ -603,7 +603,7 @@ def main() -> None:
     text = report(cases, churns, args.rounds, args.churn_seconds)
     print(text)
     if args.report:
-        write_section(args.report, "bench-leases", text, "Concurrency leases (issue 35)")
+        write_section(args.report, "bench-leases", text, "Concurrency leases (issues 21 and 35)")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@
 
 OUTDIR holds machine.tsv and results.tsv. Without DOC, only prints. The
 document's text is bench/benchmarks.md.in, whose $names this script fills;
-its "Optimisations" section is bench/optimisations.md, kept by hand
-(before/after figures of each change), included as it is.
+its "Optimisations" section points to bench/optimisations.md, kept by hand
+(before/after figures of each change).
 """
 
 import statistics
@@ -590,7 +590,7 @@ def scale_note(run):
     return f"Left out of this run for want of memory: {left}."
 
 
-def document(run, tables, optimisations: str) -> str:
+def document(run, tables) -> str:
     machine = run.machine
     rounds = max((len(v) for v in run.tput.values()), default=0)
     keys = "commit started cpu nproc kernel redis server_bin loadavg_start loadavg_end"
@@ -618,7 +618,6 @@ def document(run, tables, optimisations: str) -> str:
     fields["denied_min"] = f"{DENIED_MIN:.1f}x"
     fields["fcall_min"] = f"{FCALL_MIN:.1f}x"
     fields["bytes_slack"] = f"{BYTES_SLACK:g}"
-    fields["optimisations"] = optimisations.strip()
     template = Template((HERE / "benchmarks.md.in").read_text())
     return template.substitute(fields).rstrip("\n") + "\n"
 
@@ -642,8 +641,7 @@ def main():
         print(f"\n== {name} ==")
         print(text_table(header, rows))
     if len(sys.argv) > 2:
-        opt = HERE / "optimisations.md"
-        doc = document(run, tables, opt.read_text() if opt.exists() else "")
+        doc = document(run, tables)
         kept = kept_sections(Path(sys.argv[2]))
         Path(sys.argv[2]).write_text(doc + ("\n" + kept if kept else ""))
         print(f"\nwrote {sys.argv[2]}")
