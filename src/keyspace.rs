@@ -14,7 +14,8 @@ use tb_core::cell;
 use tb_core::contract::{LEASE_SUMMARY_FIELD, TOKENS_FIELD, TS_FIELD};
 use tb_core::error::{Error, Step};
 use tb_core::lease::{self, LeaseStore};
-use tb_core::state::{self, BucketFields, KeyKind, Text, Upper};
+use tb_core::number::{Text, Upper};
+use tb_core::state::{self, BucketFields, KeyKind};
 
 /// The points of a write where a test can make the server's call fail
 /// (`test-hooks` builds: TB.FAULT).

@@ -15,7 +15,7 @@ use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
 use tb_core::bucket::{consume_all, Effect, Outcome};
 use tb_core::error::{Error, StateError};
 use tb_core::lease::{self, Kind};
-use tb_core::state::Text;
+use tb_core::number::Text;
 use testkit::vectors::{vectors, After, Before, Case};
 use testkit::write_leases;
 

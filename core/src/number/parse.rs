@@ -8,6 +8,8 @@
 //! [+-]? ( digits [ "." digits* ] | "." digits ) [ (e|E) [+-]? digits ]
 //! ```
 
+use super::POW10_INT;
+
 /// Parses a decimal in the grammar above. `None` for anything else,
 /// including values that overflow to infinity.
 pub fn parse_decimal(bytes: &[u8]) -> Option<f64> {
@@ -151,18 +153,6 @@ fn combine(digits: u64) -> u64 {
     // 10000 * quad0 + quad1.
     (quads & 0xFFFF).wrapping_mul(10_000) + (quads >> 32)
 }
-
-/// 10^k as integers, k <= 21 (10^19 < 2^64 < 10^20): the decimal parser's
-/// scales and the balance writer's (`state`).
-pub(crate) const POW10_INT: [u128; 22] = {
-    let mut t = [1u128; 22];
-    let mut k = 1;
-    while k < 22 {
-        t[k] = t[k - 1] * 10;
-        k += 1;
-    }
-    t
-};
 
 /// The common case of `parse_decimal` (what the encoder writes, and most
 /// arguments) without the general float parser: `[-]digits[.digits]` with
@@ -348,9 +338,9 @@ mod tests {
         for i in 0..100_000u64 {
             let v = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 2_000_000_000_000) as f64 / 1e6
                 - 1_000_000.0;
-            cases.push(crate::state::Text::tokens(v).as_bytes().to_vec());
+            cases.push(crate::number::Text::tokens(v).as_bytes().to_vec());
             let w = f64::from_bits(i.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 2) % 1e12;
-            cases.push(crate::state::Text::tokens(w).as_bytes().to_vec());
+            cases.push(crate::number::Text::tokens(w).as_bytes().to_vec());
             cases.push(format!("{w:.17}").into_bytes());
             cases.push(format!("{:.18}", v / 1e6).into_bytes());
         }
