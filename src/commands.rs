@@ -7,13 +7,17 @@
 //! link-time optimisation: profiles, and `make bench`'s split of a call
 //! into Redis's side and the module's, find a command by its symbol.
 
-use crate::ffi::{log_warning, ArgString, Args, Ctx};
+use crate::ffi::{log_warning, ArgString, Args, CommandLocal, Ctx};
 use crate::keyspace::BucketKey;
 use crate::stats;
-use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Single};
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Memos, Single};
 use tb_core::bucket::{consume_all, Effect, Limits, Outcome, Stored};
 use tb_core::cell::{self as cl, parse_throttle};
 use tb_core::error::Error;
+
+/// The argument memos of every command call, lent to each parser beside
+/// the arguments (see `tb_core::args::Memos`).
+pub static MEMOS: CommandLocal<Memos> = CommandLocal::new(Memos::new());
 
 /// Carries out `effect` on `key`. A step that fails is logged and
 /// becomes the call's error reply (counted in `tb_errors`).
@@ -53,10 +57,10 @@ pub fn key_at<'a>(args: &Args<'a>, i: usize) -> Result<ArgString<'a>, Error> {
 fn open_single<'c>(
     ctx: &'c Ctx,
     args: &Args<'c>,
-    parse: fn(&Args<'c>) -> Result<Single, Error>,
+    parse: fn(&Args<'c>, &Memos) -> Result<Single, Error>,
     write: bool,
 ) -> Result<(Single, BucketKey<'c>, i64, Option<Stored>), Error> {
-    let call = parse(args)?;
+    let call = parse(args, MEMOS.get(args))?;
     let key = BucketKey::open(ctx, key_at(args, 1)?, write);
     let now = ctx.now_us();
     let stored = key.load()?;
@@ -126,7 +130,7 @@ pub fn adjust(ctx: &Ctx, args: &Args) -> Result<(), Error> {
 /// charged, or none is.
 #[inline(never)]
 pub fn mconsume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
-    let groups = parse_mconsume(args)?;
+    let groups = parse_mconsume(args, MEMOS.get(args))?;
     let now = ctx.now_us();
     // Group by group: open, read, check. Opening a key whose TTL has passed
     // deletes it (lazy expiry), so a bad group stops the call before any
