@@ -1,7 +1,10 @@
-//! The command handlers. Each one follows the same steps: parse the
+//! The bucket command handlers: TB.CONSUME, TB.PEEK, TB.ADJUST,
+//! TB.MCONSUME and CL.THROTTLE. Each one follows the same steps: parse the
 //! arguments (nothing is touched if they are wrong), open the key(s), read
 //! the clock once, compute with `tb_core::bucket`, carry out the effects
-//! (only if something changed), then reply.
+//! (only if something changed), then reply. The lease handlers
+//! (`leases`) use its argument memos and its shared steps (`apply`,
+//! `key_at`, the replies).
 //!
 //! Each handler stays a function of its own (`inline(never)`), even with
 //! link-time optimisation: profiles, and `make bench`'s split of a call

@@ -1,5 +1,7 @@
-//! Bucket and lease hashes in the keyspace, and the replication of every
-//! write as effects (`HSET`, `HDEL`, `PEXPIREAT`, `DEL`).
+//! Bucket and lease hashes in the keyspace (and the string a redis-cell key
+//! holds, which CL.THROTTLE reads and its next write replaces), and the
+//! replication of every write as effects (`HSET`, `HDEL`, `PEXPIREAT`,
+//! `DEL`).
 //!
 //! Effects, never the command: a replica or an AOF replay, with or without
 //! the module, then ends with the primary's exact hash and expire time

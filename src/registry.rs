@@ -1,4 +1,5 @@
-//! The command table: each TB command's name, handler, flags, keys, ACL
+//! The command table: each command's name (the TB commands, CL.THROTTLE,
+//! and the test hooks in `test-hooks` builds), handler, flags, keys, ACL
 //! categories and `COMMAND DOCS` text.
 //!
 //! Keys are declared twice. `CreateCommand`'s (first, last, step) is what

@@ -1,10 +1,14 @@
-//! Argument parsing and validation for every TB command.
+//! The bucket commands' arguments: TB.CONSUME and TB.PEEK, TB.ADJUST, and
+//! TB.MCONSUME, whose `key max rate cost` groups TB.ACQUIRE's `BUCKET`
+//! clauses share. The lease commands' own arguments are in `lease::args`,
+//! CL.THROTTLE's in `cell`. `Memos` remembers the last arguments that
+//! validated.
 //!
-//! Works on raw byte slices (`argv[0]` is the command name), so keys and
-//! numbers are binary-safe and nothing is copied. Validation order is part
-//! of the contract, since the Lua library must report the same first error:
-//! arity, then each group left to right (`max`, `rate`, the fill-time bound,
-//! `cost`/`delta`), then duplicate keys.
+//! Works on raw byte slices read in place (`argv[0]` is the command name),
+//! so keys and numbers are binary-safe. Validation order is part of the
+//! contract, since the Lua library must report the same first error: arity
+//! (and TB.MCONSUME's group count), then each group left to right (`max`,
+//! `rate`, the fill-time bound, `cost`/`delta`), then duplicate keys.
 
 use crate::bucket::{Fresh, Limits};
 use crate::contract::{COMMANDS, CONSUME, MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE};

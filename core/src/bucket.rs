@@ -1,4 +1,5 @@
-//! Token-bucket arithmetic: refill, consume, adjust, and the reply times.
+//! Token-bucket arithmetic: refill, consume (one bucket, or several all or
+//! nothing), peek and adjust, the reply times, and what a call writes.
 //!
 //! Everything here is plain `f64`/`i64` maths with no I/O, so the module and
 //! the tests (and the Lua library, which repeats these steps operation for

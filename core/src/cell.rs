@@ -5,8 +5,9 @@
 //! at `count / period` tokens per second, each call costing `quantity`
 //! tokens. So `CL.THROTTLE k 15 30 60` and `TB.CONSUME k 16 0.5` act on the
 //! same bucket, stored the same way. This module parses the arguments,
-//! reads a key redis-cell left behind (a string holding its theoretical
-//! arrival time, TAT, in nanoseconds), and shapes the reply.
+//! reads the text of a key redis-cell left behind (a string holding its
+//! theoretical arrival time, TAT, in nanoseconds) as that bucket, and
+//! shapes the reply.
 
 use crate::args::Argv;
 use crate::bucket::{Limits, Outcome, Stored};

@@ -1,7 +1,8 @@
 //! The pure core of redis-tokenbucket: no Redis types, no I/O.
 //!
-//! * [`bucket`]: refill, consume, adjust and the reply times;
-//! * [`args`]: parsing and validation of command arguments;
+//! * [`bucket`]: refill, consume, peek, adjust and the reply times;
+//! * [`args`]: parsing and validation of the bucket commands' arguments
+//!   (the lease commands' are in `lease`, CL.THROTTLE's in `cell`);
 //! * [`cell`]: CL.THROTTLE, redis-cell's command, on the same bucket;
 //! * [`lease`]: concurrency leases (TB.ACQUIRE and friends);
 //! * [`state`]: the rule that reads a key as a bucket, and the decoding of

@@ -1,6 +1,8 @@
-//! A command's context and arguments, made only by the `handler!`
-//! trampoline inside the call Redis made: replies, replication, keyspace
-//! events, the clock, keys and strings.
+//! A command's context and arguments, made only inside a call Redis made
+//! into the module (a command's, by the `handler!` trampoline, or
+//! `RedisModule_OnUnload`): replies, replication, keyspace events, the
+//! clock, keys and strings; and `CommandLocal`, state lent only against
+//! them.
 
 use super::api::{Api, ERR, OK};
 use super::call;

@@ -1,4 +1,6 @@
-//! Strict decimal parsing shared by arguments and stored state.
+//! Strict decimal parsing shared by arguments and stored state, and the
+//! integers: a stored `ts` (`parse_int16`), and the integer arguments of
+//! CL.THROTTLE and the lease commands (`parse_i64`).
 //!
 //! Rust's `f64::from_str` accepts `inf`, `NaN` and `infinity`; Lua's
 //! `tonumber` accepts hex and surrounding spaces. Both sides of the project
