@@ -207,16 +207,17 @@ mod tests {
         );
         assert_eq!(parse_tat(b"0"), Some(0));
         assert_eq!(parse_tat(b"18446744073709551615"), Some(u64::MAX));
-        for bad in [
-            &b""[..],
-            b"18446744073709551616",
-            b"-1",
-            b"+1",
-            b"01",
-            b"1.5",
-            b"12a",
-            b" 1",
-        ] {
+        let bad = [
+            "",
+            "18446744073709551616",
+            "-1",
+            "+1",
+            "01",
+            "1.5",
+            "12a",
+            " 1",
+        ];
+        for bad in bad.map(str::as_bytes) {
             assert_eq!(parse_tat(bad), None, "{bad:?}");
         }
     }
