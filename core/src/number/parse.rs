@@ -10,8 +10,6 @@
 //! [+-]? ( digits [ "." digits* ] | "." digits ) [ (e|E) [+-]? digits ]
 //! ```
 
-use super::POW10_INT;
-
 /// Parses a decimal in the grammar above. `None` for anything else,
 /// including values that overflow to infinity.
 pub fn parse_decimal(bytes: &[u8]) -> Option<f64> {
@@ -155,6 +153,18 @@ fn combine(digits: u64) -> u64 {
     // 10000 * quad0 + quad1.
     (quads & 0xFFFF).wrapping_mul(10_000) + (quads >> 32)
 }
+
+/// 10^k as integers, k <= 21 (10^19 < 2^64 < 10^20): the parser's scales
+/// and the writer's (`super::write`).
+pub(crate) const POW10_INT: [u128; 22] = {
+    let mut t = [1u128; 22];
+    let mut k = 1;
+    while k < 22 {
+        t[k] = t[k - 1] * 10;
+        k += 1;
+    }
+    t
+};
 
 /// The common case of `parse_decimal` (what the encoder writes, and most
 /// arguments) without the general float parser: `[-]digits[.digits]` with

@@ -3,7 +3,7 @@
 //! it can), and its `ts` and expire times (groups of eight digits). The
 //! module writes every field through these, so a write allocates nothing.
 
-use super::POW10_INT;
+use super::parse::POW10_INT;
 use std::cell::Cell;
 use std::fmt::Write;
 
