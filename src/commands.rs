@@ -1,19 +1,26 @@
-//! The command handlers. Each one follows the same steps: parse the
+//! The bucket command handlers: TB.CONSUME, TB.PEEK, TB.ADJUST,
+//! TB.MCONSUME and CL.THROTTLE. Each one follows the same steps: parse the
 //! arguments (nothing is touched if they are wrong), open the key(s), read
 //! the clock once, compute with `tb_core::bucket`, carry out the effects
-//! (only if something changed), then reply.
+//! (only if something changed), then reply. The lease handlers
+//! (`leases`) use its argument memos and its shared steps (`apply`,
+//! `key_at`, the replies).
 //!
 //! Each handler stays a function of its own (`inline(never)`), even with
 //! link-time optimisation: profiles, and `make bench`'s split of a call
 //! into Redis's side and the module's, find a command by its symbol.
 
-use crate::ffi::{log_warning, ArgString, Args, Ctx};
+use crate::ffi::{log_warning, ArgString, Args, CommandLocal, Ctx};
 use crate::keyspace::BucketKey;
 use crate::stats;
-use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Single};
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Memos, Single};
 use tb_core::bucket::{consume_all, Effect, Limits, Outcome, Stored};
 use tb_core::cell::{self as cl, parse_throttle};
 use tb_core::error::Error;
+
+/// The argument memos of every command call, lent to each parser beside
+/// the arguments (see `tb_core::args::Memos`).
+pub static MEMOS: CommandLocal<Memos> = CommandLocal::new(Memos::new());
 
 /// Carries out `effect` on `key`. A step that fails is logged and
 /// becomes the call's error reply (counted in `tb_errors`).
@@ -53,10 +60,10 @@ pub fn key_at<'a>(args: &Args<'a>, i: usize) -> Result<ArgString<'a>, Error> {
 fn open_single<'c>(
     ctx: &'c Ctx,
     args: &Args<'c>,
-    parse: fn(&Args<'c>) -> Result<Single, Error>,
+    parse: fn(&Args<'c>, &Memos) -> Result<Single, Error>,
     write: bool,
 ) -> Result<(Single, BucketKey<'c>, i64, Option<Stored>), Error> {
-    let call = parse(args)?;
+    let call = parse(args, MEMOS.get(args))?;
     let key = BucketKey::open(ctx, key_at(args, 1)?, write);
     let now = ctx.now_us();
     let stored = key.load()?;
@@ -126,7 +133,7 @@ pub fn adjust(ctx: &Ctx, args: &Args) -> Result<(), Error> {
 /// charged, or none is.
 #[inline(never)]
 pub fn mconsume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
-    let groups = parse_mconsume(args)?;
+    let groups = parse_mconsume(args, MEMOS.get(args))?;
     let now = ctx.now_us();
     // Group by group: open, read, check. Opening a key whose TTL has passed
     // deletes it (lazy expiry), so a bad group stops the call before any

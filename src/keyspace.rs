@@ -1,5 +1,7 @@
-//! Bucket and lease hashes in the keyspace, and the replication of every
-//! write as effects (`HSET`, `HDEL`, `PEXPIREAT`, `DEL`).
+//! Bucket and lease hashes in the keyspace (and the string a redis-cell key
+//! holds, which CL.THROTTLE reads and its next write replaces), and the
+//! replication of every write as effects (`HSET`, `HDEL`, `PEXPIREAT`,
+//! `DEL`).
 //!
 //! Effects, never the command: a replica or an AOF replay, with or without
 //! the module, then ends with the primary's exact hash and expire time
@@ -14,7 +16,8 @@ use tb_core::cell;
 use tb_core::contract::{LEASE_SUMMARY_FIELD, TOKENS_FIELD, TS_FIELD};
 use tb_core::error::{Error, Step};
 use tb_core::lease::{self, LeaseStore};
-use tb_core::state::{self, BucketFields, KeyKind, Text, Upper};
+use tb_core::number::{Text, Upper};
+use tb_core::state::{self, BucketFields, KeyKind};
 
 /// The points of a write where a test can make the server's call fail
 /// (`test-hooks` builds: TB.FAULT).

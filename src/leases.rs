@@ -4,7 +4,7 @@
 //! `tb_core::bucket` for TB.ACQUIRE's buckets), writes only what changed,
 //! then replies.
 
-use crate::commands::{apply, key_at, reply_ints, reply_outcome};
+use crate::commands::{apply, key_at, reply_ints, reply_outcome, MEMOS};
 use crate::ffi::{log_warning, Args, Ctx};
 use crate::keyspace::{BucketKey, LeaseKey};
 use crate::stats;
@@ -36,7 +36,7 @@ pub fn acquire(ctx: &Ctx, args: &Args) -> Result<(), Error> {
         }
         return Ok(());
     }
-    let call = lease::parse_acquire(args)?;
+    let call = lease::parse_acquire(args, MEMOS.get(args))?;
     let now = ctx.now_us();
     let id = key_at(args, ACQUIRE_ID_INDEX)?;
     let mut key = LeaseKey::open(ctx, key_at(args, 1)?, Some(id), true);

@@ -1,10 +1,12 @@
-//! redis-tokenbucket: the `tb` Redis module. This file only registers
-//! things; each behaviour lives in the file named after it:
+//! redis-tokenbucket: the `tb` Redis module. This file only loads it (the
+//! load arguments, each part's set-up, then the commands and the INFO
+//! section registered); each behaviour lives in the file named after it:
 //!
 //! * `registry`: the command table (flags, keys, ACL categories, docs);
-//! * `commands`: the token-bucket handlers (open key, compute, write, reply);
+//! * `commands`: the token-bucket handlers, CL.THROTTLE's too (parse, open
+//!   key, compute, write, reply);
 //! * `leases`: the concurrency-lease handlers (TB.ACQUIRE and friends);
-//! * `keyspace`: bucket hashes and effects replication;
+//! * `keyspace`: bucket and lease hashes, and effects replication;
 //! * `options`: the load arguments (`cl-throttle auto|off`);
 //! * `guard`: panic containment;
 //! * `stats`: the `INFO tb` counters;
@@ -12,8 +14,9 @@
 //! * `hooks`: TB.PANIC and TB.FAULT, in `test-hooks` builds only;
 //! * `ffi/`: the wall around the module API, the one folder allowed raw
 //!   calls (Cargo.toml denies them everywhere else);
-//! * `tb_core` (crate in `core/`): arithmetic, argument parsing, encoding,
-//!   the error type and the contract's numbers and messages.
+//! * `tb_core` (crate in `core/`): bucket arithmetic, leases, CL.THROTTLE,
+//!   argument parsing, the stored text, the error type and the contract's
+//!   numbers and messages.
 
 mod commands;
 mod ffi;

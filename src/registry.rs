@@ -1,4 +1,5 @@
-//! The command table: each TB command's name, handler, flags, keys, ACL
+//! The command table: each command's name (the TB commands, CL.THROTTLE,
+//! and the test hooks in `test-hooks` builds), handler, flags, keys, ACL
 //! categories and `COMMAND DOCS` text.
 //!
 //! Keys are declared twice. `CreateCommand`'s (first, last, step) is what
@@ -14,6 +15,7 @@ use crate::ffi::{handler, ArgDoc, ArgKind, Begin, CommandDef, Docs, KeySpec, Raw
 use crate::leases;
 use crate::version::TEXT as SINCE;
 use std::ffi::CStr;
+use std::os::raw::c_int;
 use tb_core::contract::{
     ACQUIRE, ADJUST, CL_THROTTLE, CONSUME, INFLIGHT, MCONSUME, PEEK, RELEASE, RENEW,
 };
@@ -62,215 +64,169 @@ const fn key_at_1(read_only: bool) -> KeySpec {
 const READS_KEY: &[KeySpec] = &[key_at_1(true)];
 const WRITES_KEY: &[KeySpec] = &[key_at_1(false)];
 
-/// A command on one key (argument 1), owned by this module.
-const fn single(
-    name: &'static CStr,
-    handler: RawHandler,
+/// How a command treats its keys: its flags, its ACL categories, and
+/// whether it only reads them.
+struct Access {
     flags: &'static CStr,
     acl: &'static CStr,
     read_only: bool,
-    summary: &'static CStr,
+}
+
+const fn access(flags: &'static CStr, acl: &'static CStr, read_only: bool) -> Access {
+    Access {
+        flags,
+        acl,
+        read_only,
+    }
+}
+
+/// O(1) on one bucket: "fast".
+const FAST_WRITE: Access = access(c"write deny-oom fast", c"write fast", false);
+const FAST_READ: Access = access(c"readonly fast", c"read fast", true);
+/// Up to 10,000 buckets, or every lease of a key: not "fast".
+const WRITE: Access = access(c"write deny-oom", c"write", false);
+const READ: Access = access(c"readonly", c"read", true);
+/// TB.ACQUIRE's keys are found by its handler: Cluster slot checks (and
+/// Redis 6.2's ACL) ask it where they are; the key specs say the same.
+const WRITE_FINDING_KEYS: Access = access(c"write deny-oom getkeys-api", c"write", false);
+/// Giving a lease back or renewing it adds no lease: allowed under OOM.
+const WRITE_UNDER_OOM: Access = access(c"write", c"write", false);
+
+/// A command of this module on one key (argument 1), O(1).
+const fn command(
+    name: &'static CStr,
+    handler: RawHandler,
+    access: Access,
     args: &'static [ArgDoc],
+    summary: &'static CStr,
 ) -> CommandDef {
     CommandDef {
         name,
         handler,
-        flags,
+        flags: access.flags,
         keys: (1, 1, 1),
-        acl,
+        acl: access.acl,
         redis_cell: false,
         docs: Docs {
             summary,
             complexity: c"O(1)",
             since: SINCE,
-            key_specs: if read_only { READS_KEY } else { WRITES_KEY },
+            key_specs: if access.read_only {
+                READS_KEY
+            } else {
+                WRITES_KEY
+            },
             args,
         },
     }
 }
 
-/// A lease command: one key, O(1) amortized (a pass reads its N leases).
-const fn lease(
-    name: &'static CStr,
-    handler: RawHandler,
-    flags: &'static CStr,
-    acl: &'static CStr,
-    read_only: bool,
-    summary: &'static CStr,
-    args: &'static [ArgDoc],
-) -> CommandDef {
-    let mut def = single(name, handler, flags, acl, read_only, summary, args);
-    def.docs.complexity =
-        c"O(1) amortized; O(N) for a call that reads the key's N leases whole (a key of at most 9 fields, or past its summary's horizon)";
-    def
+/// `def` at `complexity`.
+const fn costs(def: CommandDef, complexity: &'static CStr) -> CommandDef {
+    CommandDef {
+        docs: Docs {
+            complexity,
+            ..def.docs
+        },
+        ..def
+    }
 }
 
+/// `def` on the keys of `key_specs`, which (first, last, step) `keys`
+/// declares for servers without key specs.
+const fn on_keys(
+    def: CommandDef,
+    keys: (c_int, c_int, c_int),
+    key_specs: &'static [KeySpec],
+) -> CommandDef {
+    CommandDef {
+        keys,
+        docs: Docs {
+            key_specs,
+            ..def.docs
+        },
+        ..def
+    }
+}
+
+/// A lease command's cost: O(1) amortized (a pass reads its N leases).
+const LEASES: &CStr = c"O(1) amortized; O(N) for a call that reads the key's N leases whole (a key of at most 9 fields, or past its summary's horizon)";
+
+/// TB.MCONSUME's groups, and its keys: every fourth argument from 1.
+const GROUPS: &[ArgDoc] = &[ArgDoc {
+    multiple: true,
+    subargs: &[KEY, MAX, RATE, COST],
+    ..arg(c"bucket", ArgKind::Block)
+}];
+const EVERY_FOURTH: &[KeySpec] = &[KeySpec {
+    read_only: false,
+    begin: Begin::Index(1),
+    last_key: -1,
+    key_step: 4,
+}];
+
+/// TB.ACQUIRE's arguments, and its keys: the lease key, and the key after
+/// each BUCKET (keyword search skips the id).
+const ACQUIRE_ARGS: &[ArgDoc] = &[
+    KEY,
+    LIMIT,
+    LEASE_MS,
+    ID,
+    optional(WEIGHT),
+    ArgDoc {
+        token: Some(c"BUCKET"),
+        optional: true,
+        multiple: true,
+        subargs: &[arg(c"bkey", ArgKind::Key(1)), MAX, RATE, COST],
+        ..arg(c"bucket", ArgKind::Block)
+    },
+];
+const LEASE_AND_BUCKETS: &[KeySpec] = &[
+    key_at_1(false),
+    KeySpec {
+        read_only: false,
+        begin: Begin::Keyword(c"BUCKET", 5),
+        last_key: -1,
+        key_step: 5,
+    },
+];
+
+/// One command a row (two lines): its name and handler, access,
+/// arguments, summary, and where it differs from an O(1) command on one
+/// key. The test hooks, in `test-hooks` builds only, have no key.
+#[rustfmt::skip]
 pub const COMMANDS: &[CommandDef] = &[
-    single(
-        CONSUME,
-        handler!(CONSUME, commands::consume),
-        c"write deny-oom fast",
-        c"write fast",
-        false,
-        c"Charges cost (default 1) to a token bucket if it holds that many tokens; replies [allowed, remaining, retry_after_ms, reset_after_ms].",
-        &[KEY, MAX, RATE, optional(COST)],
-    ),
-    single(
-        PEEK,
-        handler!(PEEK, commands::peek),
-        c"readonly fast",
-        c"read fast",
-        true,
-        c"Replies what TB.CONSUME would, without charging or writing anything.",
-        &[KEY, MAX, RATE, optional(COST)],
-    ),
-    CommandDef {
-        name: MCONSUME,
-        handler: handler!(MCONSUME, commands::mconsume),
-        flags: c"write deny-oom",
-        keys: (1, -1, 4),
-        acl: c"write",
-        redis_cell: false,
-        docs: Docs {
-            summary: c"Charges several token buckets all-or-nothing; replies [allowed, retry_after_ms, bucket replies...].",
-            complexity: c"O(N) where N is the number of buckets",
-            since: SINCE,
-            key_specs: &[KeySpec {
-                read_only: false,
-                begin: Begin::Index(1),
-                last_key: -1,
-                key_step: 4,
-            }],
-            args: &[ArgDoc {
-                multiple: true,
-                subargs: &[KEY, MAX, RATE, COST],
-                ..arg(c"bucket", ArgKind::Block)
-            }],
-        },
-    },
-    single(
-        ADJUST,
-        handler!(ADJUST, commands::adjust),
-        c"write deny-oom fast",
-        c"write fast",
-        false,
-        c"Refunds (delta > 0) or charges (delta < 0, down to -max) a token bucket after the fact.",
-        &[KEY, MAX, RATE, DELTA],
-    ),
+    command(CONSUME, handler!(CONSUME, commands::consume), FAST_WRITE, &[KEY, MAX, RATE, optional(COST)],
+        c"Charges cost (default 1) to a token bucket if it holds that many tokens; replies [allowed, remaining, retry_after_ms, reset_after_ms]."),
+    command(PEEK, handler!(PEEK, commands::peek), FAST_READ, &[KEY, MAX, RATE, optional(COST)],
+        c"Replies what TB.CONSUME would, without charging or writing anything."),
+    costs(on_keys(command(MCONSUME, handler!(MCONSUME, commands::mconsume), WRITE, GROUPS,
+        c"Charges several token buckets all-or-nothing; replies [allowed, retry_after_ms, bucket replies...]."),
+        (1, -1, 4), EVERY_FOURTH), c"O(N) where N is the number of buckets"),
+    command(ADJUST, handler!(ADJUST, commands::adjust), FAST_WRITE, &[KEY, MAX, RATE, DELTA],
+        c"Refunds (delta > 0) or charges (delta < 0, down to -max) a token bucket after the fact."),
     // redis-cell may own CL.THROTTLE: then it keeps it.
-    CommandDef {
-        redis_cell: true,
-        ..single(
-            CL_THROTTLE,
-            handler!(CL_THROTTLE, commands::cl_throttle),
-            c"write deny-oom fast",
-            c"write fast",
-            false,
-            c"redis-cell's command on a token bucket: charges quantity (default 1); replies [limited, limit, remaining, retry_after_s, reset_after_s].",
-            &[KEY, MAX_BURST, COUNT, PERIOD, optional(QUANTITY)],
-        )
-    },
-    CommandDef {
-        name: ACQUIRE,
-        handler: handler!(ACQUIRE, leases::acquire),
-        // getkeys-api: Cluster slot checks (and Redis 6.2's ACL) ask the
-        // handler where the keys are; the key specs below say the same.
-        flags: c"write deny-oom getkeys-api",
-        keys: (1, 1, 1),
-        acl: c"write",
-        redis_cell: false,
-        docs: Docs {
-            summary: c"Takes a lease (a slot of limit) for lease_ms, and charges token buckets, all or nothing; replies [acquired, in_use, retry_after_ms, expires_in_ms, bucket replies...].",
-            complexity: c"O(M) for M buckets, plus O(1) amortized for the lease key (O(N) for a call that reads its N leases whole)",
-            since: SINCE,
-            key_specs: &[
-                key_at_1(false),
-                // The key after each BUCKET (keyword search skips the id).
-                KeySpec {
-                    read_only: false,
-                    begin: Begin::Keyword(c"BUCKET", 5),
-                    last_key: -1,
-                    key_step: 5,
-                },
-            ],
-            args: &[
-                KEY,
-                LIMIT,
-                LEASE_MS,
-                ID,
-                optional(WEIGHT),
-                ArgDoc {
-                    token: Some(c"BUCKET"),
-                    optional: true,
-                    multiple: true,
-                    subargs: &[arg(c"bkey", ArgKind::Key(1)), MAX, RATE, COST],
-                    ..arg(c"bucket", ArgKind::Block)
-                },
-            ],
-        },
-    },
-    lease(
-        RELEASE,
-        handler!(RELEASE, leases::release),
-        c"write",
-        c"write",
-        false,
-        c"Gives a lease back; replies [released, in_use].",
-        &[KEY, ID],
-    ),
-    lease(
-        RENEW,
-        handler!(RENEW, leases::renew),
-        c"write",
-        c"write",
-        false,
-        c"Extends a live lease to lease_ms from now; replies [renewed, expires_in_ms].",
-        &[KEY, ID, LEASE_MS],
-    ),
-    lease(
-        INFLIGHT,
-        handler!(INFLIGHT, leases::inflight),
-        c"readonly",
-        c"read",
-        true,
-        c"Replies the weight of the key's live leases.",
-        &[KEY],
-    ),
+    CommandDef { redis_cell: true, ..command(CL_THROTTLE, handler!(CL_THROTTLE, commands::cl_throttle), FAST_WRITE,
+        &[KEY, MAX_BURST, COUNT, PERIOD, optional(QUANTITY)],
+        c"redis-cell's command on a token bucket: charges quantity (default 1); replies [limited, limit, remaining, retry_after_s, reset_after_s].") },
+    costs(on_keys(command(ACQUIRE, handler!(ACQUIRE, leases::acquire), WRITE_FINDING_KEYS, ACQUIRE_ARGS,
+        c"Takes a lease (a slot of limit) for lease_ms, and charges token buckets, all or nothing; replies [acquired, in_use, retry_after_ms, expires_in_ms, bucket replies...]."),
+        (1, 1, 1), LEASE_AND_BUCKETS), c"O(M) for M buckets, plus O(1) amortized for the lease key (O(N) for a call that reads its N leases whole)"),
+    costs(command(RELEASE, handler!(RELEASE, leases::release), WRITE_UNDER_OOM, &[KEY, ID],
+        c"Gives a lease back; replies [released, in_use]."), LEASES),
+    costs(command(RENEW, handler!(RENEW, leases::renew), WRITE_UNDER_OOM, &[KEY, ID, LEASE_MS],
+        c"Extends a live lease to lease_ms from now; replies [renewed, expires_in_ms]."), LEASES),
+    costs(command(INFLIGHT, handler!(INFLIGHT, leases::inflight), READ, &[KEY],
+        c"Replies the weight of the key's live leases."), LEASES),
     #[cfg(feature = "test-hooks")]
-    test_hook(
-        TB_PANIC,
-        handler!(TB_PANIC, crate::hooks::panic),
-        c"Panics on purpose (test-hooks builds only).",
-    ),
+    on_keys(command(TB_PANIC, handler!(TB_PANIC, crate::hooks::panic), READ, &[],
+        c"Panics on purpose (test-hooks builds only)."), (0, 0, 0), &[]),
     #[cfg(feature = "test-hooks")]
-    test_hook(
-        TB_FAULT,
-        handler!(TB_FAULT, crate::hooks::fault),
-        c"Makes one step of the next write fail (test-hooks builds only).",
-    ),
+    on_keys(command(TB_FAULT, handler!(TB_FAULT, crate::hooks::fault), READ, &[],
+        c"Makes one step of the next write fail (test-hooks builds only)."), (0, 0, 0), &[]),
 ];
 
 #[cfg(feature = "test-hooks")]
 const TB_PANIC: &CStr = c"tb.panic";
 #[cfg(feature = "test-hooks")]
 const TB_FAULT: &CStr = c"tb.fault";
-
-/// A keyless command of a test-hooks build.
-#[cfg(feature = "test-hooks")]
-const fn test_hook(name: &'static CStr, handler: RawHandler, summary: &'static CStr) -> CommandDef {
-    CommandDef {
-        name,
-        handler,
-        flags: c"readonly",
-        keys: (0, 0, 0),
-        acl: c"read",
-        redis_cell: false,
-        docs: Docs {
-            summary,
-            complexity: c"O(1)",
-            since: SINCE,
-            key_specs: &[],
-            args: &[],
-        },
-    }
-}

@@ -4,6 +4,15 @@
 
 use testkit::{consume, error_of, info_field, peek, snapshot, Server};
 
+/// The bucket commands, which the users below may run.
+const BUCKET_COMMANDS: [&str; 5] = [
+    "tb.consume",
+    "tb.peek",
+    "tb.mconsume",
+    "tb.adjust",
+    "cl.throttle",
+];
+
 #[test]
 fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {
     let s = Server::start();
@@ -12,19 +21,7 @@ fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {
         .arg(&["secret:bucket", "tokens", "1", "ts", "1"])
         .query(&mut admin)
         .unwrap();
-    let mut c = s.conn_as(
-        "limited",
-        &[
-            "~rl:*",
-            "resetchannels",
-            "-@all",
-            "+tb.consume",
-            "+tb.peek",
-            "+tb.mconsume",
-            "+tb.adjust",
-            "+cl.throttle",
-        ],
-    );
+    let mut c = s.conn_limited("limited", "~rl:*", &BUCKET_COMMANDS);
 
     assert_eq!(consume(&mut c, "rl:ok", "10", "0.01", "1")[0], 1);
     let before = snapshot(&mut admin);
@@ -71,21 +68,7 @@ fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {
 fn read_only_key_permission_allows_peek_and_nothing_else() {
     let s = Server::start();
     let mut admin = s.conn();
-    let user = |name: &str, keys: &str| {
-        s.conn_as(
-            name,
-            &[
-                keys,
-                "resetchannels",
-                "-@all",
-                "+tb.consume",
-                "+tb.peek",
-                "+tb.mconsume",
-                "+tb.adjust",
-                "+cl.throttle",
-            ],
-        )
-    };
+    let user = |name: &str, keys: &str| s.conn_limited(name, keys, &BUCKET_COMMANDS);
     let mut reader = user("reader", "%R~rl:*");
     let mut writer = user("writer", "%W~rl:*");
     let mut both = user("both", "%RW~rl:*");

@@ -19,7 +19,7 @@
 use redis::Value;
 use std::collections::BTreeMap;
 use std::time::Instant;
-use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Memos};
 use tb_core::contract::msg::WRONGTYPE;
 use tb_core::contract::MAX_LEASE_ID_BYTES;
 use tb_core::error::Error;
@@ -479,6 +479,9 @@ struct Parsed {
 fn predict(argv: &[Vec<u8>], state: &Snap, now_ms: i64) -> Result<Parsed, String> {
     let name = String::from_utf8_lossy(&argv[0]).to_lowercase();
     let msg = |e: Error| e.to_string();
+    // A store of its own: the answer without any earlier call's memo,
+    // which the server's remembered answers must equal.
+    let memos = &Memos::new();
     let bucket = |command, max| Parsed {
         command,
         keys: vec![(argv[1].clone(), max)],
@@ -491,12 +494,12 @@ fn predict(argv: &[Vec<u8>], state: &Snap, now_ms: i64) -> Result<Parsed, String
     };
     let call = match name.as_str() {
         "tb.consume" | "tb.peek" => {
-            let s = parse_consume(argv).map_err(msg)?;
+            let s = parse_consume(argv, memos).map_err(msg)?;
             bucket(if name == "tb.consume" { 0 } else { 1 }, s.limits.max)
         }
-        "tb.adjust" => bucket(2, parse_adjust(argv).map_err(msg)?.limits.max),
+        "tb.adjust" => bucket(2, parse_adjust(argv, memos).map_err(msg)?.limits.max),
         "tb.mconsume" => {
-            let g = parse_mconsume(argv).map_err(msg)?;
+            let g = parse_mconsume(argv, memos).map_err(msg)?;
             Parsed {
                 command: 3,
                 keys: g
@@ -507,7 +510,7 @@ fn predict(argv: &[Vec<u8>], state: &Snap, now_ms: i64) -> Result<Parsed, String
             }
         }
         "tb.acquire" => {
-            let a = parse_acquire(argv).map_err(msg)?;
+            let a = parse_acquire(argv, memos).map_err(msg)?;
             Parsed {
                 keys: a
                     .buckets

@@ -549,19 +549,8 @@ fn key_specs_cover_the_bucket_keys_and_inflight_only_reads() {
     assert!(flags.1.iter().any(|f| f == "RO"), "{flags:?}");
     // A user that may only read rl:* keys: INFLIGHT, nothing else; a user
     // of rl:* can't reach another key through a BUCKET clause.
-    let lease_user = |name: &str, keys: &str| {
-        s.conn_as(
-            name,
-            &[
-                keys,
-                "-@all",
-                "+tb.acquire",
-                "+tb.release",
-                "+tb.renew",
-                "+tb.inflight",
-            ],
-        )
-    };
+    let lease_commands = ["tb.acquire", "tb.release", "tb.renew", "tb.inflight"];
+    let lease_user = |name: &str, keys: &str| s.conn_limited(name, keys, &lease_commands);
     let mut reader = lease_user("reader", "%R~rl:*");
     let mut writer = lease_user("writer", "~rl:*");
     assert_eq!(inflight(&mut reader, "rl:s"), 0);

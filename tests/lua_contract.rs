@@ -72,6 +72,32 @@ fn dirty(c: &mut redis::Connection) -> String {
     info_field(c, "persistence", "rdb_changes_since_last_save")
 }
 
+/// Builds a call of a library function (`tb_x`) on keys with arguments.
+type CmdOf = fn(&str, &[&[u8]], &[&str]) -> redis::Cmd;
+
+/// The library's two forms on a server without the module.
+const FORMS: [(&str, CmdOf); 2] = [("FCALL", fcall_cmd), ("EVALSHA", evalsha_cmd)];
+
+/// A connection to `s` with the library loaded and the EVAL script cached.
+fn library_conn(s: &Server) -> redis::Connection {
+    let mut c = s.conn();
+    load_library(&mut c);
+    load_scripts(&mut c);
+    c
+}
+
+/// `HSET key field value ...`, written by hand.
+fn hset(c: &mut redis::Connection, key: &str, fields: &[&str]) {
+    let _: () = redis::cmd("HSET").arg(key).arg(fields).query(c).unwrap();
+}
+
+/// The EVAL script itself (`verb`: EVAL or EVAL_RO) on one key.
+fn eval_cmd(verb: &str, key: &str, words: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(eval_script()).arg(1).arg(key).arg(words);
+    cmd
+}
+
 // ---- the generated EVAL scripts ---------------------------------------------
 
 fn shared_block(source: &str) -> &str {
@@ -355,8 +381,7 @@ fn the_eval_script_refuses_an_unknown_operation() {
 #[test]
 fn library_registers_its_functions_and_peek_is_read_only() {
     let s = Server::with(Config::without_module());
-    let mut c = s.conn();
-    load_library(&mut c);
+    let mut c = library_conn(&s);
     // Loading again replaces the library (REPLACE), as an upgrade does.
     load_library(&mut c);
     let list: Value = redis::cmd("FUNCTION")
@@ -794,10 +819,8 @@ fn key_error(key: &str, group: Option<usize>) -> String {
 #[test]
 fn denials_zero_costs_peeks_and_errors_write_nothing() {
     let s = Server::with(Config::without_module());
+    let mut c = library_conn(&s);
     let _replica = start_replica(&s, Config::without_module());
-    let mut c = s.conn();
-    load_library(&mut c);
-    load_scripts(&mut c);
     broken_keys(&mut c);
     // A drained bucket that refills 1 token per 1000 s.
     fcall(&mut c, "tb_consume", &["k"], &["2", "0.001", "2"]);
@@ -807,10 +830,7 @@ fn denials_zero_costs_peeks_and_errors_write_nothing() {
         fcall(&mut c, "tb_acquire", &["busy"], &["1", "1000000", "holder"]),
         [1, 1, 0, 1_000_000]
     );
-    let _: () = redis::cmd("HSET")
-        .arg(&["busy", "old", "1:1"])
-        .query(&mut c)
-        .unwrap();
+    hset(&mut c, "busy", &["old", "1:1"]);
     let keys_before = snapshot_without_expiry(&mut c);
     let k_state = hgetall(&mut c, "k");
     let k_expiry = int(&mut c, "PEXPIRETIME", "k");
@@ -916,35 +936,23 @@ fn denials_zero_costs_peeks_and_errors_write_nothing() {
     assert_eq!(int(&mut c, "PEXPIRETIME", "k"), k_expiry);
 }
 
-/// Builds a call of a library function (`tb_x`) on keys with arguments.
-type CmdOf = fn(&str, &[&[u8]], &[&str]) -> redis::Cmd;
-
 /// A bucket whose `ts` is a minute ahead of the server clock (a clock step
 /// back, a failover to a node whose clock is behind) refills nothing until
 /// then, and every form's times say so: the module, FCALL and EVALSHA.
 #[test]
 fn every_form_waits_for_a_future_ts() {
     let s = Server::start();
-    let mut c = s.conn();
-    load_library(&mut c);
-    load_scripts(&mut c);
-    let forms: [(&str, CmdOf); 3] = [
-        ("module", |f, k, a| {
-            let mut cmd = redis::cmd(&f.replace("tb_", "TB.").to_uppercase());
-            cmd.arg(k).arg(a);
-            cmd
-        }),
-        ("FCALL", fcall_cmd),
-        ("EVALSHA", evalsha_cmd),
-    ];
-    for (form, cmd) in forms {
+    let mut c = library_conn(&s);
+    let module: CmdOf = |f, k, a| {
+        let mut cmd = redis::cmd(&f.replace("tb_", "TB.").to_uppercase());
+        cmd.arg(k).arg(a);
+        cmd
+    };
+    for (form, cmd) in std::iter::once(("module", module)).chain(FORMS) {
         for function in ["tb_consume", "tb_peek", "tb_mconsume"] {
             let t0 = server_time_us(&mut c);
             let ts = (t0 + 60_000_000).to_string();
-            let _: () = redis::cmd("HSET")
-                .arg(&["k", "tokens", "0", "ts", &ts])
-                .query(&mut c)
-                .unwrap();
+            hset(&mut c, "k", &["tokens", "0", "ts", &ts]);
             let reply = run(&mut c, &cmd(function, &[b"k"], &["10", "1", "1"]))
                 .unwrap_or_else(|e| panic!("{form} {function}: {e}"));
             let elapsed_ms = (server_time_us(&mut c) - t0 + 999) / 1000;
@@ -974,19 +982,17 @@ fn mconsume_stops_at_a_bad_group_before_reading_later_keys() {
     let s = lazy_expiry_only(Config::without_module());
     let mut c = s.conn();
     for bad in ["string", "hash"] {
-        for form in ["FCALL", "EVALSHA"] {
+        for (form, cmd) in FORMS {
             bad_then_expired(&mut c, bad);
             load_library(&mut c);
             load_scripts(&mut c);
             let before = expired_keys(&mut c);
-            let keys: [&[u8]; 2] = [b"bad", b"later"];
-            let args = ["10", "1", "1", "10", "1", "1"];
-            let cmd = if form == "FCALL" {
-                fcall_cmd("tb_mconsume", &keys, &args)
-            } else {
-                evalsha_cmd("tb_mconsume", &keys, &args)
-            };
-            let err = run(&mut c, &cmd).expect_err("a bad group is an error");
+            let call = cmd(
+                "tb_mconsume",
+                &[b"bad", b"later"],
+                &["10", "1", "1", "10", "1", "1"],
+            );
+            let err = run(&mut c, &call).expect_err("a bad group is an error");
             assert!(
                 err.starts_with(if bad == "string" {
                     "WRONGTYPE"
@@ -1008,9 +1014,7 @@ fn mconsume_stops_at_a_bad_group_before_reading_later_keys() {
 #[test]
 fn under_oom_eval_scripts_fail_only_when_they_write() {
     let s = Server::with(Config::without_module());
-    let mut c = s.conn();
-    load_library(&mut c);
-    load_scripts(&mut c);
+    let mut c = library_conn(&s);
     fcall(&mut c, "tb_consume", &["drained"], &["1", "0.001", "1"]);
     out_of_memory(&mut c, 2 << 20);
     let before = snapshot_without_expiry(&mut c);
@@ -1058,50 +1062,61 @@ fn snapshot_without_expiry(c: &mut redis::Connection) -> Vec<(Vec<u8>, String, V
         .collect()
 }
 
+/// `function` of `lease` (if any) and `n` buckets `{form}:0`.. (slow
+/// refill: they must not expire before KEYS below), after `head`: 10,000
+/// buckets pass, their replies after `reply_head`, and 10,001 are refused.
+/// Then the keys of `form` there are.
+fn up_to_ten_thousand_buckets(
+    c: &mut redis::Connection,
+    (form, cmd): (&str, CmdOf),
+    (function, lease, head): (&str, Option<&str>, &[&str]),
+    reply_head: &[i64],
+) -> usize {
+    for (n, ok) in [(10_000usize, true), (10_001, false)] {
+        let keys: Vec<Vec<u8>> = lease
+            .map(|l| format!("{form}:{l}"))
+            .into_iter()
+            .chain((0..n).map(|i| format!("{form}:{i}")))
+            .map(String::into_bytes)
+            .collect();
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let mut args = head.to_vec();
+        args.extend(["3", "0.01", "1"].repeat(n));
+        let r = run(c, &cmd(function, &keys, &args));
+        if ok {
+            let Ok(Value::Array(r)) = r else {
+                panic!("{r:?}")
+            };
+            let head: Vec<Value> = reply_head.iter().copied().map(Value::Int).collect();
+            assert_eq!(r.len(), head.len() + n);
+            assert_eq!(r[..head.len()], head[..]);
+        } else {
+            let too_many = "ERR too many buckets: at most 10000 groups per call";
+            assert_eq!(r, Err(too_many.into()));
+        }
+    }
+    let written: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{form}:*"))
+        .query(c)
+        .unwrap();
+    written.len()
+}
+
 #[test]
 fn mconsume_takes_up_to_ten_thousand_groups() {
     let s = Server::with(Config::without_module());
-    let mut c = s.conn();
-    load_library(&mut c);
-    load_scripts(&mut c);
-    for form in ["FCALL", "EVALSHA"] {
-        for (n, ok) in [(10_000usize, true), (10_001, false)] {
-            let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("{form}:{i}").into_bytes()).collect();
-            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            // Slow refill: the buckets must not expire before KEYS below.
-            let args: Vec<&str> = ["3", "0.01", "1"].repeat(n);
-            let cmd = if form == "FCALL" {
-                fcall_cmd("tb_mconsume", &keys, &args)
-            } else {
-                evalsha_cmd("tb_mconsume", &keys, &args)
-            };
-            let r = run(&mut c, &cmd);
-            if ok {
-                let Ok(Value::Array(r)) = r else {
-                    panic!("{r:?}")
-                };
-                assert_eq!(r.len(), 2 + n);
-                assert_eq!(r[..2], [Value::Int(1), Value::Int(0)]);
-            } else {
-                assert_eq!(
-                    r,
-                    Err("ERR too many buckets: at most 10000 groups per call".into())
-                );
-            }
-        }
-        let written: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{form}:*"))
-            .query(&mut c)
-            .unwrap();
-        assert_eq!(written.len(), 10_000, "{form}");
+    let mut c = library_conn(&s);
+    for form in FORMS {
+        let call = ("tb_mconsume", None, &[][..]);
+        let written = up_to_ten_thousand_buckets(&mut c, form, call, &[1, 0]);
+        assert_eq!(written, 10_000, "{}", form.0);
     }
 }
 
 #[test]
 fn mconsume_is_all_or_nothing_and_reports_the_worst_retry() {
     let s = Server::with(Config::without_module());
-    let mut c = s.conn();
-    load_library(&mut c);
+    let mut c = library_conn(&s);
     // b: drained, 1 token per 1000 s; c: drained, 1 token per 2000 s.
     fcall(&mut c, "tb_consume", &["b"], &["1", "0.001", "1"]);
     fcall(&mut c, "tb_consume", &["c"], &["1", "0.0005", "1"]);
@@ -1131,8 +1146,7 @@ fn mconsume_is_all_or_nothing_and_reports_the_worst_retry() {
 #[test]
 fn adjust_refund_is_capped_at_max_and_debt_floors_at_minus_max() {
     let s = Server::with(Config::without_module());
-    let mut c = s.conn();
-    load_library(&mut c);
+    let mut c = library_conn(&s);
     // From full (no key), a late charge of 100 stops at -max; a cost-1
     // request then needs 11 tokens of refill, a full bucket 20.
     assert_eq!(
@@ -1159,8 +1173,7 @@ fn adjust_refund_is_capped_at_max_and_debt_floors_at_minus_max() {
 #[test]
 fn binary_keys_are_kept_byte_for_byte() {
     let s = Server::with(Config::without_module());
-    let mut c = s.conn();
-    load_library(&mut c);
+    let mut c = library_conn(&s);
     let keys: [&[u8]; 3] = [b"rl:\x00nul", b"rl:\xff\xfe not utf8", b""];
     for key in keys {
         let r: Vec<i64> = fcall_cmd("tb_consume", &[key], &["5", "1"])
@@ -1189,14 +1202,10 @@ fn binary_keys_are_kept_byte_for_byte() {
 /// again. redis::Script does exactly this fallback.
 fn noscript_fallback(c: &mut redis::Connection) {
     let sha = load_eval_script(c);
+    let words = ["consume", "10", "0.001"];
     let evalsha = |c: &mut redis::Connection| {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&sha)
-            .arg(1)
-            .arg("k")
-            .arg("consume")
-            .arg(10)
-            .arg(0.001);
+        cmd.arg(&sha).arg(1).arg("k").arg(&words);
         run(c, &cmd)
     };
     let ints = |v: Result<Value, String>| -> Vec<i64> {
@@ -1206,23 +1215,13 @@ fn noscript_fallback(c: &mut redis::Connection) {
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(c).unwrap();
     let err = evalsha(c).unwrap_err();
     assert!(err.starts_with("NOSCRIPT"), "{err}");
-    let r: Vec<i64> = redis::cmd("EVAL")
-        .arg(eval_script())
-        .arg(1)
-        .arg("k")
-        .arg("consume")
-        .arg(10)
-        .arg(0.001)
-        .query(c)
-        .unwrap();
+    let r: Vec<i64> = eval_cmd("EVAL", "k", &words).query(c).unwrap();
     assert_eq!(r[..3], [1, 8, 0]);
     assert_eq!(ints(evalsha(c))[..3], [1, 7, 0]);
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(c).unwrap();
     let r: Vec<i64> = redis::Script::new(eval_script())
         .key("k")
-        .arg("consume")
-        .arg(10)
-        .arg(0.001)
+        .arg(&words)
         .invoke(c)
         .unwrap();
     assert_eq!(r[..3], [1, 6, 0]);
@@ -1236,43 +1235,20 @@ fn eval_scripts_fall_back_from_noscript_on_redis_7() {
     noscript_fallback(&mut c);
     // Peek writes nothing, so it also runs as a read-only script; consume
     // is refused there.
-    let r: Vec<i64> = redis::cmd("EVAL_RO")
-        .arg(eval_script())
-        .arg(1)
-        .arg("fresh")
-        .arg("peek")
-        .arg(10)
-        .arg(1)
+    let peek: Vec<i64> = eval_cmd("EVAL_RO", "fresh", &["peek", "10", "1"])
         .query(&mut c)
         .unwrap();
-    assert_eq!(r, [1, 10, 0, 0]);
-    let mut ro = redis::cmd("EVAL_RO");
-    ro.arg(eval_script())
-        .arg(1)
-        .arg("fresh")
-        .arg("consume")
-        .arg(10)
-        .arg(1);
+    assert_eq!(peek, [1, 10, 0, 0]);
+    let ro = eval_cmd("EVAL_RO", "fresh", &["consume", "10", "1"]);
     assert!(error_of(&mut c, &ro).contains("read-only"));
     assert_eq!(int(&mut c, "EXISTS", "fresh"), 0);
     // Likewise inflight and acquire.
-    let _: () = redis::cmd("HSET")
-        .arg(&["held", "a", "9007199254740991:3"])
-        .query(&mut c)
-        .unwrap();
-    let n: i64 = redis::cmd("EVAL_RO")
-        .arg(eval_script())
-        .arg(1)
-        .arg("held")
-        .arg("inflight")
+    hset(&mut c, "held", &["a", "9007199254740991:3"]);
+    let n: i64 = eval_cmd("EVAL_RO", "held", &["inflight"])
         .query(&mut c)
         .unwrap();
     assert_eq!(n, 3);
-    let mut ro = redis::cmd("EVAL_RO");
-    ro.arg(eval_script())
-        .arg(1)
-        .arg("fresh")
-        .arg(&["acquire", "1", "1000", "id"]);
+    let ro = eval_cmd("EVAL_RO", "fresh", &["acquire", "1", "1000", "id"]);
     assert!(error_of(&mut c, &ro).contains("read-only"));
     assert_eq!(int(&mut c, "EXISTS", "fresh"), 0);
 }
@@ -1396,13 +1372,11 @@ fn expiry_of_latest(c: &mut redis::Connection, key: &str) -> i64 {
 #[test]
 fn lease_writes_replicate_as_effects() {
     let s = Server::with(Config::without_module());
+    let mut c = library_conn(&s);
     let replica = start_replica(&s, Config::without_module());
-    let mut c = s.conn();
     let mut r = replica.conn();
-    load_library(&mut c);
-    load_scripts(&mut c);
     let t0 = server_time_us(&mut c);
-    for (name, cmd) in [("FCALL", fcall_cmd as CmdOf), ("EVALSHA", evalsha_cmd)] {
+    for (name, cmd) in FORMS {
         let call = |c: &mut redis::Connection, f: &str, keys: &[&[u8]], args: &[&str]| {
             run(c, &cmd(f, keys, args)).unwrap_or_else(|e| panic!("{name} {f}: {e}"))
         };
@@ -1435,10 +1409,7 @@ fn lease_writes_replicate_as_effects() {
         same_on_replica(&mut c, &mut r, "b", name);
 
         // Written by hand, long expired: the next write prunes it.
-        let _: () = redis::cmd("HSET")
-            .arg(&["l", "old", "1:1"])
-            .query(&mut c)
-            .unwrap();
+        hset(&mut c, "l", &["old", "1:1"]);
         assert_eq!(
             ints(call(&mut c, "tb_renew", &[b"l"], &["b", "300000"])),
             [1, 300_000]
@@ -1483,10 +1454,8 @@ fn lease_writes_replicate_as_effects() {
 fn lease_writes_reach_the_aof() {
     let config = Config::without_module().arg("appendonly", "yes");
     let mut s = Server::with(config.clone());
-    let mut c = s.conn();
-    load_library(&mut c);
-    load_scripts(&mut c);
-    for (name, cmd) in [("FCALL", fcall_cmd as CmdOf), ("EVALSHA", evalsha_cmd)] {
+    let mut c = library_conn(&s);
+    for (name, cmd) in FORMS {
         let mut call = |f: &str, keys: &[&str], args: &[&str]| {
             let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
             run(&mut c, &cmd(f, &keys, args)).unwrap_or_else(|e| panic!("{name} {f}: {e}"))
@@ -1550,44 +1519,28 @@ fn lease_writes_reach_the_aof() {
 #[test]
 fn under_oom_leases_are_released_and_renewed_but_not_taken() {
     let s = Server::with(Config::without_module());
-    let mut c = s.conn();
-    load_library(&mut c);
-    load_scripts(&mut c);
+    let mut c = library_conn(&s);
     for key in ["busy", "held"] {
         let limit = if key == "busy" { "1" } else { "5" };
         fcall(&mut c, "tb_acquire", &[key], &[limit, "1000000", "h"]);
-        let _: () = redis::cmd("HSET")
-            .arg(&[key, "old", "1:1"])
-            .query(&mut c)
-            .unwrap();
+        hset(&mut c, key, &["old", "1:1"]);
     }
     out_of_memory(&mut c, 2 << 20);
     let before = snapshot_without_expiry(&mut c);
+    let acquire = |c: &mut redis::Connection, cmd: CmdOf, key: &[u8], limit: &str| {
+        run(c, &cmd("tb_acquire", &[key], &[limit, "1000", "x"]))
+    };
+    let oom = |r: Result<Value, String>| r.unwrap_err().starts_with("OOM");
     for (key, limit) in [(b"busy", "1"), (b"held", "5")] {
-        let err = run(
-            &mut c,
-            &fcall_cmd("tb_acquire", &[key], &[limit, "1000", "x"]),
-        );
-        assert!(err.unwrap_err().starts_with("OOM"));
+        assert!(oom(acquire(&mut c, fcall_cmd, key, limit)));
     }
-    let err = run(
-        &mut c,
-        &fcall_cmd("tb_acquire", &[b"new"], &["1", "1000", "x"]),
-    );
-    assert!(err.unwrap_err().starts_with("OOM"));
-    let denied = run(
-        &mut c,
-        &evalsha_cmd("tb_acquire", &[b"busy"], &["1", "1000", "x"]),
-    );
+    assert!(oom(acquire(&mut c, fcall_cmd, b"new", "1")));
+    let denied = acquire(&mut c, evalsha_cmd, b"busy", "1");
     assert!(
         matches!(&denied, Ok(Value::Array(r)) if r[..2] == [Value::Int(0), Value::Int(1)]),
         "{denied:?}"
     );
-    let err = run(
-        &mut c,
-        &evalsha_cmd("tb_acquire", &[b"held"], &["5", "1000", "x"]),
-    );
-    assert!(err.unwrap_err().starts_with("OOM"));
+    assert!(oom(acquire(&mut c, evalsha_cmd, b"held", "5")));
     assert_eq!(
         run(&mut c, &fcall_cmd("tb_inflight", &[b"held"], &[])),
         Ok(Value::Int(1))
@@ -1599,18 +1552,20 @@ fn under_oom_leases_are_released_and_renewed_but_not_taken() {
     );
 
     // Renew by both forms, each pruning the expired lease, then release.
-    for (key, cmd) in [("held", fcall_cmd as CmdOf), ("busy", evalsha_cmd)] {
+    for (key, (_, cmd)) in ["held", "busy"].into_iter().zip(FORMS) {
+        let call = |c: &mut redis::Connection, f: &str, args: &[&str]| -> Vec<i64> {
+            let reply = cmd(f, &[key.as_bytes()], args).query(c);
+            reply.unwrap_or_else(|e| panic!("{key}: {e}"))
+        };
         let at = int(&mut c, "PEXPIRETIME", key);
-        let r: Vec<i64> = cmd("tb_renew", &[key.as_bytes()], &["h", "2000000"])
-            .query(&mut c)
-            .unwrap_or_else(|e| panic!("{key}: {e}"));
-        assert_eq!(r, [1, 2_000_000], "{key}");
+        assert_eq!(
+            call(&mut c, "tb_renew", &["h", "2000000"]),
+            [1, 2_000_000],
+            "{key}"
+        );
         assert!(int(&mut c, "PEXPIRETIME", key) > at + 900_000, "{key}");
         assert_eq!(hgetall(&mut c, key).len(), 1, "{key}: pruned");
-        let r: Vec<i64> = cmd("tb_release", &[key.as_bytes()], &["h"])
-            .query(&mut c)
-            .unwrap_or_else(|e| panic!("{key}: {e}"));
-        assert_eq!(r, [1, 0], "{key}");
+        assert_eq!(call(&mut c, "tb_release", &["h"]), [1, 0], "{key}");
         assert_eq!(int(&mut c, "EXISTS", key), 0, "{key}");
     }
 }
@@ -1618,37 +1573,11 @@ fn under_oom_leases_are_released_and_renewed_but_not_taken() {
 #[test]
 fn acquire_takes_up_to_ten_thousand_bucket_clauses() {
     let s = Server::with(Config::without_module());
-    let mut c = s.conn();
-    load_library(&mut c);
-    load_scripts(&mut c);
-    for (form, cmd) in [("FCALL", fcall_cmd as CmdOf), ("EVALSHA", evalsha_cmd)] {
-        for (n, ok) in [(10_000usize, true), (10_001, false)] {
-            let lease = format!("{form}:lease");
-            let keys: Vec<Vec<u8>> = std::iter::once(lease.clone().into_bytes())
-                .chain((0..n).map(|i| format!("{form}:{i}").into_bytes()))
-                .collect();
-            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            let mut args = vec!["2", "100000", "id"];
-            args.extend(["3", "0.01", "1"].repeat(n));
-            let r = run(&mut c, &cmd("tb_acquire", &keys, &args));
-            if ok {
-                let Ok(Value::Array(r)) = r else {
-                    panic!("{r:?}")
-                };
-                assert_eq!(r.len(), 4 + n);
-                assert_eq!(r[..4], [1, 1, 0, 100_000].map(Value::Int));
-            } else {
-                assert_eq!(
-                    r,
-                    Err("ERR too many buckets: at most 10000 groups per call".into())
-                );
-            }
-        }
-        let written: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{form}:*"))
-            .query(&mut c)
-            .unwrap();
-        assert_eq!(written.len(), 10_001, "{form}");
+    let mut c = library_conn(&s);
+    for form in FORMS {
+        let call = ("tb_acquire", Some("lease"), &["2", "100000", "id"][..]);
+        let written = up_to_ten_thousand_buckets(&mut c, form, call, &[1, 1, 0, 100_000]);
+        assert_eq!(written, 10_001, "{}", form.0);
     }
 }
 
@@ -1657,32 +1586,24 @@ fn acquire_takes_up_to_ten_thousand_bucket_clauses() {
 #[test]
 fn twenty_thousand_expired_leases_are_pruned() {
     let s = Server::with(Config::without_module());
-    let mut c = s.conn();
-    load_library(&mut c);
-    load_scripts(&mut c);
+    let mut c = library_conn(&s);
     let n = 20_000;
     let expired: Vec<(String, &str)> = (0..n).map(|i| (format!("x{i}"), "1:1")).collect();
-    for (form, cmd) in [("FCALL", fcall_cmd as CmdOf), ("EVALSHA", evalsha_cmd)] {
-        let _: () = redis::cmd("HSET")
-            .arg("l")
-            .arg(&expired)
-            .query(&mut c)
-            .unwrap();
-        let r: Vec<i64> = cmd("tb_acquire", &[b"l"], &["2", "100000", "a"])
-            .query(&mut c)
-            .unwrap_or_else(|e| panic!("{form}: {e}"));
+    let expire = |c: &mut redis::Connection| {
+        let _: () = redis::cmd("HSET").arg("l").arg(&expired).query(c).unwrap();
+    };
+    for (form, cmd) in FORMS {
+        let call = |c: &mut redis::Connection, f: &str, args: &[&str]| -> Vec<i64> {
+            let reply = cmd(f, &[b"l"], args).query(c);
+            reply.unwrap_or_else(|e| panic!("{form}: {e}"))
+        };
+        expire(&mut c);
+        let r = call(&mut c, "tb_acquire", &["2", "100000", "a"]);
         assert_eq!(r, [1, 1, 0, 100_000], "{form}");
         assert_eq!(int(&mut c, "HLEN", "l"), 1, "{form}");
-        let _: () = redis::cmd("HSET")
-            .arg("l")
-            .arg(&expired)
-            .query(&mut c)
-            .unwrap();
+        expire(&mut c);
         fcall(&mut c, "tb_acquire", &["l"], &["2", "200000", "b"]);
-        let r: Vec<i64> = cmd("tb_release", &[b"l"], &["b"])
-            .query(&mut c)
-            .unwrap_or_else(|e| panic!("{form}: {e}"));
-        assert_eq!(r, [1, 1], "{form}");
+        assert_eq!(call(&mut c, "tb_release", &["b"]), [1, 1], "{form}");
         assert_eq!(
             hgetall(&mut c, "l").keys().collect::<Vec<_>>(),
             ["a"],

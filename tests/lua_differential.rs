@@ -305,14 +305,44 @@ fn arity_op(rng: &mut Rng) -> Op {
     }
 }
 
-/// How far the clock moves before the next operation, in µs.
-fn step(rng: &mut Rng) -> i64 {
-    match rng.below(100) {
-        0..=29 => 0,
-        30..=54 => 1 + rng.below(999) as i64,
-        55..=79 => 1_000 * (1 + rng.below(5_000) as i64) + rng.below(1_000) as i64,
-        80..=94 => 1_000_000 * (1 + rng.below(100) as i64) + rng.below(1_000_000) as i64,
-        _ => -(1 + rng.below(10_000_000) as i64),
+/// How far the clock moves before the next operation, in µs: of 100
+/// rolls, those below `ends[0]` not at all, then below each next end by
+/// under a ms, by up to `ms` ms, by up to `s` seconds, and the rest back by
+/// up to 10 s.
+struct Steps {
+    ends: [u64; 4],
+    ms: u64,
+    s: u64,
+}
+
+const BUCKET_STEPS: Steps = Steps {
+    ends: [30, 55, 80, 95],
+    ms: 5_000,
+    s: 100,
+};
+
+/// Leases of a few ms to a minute expire now and then.
+const LEASE_STEPS: Steps = Steps {
+    ends: [25, 45, 80, 92],
+    ms: 3_000,
+    s: 60,
+};
+
+impl Steps {
+    fn step(&self, rng: &mut Rng) -> i64 {
+        let roll = rng.below(100);
+        let [still, sub_ms, ms, s] = self.ends;
+        if roll < still {
+            0
+        } else if roll < sub_ms {
+            1 + rng.below(999) as i64
+        } else if roll < ms {
+            1_000 * (1 + rng.below(self.ms) as i64) + rng.below(1_000) as i64
+        } else if roll < s {
+            1_000_000 * (1 + rng.below(self.s) as i64) + rng.below(1_000_000) as i64
+        } else {
+            -(1 + rng.below(10_000_000) as i64)
+        }
     }
 }
 
@@ -397,6 +427,80 @@ fn plant_cell(c: &mut redis::Connection, rng: &mut Rng, key: &str, now: i64) {
     }
 }
 
+/// The seed of a random sequence: `TB_DIFF_SEED`, else the test's own.
+fn seed(default: u64) -> u64 {
+    std::env::var("TB_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A server on a fake clock at `T0`, with the library loaded.
+fn library_on_fake_clock() -> (FakeClock, Server, redis::Connection) {
+    let clock = FakeClock::new(T0);
+    let s = Server::with(clock.config());
+    let mut c = s.conn();
+    load_library(&mut c);
+    (clock, s, c)
+}
+
+/// Reads `keys` under both prefixes, so that a key due to expire is
+/// expired on both sides alike.
+fn expire_due<'k>(c: &mut redis::Connection, keys: impl IntoIterator<Item = &'k str>) {
+    for k in keys {
+        for p in ["m:", "l:"] {
+            int(c, "EXISTS", format!("{p}{k}"));
+        }
+    }
+}
+
+/// `op` through the module on `m:` keys and the library on `l:` keys: the
+/// same reply (the module's, returned).
+fn same_reply(c: &mut redis::Connection, op: &Op, ctx: &str) -> Result<Value, String> {
+    let by_module = run(c, &op.module("m:"));
+    let by_library = module_spelling(run(c, &op.library("l:")));
+    assert_eq!(by_library, by_module, "{ctx}");
+    by_module
+}
+
+/// Call `i` of a key the module and the library take turns on
+/// (`shared:`), against the module alone (`alone:`): the same reply.
+fn shared_is_alone(c: &mut redis::Connection, op: &Op, i: usize) -> Result<Value, String> {
+    let shared = if i.is_multiple_of(2) {
+        run(c, &op.module("shared:"))
+    } else {
+        run(c, &op.library("shared:"))
+    };
+    assert_eq!(shared, run(c, &op.module("alone:")), "call {i}: {op:?}");
+    shared
+}
+
+/// How many lease calls were done (`[1, ...]`) and not, by kind.
+#[derive(Default, Debug)]
+struct Done {
+    acquired: usize,
+    denied: usize,
+    released: usize,
+    renewed: usize,
+}
+
+impl Done {
+    fn count(&mut self, kind: &str, reply: &Result<Value, String>) {
+        if let Ok(Value::Array(r)) = reply {
+            let done = usize::from(r[0] == Value::Int(1));
+            match kind {
+                "acquire" => {
+                    self.acquired += done;
+                    self.denied += 1 - done;
+                }
+                "release" => self.released += done,
+                "renew" => self.renewed += done,
+                _ => {}
+            }
+        }
+    }
+}
+
 /// Buckets and non-buckets, identical under both prefixes.
 fn setup_keys(c: &mut redis::Connection) {
     for p in ["m:", "l:"] {
@@ -471,15 +575,9 @@ fn effects(stream: Vec<Vec<String>>, prefix: &str, keys: &[String]) -> Vec<Vec<S
 
 #[test]
 fn random_sequence_matches_the_module() {
-    let seed = std::env::var("TB_DIFF_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x7B5E_ED00_2030_0101u64);
+    let seed = seed(0x7B5E_ED00_2030_0101);
     let mut rng = Rng(seed);
-    let clock = FakeClock::new(T0);
-    let s = Server::with(clock.config());
-    let mut c = s.conn();
-    load_library(&mut c);
+    let (clock, s, mut c) = library_on_fake_clock();
     setup_keys(&mut c);
     let mut now = T0;
     let mut stream = ReplicationStream::attach_ticking(&s, || {
@@ -489,17 +587,13 @@ fn random_sequence_matches_the_module() {
 
     let mut tally = Tally::default();
     for i in 0..OPS {
-        let dt = step(&mut rng);
+        let dt = BUCKET_STEPS.step(&mut rng);
         if dt < 0 {
             // Expire, at the current time, every key that is due, on both
             // sides alike: the server's background expiry may have taken
             // one side's key and not yet the other's, which a step back
             // would otherwise bring to light.
-            for (k, _, _) in POOL {
-                for p in ["m:", "l:"] {
-                    int(&mut c, "EXISTS", format!("{p}{k}"));
-                }
-            }
+            expire_due(&mut c, POOL.iter().map(|p| p.0));
             tally.backwards += 1;
         }
         if dt != 0 {
@@ -534,11 +628,7 @@ fn random_sequence_matches_the_module() {
 
         // Both sides' keys equally expired or not, then the stream so far
         // set aside: what follows is the calls' own.
-        for k in &op.keys {
-            for p in ["m:", "l:"] {
-                int(&mut c, "EXISTS", format!("{p}{k}"));
-            }
-        }
+        expire_due(&mut c, op.keys.iter().map(String::as_str));
         stream.take(&mut c);
         let by_module = run(&mut c, &op.module("m:"));
         let module_sent = effects(stream.take(&mut c), "m:", &op.keys);
@@ -676,10 +766,7 @@ fn random_sequence_matches_the_module() {
 /// two apart, whichever served the previous call.
 #[test]
 fn module_and_library_share_keys() {
-    let clock = FakeClock::new(T0);
-    let s = Server::with(clock.config());
-    let mut c = s.conn();
-    load_library(&mut c);
+    let (clock, _s, mut c) = library_on_fake_clock();
     let mut rng = Rng(42);
     let mut now = T0;
     let mut denied = 0;
@@ -696,13 +783,7 @@ fn module_and_library_share_keys() {
             keys: vec!["k".into()],
             args: vec!["5".into(), "2".into(), third.into()],
         };
-        let shared = if i % 2 == 0 {
-            run(&mut c, &op.module("shared:"))
-        } else {
-            run(&mut c, &op.library("shared:"))
-        };
-        let alone = run(&mut c, &op.module("alone:"));
-        assert_eq!(shared, alone, "call {i}: {op:?}");
+        let shared = shared_is_alone(&mut c, &op, i);
         assert!(shared.is_ok(), "call {i}: {shared:?}");
         if let Ok(Value::Array(r)) = &shared {
             denied += usize::from(r[0] == Value::Int(0));
@@ -843,18 +924,6 @@ fn random_lease_op(rng: &mut Rng) -> Op {
     }
 }
 
-/// How far the clock moves before the next lease operation, in µs: leases
-/// of a few ms to a minute expire now and then.
-fn lease_step(rng: &mut Rng) -> i64 {
-    match rng.below(100) {
-        0..=24 => 0,
-        25..=44 => 1 + rng.below(999) as i64,
-        45..=79 => 1_000 * (1 + rng.below(3_000) as i64) + rng.below(1_000) as i64,
-        80..=91 => 1_000_000 * (1 + rng.below(60) as i64) + rng.below(1_000_000) as i64,
-        _ => -(1 + rng.below(10_000_000) as i64),
-    }
-}
-
 /// Writes the same lease hash to `key` under both prefixes, as another
 /// client, a clock step or a crash leaves it: a few leases, some expired,
 /// some with leading zeros, and a key expiry at or after the latest one
@@ -946,29 +1015,22 @@ struct LeaseTally {
 
 #[test]
 fn random_lease_sequence_matches_the_module() {
-    let seed = std::env::var("TB_DIFF_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x1EA5_ED00_2030_0101u64);
+    let seed = seed(0x1EA5_ED00_2030_0101);
     let mut rng = Rng(seed);
-    let clock = FakeClock::new(T0);
-    let s = Server::with(clock.config());
-    let mut c = s.conn();
-    load_library(&mut c);
+    let (clock, _s, mut c) = library_on_fake_clock();
     setup_keys(&mut c);
 
     let mut now = T0;
     let mut tally = LeaseTally::default();
     for i in 0..OPS {
-        let dt = lease_step(&mut rng);
+        let dt = LEASE_STEPS.step(&mut rng);
         if dt < 0 {
             // As in the bucket sequence: expire what is due on both sides
             // before the clock steps back.
-            for k in POOL.iter().map(|p| p.0).chain(LEASE_POOL.iter().copied()) {
-                for p in ["m:", "l:"] {
-                    int(&mut c, "EXISTS", format!("{p}{k}"));
-                }
-            }
+            expire_due(
+                &mut c,
+                POOL.iter().map(|p| p.0).chain(LEASE_POOL.iter().copied()),
+            );
             tally.backwards += 1;
         }
         if dt != 0 {
@@ -1026,9 +1088,7 @@ fn random_lease_sequence_matches_the_module() {
                 .is_some_and(|e| now < e)
         };
 
-        let by_module = run(&mut c, &op.module("m:"));
-        let by_library = module_spelling(run(&mut c, &op.library("l:")));
-        assert_eq!(by_library, by_module, "{}", ctx());
+        let by_module = same_reply(&mut c, &op, &ctx());
         let mut seen = Vec::new();
         for k in &op.keys {
             if seen.contains(&k) {
@@ -1146,13 +1206,10 @@ fn random_lease_sequence_matches_the_module() {
 /// one are renewed, released and counted through the other.
 #[test]
 fn module_and_library_share_lease_keys() {
-    let clock = FakeClock::new(T0);
-    let s = Server::with(clock.config());
-    let mut c = s.conn();
-    load_library(&mut c);
+    let (clock, _s, mut c) = library_on_fake_clock();
     let mut rng = Rng(21);
     let mut now = T0;
-    let (mut acquired, mut denied, mut released, mut renewed) = (0, 0, 0, 0);
+    let mut done = Done::default();
     for i in 0..600 {
         now += rng.below(400_000) as i64 - 20_000;
         clock.set(now);
@@ -1172,30 +1229,16 @@ fn module_and_library_share_lease_keys() {
             keys: vec!["s".into()],
             args,
         };
-        let shared = if i % 2 == 0 {
-            run(&mut c, &op.module("shared:"))
-        } else {
-            run(&mut c, &op.library("shared:"))
-        };
-        let alone = run(&mut c, &op.module("alone:"));
-        assert_eq!(shared, alone, "call {i}: {op:?}");
-        if let Ok(Value::Array(r)) = &shared {
-            let done = r[0] == Value::Int(1);
-            match op.kind {
-                "acquire" if done => acquired += 1,
-                "acquire" => denied += 1,
-                "release" => released += usize::from(done),
-                _ => renewed += usize::from(done),
-            }
-        }
+        let shared = shared_is_alone(&mut c, &op, i);
+        done.count(op.kind, &shared);
         assert_eq!(
             any_state(&mut c, "shared:s"),
             any_state(&mut c, "alone:s"),
             "call {i}: {op:?}"
         );
     }
-    assert!(acquired > 50 && denied > 30, "{acquired} {denied}");
-    assert!(released > 20 && renewed > 20, "{released} {renewed}");
+    assert!(done.acquired > 50 && done.denied > 30, "{done:?}");
+    assert!(done.released > 20 && done.renewed > 20, "{done:?}");
 }
 
 /// The live weight of a lease hash at `now`, read by brute force (the
@@ -1220,20 +1263,13 @@ fn live_weight(c: &mut redis::Connection, key: &str, now: i64) -> i64 {
 /// summaries (many leases, none), or a summary that disagrees.
 #[test]
 fn random_calls_on_large_lease_keys_match_the_module() {
-    let seed = std::env::var("TB_DIFF_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x000B_161E_A5E5_u64);
+    let seed = seed(0x000B_161E_A5E5);
     let mut rng = Rng(seed);
-    let clock = FakeClock::new(T0);
-    let s = Server::with(clock.config());
-    let mut c = s.conn();
-    load_library(&mut c);
+    let (clock, _s, mut c) = library_on_fake_clock();
     let ids: Vec<String> = (0..60).map(|i| format!("id{i}")).collect();
     let lease_ms = ["5", "50", "500", "2000", "10000", "30000", "60000"];
     let mut now = T0;
-    let (mut large, mut with_summary, mut acquired, mut denied, mut released, mut renewed) =
-        (0, 0, 0, 0, 0, 0);
+    let (mut large, mut with_summary, mut done) = (0, 0, Done::default());
     for i in 0..OPS {
         now += match rng.below(100) {
             0..=29 => 0,
@@ -1297,10 +1333,8 @@ fn random_calls_on_large_lease_keys_match_the_module() {
         let fields: i64 = int(&mut c, "HLEN", "m:big");
         large += usize::from(fields > 9);
         with_summary += usize::from(hgetall(&mut c, "m:big").contains_key(""));
-        let by_module = run(&mut c, &op.module("m:"));
-        let by_library = module_spelling(run(&mut c, &op.library("l:")));
         let ctx = format!("op {i} (seed {seed:#x}, clock T0{:+}us): {op:?}", now - T0);
-        assert_eq!(by_library, by_module, "{ctx}");
+        let by_module = same_reply(&mut c, &op, &ctx);
         assert_eq!(
             any_state(&mut c, "l:big"),
             any_state(&mut c, "m:big"),
@@ -1322,25 +1356,13 @@ fn random_calls_on_large_lease_keys_match_the_module() {
                 "{form}'s live weight after {ctx}"
             );
         }
-        if let Ok(Value::Array(r)) = &by_module {
-            let done = r[0] == Value::Int(1);
-            match kind {
-                "acquire" if done => acquired += 1,
-                "acquire" => denied += 1,
-                "release" => released += usize::from(done),
-                "renew" => renewed += usize::from(done),
-                _ => {}
-            }
-        }
+        done.count(kind, &by_module);
     }
-    eprintln!(
-        "large {large}, with a summary {with_summary}, acquired {acquired}, denied {denied}, \
-         released {released}, renewed {renewed}"
-    );
+    eprintln!("large {large}, with a summary {with_summary}, {done:?}");
     assert!(
         large > OPS / 2 && with_summary > OPS / 3,
         "{large} {with_summary}"
     );
-    assert!(acquired > 500 && denied > 200, "{acquired} {denied}");
-    assert!(released > 200 && renewed > 200, "{released} {renewed}");
+    assert!(done.acquired > 500 && done.denied > 200, "{done:?}");
+    assert!(done.released > 200 && done.renewed > 200, "{done:?}");
 }

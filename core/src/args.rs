@@ -1,10 +1,14 @@
-//! Argument parsing and validation for every TB command.
+//! The bucket commands' arguments: TB.CONSUME and TB.PEEK, TB.ADJUST, and
+//! TB.MCONSUME, whose `key max rate cost` groups TB.ACQUIRE's `BUCKET`
+//! clauses share. The lease commands' own arguments are in `lease::args`,
+//! CL.THROTTLE's in `cell`. `Memos` remembers the last arguments that
+//! validated.
 //!
-//! Works on raw byte slices (`argv[0]` is the command name), so keys and
-//! numbers are binary-safe and nothing is copied. Validation order is part
-//! of the contract, since the Lua library must report the same first error:
-//! arity, then each group left to right (`max`, `rate`, the fill-time bound,
-//! `cost`/`delta`), then duplicate keys.
+//! Works on raw byte slices read in place (`argv[0]` is the command name),
+//! so keys and numbers are binary-safe. Validation order is part of the
+//! contract, since the Lua library must report the same first error: arity
+//! (and TB.MCONSUME's group count), then each group left to right (`max`,
+//! `rate`, the fill-time bound, `cost`/`delta`), then duplicate keys.
 
 use crate::bucket::{Fresh, Limits};
 use crate::contract::{COMMANDS, CONSUME, MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE};
@@ -38,12 +42,6 @@ pub trait Argv {
             .into_iter()
             .find(|c| c.to_bytes().eq_ignore_ascii_case(name))
             .unwrap_or(CONSUME)
-    }
-    /// The memos these arguments are checked against: the thread's by
-    /// default. The module lends one store that needs no thread-local
-    /// look-up (a call of `__tls_get_addr` in a library Redis loads).
-    fn with_memos<R>(&self, f: impl FnOnce(&Memos) -> R) -> R {
-        MEMOS.with(f)
     }
 }
 
@@ -84,14 +82,15 @@ pub(crate) fn group_limits(
     argv: &(impl Argv + ?Sized),
     i: usize,
     g: Option<usize>,
+    memos: &Memos,
 ) -> Result<Limits, Error> {
     let (max, rate) = (argv.arg(i), argv.arg(i + 1));
     let args = [Some(max), Some(rate)];
-    if let Some(limits) = argv.with_memos(|m| Memo::get(&m.limits.borrow(), args)) {
+    if let Some(limits) = Memo::get(&memos.limits.borrow(), args) {
         return Ok(limits);
     }
     let limits = validate_limits(max, rate, g)?;
-    argv.with_memos(|m| *m.limits.borrow_mut() = Memo::new(args, limits));
+    *memos.limits.borrow_mut() = Memo::new(args, limits);
     Ok(limits)
 }
 
@@ -196,7 +195,10 @@ impl<T: Copy, const N: usize> Memo<T, N> {
 }
 
 /// The last `max rate` and the last `max rate [cost]` that validated
-/// (`Memo`), for one caller's calls in turn.
+/// (`Memo`), for one caller's calls in turn. The caller keeps the store and
+/// lends it to each parse beside the arguments: the module keeps one for
+/// every command call, in a static that needs no thread-local look-up (a
+/// call of `__tls_get_addr` in a library Redis loads).
 pub struct Memos {
     limits: RefCell<Option<Memo<Limits, 2>>>,
     single: RefCell<Option<Memo<Single, 3>>>,
@@ -215,10 +217,6 @@ impl Default for Memos {
     fn default() -> Self {
         Self::new()
     }
-}
-
-std::thread_local! {
-    static MEMOS: Memos = const { Memos::new() };
 }
 
 /// `max` and `rate` checked in the contract's order.
@@ -252,7 +250,7 @@ pub(crate) fn group_cost(bytes: &[u8], limits: &Limits, g: Option<usize>) -> Res
 }
 
 /// `TB.CONSUME key max rate [cost]` and `TB.PEEK`, same shape.
-pub fn parse_consume(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
+pub fn parse_consume(argv: &(impl Argv + ?Sized), memos: &Memos) -> Result<Single, Error> {
     let n = argv.count();
     if !(4..=5).contains(&n) {
         return Err(Error::Arity(argv.command()));
@@ -260,17 +258,18 @@ pub fn parse_consume(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
     // The whole call's numbers at once: one look-up where most calls end.
     let cost = (n == 5).then(|| argv.arg(4));
     let args = [Some(argv.arg(2)), Some(argv.arg(3)), cost];
-    if let Some(single) = argv.with_memos(|m| Memo::get(&m.single.borrow(), args)) {
+    if let Some(single) = Memo::get(&memos.single.borrow(), args) {
         return Ok(single);
     }
-    let single = validate_consume(argv, n)?;
-    argv.with_memos(|m| *m.single.borrow_mut() = Memo::new(args, single));
+    let single = validate_consume(argv, n, memos)?;
+    *memos.single.borrow_mut() = Memo::new(args, single);
     Ok(single)
 }
 
-/// `parse_consume` after the arity check, without its memo.
-fn validate_consume(argv: &(impl Argv + ?Sized), n: usize) -> Result<Single, Error> {
-    let limits = group_limits(argv, 2, None)?;
+/// `parse_consume` after the arity check, without its memo of the whole
+/// call (`memos` still answers for `max rate`).
+fn validate_consume(argv: &(impl Argv + ?Sized), n: usize, memos: &Memos) -> Result<Single, Error> {
+    let limits = group_limits(argv, 2, None, memos)?;
     let amount = if n == 5 {
         group_cost(argv.arg(4), &limits, None)?
     } else if limits.max < 1.0 {
@@ -287,11 +286,11 @@ fn validate_consume(argv: &(impl Argv + ?Sized), n: usize) -> Result<Single, Err
 }
 
 /// `TB.ADJUST key max rate delta`.
-pub fn parse_adjust(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
+pub fn parse_adjust(argv: &(impl Argv + ?Sized), memos: &Memos) -> Result<Single, Error> {
     if argv.count() != 5 {
         return Err(Error::Arity(argv.command()));
     }
-    let limits = group_limits(argv, 2, None)?;
+    let limits = group_limits(argv, 2, None, memos)?;
     let amount = number(argv.arg(4), Arg::Delta, None)?;
     Ok(Single {
         limits,
@@ -301,7 +300,7 @@ pub fn parse_adjust(argv: &(impl Argv + ?Sized)) -> Result<Single, Error> {
 }
 
 /// `TB.MCONSUME key max rate cost [key max rate cost ...]`.
-pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, Error> {
+pub fn parse_mconsume(argv: &(impl Argv + ?Sized), memos: &Memos) -> Result<Vec<Group>, Error> {
     let n = argv.count();
     if n < 5 || !(n - 1).is_multiple_of(4) {
         return Err(Error::Arity(argv.command()));
@@ -310,7 +309,7 @@ pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, Error> 
     if count > MAX_GROUPS {
         return Err(Error::TooManyGroups);
     }
-    let groups = parse_groups(argv, (0..count).map(|g| 1 + 4 * g))?;
+    let groups = parse_groups(argv, (0..count).map(|g| 1 + 4 * g), memos)?;
     if let Some((group, first)) = first_duplicate(argv, &groups) {
         return Err(Error::DuplicateKey { group, first });
     }
@@ -324,11 +323,12 @@ pub fn parse_mconsume(argv: &(impl Argv + ?Sized)) -> Result<Vec<Group>, Error> 
 pub(crate) fn parse_groups(
     argv: &(impl Argv + ?Sized),
     key_indices: impl ExactSizeIterator<Item = usize>,
+    memos: &Memos,
 ) -> Result<Vec<Group>, Error> {
     let mut groups = Vec::with_capacity(key_indices.len());
     for (g, key_index) in key_indices.enumerate() {
         let label = Some(g + 1);
-        let limits = group_limits(argv, key_index + 1, label)?;
+        let limits = group_limits(argv, key_index + 1, label, memos)?;
         let cost = group_cost(argv.arg(key_index + 3), &limits, label)?;
         groups.push(Group {
             key_index,
@@ -371,7 +371,8 @@ mod tests {
 
     #[test]
     fn consume_defaults_cost_to_one() {
-        let a = parse_consume(argv(&["tb.consume", "k", "10", "0.17"]).as_slice()).unwrap();
+        let memos = Memos::new();
+        let a = parse_consume(argv(&["tb.consume", "k", "10", "0.17"]).as_slice(), &memos).unwrap();
         assert_eq!(
             a.limits,
             Limits {
@@ -381,39 +382,26 @@ mod tests {
         );
         assert_eq!(a.amount, 1.0);
         assert_eq!(
-            parse_consume(argv(&["tb.consume", "k", "0.5", "1"]).as_slice()),
+            parse_consume(argv(&["tb.consume", "k", "0.5", "1"]).as_slice(), &memos),
             Err(Error::CostAboveMax(None))
         );
     }
 
-    /// Arguments that bring their own memos, as the module's do.
-    struct Lent<'m>(Vec<Vec<u8>>, &'m Memos);
-
-    impl Argv for Lent<'_> {
-        fn count(&self) -> usize {
-            self.0.len()
-        }
-        fn arg(&self, i: usize) -> &[u8] {
-            &self.0[i]
-        }
-        fn with_memos<R>(&self, f: impl FnOnce(&Memos) -> R) -> R {
-            f(self.1)
-        }
-    }
-
     #[test]
     fn arguments_are_remembered_where_their_caller_says() {
-        let own = Memos::new();
-        let call = Lent(argv(&["tb.consume", "k", "7", "0.25", "2"]), &own);
-        let single = parse_consume(&call).unwrap();
+        let (own, another) = (Memos::new(), Memos::new());
+        let call = argv(&["tb.consume", "k", "7", "0.25", "2"]);
+        let single = parse_consume(call.as_slice(), &own).unwrap();
         assert!(own.single.borrow().is_some() && own.limits.borrow().is_some());
-        // The thread's memos (each test runs on a thread of its own) saw
-        // nothing of it.
-        MEMOS.with(|m| assert!(m.single.borrow().is_none() && m.limits.borrow().is_none()));
+        // Another store saw nothing of it.
+        assert!(another.single.borrow().is_none() && another.limits.borrow().is_none());
         // The lent memo answers the same call again.
-        assert_eq!(parse_consume(&call), Ok(single));
-        let other = Lent(argv(&["tb.consume", "k", "8", "0.25", "2"]), &own);
-        assert_eq!(parse_consume(&other).unwrap().limits.max, 8.0);
+        assert_eq!(parse_consume(call.as_slice(), &own), Ok(single));
+        let other = argv(&["tb.consume", "k", "8", "0.25", "2"]);
+        assert_eq!(
+            parse_consume(other.as_slice(), &own).unwrap().limits.max,
+            8.0
+        );
         assert_eq!(
             own.single.borrow().as_ref().map(|m| m.value.limits.max),
             Some(8.0)
@@ -449,8 +437,9 @@ mod tests {
                 Error::CostTooSmall(None),
             ),
         ];
+        let memos = Memos::new();
         for (a, e) in cases {
-            assert_eq!(parse_consume(argv(&a).as_slice()), Err(e), "{a:?}");
+            assert_eq!(parse_consume(argv(&a).as_slice(), &memos), Err(e), "{a:?}");
         }
         assert_eq!(
             Error::NotANumber(Arg::Rate, Some(2)).to_string(),
@@ -562,10 +551,11 @@ mod tests {
             ("0", "1"),
             ("10", "1"),
         ];
+        let memos = Memos::new();
         for (max, rate) in pairs.iter().cycle().take(40) {
             let a = argv(&["c", "k", max, rate]);
             assert_eq!(
-                group_limits(a.as_slice(), 2, None),
+                group_limits(a.as_slice(), 2, None, &memos),
                 validate_limits(max.as_bytes(), rate.as_bytes(), None),
                 "{max} {rate}"
             );
@@ -573,7 +563,7 @@ mod tests {
         let long = "1".repeat(40);
         let a = argv(&["c", "k", &long, "1e-30"]);
         assert_eq!(
-            group_limits(a.as_slice(), 2, None),
+            group_limits(a.as_slice(), 2, None, &memos),
             Err(Error::MaxOutOfRange(None))
         );
     }
@@ -603,6 +593,7 @@ mod tests {
             &["10"],
         ];
         let mut rng = testkit::Rng(0x0DDB_1A5E_5BAD_5EED);
+        let memos = Memos::new();
         for _ in 0..20_000 {
             let pick = pool[rng.index(pool.len())];
             let mut words = vec!["tb.consume", "k"];
@@ -610,36 +601,41 @@ mod tests {
             let a = argv(&words);
             let n = a.len();
             let expected = if (4..=5).contains(&n) {
-                validate_consume(a.as_slice(), n)
+                validate_consume(a.as_slice(), n, &Memos::new())
             } else {
                 Err(Error::Arity(CONSUME))
             };
-            assert_eq!(parse_consume(a.as_slice()), expected, "{pick:?}");
+            assert_eq!(parse_consume(a.as_slice(), &memos), expected, "{pick:?}");
         }
         // Too long to remember: validated every time, still the same answer.
         let long = "1".repeat(SLOT + 1);
         let a = argv(&["c", "k", &long, "0.1", &long]);
-        assert_eq!(parse_consume(a.as_slice()), Err(Error::MaxOutOfRange(None)));
+        assert_eq!(
+            parse_consume(a.as_slice(), &memos),
+            Err(Error::MaxOutOfRange(None))
+        );
     }
 
     #[test]
     fn adjust_takes_a_signed_delta() {
-        let a = parse_adjust(argv(&["a", "k", "10", "1", "-25.5"]).as_slice()).unwrap();
+        let memos = Memos::new();
+        let a = parse_adjust(argv(&["a", "k", "10", "1", "-25.5"]).as_slice(), &memos).unwrap();
         assert_eq!(a.amount, -25.5);
         assert_eq!(
-            parse_adjust(argv(&["a", "k", "10", "1", "nan"]).as_slice()),
+            parse_adjust(argv(&["a", "k", "10", "1", "nan"]).as_slice(), &memos),
             Err(Error::NotANumber(Arg::Delta, None))
         );
         assert_eq!(
-            parse_adjust(argv(&["TB.ADJUST", "k", "10", "1"]).as_slice()),
+            parse_adjust(argv(&["TB.ADJUST", "k", "10", "1"]).as_slice(), &memos),
             Err(Error::Arity(ADJUST))
         );
     }
 
     #[test]
     fn mconsume_groups_and_duplicates() {
+        let memos = Memos::new();
         let ok = argv(&["m", "a", "10", "1", "1", "b", "5", "2", "0"]);
-        let g = parse_mconsume(ok.as_slice()).unwrap();
+        let g = parse_mconsume(ok.as_slice(), &memos).unwrap();
         assert_eq!(g.len(), 2);
         assert_eq!(g[1].key_index, 5);
         assert_eq!(g[1].cost, 0.0);
@@ -649,7 +645,7 @@ mod tests {
             vec!["Tb.MConsume", "a", "1", "1", "1", "b"],
         ] {
             assert_eq!(
-                parse_mconsume(argv(&bad).as_slice()),
+                parse_mconsume(argv(&bad).as_slice(), &memos),
                 Err(Error::Arity(MCONSUME))
             );
         }
@@ -658,26 +654,30 @@ mod tests {
             "b", "1", "1", "1",
         ]);
         assert_eq!(
-            parse_mconsume(dup.as_slice()),
+            parse_mconsume(dup.as_slice(), &memos),
             Err(Error::DuplicateKey { group: 4, first: 2 })
         );
         let bad_cost = argv(&["m", "a", "1", "1", "1", "b", "1", "1", "2"]);
         assert_eq!(
-            parse_mconsume(bad_cost.as_slice()),
+            parse_mconsume(bad_cost.as_slice(), &memos),
             Err(Error::CostAboveMax(Some(2)))
         );
     }
 
     #[test]
     fn mconsume_group_limit() {
+        let memos = Memos::new();
         let mut a = vec!["m".to_string()];
         for i in 0..=MAX_GROUPS {
             a.extend([format!("k{i}"), "1".into(), "1".into(), "1".into()]);
         }
-        assert_eq!(parse_mconsume(a.as_slice()), Err(Error::TooManyGroups));
+        assert_eq!(
+            parse_mconsume(a.as_slice(), &memos),
+            Err(Error::TooManyGroups)
+        );
         a.truncate(a.len() - 4);
         assert_eq!(
-            parse_mconsume(a.as_slice()).map(|g| g.len()),
+            parse_mconsume(a.as_slice(), &memos).map(|g| g.len()),
             Ok(MAX_GROUPS)
         );
     }

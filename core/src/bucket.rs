@@ -1,4 +1,5 @@
-//! Token-bucket arithmetic: refill, consume, adjust, and the reply times.
+//! Token-bucket arithmetic: refill, consume (one bucket, or several all or
+//! nothing), peek and adjust, the reply times, and what a call writes.
 //!
 //! Everything here is plain `f64`/`i64` maths with no I/O, so the module and
 //! the tests (and the Lua library, which repeats these steps operation for
@@ -431,18 +432,20 @@ mod tests {
         Some(Stored { tokens, ts_us })
     }
 
+    /// The write of a balance at `NOW`, expiring `reset_ms` later.
+    fn saved_now(tokens: f64, reset_ms: i64) -> Effect {
+        Effect::Save {
+            tokens,
+            ts_us: NOW,
+            expire_at_ms: NOW / 1000 + reset_ms,
+        }
+    }
+
     #[test]
     fn fresh_bucket_reply_matches_contract_example() {
         let o = L10.consume(None, NOW, 1.0);
         assert_eq!(o.reply(), [1, 9, 0, 1000]);
-        assert_eq!(
-            o.effect,
-            Effect::Save {
-                tokens: 9.0,
-                ts_us: NOW,
-                expire_at_ms: NOW / 1000 + 1000
-            }
-        );
+        assert_eq!(o.effect, saved_now(9.0, 1000));
     }
 
     #[test]
@@ -518,14 +521,7 @@ mod tests {
         let stored = at(5.0, NOW + 60_000_000);
         let o = L10.consume(stored, NOW, 1.0);
         assert_eq!(o.reply(), [1, 4, 0, 6000]);
-        assert_eq!(
-            o.effect,
-            Effect::Save {
-                tokens: 4.0,
-                ts_us: NOW,
-                expire_at_ms: NOW / 1000 + 6000
-            }
-        );
+        assert_eq!(o.effect, saved_now(4.0, 6000));
         // A cost-0 call writes nothing, so its reset still waits for ts.
         assert_eq!(L10.consume(stored, NOW, 0.0).reply(), [1, 5, 0, 65_000]);
         // TB.ADJUST writes the bucket it changes, so its times start now.

@@ -5,8 +5,9 @@
 //! at `count / period` tokens per second, each call costing `quantity`
 //! tokens. So `CL.THROTTLE k 15 30 60` and `TB.CONSUME k 16 0.5` act on the
 //! same bucket, stored the same way. This module parses the arguments,
-//! reads a key redis-cell left behind (a string holding its theoretical
-//! arrival time, TAT, in nanoseconds), and shapes the reply.
+//! reads the text of a key redis-cell left behind (a string holding its
+//! theoretical arrival time, TAT, in nanoseconds) as that bucket, and
+//! shapes the reply.
 
 use crate::args::Argv;
 use crate::bucket::{Limits, Outcome, Stored};
@@ -206,16 +207,17 @@ mod tests {
         );
         assert_eq!(parse_tat(b"0"), Some(0));
         assert_eq!(parse_tat(b"18446744073709551615"), Some(u64::MAX));
-        for bad in [
-            &b""[..],
-            b"18446744073709551616",
-            b"-1",
-            b"+1",
-            b"01",
-            b"1.5",
-            b"12a",
-            b" 1",
-        ] {
+        let bad = [
+            "",
+            "18446744073709551616",
+            "-1",
+            "+1",
+            "01",
+            "1.5",
+            "12a",
+            " 1",
+        ];
+        for bad in bad.map(str::as_bytes) {
             assert_eq!(parse_tat(bad), None, "{bad:?}");
         }
     }

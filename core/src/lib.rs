@@ -1,12 +1,14 @@
 //! The pure core of redis-tokenbucket: no Redis types, no I/O.
 //!
-//! * [`bucket`]: refill, consume, adjust and the reply times;
-//! * [`args`]: parsing and validation of command arguments;
+//! * [`bucket`]: refill, consume, peek, adjust and the reply times;
+//! * [`args`]: parsing and validation of the bucket commands' arguments
+//!   (the lease commands' are in `lease`, CL.THROTTLE's in `cell`);
 //! * [`cell`]: CL.THROTTLE, redis-cell's command, on the same bucket;
 //! * [`lease`]: concurrency leases (TB.ACQUIRE and friends);
-//! * [`state`]: the `tokens`/`ts` hash encoding, and the rule that reads a
-//!   key as a bucket;
-//! * [`number`]: the strict decimal grammar both of the above use;
+//! * [`state`]: the rule that reads a key as a bucket, and the decoding of
+//!   its `tokens`/`ts` hash;
+//! * [`number`]: decimals, parsed in the one strict grammar the above read
+//!   and written as the shortest text that reads back exactly;
 //! * [`error`]: the one error type, whose `Display` is the reply text;
 //! * [`contract`]: the contract's numbers and messages, generated from
 //!   `contract/contract.json` (as are the Lua and client copies).

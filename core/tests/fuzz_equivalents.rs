@@ -1,4 +1,4 @@
-//! The three fuzz targets' properties as proptest suites, so they run on
+//! The four fuzz targets' properties as proptest suites, so they run on
 //! stable in every `cargo test`. The properties themselves live in
 //! `testkit::oracles` (shared with the libFuzzer targets); this file only
 //! generates inputs, biased towards the hostile values that matter.

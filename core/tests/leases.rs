@@ -390,15 +390,7 @@ fn a_summary_that_disagrees_is_rebuilt_by_a_pass() {
                 let h = Header::parse(&good).unwrap();
                 let mut list = h.tracked().unwrap();
                 list.reverse();
-                let text = stored::summary_text(
-                    h.weight,
-                    h.count,
-                    h.horizon_us,
-                    h.latest_us,
-                    &list,
-                    (b"", 0),
-                );
-                set_summary(k, &text);
+                set_header_and_list(k, &h, &list);
             }),
         ),
         (
@@ -407,15 +399,7 @@ fn a_summary_that_disagrees_is_rebuilt_by_a_pass() {
                 let text = k.hash[SUMMARY_FIELD].clone();
                 let h = Header::parse(&text).unwrap();
                 let list = h.tracked().unwrap();
-                let text = stored::summary_text(
-                    h.weight,
-                    h.count,
-                    h.horizon_us,
-                    h.latest_us,
-                    &list[1..],
-                    (b"", 0),
-                );
-                set_summary(k, &text);
+                set_header_and_list(k, &h, &list[1..]);
             }),
         ),
         (
@@ -461,21 +445,19 @@ fn set_summary(key: &mut Key, text: &[u8]) {
     key.hash.insert(SUMMARY_FIELD.to_vec(), text.to_vec());
 }
 
+/// Writes a summary of `h`'s numbers that lists `list`.
+fn set_header_and_list(key: &mut Key, h: &Header, list: &[stored::Tracked]) {
+    let text = stored::summary_text(h.weight, h.count, h.horizon_us, h.latest_us, list, (b"", 0));
+    set_summary(key, &text);
+}
+
 /// Changes the summary's numbers, keeping its list.
 fn edit(key: &mut Key, change: impl Fn(&mut Header)) {
     let text = key.hash[SUMMARY_FIELD].clone();
     let mut h = Header::parse(&text).unwrap();
     let list = h.tracked().unwrap();
     change(&mut h);
-    let text = stored::summary_text(
-        h.weight,
-        h.count,
-        h.horizon_us,
-        h.latest_us,
-        &list,
-        (b"", 0),
-    );
-    set_summary(key, &text);
+    set_header_and_list(key, &h, &list);
 }
 
 #[test]

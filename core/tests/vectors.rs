@@ -11,11 +11,11 @@
 //! (`testkit::write_leases`).
 
 use std::collections::BTreeMap;
-use tb_core::args::{parse_adjust, parse_consume, parse_mconsume};
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Memos};
 use tb_core::bucket::{consume_all, Effect, Outcome};
 use tb_core::error::{Error, StateError};
 use tb_core::lease::{self, Kind};
-use tb_core::state::Text;
+use tb_core::number::Text;
 use testkit::vectors::{vectors, After, Before, Case};
 use testkit::write_leases;
 
@@ -50,6 +50,8 @@ fn run(case: &Case, now: i64) -> Run {
         .chain(case.module_args())
         .collect();
     let bad_args = |e: Error| e.to_string();
+    // A store of its own: the answer without any earlier call's memo.
+    let memos = Memos::new();
     // Keys the call does not write stay as they were.
     let mut after: BTreeMap<String, After> = case
         .keys
@@ -66,9 +68,9 @@ fn run(case: &Case, now: i64) -> Run {
     match case.command.as_str() {
         "consume" | "peek" | "adjust" => {
             let call = if case.command == "adjust" {
-                parse_adjust(argv.as_slice())
+                parse_adjust(argv.as_slice(), &memos)
             } else {
-                parse_consume(argv.as_slice())
+                parse_consume(argv.as_slice(), &memos)
             }
             .map_err(bad_args)?;
             let key = &argv[1];
@@ -83,7 +85,7 @@ fn run(case: &Case, now: i64) -> Run {
             Ok((ints(&o), after))
         }
         "mconsume" => {
-            let groups = parse_mconsume(argv.as_slice()).map_err(bad_args)?;
+            let groups = parse_mconsume(argv.as_slice(), &memos).map_err(bad_args)?;
             let mut buckets = Vec::new();
             for (i, g) in groups.iter().enumerate() {
                 let stored = case
@@ -100,7 +102,7 @@ fn run(case: &Case, now: i64) -> Run {
             }
             Ok((serde_json::Value::Array(reply), after))
         }
-        "acquire" | "release" | "renew" | "inflight" => run_lease(case, &argv, now, after),
+        "acquire" | "release" | "renew" | "inflight" => run_lease(case, &argv, now, after, &memos),
         other => panic!("{}: unknown command {other}", case.name),
     }
 }
@@ -108,7 +110,13 @@ fn run(case: &Case, now: i64) -> Run {
 /// A lease call as `src/leases.rs` runs it: the key read as `LeaseKey`
 /// reads it (`tb_core::lease::decide` on the case's hash), the decision,
 /// and its write applied as `LeaseKey::apply` applies it.
-fn run_lease(case: &Case, argv: &[String], now: i64, mut after: BTreeMap<String, After>) -> Run {
+fn run_lease(
+    case: &Case,
+    argv: &[String],
+    now: i64,
+    mut after: BTreeMap<String, After>,
+    memos: &Memos,
+) -> Run {
     let bad_args = |e: Error| e.to_string();
     let key = argv[1].as_str();
     let (kind, id) = match case.command.as_str() {
@@ -121,7 +129,7 @@ fn run_lease(case: &Case, argv: &[String], now: i64, mut after: BTreeMap<String,
     let view = case.key(key);
     let (reply, write) = match kind {
         Kind::Acquire => {
-            let call = lease::parse_acquire(argv).map_err(bad_args)?;
+            let call = lease::parse_acquire(argv, memos).map_err(bad_args)?;
             let (taken, write) = lease::decide(&view, id, now, kind, |leases| {
                 let mut buckets = Vec::new();
                 for (i, g) in call.buckets.iter().enumerate() {

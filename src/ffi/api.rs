@@ -1,5 +1,6 @@
 //! The function table: the `RedisModule_*` functions the commands call,
-//! resolved once at load so a command never meets a missing one.
+//! resolved once at load so a command never meets a missing one; and the
+//! server log.
 
 use redis_module::raw::{
     self, RedisModuleCallReply, RedisModuleCtx, RedisModuleKey, RedisModuleScanCursor,

@@ -1,6 +1,8 @@
-//! A command's context and arguments, made only by the `handler!`
-//! trampoline inside the call Redis made: replies, replication, keyspace
-//! events, the clock, keys and strings.
+//! A command's context and arguments, made only inside a call Redis made
+//! into the module (a command's, by the `handler!` trampoline, or
+//! `RedisModule_OnUnload`): replies, replication, keyspace events, the
+//! clock, keys and strings; and `CommandLocal`, state lent only against
+//! them.
 
 use super::api::{Api, ERR, OK};
 use super::call;
@@ -11,7 +13,6 @@ use std::ffi::{CStr, CString};
 use std::marker::PhantomData;
 use std::os::raw::{c_int, c_long};
 use std::ptr::{self, NonNull};
-use tb_core::args::Memos;
 
 /// A command's context. Only `Ctx::from_raw` makes one, inside the call
 /// Redis made, and handlers only ever borrow it, so it can't outlive the
@@ -70,9 +71,6 @@ impl<T> CommandLocal<T> {
         &self.0
     }
 }
-
-/// The argument memos of every command call (see `tb_core::args::Memos`).
-static MEMOS: CommandLocal<Memos> = CommandLocal::new(Memos::new());
 
 /// Turns a safe handler, `fn(&Ctx, &Args) -> Result<(), Error>`, into the
 /// `extern "C"` function Redis calls for the command `$name` (a `&CStr`
@@ -358,8 +356,5 @@ impl tb_core::args::Argv for Args<'_> {
     }
     fn command(&self) -> &'static CStr {
         self.command
-    }
-    fn with_memos<R>(&self, f: impl FnOnce(&Memos) -> R) -> R {
-        f(MEMOS.get(self))
     }
 }

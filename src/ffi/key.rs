@@ -56,6 +56,22 @@ impl<'c> Key<'c> {
         a: &(impl RString + ?Sized),
         b: &(impl RString + ?Sized),
     ) -> (Option<OwnedString<'c>>, Option<OwnedString<'c>>) {
+        self.hash_get_two(a.ptr(), b.ptr())
+    }
+
+    /// The value of one field of a hash (`None`: absent).
+    pub fn hash_get_field(&self, field: &(impl RString + ?Sized)) -> Option<OwnedString<'c>> {
+        self.hash_get_two(field.ptr(), ptr::null_mut()).0
+    }
+
+    /// HashGet of the fields `a` and `b`, or of `a` alone if `b` is NULL
+    /// (Redis reads fields up to the first NULL one).
+    #[inline(always)]
+    fn hash_get_two(
+        &self,
+        a: *mut RedisModuleString,
+        b: *mut RedisModuleString,
+    ) -> (Option<OwnedString<'c>>, Option<OwnedString<'c>>) {
         let Some(key) = self.key else {
             return (None, None);
         };
@@ -67,33 +83,15 @@ impl<'c> Key<'c> {
             (self.api.hash_get)(
                 key.as_ptr(),
                 raw::REDISMODULE_HASH_NONE as c_int,
-                a.ptr(),
+                a,
                 &mut va as *mut *mut RedisModuleString,
-                b.ptr(),
+                b,
                 &mut vb as *mut *mut RedisModuleString,
                 ptr::null::<c_char>(),
             )
         };
         let own = |p| OwnedString::own(p, self.ctx, self.api);
         (own(va), own(vb))
-    }
-
-    /// The value of one field of a hash (`None`: absent).
-    pub fn hash_get_field(&self, field: &(impl RString + ?Sized)) -> Option<OwnedString<'c>> {
-        let key = self.key?;
-        let mut value: *mut RedisModuleString = ptr::null_mut();
-        // SAFETY: an open hash key, one field/out-pointer pair,
-        // NULL-terminated; HashGet hands over a new string (or leaves NULL).
-        unsafe {
-            (self.api.hash_get)(
-                key.as_ptr(),
-                raw::REDISMODULE_HASH_NONE as c_int,
-                field.ptr(),
-                &mut value as *mut *mut RedisModuleString,
-                ptr::null::<c_char>(),
-            )
-        };
-        OwnedString::own(value, self.ctx, self.api)
     }
 
     /// Sets two fields of a hash (creating it); true if both were written.
@@ -104,24 +102,35 @@ impl<'c> Key<'c> {
         b: &(impl RString + ?Sized),
         vb: &dyn RString,
     ) -> bool {
-        let Some(key) = self.key else {
-            return false;
-        };
         // COUNT_ALL: the result counts inserted fields too, so 2 means
         // both fields were written.
+        let all = raw::REDISMODULE_HASH_COUNT_ALL;
+        self.hash_set_two(all, [a.ptr(), va.ptr()], [b.ptr(), vb.ptr()]) == Some(2)
+    }
+
+    /// HashSet with `flags` of the field/value pairs `a` and `b`, or of `a`
+    /// alone if `b`'s field is NULL (Redis reads pairs up to the first NULL
+    /// field): what Redis returns, `None` if the key could not be opened.
+    #[inline(always)]
+    fn hash_set_two(
+        &mut self,
+        flags: u32,
+        [a, va]: [*mut RedisModuleString; 2],
+        [b, vb]: [*mut RedisModuleString; 2],
+    ) -> Option<c_int> {
+        let key = self.key?;
         // SAFETY: a key open for writing, field/value pairs, NULL-terminated.
-        let set = unsafe {
+        Some(unsafe {
             (self.api.hash_set)(
                 key.as_ptr(),
-                raw::REDISMODULE_HASH_COUNT_ALL as c_int,
-                a.ptr(),
-                va.ptr(),
-                b.ptr(),
-                vb.ptr(),
+                flags as c_int,
+                a,
+                va,
+                b,
+                vb,
                 ptr::null::<c_char>(),
             )
-        };
-        set == 2
+        })
     }
 
     /// Calls `visit(field, value)` for each field of a hash, until it
@@ -186,39 +195,16 @@ impl<'c> Key<'c> {
 
     /// Sets one field of a hash (creating it); true if Redis did.
     pub fn hash_set_field(&mut self, field: &dyn RString, value: &dyn RString) -> bool {
-        let Some(key) = self.key else {
-            return false;
-        };
-        // SAFETY: a key open for writing, one field/value pair, NULL-terminated.
-        let set = unsafe {
-            (self.api.hash_set)(
-                key.as_ptr(),
-                raw::REDISMODULE_HASH_COUNT_ALL as c_int,
-                field.ptr(),
-                value.ptr(),
-                ptr::null::<c_char>(),
-            )
-        };
-        set == 1
+        let all = raw::REDISMODULE_HASH_COUNT_ALL;
+        self.hash_set_two(all, [field.ptr(), value.ptr()], [ptr::null_mut(); 2]) == Some(1)
     }
 
     /// Deletes one field of a hash (Redis deletes the key with its last
     /// field); true if the field was there and Redis deleted it.
     pub fn hash_delete_field(&mut self, field: &dyn RString) -> bool {
-        let Some(key) = self.key else {
-            return false;
-        };
-        // SAFETY: a key open for writing; the DELETE marker as the value.
-        let deleted = unsafe {
-            (self.api.hash_set)(
-                key.as_ptr(),
-                raw::REDISMODULE_HASH_NONE as c_int,
-                field.ptr(),
-                raw::REDISMODULE_HASH_DELETE,
-                ptr::null::<c_char>(),
-            )
-        };
-        deleted == 1
+        // The DELETE marker as the value.
+        let delete = [field.ptr(), raw::REDISMODULE_HASH_DELETE.cast_mut()];
+        self.hash_set_two(raw::REDISMODULE_HASH_NONE, delete, [ptr::null_mut(); 2]) == Some(1)
     }
 
     /// Sets the absolute expire time in ms; true if Redis did.

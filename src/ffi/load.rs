@@ -1,6 +1,7 @@
-//! Loading: the module's entry point, its arguments, and registration of
-//! commands (with ACL categories, docs and key specs where the server
-//! supports them) and of the INFO section.
+//! Loading and unloading: the module's entry points, its arguments,
+//! registration of commands (with ACL categories, docs and key specs where
+//! the server supports them) and of the INFO section, and Redis's
+//! allocator for every allocation of the module.
 
 use super::api::{log_warning, Api, ERR, OK};
 use super::call;

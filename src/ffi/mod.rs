@@ -4,7 +4,7 @@
 //!
 //! * [`api`]: the function table, resolved and checked once at load, and
 //!   the server log;
-//! * [`load`]: the module's entry point (`module!`), its arguments, and
+//! * [`load`]: the module's entry points (`module!`), its arguments, and
 //!   registration of commands with their docs and key specs;
 //! * [`context`]: a command's [`Ctx`] and [`Args`], made by the
 //!   [`handler!`] trampoline, with replies, replication and the clock,

@@ -1,5 +1,6 @@
 //! Redis strings: key names from argv, strings made during a command
-//! (freed on drop), and strings interned for the life of the process.
+//! (freed on drop), strings kept from one command to the next (freed by
+//! `Ctx::release`), and strings interned for the life of the process.
 
 use super::api::Api;
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};

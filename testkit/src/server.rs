@@ -279,6 +279,15 @@ impl Server {
             .expect("connect as the ACL user")
     }
 
+    /// A connection as the ACL user `name` who may reach only `keys` (a
+    /// key pattern: `~rl:*`, `%R~rl:*`, ...) and run only `commands`.
+    pub fn conn_limited(&self, name: &str, keys: &str, commands: &[&str]) -> redis::Connection {
+        let allowed: Vec<String> = commands.iter().map(|c| format!("+{c}")).collect();
+        let mut rules = vec![keys, "resetchannels", "-@all"];
+        rules.extend(allowed.iter().map(String::as_str));
+        self.conn_as(name, &rules)
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }

@@ -2,7 +2,7 @@
 //! TB.MCONSUME's groups), TB.RELEASE, TB.RENEW and TB.INFLIGHT, checked in
 //! the contract's order, which the Lua library follows.
 
-use crate::args::{first_duplicate, parse_groups, Argv, Group};
+use crate::args::{first_duplicate, parse_groups, Argv, Group, Memos};
 use crate::contract::{MAX_GROUPS, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_LEASE_MS};
 use crate::error::{Arg, Error};
 use crate::number::parse_i64;
@@ -47,7 +47,7 @@ fn lease_ms(bytes: &[u8]) -> Result<i64, Error> {
 /// `weight`, the clause count, each clause's keyword, then each clause as
 /// TB.MCONSUME checks a group, then keys that repeat (a clause on the lease
 /// key, then clauses on one key).
-pub fn parse_acquire(argv: &(impl Argv + ?Sized)) -> Result<Acquire, Error> {
+pub fn parse_acquire(argv: &(impl Argv + ?Sized), memos: &Memos) -> Result<Acquire, Error> {
     let n = argv.count();
     if n < 5 {
         return Err(Error::Arity(argv.command()));
@@ -81,7 +81,7 @@ pub fn parse_acquire(argv: &(impl Argv + ?Sized)) -> Result<Acquire, Error> {
     {
         return Err(Error::ExpectedBucket(at));
     }
-    let buckets = parse_groups(argv, (0..count).map(|g| first + 5 * g + 1))?;
+    let buckets = parse_groups(argv, (0..count).map(|g| first + 5 * g + 1), memos)?;
     if let Some(g) = buckets
         .iter()
         .position(|b| argv.arg(b.key_index) == argv.arg(1))
@@ -151,43 +151,42 @@ mod tests {
         s.iter().map(|a| a.as_bytes().to_vec()).collect()
     }
 
+    /// TB.ACQUIRE's arguments, parsed with a store of memos of their own.
+    fn acquire(words: &[&str]) -> Result<Acquire, Error> {
+        parse_acquire(argv(words).as_slice(), &Memos::new())
+    }
+
     #[test]
     fn acquire_arguments_in_order() {
-        let ok = parse_acquire(
-            argv(&[
-                "tb.acquire",
-                "k",
-                "8",
-                "30000",
-                "id",
-                "2",
-                "BUCKET",
-                "b",
-                "10",
-                "1",
-                "1",
-            ])
-            .as_slice(),
-        )
+        let ok = acquire(&[
+            "tb.acquire",
+            "k",
+            "8",
+            "30000",
+            "id",
+            "2",
+            "BUCKET",
+            "b",
+            "10",
+            "1",
+            "1",
+        ])
         .unwrap();
         assert_eq!((ok.limit, ok.lease_ms, ok.weight), (8, 30000, 2));
         assert_eq!(ok.buckets.len(), 1);
         assert_eq!(ok.buckets[0].key_index, 7);
-        let no_weight = parse_acquire(
-            argv(&[
-                "tb.acquire",
-                "k",
-                "8",
-                "1",
-                "id",
-                "bucket",
-                "b",
-                "10",
-                "1",
-                "1",
-            ])
-            .as_slice(),
-        )
+        let no_weight = acquire(&[
+            "tb.acquire",
+            "k",
+            "8",
+            "1",
+            "id",
+            "bucket",
+            "b",
+            "10",
+            "1",
+            "1",
+        ])
         .unwrap();
         assert_eq!(no_weight.weight, 1);
         #[rustfmt::skip]
@@ -212,11 +211,11 @@ mod tests {
              Error::DuplicateKey { group: 2, first: 1 }),
         ];
         for (a, e) in cases {
-            assert_eq!(parse_acquire(argv(&a).as_slice()), Err(e), "{a:?}");
+            assert_eq!(acquire(&a), Err(e), "{a:?}");
         }
         let long = "i".repeat(MAX_LEASE_ID_BYTES + 1);
         assert_eq!(
-            parse_acquire(argv(&["tb.acquire", "k", "8", "1", &long]).as_slice()),
+            acquire(&["tb.acquire", "k", "8", "1", &long]),
             Err(Error::BadId)
         );
         assert_eq!(

@@ -6,8 +6,7 @@
 use crate::contract::{
     LEASE_SUMMARY_FIELD, LEASE_TRACKED, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_STORED_INTEGER,
 };
-use crate::number::digit_run;
-use crate::state::Text;
+use crate::number::{digit_run, Text};
 use std::borrow::Cow;
 
 /// The summary's field name: empty, which no lease id can be.

@@ -2,7 +2,7 @@
 //! independent reference validator predicts, and any `Ok` is within the
 //! documented bounds.
 
-use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Argv};
+use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Argv, Memos};
 use tb_core::bucket::Limits;
 use tb_core::contract::{
     MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_LEASE_LIMIT, MAX_LEASE_MS, MAX_RATE,
@@ -163,12 +163,23 @@ fn assert_cost_in_bounds(cost: f64, l: &Limits) {
     );
 }
 
+std::thread_local! {
+    /// One store of argument memos for the calls a thread checks in turn,
+    /// as the module keeps one for all its calls: an argv that repeats the
+    /// last one's numbers is answered from it, and must still match.
+    static MEMOS: Memos = const { Memos::new() };
+}
+
 /// Property (a) for one argv (`argv[0]` is the command name).
 pub fn check_args(argv: &[&[u8]]) {
+    MEMOS.with(|memos| check_args_with(argv, memos));
+}
+
+fn check_args_with(argv: &[&[u8]], memos: &Memos) {
     assert_eq!(MAX_GROUPS, 10_000, "documented group limit");
     match Command::of(argv.first().copied().unwrap_or_default()) {
         Command::Consume => {
-            let got = parse_consume(argv);
+            let got = parse_consume(argv, memos);
             let want = reference_consume(argv);
             assert_eq!(got.map(|s| (s.limits, s.amount)), want, "{argv:?}");
             if let Ok(s) = got {
@@ -177,7 +188,7 @@ pub fn check_args(argv: &[&[u8]]) {
             }
         }
         Command::Adjust => {
-            let got = parse_adjust(argv);
+            let got = parse_adjust(argv, memos);
             assert_eq!(
                 got.map(|s| (s.limits, s.amount)),
                 reference_adjust(argv),
@@ -188,9 +199,9 @@ pub fn check_args(argv: &[&[u8]]) {
                 assert!(s.amount.is_finite(), "delta {}", s.amount);
             }
         }
-        Command::Acquire => check_acquire(argv),
+        Command::Acquire => check_acquire(argv, memos),
         Command::MConsume => {
-            let got = parse_mconsume(argv);
+            let got = parse_mconsume(argv, memos);
             let simple = got
                 .as_ref()
                 .map(|gs| gs.iter().map(|g| (g.key_index, g.limits, g.cost)).collect())
@@ -220,9 +231,9 @@ pub fn check_args(argv: &[&[u8]]) {
 /// TB.ACQUIRE: never panics; what it accepts is within the documented
 /// bounds, and its keys are where the key specs (and the key-position
 /// answer) say they are.
-fn check_acquire(argv: &[&[u8]]) {
+fn check_acquire(argv: &[&[u8]], memos: &Memos) {
     let positions = acquire_key_positions(argv);
-    let Ok(call) = parse_acquire(argv) else {
+    let Ok(call) = parse_acquire(argv, memos) else {
         return;
     };
     assert!((1..=MAX_LEASE_LIMIT).contains(&call.limit), "{argv:?}");

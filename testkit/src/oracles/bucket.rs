@@ -5,7 +5,8 @@
 use super::Reader;
 use tb_core::bucket::{consume_all, Effect, Limits, Outcome, Stored};
 use tb_core::contract::{MAX_CAPACITY, MAX_FILL_SECONDS, MAX_RATE};
-use tb_core::state::{decode, Text};
+use tb_core::number::Text;
+use tb_core::state::decode;
 
 /// One call in a schedule, `dt_us` after the previous one.
 #[derive(Clone, Copy, Debug)]

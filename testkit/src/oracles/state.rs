@@ -4,7 +4,8 @@
 use super::args::reference_number;
 use tb_core::bucket::Stored;
 use tb_core::error::StateError;
-use tb_core::state::{decode, Text};
+use tb_core::number::Text;
+use tb_core::state::decode;
 
 /// Fuzzer bytes as the two hash fields: bit 0 of the first byte says
 /// `tokens` is present, bit 1 that `ts` is (so seeds start with `3`), and

@@ -1,5 +1,5 @@
 """Buckets and argument checks, with the module's rules and error texts
-(core/src/args.rs, core/src/number.rs), so a bad limit fails where it is
+(core/src/args.rs, core/src/number/parse.rs), so a bad limit fails where it is
 written instead of as an error reply on a request path."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-//! Strict decimal parsing shared by arguments and stored state.
+//! Strict decimal parsing shared by arguments and stored state, and the
+//! integers: a stored `ts` (`parse_int16`), and the integer arguments of
+//! CL.THROTTLE and the lease commands (`parse_i64`).
 //!
 //! Rust's `f64::from_str` accepts `inf`, `NaN` and `infinity`; Lua's
 //! `tonumber` accepts hex and surrounding spaces. Both sides of the project
@@ -152,8 +154,8 @@ fn combine(digits: u64) -> u64 {
     (quads & 0xFFFF).wrapping_mul(10_000) + (quads >> 32)
 }
 
-/// 10^k as integers, k <= 21 (10^19 < 2^64 < 10^20): the decimal parser's
-/// scales and the balance writer's (`state`).
+/// 10^k as integers, k <= 21 (10^19 < 2^64 < 10^20): the parser's scales
+/// and the writer's (`super::write`).
 pub(crate) const POW10_INT: [u128; 22] = {
     let mut t = [1u128; 22];
     let mut k = 1;
@@ -348,9 +350,9 @@ mod tests {
         for i in 0..100_000u64 {
             let v = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 2_000_000_000_000) as f64 / 1e6
                 - 1_000_000.0;
-            cases.push(crate::state::Text::tokens(v).as_bytes().to_vec());
+            cases.push(crate::number::Text::tokens(v).as_bytes().to_vec());
             let w = f64::from_bits(i.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 2) % 1e12;
-            cases.push(crate::state::Text::tokens(w).as_bytes().to_vec());
+            cases.push(crate::number::Text::tokens(w).as_bytes().to_vec());
             cases.push(format!("{w:.17}").into_bytes());
             cases.push(format!("{:.18}", v / 1e6).into_bytes());
         }
