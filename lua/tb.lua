@@ -99,13 +99,13 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+702be6a26179'
+local LIBRARY_VERSION = '0.1.0+3517069e0f64'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
 local TINY = 4.9406564584124654e-324
 
--- ---- numbers (core/src/number.rs) ------------------------------------------
+-- ---- numbers (core/src/number/parse.rs) ------------------------------------
 
 -- The strict decimal grammar [+-]? (digits ["." digits*] | "." digits)
 -- [(e|E) [+-]? digits]. tonumber alone would also take hex, "inf", "nan"
