@@ -345,14 +345,12 @@ impl<'c> LeaseKey<'c> {
                 delete,
                 expire_at_ms,
             } => {
-                if *expire_first {
-                    self.expire(*expire_at_ms)?;
-                    self.remove(delete)?;
-                    self.set(*own, summary.as_deref())?;
-                } else {
-                    self.set(*own, summary.as_deref())?;
-                    self.remove(delete)?;
-                    self.expire(*expire_at_ms)?;
+                for part in lease::Write::order(*expire_first) {
+                    match part {
+                        lease::Part::Set => self.set(*own, summary.as_deref())?,
+                        lease::Part::Remove => self.remove(delete)?,
+                        lease::Part::Expire => self.expire(*expire_at_ms)?,
+                    }
                 }
             }
         }

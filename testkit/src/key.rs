@@ -9,7 +9,7 @@ use tb_core::bucket::Stored;
 use tb_core::contract::{TOKENS_FIELD, TS_FIELD};
 use tb_core::error::Error;
 use tb_core::lease::stored::Header;
-use tb_core::lease::{Lease, LeaseStore, Write, SUMMARY_FIELD, TRACKED};
+use tb_core::lease::{Lease, LeaseStore, Part, Write, SUMMARY_FIELD, TRACKED};
 use tb_core::state::{load, BucketFields, KeyKind};
 
 /// What a key holds: nothing, a hash (field → value), or another type.
@@ -92,23 +92,23 @@ pub fn write_leases(
             delete,
             expire_at_ms,
         } => {
-            // The effects in their order (HSET first, or last).
-            let set = |hash: &mut BTreeMap<Vec<u8>, Vec<u8>>| {
-                if let Some(lease) = own {
-                    hash.insert(id.to_vec(), Lease::text(lease));
+            for part in Write::order(*expire_first) {
+                match part {
+                    Part::Set => {
+                        if let Some(lease) = own {
+                            hash.insert(id.to_vec(), Lease::text(lease));
+                        }
+                        if let Some(text) = summary {
+                            hash.insert(SUMMARY_FIELD.to_vec(), text.clone());
+                        }
+                    }
+                    Part::Remove => {
+                        for field in delete {
+                            hash.remove(field);
+                        }
+                    }
+                    Part::Expire => {}
                 }
-                if let Some(text) = summary {
-                    hash.insert(SUMMARY_FIELD.to_vec(), text.clone());
-                }
-            };
-            if !expire_first {
-                set(hash);
-            }
-            for field in delete {
-                hash.remove(field);
-            }
-            if *expire_first {
-                set(hash);
             }
             Some(*expire_at_ms)
         }

@@ -26,5 +26,5 @@ pub use args::{
 pub use stored::{Lease, SUMMARY_FIELD, TRACKED};
 pub use view::{
     acquire, decide, key_expire_at_ms, ms_until, release, renew, Acquired, Kind, LeaseStore,
-    Leases, Unsure, Write,
+    Leases, Part, Unsure, Write,
 };

@@ -543,6 +543,28 @@ pub enum Write {
     },
 }
 
+/// One of a `Write::Save`'s effects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// `HSET` of the caller's lease and the summary.
+    Set,
+    /// `HDEL` of the fields to delete.
+    Remove,
+    /// `PEXPIREAT`.
+    Expire,
+}
+
+impl Write {
+    /// The order a `Save`'s effects go in (see `Save`).
+    pub fn order(expire_first: bool) -> [Part; 3] {
+        if expire_first {
+            [Part::Expire, Part::Remove, Part::Set]
+        } else {
+            [Part::Set, Part::Remove, Part::Expire]
+        }
+    }
+}
+
 /// Decides a call on `store` for `id` at `now_us`: `op` runs on the key as
 /// its summary tells it, or on the key read whole where the summary can't
 /// answer. The result is `op`'s, and what to write.
