@@ -5,6 +5,7 @@ budget runs from the write; a default budget, no helper threads, close()."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import subprocess
 import sys
@@ -357,6 +358,11 @@ def test_a_server_that_refuses_writes_for_now_is_redis_failing(flavour: str, own
     admin.close()
 
 
+def chained(error: BaseException, cause: BaseException) -> BaseException:
+    error.__context__ = cause
+    return error
+
+
 @pytest.mark.parametrize(
     "error, kind",
     [
@@ -387,6 +393,36 @@ def test_a_server_that_refuses_writes_for_now_is_redis_failing(flavour: str, own
         pytest.param(redis.exceptions.MaxConnectionsError(), "shed", id="max-connections-bare"),
         pytest.param(redis.ConnectionError("Too many connections"), "shed", id="too-many-connections"),
         pytest.param(redis.ConnectionError("No connection available."), "shed", id="blocking-pool"),
+        # This process or host out of descriptors, ports, buffers or memory,
+        # raw or as redis-py wraps it: local, never Redis failing.
+        pytest.param(OSError(errno.EMFILE, "Too many open files"), "shed", id="EMFILE"),
+        pytest.param(OSError(errno.ENFILE, "Too many open files in system"), "shed", id="ENFILE"),
+        pytest.param(OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"), "shed", id="EADDRNOTAVAIL"),
+        pytest.param(OSError(errno.ENOBUFS, "No buffer space available"), "shed", id="ENOBUFS"),
+        pytest.param(OSError(errno.ENOMEM, "Cannot allocate memory"), "shed", id="ENOMEM"),
+        pytest.param(
+            redis.ConnectionError("Error 24 connecting to 127.0.0.1:6379. Too many open files."),
+            "shed",
+            id="EMFILE-wrapped",
+        ),
+        pytest.param(
+            redis.ConnectionError("Error 99 connecting to 127.0.0.1:6379. Cannot assign requested address."),
+            "shed",
+            id="EADDRNOTAVAIL-wrapped",
+        ),
+        pytest.param(
+            redis.ConnectionError("Error 105 while writing to socket. No buffer space available."),
+            "shed",
+            id="ENOBUFS-wrapped",
+        ),
+        pytest.param(
+            chained(redis.ConnectionError("Error connecting"), OSError(errno.ENFILE, "")), "shed", id="chained"
+        ),
+        pytest.param(
+            redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
+            "failure",
+            id="refused-not-local",
+        ),
         # Usage errors: raised under every policy.
         pytest.param(reply_error(message("wrongtype")), "usage", id="WRONGTYPE"),
         pytest.param(reply_error(message("bad_fields")), "usage", id="not-a-bucket"),

@@ -37,90 +37,29 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
-    AuthenticationError,
-    AuthorizationError,
-    BusyLoadingError,
     ConnectionError,
     InvalidResponse,
-    ReadOnlyError,
-    RedisClusterException,
     RedisError,
     ResponseError,
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from ._errors import LimiterError, NoBackendError
-
-Kind = Literal["failure", "shed", "usage"]
+from ._classify import classify
+from ._errors import LimiterError, Shed
 
 # redis-py 7.1+ names the client to the server with a DriverInfo.
 _DRIVER_INFO = importlib.util.find_spec("redis.driver_info") is not None
 
 # A pool bigger than this is unbounded (redis-py 5's default is 2**31).
 _UNBOUNDED = 2**30
-
-# Error replies that say the server can't serve now (a failover, a restart,
-# a script that runs too long, a full memory, a snapshot that failed, too
-# few replicas for min-replicas-to-write), as opposed to "your request is
-# wrong". redis-py turns some into their own classes and drops the code.
-_UNAVAILABLE_CODES = (
-    "LOADING",
-    "MASTERDOWN",
-    "CLUSTERDOWN",
-    "READONLY",
-    "BUSY ",
-    "OOM ",
-    "TRYAGAIN",
-    "MISCONF",
-    "NOREPLICAS",
-)
-_POOL_EXHAUSTED = ("too many connections", "no connection available")
-
-
-class Shed(LimiterError):
-    """The call could not get its decision in time for a local reason (no
-    free connection within the budget, an event loop too far behind): the
-    gateway is overloaded, Redis did not fail. Never admitted."""
-
-
-def classify(exc: BaseException) -> Kind:
-    """What an error means for the failure policy: Redis failing
-    ("failure"), the process overloaded ("shed"), or a usage error that
-    always raises ("usage": a bad argument, a key of the wrong type, a
-    server that refuses the user, which no policy should hide)."""
-    if isinstance(exc, Shed):
-        return "shed"
-    if isinstance(exc, (AuthenticationError, AuthorizationError, NoBackendError)):
-        return "usage"
-    if isinstance(exc, ConnectionError):
-        # redis-py's pool running out (MaxConnectionsError in redis-py 6+,
-        # a plain ConnectionError before) is back-pressure, not an outage.
-        text = str(exc).lower()
-        if type(exc).__name__ == "MaxConnectionsError" or any(t in text for t in _POOL_EXHAUSTED):
-            return "shed"
-        return "failure"
-    if isinstance(exc, (RedisTimeoutError, TimeoutError, asyncio.TimeoutError, BusyLoadingError, ReadOnlyError)):
-        return "failure"
-    if isinstance(exc, ResponseError):
-        name = type(exc).__name__
-        if name in ("ClusterDownError", "MasterDownError", "TryAgainError", "OutOfMemoryError"):
-            return "failure"
-        text = str(exc)
-        return "failure" if text.startswith(_UNAVAILABLE_CODES) else "usage"
-    if isinstance(exc, RedisClusterException):
-        # No node reachable, no slot map: the cluster is not serving.
-        return "failure"
-    if isinstance(exc, OSError):
-        return "failure"
-    return "usage"  # DataError, TypeError, ValueError, ...: the caller's
 
 
 def _owned_settings(pool: Any, timeout: float, sync: bool) -> Optional[dict[str, Any]]:
