@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import socket
 import subprocess
 import sys
@@ -87,26 +88,35 @@ def test_sync_pool_exhaustion_waits_instead_of_failing_open(module_target: Targe
     lim.close()
 
 
-def test_no_free_connection_in_time_sheds_never_admits(module_target: Target):
-    """One connection, a budget of 50 ms, and an event loop held for 300 ms:
-    the call holding the connection gets Redis's answer (already in its
-    socket), the ones waiting for a connection are shed, under every policy."""
+def test_a_call_behind_a_line_older_than_its_budget_is_shed_at_once(module_target: Target):
+    """One connection (one command in flight), a budget of 50 ms: 20 calls
+    line up for it, then the event loop is held for 300 ms. The calls in
+    line are never shed: each gets Redis's answer when its turn comes. A
+    call that arrives behind a line whose oldest has waited more than its
+    budget is shed at once, before anything is sent, under every policy."""
 
-    async def main(policy: Any) -> list[Any]:
+    async def main(policy: Any) -> tuple[list[Any], list[Any], str]:
         client = module_target.async_client(max_connections=1)
         lim = tb_asyncio.Limiter(client, timeout=0.05, on_error=policy)
         try:
-            await lim.peek("rl:shed", B)  # connected
-            out = await asyncio.gather(*(lim.consume("rl:shed", B) for _ in range(20)), blocking(0.3))
-            return [*out[:-1], lim.breaker_state]
+            await lim.peek(f"rl:shed:{policy}", B)  # connected
+
+            async def late() -> list[Any]:
+                await asyncio.sleep(0)  # the others are in line
+                time.sleep(0.3)  # a CPU-bound request holds the loop
+                return list(await asyncio.gather(*(lim.consume(f"rl:shed:{policy}", B) for _ in range(5))))
+
+            *lined, behind = await asyncio.gather(*(lim.consume(f"rl:shed:{policy}", B) for _ in range(20)), late())
+            return lined, behind, lim.breaker_state
         finally:
             await lim.aclose()
             await client.aclose()
 
     for policy in ("open", "closed", "raise", "local"):
-        first, *rest, state = run(main(policy))
-        assert first.allowed and not first.degraded and not first.shed
-        assert all(not d.allowed and d.shed and not d.degraded and d.retry_after == 1 for d in rest)
+        lined, behind, state = run(main(policy))
+        assert sorted(d.remaining for d in lined) == list(range(30, 50)), policy  # Redis's answers, each its own
+        assert all(d.allowed and not d.degraded and not d.shed for d in lined), policy
+        assert all(not d.allowed and d.shed and not d.degraded and d.retry_after == 1 for d in behind), policy
         assert state == "closed"  # shedding is not a Redis failure
 
 
@@ -443,6 +453,79 @@ def chained(error: BaseException, cause: BaseException) -> BaseException:
 )
 def test_classify_tells_redis_failing_from_overload_and_usage(error: BaseException, kind: str):
     assert classify(error) == kind
+
+
+EXHAUST = textwrap.dedent("""
+    import asyncio, json, os, resource, sys
+    import redis, redis.asyncio
+    from redis_tokenbucket import Breaker, Bucket, Limiter
+    import redis_tokenbucket.asyncio as tb_asyncio
+
+    port, flavour = int(sys.argv[1]), sys.argv[2]
+    B = Bucket(1, 0.001)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def kill_the_limiters_connections():
+        with redis.Redis(port=port) as admin:
+            admin.client_kill_filter(_type="normal", skip_me=True)
+
+    def exhaust():
+        # The lowest free descriptor number as the limit: no new one opens.
+        lowest = os.open(os.devnull, os.O_RDONLY)
+        os.close(lowest)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+
+    def row(d):
+        return [d.allowed, d.degraded, d.shed, d.retry_after_ms, d.remaining]
+
+    # A descriptor below the limiter's socket, freed before the limit is
+    # lowered to it: closing that socket then frees none under the limit.
+    hole = os.open(os.devnull, os.O_RDONLY)
+    out = []
+    if flavour == "sync":
+        lim = Limiter(redis.Redis(port=port), on_error="open", breaker=Breaker(1, 10, 2))
+        out += [row(lim.consume("rl:fd", B)), row(lim.consume("rl:fd", B))]
+        os.close(hole)
+        kill_the_limiters_connections()
+        exhaust()
+        out += [row(lim.consume("rl:fd", B)), lim.breaker_state]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        out += [row(lim.consume("rl:fd", B))]
+    else:
+        async def main():
+            lim = tb_asyncio.Limiter(redis.asyncio.Redis(port=port), on_error="open", breaker=Breaker(1, 10, 2))
+            rows = [row(await lim.consume("rl:fd", B)), row(await lim.consume("rl:fd", B))]
+            os.close(hole)
+            kill_the_limiters_connections()
+            await asyncio.sleep(0.1)  # the loop hears of it: the next call connects
+            exhaust()
+            rows += [row(await lim.consume("rl:fd", B)), lim.breaker_state]
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            rows += [row(await lim.consume("rl:fd", B))]
+            await lim.aclose()
+            return rows
+        out = asyncio.run(main())
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_running_out_of_descriptors_is_shed_never_admitted(own_server: Server, flavour: str):
+    """A bucket Redis has just denied; the limiter's connections dropped;
+    then the process's descriptors run out (RLIMIT_NOFILE lowered for real,
+    in a child process). Under on_error="open" the call is shed: not
+    admitted, not degraded, and not counted by the breaker (one Redis
+    failure would open it). With descriptors back, Redis answers again."""
+    proc = subprocess.run(
+        [sys.executable, "-c", EXHAUST, str(own_server.port), flavour], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, denied, exhausted, state, after = json.loads(proc.stdout)
+    assert first == [True, False, False, 0, 0]
+    assert denied[:3] == [False, False, False]
+    assert exhausted == [False, False, True, 1000, 0]
+    assert state == "closed"
+    assert after[:3] == [False, False, False]  # Redis's own denial
 
 
 # ---- usage errors always raise --------------------------------------------------

@@ -566,25 +566,32 @@ def test_local_leases_are_a_share_of_the_limit_per_process():
     assert one.acquired and one.degraded
 
 
-def test_an_acquire_that_cannot_get_a_connection_in_time_sheds(module_target: Target):
-    async def main(policy: Any) -> list[Any]:
+def test_an_acquire_behind_a_line_older_than_its_budget_is_shed(module_target: Target):
+    """One connection, a budget of 50 ms, the loop held for 300 ms while 10
+    acquires wait in line for it: each of those gets Redis's answer; the
+    ones that arrive behind a line that old are shed at once."""
+
+    async def main(policy: Any) -> tuple[list[Lease], list[Lease], str]:
         client = module_target.async_client(max_connections=1)
         lim = tb_asyncio.Limiter(client, timeout=0.05, on_error=policy)
         try:
             await lim.in_flight("rl:streams:s")  # connected
 
-            async def hold_the_loop() -> None:
+            async def late() -> list[Lease]:
+                await asyncio.sleep(0)  # the others are in line
                 time.sleep(0.3)
+                return list(await asyncio.gather(*(lim.acquire("rl:streams:s", STREAMS) for _ in range(3))))
 
-            out = await asyncio.gather(*(lim.acquire("rl:streams:s", STREAMS) for _ in range(10)), hold_the_loop())
-            return [*out[:-1], lim.breaker_state]
+            *lined, behind = await asyncio.gather(*(lim.acquire("rl:streams:s", STREAMS) for _ in range(10)), late())
+            return lined, behind, lim.breaker_state
         finally:
             await lim.aclose()
 
     for policy in ("open", "closed", "raise", "local"):
-        first, *rest, state = run(main(policy))
-        assert first.acquired and not first.degraded
-        assert all(not lease.acquired and lease.shed and lease.retry_after == 1 for lease in rest)
+        lined, behind, state = run(main(policy))
+        assert sum(lease.acquired for lease in lined) == STREAMS.limit, policy  # Redis's answers
+        assert not any(lease.degraded or lease.shed for lease in lined), policy
+        assert all(not lease.acquired and lease.shed and lease.retry_after == 1 for lease in behind), policy
         assert state == "closed"
         with module_target.admin() as admin:
             admin.delete("rl:streams:s")
