@@ -376,3 +376,28 @@ def test_a_connection_not_up_within_the_budget_sheds_each_task_waiting_for_it(mo
     assert all(not d.allowed and d.shed and not d.degraded for d in shed)
     assert state == "closed"
     assert [(d.allowed, d.degraded, d.remaining) for d in after] == [(True, False, b.max - 1) for _, b in keys]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_commands_pack_as_redis_py_packs_them(encoding: str):
+    """The limiter's own packing against redis-py's Python packer (the
+    asyncio connection's, which is always that one), on the kinds of
+    argument it sends and the ones only a client's encoder takes."""
+    from redis.asyncio.connection import Connection
+
+    from redis_tokenbucket._pack import pack
+
+    commands: list[tuple[Any, ...]] = [
+        ("TB.CONSUME", "rl:user:7", "10.0", "0.17", "1.0"),
+        ("FCALL", "tb_mconsume", 2, b"rl:{u}:a", "rl:{u}:é", "1e-05", "2", "3"),
+        ("FUNCTION LOAD", "REPLACE", "#!lua name=tb\n" + "x" * 70_000),
+        ("EVALSHA", "ab" * 20, 1, "k", "consume", -3, 0, 2**70, 1.5, memoryview(b"mv"), b""),
+        ("FCALL_RO", "tb_version", 0),
+        ("PING",),
+    ]
+    conn = Connection(encoding=encoding)
+    for args in commands:
+        assert pack(args, conn.encoder) == b"".join(conn.pack_command(*args)), args
+    for bad in (True, None):
+        with pytest.raises(redis.DataError):
+            pack(("TB.CONSUME", bad), conn.encoder)

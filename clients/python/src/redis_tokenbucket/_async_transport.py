@@ -30,6 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ._classify import local_errno
 from ._commands import Command, Once
 from ._errors import LimiterError, Shed
+from ._pack import pack
 
 # Turns of the event loop between a watchdog's firing and its verdict: the
 # loop polls its sockets (1), feeds what came to the connection's stream
@@ -80,7 +81,7 @@ class _Pipe:
         self.open = True  # takes new commands
         self.closed = False  # the connection is gone, or going
         self.replies = 0  # replies read so far
-        self._queue: list[tuple[Any, asyncio.Future[Any], float]] = []  # handed over, not written
+        self._queue: list[tuple[bytes, asyncio.Future[Any], float]] = []  # handed over, not written
         self._inflight: deque[_InFlight] = deque()
         self._timer: Optional[asyncio.TimerHandle] = None
         self._timer_due = 0.0
@@ -97,7 +98,7 @@ class _Pipe:
         """Nothing handed over, nothing waiting for a reply."""
         return not self._queue and not self._inflight
 
-    def send(self, packed: Any, budget: float) -> asyncio.Future[Any]:
+    def send(self, packed: bytes, budget: float) -> asyncio.Future[Any]:
         """The command's reply, a future; written with the others of this
         loop iteration."""
         future = self.loop.create_future()
@@ -127,10 +128,7 @@ class _Pipe:
                 for packed, future, budget in queue:
                     if future.done():
                         continue  # its task was cancelled before the write: never sent
-                    if type(packed) is bytes:
-                        data.append(packed)
-                    else:
-                        data.extend(packed)
+                    data.append(packed)
                     due = now + budget
                     inflight.append(_InFlight(future, due, budget, reused))
                     if first is None or due < first:
@@ -369,7 +367,7 @@ class AsyncConnections:
             # connection found closed before it is written, not after.
             await _hear_of_closes()
             pipe = self.pipe if self.pipe is not None and self.pipe.loop is loop else await self._open(budget)
-        packed = pipe.conn.pack_command(*args)
+        packed = pack(args, pipe.conn.encoder)
         try:
             return await pipe.send(packed, budget)
         except _Lost as lost:

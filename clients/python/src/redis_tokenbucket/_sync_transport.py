@@ -16,6 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ._classify import local_errno
 from ._commands import Command, Once
 from ._errors import Shed
+from ._pack import pack
 
 
 class _Owned:
@@ -84,7 +85,7 @@ class SyncConnections:
             conn.connect()
             owned.up = True
             reused = False
-        packed = conn.pack_command(*args)
+        packed = [pack(args, conn.encoder)]  # a list: the sync send_packed_command sends each item
         try:
             return self._roundtrip(conn, packed, budget)
         except ResponseError:
@@ -116,7 +117,7 @@ class SyncConnections:
             conn.disconnect()
             raise
 
-    def _roundtrip(self, conn: Any, packed: Any, budget: float) -> Any:
+    def _roundtrip(self, conn: Any, packed: list[bytes], budget: float) -> Any:
         conn.send_packed_command(packed, check_health=False)
         # The socket's timeout is the limiter's; another budget waits for
         # the reply's first bytes itself.

@@ -3,8 +3,9 @@
 For a plain ``redis.Redis`` / ``redis.asyncio.Redis`` the limiter keeps its
 own connections: redis-py ``Connection`` objects made from the client's
 connection settings, driven through redis-py's public connection API
-(``connect``, ``pack_command``, ``send_packed_command``,
-``read_response``, ``can_read``, ``disconnect``), so that:
+(``connect``, ``send_packed_command``, ``read_response``, ``can_read``,
+``disconnect``; replies parsed by redis-py, with hiredis when installed;
+commands packed by `_pack`), so that:
 
 - the budget (`timeout`) runs from the moment the command is written;
 - redis-py's retries (and their backoff) can't multiply the budget: these
