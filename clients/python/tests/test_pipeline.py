@@ -343,7 +343,7 @@ def test_a_limiter_serves_one_event_loop_after_another(module_target: Target):
     bucket = Bucket(100, SLOW)
 
     async def burst() -> list[int]:
-        # More calls than the pool has connections: some wait for a slot.
+        # More calls than the pool has connections: all go on the one pipelined connection.
         out = await asyncio.gather(*(lim.consume("rl:pipe:loops", bucket) for _ in range(10)))
         assert not any(d.degraded or d.shed for d in out)
         return sorted(d.remaining for d in out)

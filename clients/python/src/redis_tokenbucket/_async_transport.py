@@ -11,10 +11,15 @@ Under load the event loop reads replies late: a reply that has come from
 Redis is used however late it is read. A command fails as Redis's timeout
 only when its budget, counted from its write, ran out with no reply in
 sight: the pipe's watchdog then lets the loop poll its sockets once and
-the reader read what came (`_Pipe._probe`), and fails it only if Redis
-sent nothing at all meanwhile. Shedding is done before a command is sent,
-never after: a call that would queue behind commands already waiting a
-whole budget for a slot is shed at once (`_Slots`).
+the reader read what came (`_Pipe._probe`) before it decides.
+
+Nothing bounds the commands in flight but their budgets: on one pipelined
+connection a slot per command (the pool's `max_connections`, as before)
+only added a queue that a loop running behind could not drain in time,
+and what waited in it was shed (docs/benchmarks.md, the gateway under
+load). Shedding happens before a command is sent, never after it: when
+no connection is up within the budget, or a connection lost under a
+command leaves too little of its budget to send it again.
 """
 
 from __future__ import annotations
@@ -32,22 +37,26 @@ from ._commands import Command, Once
 from ._errors import LimiterError, Shed
 from ._pack import pack
 
-# Turns of the event loop between a watchdog's firing and its verdict: the
-# loop polls its sockets (1), feeds what came to the connection's stream
-# and wakes the reader (2), the reader reads and hands out the replies (3).
-_PROBE_TURNS = 3
+# Turns of the event loop between a watchdog's firing and its verdict. The
+# timer runs after its iteration's poll of the sockets: the next iteration
+# polls (what came before the timer fired, at the latest) and feeds it to
+# the connection's stream after the turn queued in the timer's; the reader
+# it wakes runs in the iteration after, after the turn queued then; the
+# fourth turn comes after the reader.
+_TURNS = 4
 
 
 class _InFlight:
     """A command written on a pipe, its reply not read yet."""
 
-    __slots__ = ("budget", "due", "future", "overdue", "reused")
+    __slots__ = ("budget", "due", "extended", "future", "overdue", "reused")
 
     def __init__(self, future: asyncio.Future[Any], due: float, budget: float, reused: bool) -> None:
         self.future = future
         self.due = due  # by the loop's clock: the write, plus the budget
         self.budget = budget
         self.overdue = False  # no reply within the budget: the caller got a timeout
+        self.extended = False  # given a second budget once (see _Pipe._probe)
         self.reused = reused  # the connection had answered before this write
 
 
@@ -193,24 +202,26 @@ class _Pipe:
     def _probe(self, replies: int, fired: float, turn: int) -> None:
         """A budget ran out at `fired`. Before blaming Redis, the loop polls
         its sockets and the reader reads what came (a loop that is behind
-        may not have looked for a while): then, a command whose budget ran
-        out is Redis's timeout only if no reply at all came meanwhile.
-        Replies that came mean Redis is answering, in order: the loop is
-        behind, and the command waits its turn in the stream."""
+        may not have looked for a while): a command still without a reply
+        then was not answered within its budget, since the poll came after
+        it. Once, if replies came meanwhile (more may wait, unread), it gets
+        another budget; else, or the second time, it is Redis's timeout."""
         if self.closed:
             return
-        if turn < _PROBE_TURNS:
+        if turn < _TURNS:
             self.loop.call_soon(self._probe, replies, fired, turn + 1)
             return
         now = self.loop.time()
         late = [c for c in self._inflight if not c.overdue and c.due <= fired]
-        if late and self.replies != replies:
-            for c in late:
+        failed = False
+        for c in late:
+            if self.replies != replies and not c.extended:
+                c.extended = True
                 c.due = now + c.budget
-        elif late:
-            for c in late:
-                c.overdue = True
-                _fail(c.future, RedisTimeoutError(f"no reply from Redis within {c.budget:g} s of the command"))
+                continue
+            c.overdue = failed = True
+            _fail(c.future, RedisTimeoutError(f"no reply from Redis within {c.budget:g} s of the command"))
+        if failed:
             self.retire()
             if self._settled():
                 self.close()
@@ -272,104 +283,32 @@ def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
 
 async def _hear_of_closes() -> None:
     """Lets the loop poll its sockets and the pipes' readers read what that
-    brought (`_PROBE_TURNS`): a connection the server closed before this
-    call started is known closed when it returns."""
-    for _ in range(_PROBE_TURNS):
+    brought (`_TURNS`): a connection the server closed before this call
+    started is known closed when it returns."""
+    for _ in range(_TURNS):
         await asyncio.sleep(0)
-
-
-class _Slots:
-    """The client pool's `max_connections` as commands in flight at once,
-    for one event loop: a call takes a slot before it sends and gives it
-    back with the answer. A call that finds none free waits in line, unless
-    the line's oldest has already waited its whole budget: then it is shed
-    at once, before anything is sent (a call that waits is never shed)."""
-
-    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.free = limit
-        self.line: deque[tuple[asyncio.Future[None], float]] = deque()
-
-    def take(self, budget: float) -> Optional[asyncio.Future[None]]:
-        """None: a slot is taken. Else the future that hands one over."""
-        line = self.line
-        while line and line[0][0].done():
-            line.popleft()  # its task was cancelled
-        if self.free and not line:
-            self.free -= 1
-            return None
-        now = self.loop.time()
-        if line and now - line[0][1] >= budget:
-            raise Shed(f"calls have waited {now - line[0][1]:.3f} s for one of the connection's slots")
-        waiter = self.loop.create_future()
-        line.append((waiter, now))
-        return waiter
-
-    async def wait(self, waiter: asyncio.Future[None]) -> None:
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.give()  # handed a slot it won't use
-            raise
-
-    def give(self) -> None:
-        line = self.line
-        while line:
-            waiter, _ = line.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self.free += 1
 
 
 class AsyncConnections:
     """The asyncio limiter's own connection(s) to the client's server: one
     pipe that all tasks' commands share (another once it is retired or
-    lost). The client pool's `max_connections`, which bounds the commands
-    redis-py has in flight (one per connection), bounds the limiter's
-    commands in flight the same way (`_Slots`)."""
+    lost)."""
 
-    def __init__(self, make: Callable[[], Any], timeout: float, limit: Optional[int]) -> None:
+    def __init__(self, make: Callable[[], Any], timeout: float) -> None:
         self._make = make
         self.timeout = timeout
         self.pipe: Optional[_Pipe] = None  # the one new commands go on
         self.pipes: set[_Pipe] = set()  # with tasks running: the current one and retired ones
         self._opening: Optional[asyncio.Future[_Pipe]] = None
         self._opening_waiters = 0
-        self._limit = limit
-        self._slots: Optional[_Slots] = None
 
     async def call(self, command: Command, timeout: Optional[float]) -> Any:
         budget = self.timeout if timeout is None else timeout
         loop = asyncio.get_running_loop()
-        slots = self._slots
-        if self._limit is not None and (slots is None or slots.loop is not loop):
-            slots = self._slots = _Slots(self._limit, loop)  # one per loop: a future waits on one
-        if slots is not None:
-            waiter = slots.take(budget)
-            if waiter is not None:
-                await slots.wait(waiter)
-        try:
-            return await self._call(command, budget, loop)
-        finally:
-            if slots is not None:
-                slots.give()
-
-    async def _call(self, command: Command, budget: float, loop: asyncio.AbstractEventLoop) -> Any:
         once = type(command) is Once
         args: Any = command.command if once else command  # type: ignore[union-attr]
-        pipe = self.pipe
-        if pipe is None or pipe.loop is not loop:
-            pipe = await self._open(budget)
-        elif once and pipe.idle():
-            # A refund may go again only if it never reached Redis: on a
-            # connection found closed before it is written, not after.
-            await _hear_of_closes()
-            pipe = self.pipe if self.pipe is not None and self.pipe.loop is loop else await self._open(budget)
-        packed = pack(args, pipe.conn.encoder)
         try:
-            return await pipe.send(packed, budget)
+            return await self._send(args, once, budget, loop)
         except _Lost as lost:
             if (lost.written and (once or not lost.reused)) or local_errno(lost.error) is not None:
                 raise lost.as_failure() from lost.error
@@ -378,11 +317,22 @@ class AsyncConnections:
             remaining = budget if lost.due is None else lost.due - loop.time()
             if remaining <= 0:
                 raise Shed("Redis closed the connection; this process heard of it too late to send again") from None
-        pipe = self.pipe if self.pipe is not None and self.pipe.loop is loop else await self._open(remaining)
         try:
-            return await pipe.send(packed, remaining)
+            return await self._send(args, once, remaining, loop)
         except _Lost as lost:
             raise lost.as_failure() from lost.error
+
+    async def _send(self, args: Any, once: bool, budget: float, loop: asyncio.AbstractEventLoop) -> Any:
+        """The command on the pipe; its reply, or `_Lost`."""
+        pipe = self.pipe
+        if pipe is None or pipe.loop is not loop:
+            pipe = await self._open(budget)
+        elif once and pipe.idle():
+            # A refund may go again only if it never reached Redis: on a
+            # connection found closed before it is written, not after.
+            await _hear_of_closes()
+            pipe = self.pipe if self.pipe is not None and self.pipe.loop is loop else await self._open(budget)
+        return await pipe.send(pack(args, pipe.conn.encoder), budget)
 
     async def _open(self, budget: float) -> _Pipe:
         """The pipe, connected: one connect for all the tasks that need it.

@@ -16,7 +16,9 @@ commands packed by `_pack`), so that:
   run could mint tokens (a refund, a reset: `Once`), which is sent again
   only where it provably never reached Redis;
 - waiting for a connection is bounded and, when it can't be had, is local
-  overload (`Shed`), never a Redis failure.
+  overload (`Shed`), never a Redis failure: the sync limiter's (at most the
+  pool's `max_connections` of them), the asyncio limiter's one shared
+  connection (when it is not up within the budget).
 
 The sync limiter's connections are in `_sync_transport`, the asyncio
 one's shared, auto-pipelined connection in `_async_transport`. Other
@@ -123,7 +125,7 @@ def async_connections(client: Any, timeout: Optional[float]) -> Optional[AsyncCo
     settings = owned_settings(pool, timeout, sync=False)
     if settings is None:
         return None
-    return AsyncConnections(lambda: pool.connection_class(**settings), timeout, max_connections(pool))
+    return AsyncConnections(lambda: pool.connection_class(**settings), timeout)
 
 
 __all__ = [
