@@ -282,9 +282,9 @@ def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
 
 
 async def _hear_of_closes() -> None:
-    """Lets the loop poll its sockets and the pipes' readers read what that
-    brought (`_TURNS`): a connection the server closed before this call
-    started is known closed when it returns."""
+    """Lets the loop poll its sockets and run what that brought (`_TURNS`):
+    a connection the server closed before this call started is known
+    closed when it returns, and one that came up is known up."""
     for _ in range(_TURNS):
         await asyncio.sleep(0)
 
@@ -346,9 +346,14 @@ class AsyncConnections:
             opening.add_done_callback(self._opened)
         self._opening_waiters += 1
         try:
-            return await asyncio.wait_for(asyncio.shield(opening), budget)
-        except asyncio.TimeoutError:
-            raise Shed(f"no connection to Redis up within {budget:g} s") from None
+            try:
+                return await asyncio.wait_for(asyncio.shield(opening), budget)
+            except asyncio.TimeoutError:
+                # A connect that finished while the loop was behind is used.
+                await _hear_of_closes()
+                if not opening.done():
+                    raise Shed(f"no connection to Redis up within {budget:g} s") from None
+                return opening.result()
         finally:
             self._opening_waiters -= 1
             if not self._opening_waiters and not opening.done():
