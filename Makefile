@@ -233,7 +233,7 @@ bench-python: deps venv build python-tools ## the Python client: its overhead pe
 bench-node: deps build node-tools ## the Node client: its overhead per call, its denial cache, and the peers (rate-limiter-flexible, rate-limit-redis)
 	bash scripts/bench-node.sh
 
-bench-gateway: deps venv build python-tools ## the example gateway under wrk at 200/400/1000 connections: admitted vs budget, degraded, shed
+bench-gateway: deps venv build python-tools ## the example gateway under wrk at 200/400/1000 connections, three runs each (the worst reported): req/s, admitted vs budget, 429s vs 503s, degraded
 	$(MAKE) --no-print-directory -C examples/fastapi-gateway install
 	$(PY) examples/fastapi-gateway/bench/gateway.py --report docs/benchmarks.md
 

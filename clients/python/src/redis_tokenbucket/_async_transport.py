@@ -13,13 +13,13 @@ only when its budget, counted from its write, ran out with no reply in
 sight: the pipe's watchdog then lets the loop poll its sockets once and
 the reader read what came (`_Pipe._probe`) before it decides.
 
-Nothing bounds the commands in flight but their budgets: on one pipelined
-connection a slot per command (the pool's `max_connections`, as before)
-only added a queue that a loop running behind could not drain in time,
-and what waited in it was shed (docs/benchmarks.md, the gateway under
-load). Shedding happens before a command is sent, never after it: when
-no connection is up within the budget, or a connection lost under a
-command leaves too little of its budget to send it again.
+Nothing bounds the commands in flight but their budgets. Slots for them
+(the pool's `max_connections`, as redis-py has one command in flight per
+connection) only queued calls that a loop running behind could not serve
+in time, and shed them (docs/benchmarks.md, the gateway under load).
+Shedding happens before a command is sent, never after it: when no
+connection is up within the budget, or a connection lost under a command
+leaves too little of its budget to send it again.
 """
 
 from __future__ import annotations
