@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from asyncio import selector_events
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -226,6 +227,13 @@ def blocked(admin: redis.Redis) -> set[str]:
     return {c["id"] for c in admin.client_list() if "b" in c["flags"]}
 
 
+async def until(condition: Callable[[], bool], what: str, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not seen within {seconds} s: {what}"
+        await asyncio.sleep(0.01)
+
+
 def kill_the_connection_in_flight(module_target: Target, keys: list[tuple[str, Bucket]], kills: int) -> list[Any]:
     """CLIENT PAUSE WRITE holds the commands (written, unanswered), then
     CLIENT KILL closes the connection (a connection that had answered
@@ -247,13 +255,16 @@ def kill_the_connection_in_flight(module_target: Target, keys: list[tuple[str, B
                         for i, (key, bucket) in enumerate(keys)
                     ]
                     killed: set[str] = set()
+
+                    def held() -> bool:  # a connection not killed yet, its commands held by the pause
+                        return bool(blocked(admin) - killed)
+
                     for _ in range(kills):
-                        while not blocked(admin) - killed:
-                            await asyncio.sleep(0.01)  # written, and held by the pause
+                        await until(held, "commands written and held by the pause")
                         killed |= blocked(admin)
                         assert admin.client_kill_filter(_type="normal", skip_me=True) >= 1
-                    while len(blocked(admin) - killed) < (kills == 1):
-                        await asyncio.sleep(0.01)  # sent again, and held
+                    if kills == 1:
+                        await until(held, "the charges sent again, and held")
                 finally:
                     admin.client_unpause()
                 out = await asyncio.gather(*calls, return_exceptions=True)
