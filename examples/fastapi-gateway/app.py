@@ -17,6 +17,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis_tokenbucket import Breaker, Bucket, Decision, Lease, MultiDecision, rate_limit_headers
 from redis_tokenbucket.asyncio import Limiter
 from redis_tokenbucket.fastapi import Rule, client_ip, hold_until_sent, install, user_id
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from auth import authenticate
 from config import Limits, Principal, Settings, TierLimits
@@ -300,6 +301,21 @@ def connect(settings: Settings) -> Redis | RedisCluster:
     return Redis.from_url(settings.redis_url, max_connections=settings.redis_max_connections, **timeouts)
 
 
+class Identify:
+    """Who is calling, before anything else runs: the API key's principal
+    (`auth.authenticate`) and the client's address, on request.state."""
+
+    def __init__(self, app: ASGIApp, api_keys: dict[str, Principal], address: Callable[[Request], str]) -> None:
+        self.app, self.api_keys, self.address = app, api_keys, address
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            request = Request(scope)
+            authenticate(request, self.api_keys)
+            request.state.client_ip = self.address(request)
+        await self.app(scope, receive, send)
+
+
 def create_app(
     settings: Settings | None = None,
     llm: LLMBackend | None = None,
@@ -313,7 +329,9 @@ def create_app(
         # belong to. Redis may be down now: detection happens on first use.
         redis = redis_factory() if redis_factory else connect(settings)
         breaker = Breaker(settings.breaker_failures, settings.breaker_window, settings.breaker_cooldown)
-        app.state.limiter = Limiter(redis, timeout=settings.redis_timeout, breaker=breaker)
+        app.state.limiter = Limiter(
+            redis, timeout=settings.redis_timeout, breaker=breaker, denial_cache=settings.denial_cache or None
+        )
         try:
             yield
         finally:
@@ -326,11 +344,10 @@ def create_app(
     app.state.llm = llm or StubLLM(settings.stub_token_delay_ms)
     address = client_ip(settings.trusted_proxies)
 
-    @app.middleware("http")
-    async def identify(request: Request, call_next: Callable) -> Response:
-        authenticate(request, settings.api_keys)
-        request.state.client_ip = address(request)
-        return await call_next(request)
+    # A plain ASGI middleware: Starlette's @app.middleware("http") runs each
+    # request in a task of its own, with streams between the two, which was
+    # a fifth of a worker's time under load (docs/benchmarks.md).
+    app.add_middleware(Identify, api_keys=settings.api_keys, address=address)
 
     # Outermost: it releases a streamed chat's slot after the last byte, or
     # as soon as the server reports the client gone.

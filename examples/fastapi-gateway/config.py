@@ -134,9 +134,17 @@ class Settings(BaseModel):
     # written, and the connect timeout (s): a hung Redis must not hang
     # requests, the route's fail-open/fail-closed policy takes over instead.
     redis_timeout: float = Field(default=0.1, gt=0)
-    # Connections per process (redis-py 6+'s default); when all are busy a
-    # request waits up to redis_timeout for one, then is shed (503).
+    # Connections per process (redis-py 6+'s default): the limiter's
+    # commands in flight at once, on its one shared connection. A request
+    # that finds them all taken waits its turn, unless the oldest waiting
+    # has waited redis_timeout already: then it is shed at once (503).
     redis_max_connections: int = Field(default=100, ge=1)
+    # Denials each worker remembers until their retry time, answering the
+    # same request again from memory (429, no round trip to Redis): a user
+    # hammering past its limit costs Redis one call per retry window. 0
+    # turns it off. It never denies what Redis would admit (the package's
+    # README, "The local denial cache").
+    denial_cache: int = Field(default=10_000, ge=0)
     # The circuit breaker: after this many Redis failures within the
     # window (s), routes answer by their policy without trying Redis, and
     # probe it again after the cooldown (s).
@@ -160,8 +168,8 @@ class Settings(BaseModel):
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         """GATEWAY_* variables; JSON for the structured ones."""
         raw: dict[str, object] = {}
-        for name in ("redis_url", "redis_timeout", "redis_max_connections", "cluster_mode", "breaker_failures",
-                     "breaker_window", "breaker_cooldown", "stub_token_delay_ms"):  # fmt: skip
+        for name in ("redis_url", "redis_timeout", "redis_max_connections", "denial_cache", "cluster_mode",
+                     "breaker_failures", "breaker_window", "breaker_cooldown", "stub_token_delay_ms"):  # fmt: skip
             if (value := env.get(f"GATEWAY_{name.upper()}")) is not None:
                 raw[name] = value
         if proxies := env.get("GATEWAY_TRUSTED_PROXIES"):

@@ -284,13 +284,13 @@ def report(
         rows.append(f"| {name} | {rate:,.0f} | {cmds:.4f} |")
     rows += [
         "",
-        "| target (issue 25) | measured | |",
+        "| target (issues 25, 37) | measured | |",
         "|---|---:|---|",
         f"| sync, README construction (default timeout) >= 1.0x limits fixed window | {sync_ratio:.2f}x | "
         f"{mark(sync_ratio >= 1.0)} |",
         f"| sync, `timeout=1.0` >= 1.0x limits fixed window | {sync_t_ratio:.2f}x | {mark(sync_t_ratio >= 1.0)} |",
-        f"| asyncio, README construction >= 1.0x limits.aio fixed window | {async_ratio:.2f}x | "
-        f"{mark(async_ratio >= 1.0)} |",
+        f"| asyncio, README construction >= 1.5x limits.aio fixed window | {async_ratio:.2f}x | "
+        f"{mark(async_ratio >= 1.5)} |",
         f"| server µs per decision <= 0.5x limits moving window, 1 command | {us_ratio:.2f}x, "
         f"{costs['ours sync'][1]:.1f} command | {mark(us_ratio <= 0.5 and costs['ours sync'][1] <= 1.0)} |",
         f"| retry loop >= 10x limits fixed window (denial cache) | {loop_ratio:.1f}x | {mark(loop_ratio >= 10)} |",

@@ -177,8 +177,8 @@ def all_connections_busy(lim: Any) -> Iterator[None]:
     (over a redis.Redis whose pool has `max_connections`): no slot of its
     gate, one per connection, is free until the block ends."""
     conns = lim._conns
-    assert conns is not None and conns._gate is not None, "a sync limiter over a pool with max_connections"
-    gate = conns._gate
+    assert conns is not None and conns.gate is not None, "a sync limiter over a pool with max_connections"
+    gate = conns.gate
     taken = 0
     while gate.acquire(blocking=False):
         taken += 1

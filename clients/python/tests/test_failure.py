@@ -5,6 +5,8 @@ budget runs from the write; a default budget, no helper threads, close()."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import socket
 import subprocess
 import sys
@@ -86,27 +88,37 @@ def test_sync_pool_exhaustion_waits_instead_of_failing_open(module_target: Targe
     lim.close()
 
 
-def test_no_free_connection_in_time_sheds_never_admits(module_target: Target):
-    """One connection, a budget of 50 ms, and an event loop held for 300 ms:
-    the call holding the connection gets Redis's answer (already in its
-    socket), the ones waiting for a connection are shed, under every policy."""
+def test_a_loop_held_past_the_budget_sheds_nothing_it_sent(module_target: Target):
+    """A pool of one connection, a budget of 50 ms: 20 calls are sent, then
+    the event loop is held for 300 ms (a CPU-bound request), then 5 more
+    calls come. Redis answered the 20 in time, and the 5 are sent at once
+    (the asyncio limiter pipelines every command on its one connection,
+    the pool's size bounds nothing there): each of the 25 gets Redis's own
+    answer, under every policy; none is shed, none degraded."""
 
-    async def main(policy: Any) -> list[Any]:
+    async def main(policy: Any) -> tuple[list[Any], str]:
         client = module_target.async_client(max_connections=1)
         lim = tb_asyncio.Limiter(client, timeout=0.05, on_error=policy)
+        key = f"rl:busy:{policy}"
         try:
-            await lim.peek("rl:shed", B)  # connected
-            out = await asyncio.gather(*(lim.consume("rl:shed", B) for _ in range(20)), blocking(0.3))
-            return [*out[:-1], lim.breaker_state]
+            await lim.peek(key, B)  # connected
+
+            async def late() -> list[Any]:
+                await asyncio.sleep(0)  # the others are sent
+                time.sleep(0.3)
+                return list(await asyncio.gather(*(lim.consume(key, B) for _ in range(5))))
+
+            *first, then = await asyncio.gather(*(lim.consume(key, B) for _ in range(20)), late())
+            return [*first, *then], lim.breaker_state
         finally:
             await lim.aclose()
             await client.aclose()
 
     for policy in ("open", "closed", "raise", "local"):
-        first, *rest, state = run(main(policy))
-        assert first.allowed and not first.degraded and not first.shed
-        assert all(not d.allowed and d.shed and not d.degraded and d.retry_after == 1 for d in rest)
-        assert state == "closed"  # shedding is not a Redis failure
+        out, state = run(main(policy))
+        assert sorted(d.remaining for d in out) == list(range(25, 50)), policy  # Redis's answers, each its own
+        assert all(d.allowed and not d.degraded and not d.shed for d in out), policy
+        assert state == "closed"
 
 
 def test_a_sync_call_that_gets_no_connection_in_time_is_shed(module_target: Target):
@@ -357,6 +369,11 @@ def test_a_server_that_refuses_writes_for_now_is_redis_failing(flavour: str, own
     admin.close()
 
 
+def chained(error: BaseException, cause: BaseException) -> BaseException:
+    error.__context__ = cause
+    return error
+
+
 @pytest.mark.parametrize(
     "error, kind",
     [
@@ -387,6 +404,36 @@ def test_a_server_that_refuses_writes_for_now_is_redis_failing(flavour: str, own
         pytest.param(redis.exceptions.MaxConnectionsError(), "shed", id="max-connections-bare"),
         pytest.param(redis.ConnectionError("Too many connections"), "shed", id="too-many-connections"),
         pytest.param(redis.ConnectionError("No connection available."), "shed", id="blocking-pool"),
+        # This process or host out of descriptors, ports, buffers or memory,
+        # raw or as redis-py wraps it: local, never Redis failing.
+        pytest.param(OSError(errno.EMFILE, "Too many open files"), "shed", id="EMFILE"),
+        pytest.param(OSError(errno.ENFILE, "Too many open files in system"), "shed", id="ENFILE"),
+        pytest.param(OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"), "shed", id="EADDRNOTAVAIL"),
+        pytest.param(OSError(errno.ENOBUFS, "No buffer space available"), "shed", id="ENOBUFS"),
+        pytest.param(OSError(errno.ENOMEM, "Cannot allocate memory"), "shed", id="ENOMEM"),
+        pytest.param(
+            redis.ConnectionError("Error 24 connecting to 127.0.0.1:6379. Too many open files."),
+            "shed",
+            id="EMFILE-wrapped",
+        ),
+        pytest.param(
+            redis.ConnectionError("Error 99 connecting to 127.0.0.1:6379. Cannot assign requested address."),
+            "shed",
+            id="EADDRNOTAVAIL-wrapped",
+        ),
+        pytest.param(
+            redis.ConnectionError("Error 105 while writing to socket. No buffer space available."),
+            "shed",
+            id="ENOBUFS-wrapped",
+        ),
+        pytest.param(
+            chained(redis.ConnectionError("Error connecting"), OSError(errno.ENFILE, "")), "shed", id="chained"
+        ),
+        pytest.param(
+            redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
+            "failure",
+            id="refused-not-local",
+        ),
         # Usage errors: raised under every policy.
         pytest.param(reply_error(message("wrongtype")), "usage", id="WRONGTYPE"),
         pytest.param(reply_error(message("bad_fields")), "usage", id="not-a-bucket"),
@@ -407,6 +454,79 @@ def test_a_server_that_refuses_writes_for_now_is_redis_failing(flavour: str, own
 )
 def test_classify_tells_redis_failing_from_overload_and_usage(error: BaseException, kind: str):
     assert classify(error) == kind
+
+
+EXHAUST = textwrap.dedent("""
+    import asyncio, json, os, resource, sys
+    import redis, redis.asyncio
+    from redis_tokenbucket import Breaker, Bucket, Limiter
+    import redis_tokenbucket.asyncio as tb_asyncio
+
+    port, flavour = int(sys.argv[1]), sys.argv[2]
+    B = Bucket(1, 0.001)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def kill_the_limiters_connections():
+        with redis.Redis(port=port) as admin:
+            admin.client_kill_filter(_type="normal", skip_me=True)
+
+    def exhaust():
+        # The lowest free descriptor number as the limit: no new one opens.
+        lowest = os.open(os.devnull, os.O_RDONLY)
+        os.close(lowest)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+
+    def row(d):
+        return [d.allowed, d.degraded, d.shed, d.retry_after_ms, d.remaining]
+
+    # A descriptor below the limiter's socket, freed before the limit is
+    # lowered to it: closing that socket then frees none under the limit.
+    hole = os.open(os.devnull, os.O_RDONLY)
+    out = []
+    if flavour == "sync":
+        lim = Limiter(redis.Redis(port=port), on_error="open", breaker=Breaker(1, 10, 2))
+        out += [row(lim.consume("rl:fd", B)), row(lim.consume("rl:fd", B))]
+        os.close(hole)
+        kill_the_limiters_connections()
+        exhaust()
+        out += [row(lim.consume("rl:fd", B)), lim.breaker_state]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        out += [row(lim.consume("rl:fd", B))]
+    else:
+        async def main():
+            lim = tb_asyncio.Limiter(redis.asyncio.Redis(port=port), on_error="open", breaker=Breaker(1, 10, 2))
+            rows = [row(await lim.consume("rl:fd", B)), row(await lim.consume("rl:fd", B))]
+            os.close(hole)
+            kill_the_limiters_connections()
+            await asyncio.sleep(0.1)  # the loop hears of it: the next call connects
+            exhaust()
+            rows += [row(await lim.consume("rl:fd", B)), lim.breaker_state]
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            rows += [row(await lim.consume("rl:fd", B))]
+            await lim.aclose()
+            return rows
+        out = asyncio.run(main())
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_running_out_of_descriptors_is_shed_never_admitted(own_server: Server, flavour: str):
+    """A bucket Redis has just denied; the limiter's connections dropped;
+    then the process's descriptors run out (RLIMIT_NOFILE lowered for real,
+    in a child process). Under on_error="open" the call is shed: not
+    admitted, not degraded, and not counted by the breaker (one Redis
+    failure would open it). With descriptors back, Redis answers again."""
+    proc = subprocess.run(
+        [sys.executable, "-c", EXHAUST, str(own_server.port), flavour], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, denied, exhausted, state, after = json.loads(proc.stdout)
+    assert first == [True, False, False, 0, 0]
+    assert denied[:3] == [False, False, False]
+    assert exhausted == [False, False, True, 1000, 0]
+    assert state == "closed"
+    assert after[:3] == [False, False, False]  # Redis's own denial
 
 
 # ---- usage errors always raise --------------------------------------------------

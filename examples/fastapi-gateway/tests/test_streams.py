@@ -176,7 +176,7 @@ def test_a_client_gone_mid_stream_frees_its_slot_at_once(server, r):
     """Over real HTTP: two streams fill the free tier; the third is refused;
     a client that closes its connection frees its slot at once (the lease
     would live 60 s), and the next stream gets it."""
-    with serve_gateway(gateway_env(server, token_delay_ms=200, stream_lease_ms=60_000)) as port:
+    with serve_gateway(gateway_env(server, token_delay_ms=200, stream_lease_ms=60_000)) as (port, _):
         with httpx.Client(timeout=30) as first, httpx.Client(timeout=30) as second, httpx.Client(timeout=30) as third:
             a = Stream(first, port)
             b = Stream(second, port)
@@ -199,7 +199,7 @@ def test_a_client_gone_mid_stream_frees_its_slot_at_once(server, r):
 def test_a_long_stream_keeps_its_slot_by_renewing_it(server, r):
     """A lease of 600 ms and a stream of about 4 s: only renewals keep the
     slot for it; once the stream is over, the slot is given back."""
-    with serve_gateway(gateway_env(server, token_delay_ms=100, stream_lease_ms=600)) as port:
+    with serve_gateway(gateway_env(server, token_delay_ms=100, stream_lease_ms=600)) as (port, _):
         with httpx.Client(timeout=30) as http:
             stream = Stream(http, port)
             first_expiry = int(r.hvals(STREAMS_KEY)[0].split(":")[0])

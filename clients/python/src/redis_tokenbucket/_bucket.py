@@ -121,7 +121,7 @@ class Bucket:
     rate: float
     name: Optional[str] = None
     # The arguments as sent, encoded once.
-    _args: tuple[str, str] = field(init=False, repr=False, compare=False)
+    _limit_args: tuple[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         max_ = number(self.max, "max")
@@ -136,7 +136,7 @@ class Bucket:
             check_name(self.name)
         object.__setattr__(self, "max", max_)
         object.__setattr__(self, "rate", rate)
-        object.__setattr__(self, "_args", (encode(max_), encode(rate)))
+        object.__setattr__(self, "_limit_args", (encode(max_), encode(rate)))
 
     @property
     def fill_seconds(self) -> float:

@@ -28,10 +28,12 @@ from ._breaker import Breaker
 from ._bucket import Bucket, InvalidArgument, KeyT, check_cost, check_delta, invalid
 from ._cache import DenialCache
 from ._cache import denial_cache as make_denial_cache
+from ._classify import classify
 from ._clients import check_client
+from ._commands import Command, Once, ToNode
 from ._contract import MAX_GROUPS
 from ._decision import Decision, MultiDecision
-from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError
+from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError, Shed
 from ._events import DecisionEvent
 from ._keys import check_key, client_encoding, key_bytes
 from ._lease import Concurrency, Held, Lease, check_id, new_id
@@ -49,7 +51,6 @@ from ._scripts import (
     library_version,
     module_args,
 )
-from ._transport import Shed, classify
 
 log = logging.getLogger("redis_tokenbucket")
 
@@ -57,16 +58,6 @@ T = TypeVar("T")
 C = TypeVar("C")
 
 
-class ToNode:
-    """A command for the Cluster node the plan chose (`Engine._to_key_node`)."""
-
-    __slots__ = ("args", "node")
-
-    def __init__(self, args: Args, node: Any) -> None:
-        self.args, self.node = args, node
-
-
-Command = Union[Args, ToNode]
 Plan = Generator[Command, Any, T]
 """Yields commands, receives replies, returns the result."""
 
@@ -165,6 +156,13 @@ class Engine:
         raise NoBackendError(failures)
 
     def _send(self, backend: BackendName, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
+        if op == "adjust" and groups[0][2] > 0:
+            # A refund: run twice, it would mint. The transport sends it
+            # again only where it provably never reached Redis.
+            return (yield from _once(self._send_as(backend, op, groups, lease)))
+        return (yield from self._send_as(backend, op, groups, lease))
+
+    def _send_as(self, backend: BackendName, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
         if backend == "module":
             try:
                 return (yield module_args(op, groups, lease))
@@ -285,6 +283,22 @@ class Engine:
             if refused(exc):
                 raise _Unavailable("eval", exc) from exc
             raise
+
+
+def _once(plan: Plan[T]) -> Plan[T]:
+    """The plan, each command it yields marked `Once`."""
+    try:
+        command = next(plan)
+        while True:
+            try:
+                reply = yield command if isinstance(command, Once) else Once(command)
+            except Exception as exc:
+                command = plan.throw(exc)
+            else:
+                command = plan.send(reply)
+    except StopIteration as done:
+        result: T = done.value
+        return result
 
 
 # Plain classes with __slots__, not dataclasses: they are built on every
@@ -539,6 +553,8 @@ class LimiterBase(Generic[C]):
         execute: Callable[..., Any] = self.client.execute_command  # type: ignore[attr-defined]
 
         def send(command: Command) -> Any:
+            if isinstance(command, Once):
+                command = command.command
             if isinstance(command, ToNode):
                 return execute(*command.args, target_nodes=command.node)
             return execute(*command)
@@ -714,7 +730,8 @@ class LimiterBase(Generic[C]):
         ticket = cache.sent("reset", (key,)) if cache is not None else None
         try:
             # No key is a full bucket. A cluster client routes DEL by its key.
-            deleted = yield ("DEL", key)
+            # Once: a DEL run twice could wipe charges made in between.
+            deleted = yield Once(("DEL", key))
         except BaseException:
             if ticket is not None:
                 ticket.failed()

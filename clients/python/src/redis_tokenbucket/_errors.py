@@ -12,6 +12,13 @@ class LimiterError(Exception):
     """Base class of the limiter's own errors."""
 
 
+class Shed(LimiterError):
+    """The call could not get its decision in time for a local reason (no
+    free connection within the budget, an event loop too far behind, the
+    process out of descriptors or ports): the gateway is overloaded, Redis
+    did not fail. Never admitted, never counted by the breaker."""
+
+
 class NoBackendError(LimiterError):
     """No backend could serve the call: the server has no TB.* commands,
     refuses the Functions library, and refuses EVAL too (or the forced

@@ -117,7 +117,7 @@ class LocalBuckets:
         this process's share. A cost that can't fit a share is a denial."""
         local = [(k, share(b, self.processes), c) for k, b, c in groups]
         keys = [k.encode() if isinstance(k, str) else bytes(k) for k, _, _ in local]
-        args = [a.encode() for _, b, c in local for a in (*b._args, repr(c))]
+        args = [a.encode() for _, b, c in local for a in (*b._limit_args, repr(c))]
         with self._lock:
             reply = self._functions[op](self._lua.table_from(keys), self._lua.table_from(args))
             return _python(reply)
@@ -130,7 +130,7 @@ class LocalBuckets:
             head = (str(share_limit(int(head[0]), self.processes)), *head[1:])
         local = [(k, share(b, self.processes), c) for k, b, c in groups]
         keys = [_bytes(k) for k in (key, *(k for k, _, _ in local))]
-        args = [_bytes(a) for a in head] + [a.encode() for _, b, c in local for a in (*b._args, repr(c))]
+        args = [_bytes(a) for a in head] + [a.encode() for _, b, c in local for a in (*b._limit_args, repr(c))]
         with self._lock:
             reply = self._functions[op](self._lua.table_from(keys), self._lua.table_from(args))
             return _python(reply)

@@ -53,11 +53,11 @@ def module_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = No
     operation TB.<OP> key head... [BUCKET bkey max rate cost ...]"""
     if lease is not None:
         key, head = lease
-        return (COMMANDS[op], key, *head, *(a for k, b, n in groups for a in ("BUCKET", k, *b._args, encode(n))))
+        return (COMMANDS[op], key, *head, *(a for k, b, n in groups for a in ("BUCKET", k, *b._limit_args, encode(n))))
     if len(groups) == 1:  # the common case, without the generator
         key, bucket, amount = groups[0]
-        return (COMMANDS[op], key, *bucket._args, encode(amount))
-    return (COMMANDS[op], *(a for k, b, n in groups for a in (k, *b._args, encode(n))))
+        return (COMMANDS[op], key, *bucket._limit_args, encode(amount))
+    return (COMMANDS[op], *(a for k, b, n in groups for a in (k, *b._limit_args, encode(n))))
 
 
 # ---- the Functions library (lua/tb.lua) -------------------------------------
@@ -100,7 +100,7 @@ def _keys(groups: Sequence[Group]) -> list[KeyT]:
 
 
 def _limits(groups: Sequence[Group]) -> list[str]:
-    return [a for _, b, n in groups for a in (*b._args, encode(n))]
+    return [a for _, b, n in groups for a in (*b._limit_args, encode(n))]
 
 
 # ---- the EVAL script (lua/gen_eval.py) ------------------------------------

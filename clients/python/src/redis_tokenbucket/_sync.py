@@ -12,7 +12,8 @@ from redis.cluster import RedisCluster
 
 from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
-from ._core import PROBE_KEY, Command, GroupIn, Job, LimiterBase, OnError, Plan
+from ._commands import Command
+from ._core import PROBE_KEY, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
 from ._errors import LimiterError
 from ._hold import Hold
@@ -218,7 +219,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     def _sender(self) -> Callable[[Command, Optional[float]], Any]:
         self._conns = sync_connections(self.client, self.timeout)
         if self._conns is not None:
-            return self._conns.call  # type: ignore[return-value]
+            return self._conns.call
         execute = self._client_sender()
         return lambda command, timeout: execute(command)
 

@@ -16,7 +16,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
-from ._core import PROBE_KEY, Command, GroupIn, Job, LimiterBase, OnError, Plan
+from ._commands import Command
+from ._core import PROBE_KEY, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
 from ._errors import LimiterError
 from ._hold import AsyncHold
@@ -184,7 +185,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     def _sender(self) -> Callable[[Command, Optional[float]], Any]:
         self._conns = async_connections(self.client, self.timeout)
         if self._conns is not None:
-            return self._conns.call  # type: ignore[return-value]
+            return self._conns.call
         execute = self._client_sender()
 
         def send(command: Command, timeout: Optional[float]) -> Any:

@@ -45,6 +45,7 @@ from ._bucket import Bucket, check_cost
 from ._core import OnError
 from ._decision import MultiDecision
 from ._hold import AsyncHold, background
+from ._key_owners import claim
 from ._lease import Busy, Concurrency, Lease, check_int
 from .asyncio import Limiter
 from .headers import rate_limit_headers
@@ -211,6 +212,27 @@ class Rule:
         cost = self.cost(request) if callable(self.cost) else self.cost
         return (f"{self.prefix}:{bucket.name}:{identity}", bucket, cost)
 
+    def claim(self, limiter: Limiter, bucket: Optional[Bucket] = None) -> None:
+        """Claims this rule's keys on the limiter (`_key_owners`): its
+        bucket's, or `bucket`, one its function returned."""
+        if isinstance(self.bucket, Bucket):
+            claim(limiter, self, self.prefix, str(self.bucket.name), ("bucket", self.bucket.max, self.bucket.rate))
+        elif bucket is not None:
+            claim(limiter, self, self.prefix, str(bucket.name), None)
+
+
+async def _groups(limiter: Limiter, rules: Sequence[Rule], request: Request) -> list[tuple[str, Bucket, float]]:
+    """The (key, bucket, cost) of each rule that applies to the request;
+    the buckets rules' functions return claim their keys on first use."""
+    groups = []
+    for rule in rules:
+        group = await rule.group(request)
+        if group is not None:
+            if not isinstance(rule.bucket, Bucket):
+                rule.claim(limiter, group[1])
+            groups.append(group)
+    return groups
+
 
 async def _of_request(func: Callable[[Request], Any], request: Request, kind: Any = object, what: str = "") -> Any:
     """What a rule's function (sync or async) answers for this request,
@@ -230,9 +252,15 @@ def _check_named(bucket: Bucket) -> Bucket:
 
 
 def problem_response(decision: Union[MultiDecision, Lease], *, legacy_headers: bool = False) -> JSONResponse:
-    """The 429 for a denial: the RateLimit fields, Retry-After, and a
-    problem+json body naming the policies that refused: the buckets that
-    could not pay, and a Lease's Concurrency when no slot was free."""
+    """The refusal for a denial. A bucket's (Redis's, or the in-process one
+    of on_error="local"): a 429 with the RateLimit fields, Retry-After, and
+    a problem+json body naming the policies that refused (the buckets that
+    could not pay, and a Lease's Concurrency when no slot was free). A
+    denial nothing counted, shed or Redis failing under "closed", has no
+    wait to tell: a 503 with Retry-After (`unavailable_response`), never a
+    429 with "retry now"."""
+    if not _counted(decision):
+        return unavailable_response(decision)
     violated = [d.bucket.name or "default" for d in decision.denied_by]
     if isinstance(decision, Lease) and (decision.busy or not violated):
         violated.insert(0, decision.concurrency.name or "default")
@@ -247,6 +275,12 @@ def problem_response(decision: Union[MultiDecision, Lease], *, legacy_headers: b
     # A degraded denial (on_error="local") has no RateLimit fields, but its wait.
     headers.setdefault("Retry-After", str(decision.retry_after))
     return JSONResponse(body, status_code=429, headers=headers, media_type=PROBLEM_JSON)
+
+
+def _counted(decision: Union[MultiDecision, Lease]) -> bool:
+    """Whether a bucket (or a lease's slots) decided it: not shed, not the
+    failure policy's answer (a degraded denial without a wait)."""
+    return not (decision.shed or (decision.degraded and decision.retry_after_ms == 0))
 
 
 def unavailable_response(decision: Union[MultiDecision, Lease, None] = None) -> JSONResponse:
@@ -316,20 +350,41 @@ class RateLimitHeaders:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start" and headers:
-                MutableHeaders(scope=message).update(headers)
+                _merge_fields(message, headers)
             await send(message)
 
         await _run_holding(self.app, scope, receive, send_with_headers, holds)
 
 
-def _add_fields(chosen: dict[str, str], fields: dict[str, str]) -> None:
-    """Adds a dependency's fields to those another one chose for the same
-    response: the RateLimit lists are joined, the rest replaced."""
+_LISTS = ("ratelimit", "ratelimit-policy")
+
+
+def _add_fields(chosen: Union[dict[str, str], MutableHeaders], fields: dict[str, str]) -> None:
+    """Adds one limiter's fields to those others chose for the same
+    response (stacked dependencies and middlewares): every policy that
+    applied is in the RateLimit lists; of the legacy pair, the one with
+    fewer left; of two waits, the longer."""
     for name, value in fields.items():
-        if name in ("RateLimit", "RateLimit-Policy") and chosen.get(name):
-            chosen[name] = f"{chosen[name]}, {value}"
-        else:
+        current = chosen.get(name)
+        key = name.lower()
+        if not current:
             chosen[name] = value
+        elif key in _LISTS:
+            chosen[name] = f"{current}, {value}"
+        elif key == "retry-after":
+            chosen[name] = str(max(int(current), int(value)))
+        elif key == "x-ratelimit-remaining":
+            if int(value) < int(current):
+                chosen[name] = value
+                chosen["X-RateLimit-Limit"] = fields.get("X-RateLimit-Limit", chosen.get("X-RateLimit-Limit", ""))
+        elif key != "x-ratelimit-limit":  # goes with its remaining, above
+            chosen[name] = value
+
+
+def _merge_fields(message: Message, fields: dict[str, str]) -> None:
+    """A middleware's fields onto a response that an inner limiter (a
+    dependency, another middleware) may have given fields of its own."""
+    _add_fields(MutableHeaders(scope=message), fields)
 
 
 # ---- holding leases until the last byte -----------------------------------------
@@ -440,6 +495,8 @@ class RateLimit:
     ) -> None:
         if not rules:
             raise ValueError("RateLimit needs at least one Rule")
+        for rule in rules:
+            rule.claim(limiter)
         self.limiter = limiter
         self.rules: Sequence[Rule] = rules
         self.on_error = on_error
@@ -450,7 +507,7 @@ class RateLimit:
 
     async def check(self, request: Request) -> Optional[MultiDecision]:
         """Charges the request; None when no rule applies to it."""
-        groups = [g for g in [await rule.group(request) for rule in self.rules] if g is not None]
+        groups = await _groups(self.limiter, self.rules, request)
         if not groups:
             return None
         return await self.limiter.consume_many(groups, atomic=self.atomic, timeout=self.timeout, on_error=self.on_error)
@@ -459,10 +516,6 @@ class RateLimit:
         """The refusal to send, or None to let the request through."""
         if decision.allowed:
             return None
-        # A denial with numbers is a bucket's (Redis's, or the in-process
-        # one of on_error="local"): 429. Without: shed or failing closed.
-        if decision.shed or (decision.degraded and decision.retry_after_ms == 0):
-            return unavailable_response(decision)
         return problem_response(decision, legacy_headers=self.legacy_headers)
 
     def headers(self, decision: MultiDecision) -> dict[str, str]:
@@ -545,7 +598,7 @@ class RateLimitMiddleware:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                MutableHeaders(scope=message).update(headers)
+                _merge_fields(message, headers)
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
@@ -593,6 +646,14 @@ class ConcurrencyRule:
         what = "a ConcurrencyRule's concurrency function"
         return _check_concurrency_named(await _of_request(self.concurrency, request, Concurrency, what))
 
+    def claim(self, limiter: Limiter, concurrency: Optional[Concurrency] = None) -> None:
+        """Claims this rule's lease keys on the limiter (`_key_owners`)."""
+        if isinstance(self.concurrency, Concurrency):
+            c = self.concurrency
+            claim(limiter, self, self.prefix, str(c.name), ("lease", c.limit, c.lease_ms))
+        elif concurrency is not None:
+            claim(limiter, self, self.prefix, str(concurrency.name), None)
+
     async def slot(self, request: Request) -> Optional[tuple[str, Concurrency, int]]:
         """(lease key, Concurrency, weight) for this request, or None."""
         identity = await _of_request(self.key, request)
@@ -634,6 +695,9 @@ class ConcurrencyLimit:
     ) -> None:
         if not isinstance(rule, ConcurrencyRule):
             raise TypeError(f"ConcurrencyLimit needs a ConcurrencyRule first, got {type(rule).__name__}")
+        rule.claim(limiter)
+        for bucket_rule in rules:
+            bucket_rule.claim(limiter)
         self.limiter = limiter
         self.rule = rule
         self.rules: Sequence[Rule] = rules
@@ -649,7 +713,9 @@ class ConcurrencyLimit:
         if slot is None:
             return None
         key, concurrency, weight = slot
-        groups = [g for g in [await rule.group(request) for rule in self.rules] if g is not None]
+        if not isinstance(self.rule.concurrency, Concurrency):
+            self.rule.claim(self.limiter, concurrency)
+        groups = await _groups(self.limiter, self.rules, request)
         hold = self.limiter.hold(
             key, concurrency, weight, groups, timeout=self.timeout, on_error=self.on_error
         )  # fmt: skip
@@ -662,8 +728,6 @@ class ConcurrencyLimit:
         """The refusal to send, or None to let the request through."""
         if lease.acquired:
             return None
-        if lease.shed or (lease.degraded and lease.retry_after_ms == 0):
-            return unavailable_response(lease)
         return problem_response(lease, legacy_headers=self.legacy_headers)
 
     def headers(self, lease: Lease) -> dict[str, str]:
@@ -735,7 +799,7 @@ class ConcurrencyMiddleware:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                MutableHeaders(scope=message).update(headers)
+                _merge_fields(message, headers)
             await send(message)
 
         await _run_holding(self.app, scope, receive, send_with_headers, holds)

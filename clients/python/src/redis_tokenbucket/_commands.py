@@ -1,0 +1,33 @@
+"""What a plan yields for the transport to send (`_core`), beyond a plain
+tuple of arguments."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from ._scripts import Args
+
+
+class ToNode:
+    """A command for the Cluster node the plan chose (`Engine._to_key_node`)."""
+
+    __slots__ = ("args", "node")
+
+    def __init__(self, args: Args, node: Any) -> None:
+        self.args, self.node = args, node
+
+
+class Once:
+    """A command that would mint tokens if Redis ran it twice (a refund, a
+    reset): the limiter's own connections send it again only where it
+    provably never reached Redis. Any other command may go twice (a charge
+    run twice only charges twice; a lease's acquire, renew and release are
+    idempotent by its id)."""
+
+    __slots__ = ("command",)
+
+    def __init__(self, command: Union[Args, ToNode]) -> None:
+        self.command = command
+
+
+Command = Union[Args, ToNode, Once]
