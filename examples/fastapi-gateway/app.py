@@ -207,15 +207,23 @@ async def chat(body: ChatRequest, request: Request, response: Response) -> dict 
     }
 
 
+# The deployment's one lease key: every gateway process takes its streams'
+# slots from it.
+DEPLOYMENT_STREAMS_KEY = "rl:streams:deployment"
+
+
 def refuse_lease(lease: Lease) -> None:
     """A streamed chat's answer when its lease was not acquired: shed or
     Redis failing (the route fails closed) is a 503, a full set of streams
-    or a bucket that can't pay a 429."""
+    (the user's, or the deployment's) or a bucket that can't pay a 429."""
     if lease.shed:
         raise GatewayError(503, {"error": "overloaded"}, {"Retry-After": str(lease.retry_after)})
     if lease.degraded:
         raise GatewayError(503, {"error": "rate_limiter_unavailable"}, {"Retry-After": "1"})
-    dimension = "streams" if lease.busy else max(lease.denied_by, key=lambda d: d.retry_after_ms).bucket.name
+    if lease.busy:
+        dimension = lease.concurrency.name or "streams"
+    else:
+        dimension = max(lease.denied_by, key=lambda d: d.retry_after_ms).bucket.name
     raise GatewayError(
         429,
         {"error": "rate_limited", "dimension": dimension, "retry_after": lease.retry_after},
@@ -223,7 +231,47 @@ def refuse_lease(lease: Lease) -> None:
     )
 
 
-async def take_stream_slot(request: Request, principal: Principal, budget: Group) -> tuple[Lease, dict[str, str]]:
+def with_fields(fields: dict[str, str], more: dict[str, str]) -> dict[str, str]:
+    """`fields` and `more`, a field in both listing both (the RateLimit
+    fields are lists)."""
+    out = dict(fields)
+    for name, value in more.items():
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
+
+
+async def give_back(limiter: Limiter, lease: Lease) -> None:
+    """Releases a slot taken for a stream that won't run; left to expire
+    if Redis can't take it."""
+    try:
+        await limiter.release(lease)
+    except Exception as exc:
+        log.warning("could not give back stream slot %r: %s", lease.id, exc)
+
+
+async def take_stream_slots(
+    request: Request, principal: Principal, budget: Group
+) -> tuple[list[Lease], dict[str, str]]:
+    """A slot of the deployment's `model_streams`, then one of the user's
+    `streams` with every bucket of the request and the LLM reservation
+    charged in that same call. The deployment's first, with no bucket: at
+    its cap every request is refused there, by a cheap denial that charges
+    nothing, and a user's refusal gives it back. Returns the leases and the
+    response's fields."""
+    settings: Settings = request.app.state.settings
+    limiter: Limiter = request.app.state.limiter
+    deployment = await limiter.acquire(DEPLOYMENT_STREAMS_KEY, settings.limits.deployment_streams(), on_error="closed")
+    if not deployment.acquired:
+        refuse_lease(deployment)
+    try:
+        lease, fields = await take_user_slot(request, principal, budget)
+    except BaseException:
+        await give_back(limiter, deployment)
+        raise
+    return [deployment, lease], with_fields(rate_limit_headers(deployment), fields)
+
+
+async def take_user_slot(request: Request, principal: Principal, budget: Group) -> tuple[Lease, dict[str, str]]:
     """One of the user's `streams` slots, with every bucket of the request
     and the LLM reservation charged in the same TB.ACQUIRE, all or nothing.
     In cluster mode the buckets live in other slots than the lease key: the
@@ -245,16 +293,10 @@ async def take_stream_slot(request: Request, principal: Principal, budget: Group
     try:
         decision = await enforce(request, Response(), "fail_closed", [budget])
     except BaseException:
-        try:
-            await limiter.release(lease)
-        except Exception as exc:  # left to expire
-            log.warning("could not give back stream slot %r: %s", lease.id, exc)
+        await give_back(limiter, lease)
         raise
     assert decision is not None  # fail_closed: a degraded answer raised
-    fields = rate_limit_headers(lease)
-    for name, value in rate_limit_headers(decision, legacy=True).items():
-        fields[name] = f"{fields[name]}, {value}" if name in fields else value
-    return lease, fields
+    return lease, with_fields(rate_limit_headers(lease), rate_limit_headers(decision, legacy=True))
 
 
 async def chat_stream(
@@ -266,7 +308,7 @@ async def chat_stream(
     of it back if nothing was)."""
     limiter: Limiter = request.app.state.limiter
     llm: LLMBackend = request.app.state.llm
-    lease, fields = await take_stream_slot(request, principal, budget)
+    (deployment, lease), fields = await take_stream_slots(request, principal, budget)
     prompt_tokens = count_tokens(body.prompt)
     generated = 0
 
@@ -275,6 +317,7 @@ async def chat_stream(
         if used != reserved:
             await settle(request, budget, reserved - used)
 
+    await hold_until_sent(request, limiter, deployment)
     await hold_until_sent(request, limiter, lease, then=settle_after)
 
     async def events() -> AsyncIterator[str]:

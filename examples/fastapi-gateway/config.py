@@ -88,12 +88,20 @@ class Limits(BaseModel):
     # gateway renews it about every third of that while the stream runs; a
     # gateway that dies frees its slots this long after its last renewal.
     stream_lease_ms: int = 30_000
+    # Streamed chats in flight across the whole deployment, every user and
+    # every gateway process: what the model backend serves at once. Each
+    # stream takes one of these and one of its user's `streams`. Size it to
+    # the backend's concurrent generations (GPU replicas x their batch), so
+    # that a burst of users waits with a 429 here rather than in the
+    # backend's queue; see the README.
+    model_streams: int = 1000
 
     @model_validator(mode="after")
     def _has_free(self) -> Limits:
         if "free" not in self.tiers:
             raise ValueError("tiers must define 'free', the fallback tier")
         Concurrency(1, self.stream_lease_ms)  # raises a ValueError naming `lease_ms`
+        self.deployment_streams()  # raises a ValueError naming `limit`
         return self
 
     def for_tier(self, tier: str | None) -> TierLimits:
@@ -103,6 +111,10 @@ class Limits(BaseModel):
     def streams(self, tier: str | None) -> Concurrency:
         """The tier's limit of streamed chats in flight, per user."""
         return Concurrency(self.for_tier(tier).streams, self.stream_lease_ms, name="streams")
+
+    def deployment_streams(self) -> Concurrency:
+        """The limit of streamed chats in flight across the deployment."""
+        return Concurrency(self.model_streams, self.stream_lease_ms, name="model_streams")
 
 
 class Principal(BaseModel):

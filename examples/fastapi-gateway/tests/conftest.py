@@ -46,6 +46,7 @@ LIMITS = Limits(
     ip=bucket(50),
     # Far longer than any test: only a release frees a stream's slot in time.
     stream_lease_ms=60_000,
+    model_streams=5,
 )
 
 # Raw test keys -> principals. The gateway only ever sees their hashes.

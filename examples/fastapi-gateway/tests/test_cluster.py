@@ -87,17 +87,20 @@ def test_mconsume_needs_one_slot(cluster, rc):
 
 
 def test_a_streamed_chat_across_slots(client, rc):
-    """The stream's slot is taken first, then the buckets one by one; after
-    the last byte the slot is given back and the budget settled."""
+    """The stream's slots are taken first (the deployment's, then the
+    user's), then the buckets one by one; after the last byte the slots are
+    given back and the budget settled."""
     body = {"prompt": "a b c d", "max_tokens": 10, "stream": True}
     res = client.post("/v1/chat", headers=auth("k-free"), json=body)
     assert res.status_code == 200 and res.text.endswith("data: [DONE]\n\n")
-    assert res.headers["RateLimit-Policy"].startswith('"streams";q=2;qu="concurrent-requests", "user";q=3;')
-    assert rc.exists("rl:streams:u-free") == 0
+    assert res.headers["RateLimit-Policy"].startswith(
+        '"model_streams";q=5;qu="concurrent-requests", "streams";q=2;qu="concurrent-requests", "user";q=3;'
+    )
+    assert rc.exists("rl:streams:u-free") == 0 and rc.exists("rl:streams:deployment") == 0
     assert math.floor(tokens(rc, "rl:llm:user:u-free")) == 100 - 8
     # A bucket that denies gives the slot back: the IP bucket holds 2.
     client.get("/v1/models", headers=auth("k-free2"))
     client.get("/v1/models", headers=auth("k-free2"))
     denied = client.post("/v1/chat", headers=auth("k-free"), json=body)
     assert denied.status_code == 429 and denied.json()["dimension"] == "ip"
-    assert rc.exists("rl:streams:u-free") == 0
+    assert rc.exists("rl:streams:u-free") == 0 and rc.exists("rl:streams:deployment") == 0

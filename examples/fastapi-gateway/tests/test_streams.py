@@ -1,5 +1,6 @@
 """POST /v1/chat with "stream": true: server-sent events from the stub
-model, one `streams` slot per stream taken in the same call as the request
+model, a slot of the deployment's `model_streams` and one of the user's
+`streams` per stream, the user's taken in the same call as the request
 buckets and the LLM reservation, renewed while it streams, released after
 the last byte or at once when the client goes away; the reservation
 settled with what was generated."""
@@ -17,6 +18,7 @@ import httpx
 import pytest
 from redis_tokenbucket import Limiter
 
+from app import DEPLOYMENT_STREAMS_KEY
 from conftest import API_KEYS, LIMITS, auth, bucket
 from llm import LLMError, StubLLM
 
@@ -60,10 +62,13 @@ def test_a_streamed_chat_sends_its_tokens_and_settles_the_reservation(make_clien
     ]  # fmt: skip
     # Reserved 4 + 10, used 4 + 4: the rest came back after the stream.
     assert balance() == 100 - 8
-    # The slot is given back; the headers name the policy as the draft does.
-    assert r.exists(STREAMS_KEY) == 0
-    assert res.headers["RateLimit-Policy"].startswith('"streams";q=2;qu="concurrent-requests", "user";q=3;')
-    assert res.headers["RateLimit"].startswith('"streams";r=1, "user";r=2;')
+    # The slots are given back; the headers name the policies as the draft
+    # does, the deployment's first.
+    assert r.exists(STREAMS_KEY) == 0 and r.exists(DEPLOYMENT_STREAMS_KEY) == 0
+    assert res.headers["RateLimit-Policy"].startswith(
+        '"model_streams";q=5;qu="concurrent-requests", "streams";q=2;qu="concurrent-requests", "user";q=3;'
+    )
+    assert res.headers["RateLimit"].startswith('"model_streams";r=4, "streams";r=1, "user";r=2;')
 
 
 def test_a_full_set_of_streams_is_a_429_that_charges_nothing(make_client, server, r, balance):
@@ -77,11 +82,42 @@ def test_a_full_set_of_streams_is_a_429_that_charges_nothing(make_client, server
     assert res.json() == {"error": "rate_limited", "dimension": "streams", "retry_after": 60}
     assert res.headers["Retry-After"] == "60"
     assert res.headers["RateLimit"].startswith('"streams";r=0;t=60, "user";r=3;')
-    # All or nothing: no request token, no LLM token spent.
+    # All or nothing: no request token, no LLM token spent, and the
+    # deployment's slot given back.
     assert server.peek(r, "rl:user:u-free", LIMITS.tiers["free"].user)[1] == 3
     assert balance() == 100
+    assert held.in_flight(DEPLOYMENT_STREAMS_KEY) == 0
     # A non-streamed chat takes no slot.
     assert client.post("/v1/chat", headers=auth("k-free"), json={"prompt": PROMPT, "max_tokens": 10}).status_code == 200
+
+
+def test_the_deployments_cap_is_a_429_that_charges_nothing(make_client, server, r, balance):
+    held = Limiter(r)
+    cap = LIMITS.deployment_streams()
+    for _ in range(cap.limit):
+        assert held.acquire(DEPLOYMENT_STREAMS_KEY, cap).acquired
+    res = stream_chat(make_client())
+    assert res.status_code == 429
+    assert res.json() == {"error": "rate_limited", "dimension": "model_streams", "retry_after": 60}
+    assert res.headers["RateLimit"].startswith('"model_streams";r=0;t=60')
+    # Refused before the user's slot and the buckets were asked for.
+    assert r.exists(STREAMS_KEY) == 0
+    assert server.peek(r, "rl:user:u-free", LIMITS.tiers["free"].user)[1] == 3
+    assert balance() == 100
+    assert held.in_flight(DEPLOYMENT_STREAMS_KEY) == cap.limit
+
+
+def test_streams_of_several_users_share_the_deployments_cap(make_client, r):
+    client = make_client()
+    cap = LIMITS.deployment_streams()
+    held = Limiter(r)
+    # Three slots taken elsewhere leave two: one each for u-free and u-std.
+    for _ in range(cap.limit - 2):
+        assert held.acquire(DEPLOYMENT_STREAMS_KEY, cap).acquired
+    for key in ("k-free", "k-std"):
+        assert stream_chat(client, key=key).status_code == 200
+    # Both gave theirs back after their last byte.
+    assert held.in_flight(DEPLOYMENT_STREAMS_KEY) == cap.limit - 2
 
 
 def test_a_budget_that_cant_pay_takes_no_slot(make_client, r, balance):
@@ -90,6 +126,7 @@ def test_a_budget_that_cant_pay_takes_no_slot(make_client, r, balance):
     res = stream_chat(client, max_tokens=95)  # 99 > 92
     assert res.status_code == 429 and res.json()["dimension"] == "llm"
     assert r.exists(STREAMS_KEY) == 0 and balance() == 92
+    assert r.exists(DEPLOYMENT_STREAMS_KEY) == 0
 
 
 class FailingLLM(StubLLM):
