@@ -13,11 +13,7 @@ library).
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
-import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,13 +28,11 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parents[3] / "bench"))
 from doc_section import write_section  # noqa: E402
+from gateway_load import USER_MAX, USER_RATE, USERS, budget, gateway_env, wrk  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parent
 ROOT = EXAMPLE.parents[1]
-USERS = 50
-USER_MAX, USER_RATE = 20, 2.0
-OUT_OF_THE_WAY = {"max": 1e9, "rate": 1e6}
 
 
 @dataclass
@@ -66,27 +60,11 @@ class Load:
     @property
     def budget(self) -> float:
         """What the users' buckets can admit over the run, exactly."""
-        return USERS * (USER_MAX + USER_RATE * self.seconds)
+        return budget(self.seconds)
 
     @property
     def req_per_s(self) -> float:
         return self.requests / self.seconds
-
-
-def gateway_env(redis_url: str) -> dict[str, str]:
-    keys = {
-        hashlib.sha256(f"bench-key-{i}".encode()).hexdigest(): {"user_id": f"bench-{i}", "tier": "free"}
-        for i in range(USERS)
-    }
-    limits = {
-        "tiers": {"free": {"user": {"max": USER_MAX, "rate": USER_RATE}, "key": OUT_OF_THE_WAY, "llm": OUT_OF_THE_WAY}},
-        "ip": OUT_OF_THE_WAY,
-    }
-    return {
-        "GATEWAY_REDIS_URL": redis_url,
-        "GATEWAY_API_KEYS": json.dumps(keys),
-        "GATEWAY_LIMITS": json.dumps(limits),
-    }
 
 
 def _free_port() -> int:
@@ -156,21 +134,10 @@ def _cpu_seconds(pids: list[int]) -> float:
 
 def run_load(redis_url: str, connections: int, seconds: int, workers: int = 2) -> Load:
     """Starts the gateway, drives it with wrk, stops it; the answers counted."""
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        raise RuntimeError("wrk is missing: `make test-examples` or `make bench-gateway` installs it")
     with serve_gateway(gateway_env(redis_url), workers) as (port, pids):
         cpu = _cpu_seconds(pids)
-        result = subprocess.run(
-            [wrk, "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", str(HERE / "load.lua"),
-             f"http://127.0.0.1:{port}", "--", str(USERS)],
-            capture_output=True, text=True, timeout=seconds + 60,
-        )  # fmt: skip
+        [f] = wrk([port], connections, seconds)
         cpu = _cpu_seconds(pids) - cpu
-    line = re.search(r"^RESULT (.*)$", result.stdout, re.M)
-    if line is None:
-        raise RuntimeError(f"wrk gave no result: {result.stdout}\n{result.stderr}")
-    f = {k: int(v) for k, v in (kv.split("=") for kv in line.group(1).split())}
     return Load(
         connections, f["duration_us"] / 1e6, f["requests"], f["p50_us"] / 1000, f["p99_us"] / 1000,
         f["admitted"], f["denied"], f["degraded"], f["shed"], f["closed"], f["other"], f["socket_errors"], cpu,

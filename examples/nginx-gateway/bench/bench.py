@@ -19,8 +19,8 @@ connections, on one nginx node and on two sharing one Redis:
 
 Redis 7.0 with the module on loopback; 2 worker processes per node; one
 wrk per node (2 threads for one node, 1 each for two), the connections
-split between them, every wrk cycling all 50 keys with bench/load.lua
-(which drives the FastAPI gateway as well). The exact budget is users x
+split between them, every wrk cycling all 50 keys with the repository's
+bench/gateway_load.lua (which drives the FastAPI gateway as well). The exact budget is users x
 (max + rate x seconds) over wrk's measured duration. Writes its section of
 docs/benchmarks.md (--report).
 """
@@ -28,10 +28,7 @@ docs/benchmarks.md (--report).
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -49,13 +46,10 @@ sys.path.append(str(ROOT / "clients" / "openresty" / "tests"))
 sys.path.append(str(ROOT / "clients" / "python" / "tests"))
 sys.path.append(str(ROOT / "bench"))
 from doc_section import write_section  # noqa: E402
+from gateway_load import USER_MAX, USER_RATE, USERS, budget, gateway_env, wrk  # noqa: E402
 from nginxkit import Gateway, Nginx  # noqa: E402
 from tbservers import Server  # noqa: E402
 
-LOAD = HERE / "load.lua"
-USERS = 50
-USER_MAX, USER_RATE = 20, 2.0
-OUT_OF_THE_WAY = {"max": 1e9, "rate": 1e6}
 MODELS = '\'{"data":[{"id":"stub-echo"}]}\''
 
 
@@ -77,29 +71,11 @@ class Run:
 
     @property
     def budget(self) -> float:
-        return USERS * (USER_MAX + USER_RATE * self.seconds)
+        return budget(self.seconds)
 
     @property
     def req_per_s(self) -> float:
         return self.requests / self.seconds
-
-
-def gateway_env(redis_url: str, denial_cache: bool) -> dict[str, str]:
-    keys = {
-        hashlib.sha256(f"bench-key-{i}".encode()).hexdigest(): {"user_id": f"bench-{i}", "tier": "free"}
-        for i in range(USERS)
-    }
-    limits = {
-        "tiers": {"free": {"user": {"max": USER_MAX, "rate": USER_RATE}, "key": OUT_OF_THE_WAY, "llm": OUT_OF_THE_WAY}},
-        "ip": OUT_OF_THE_WAY,
-    }
-    return {
-        "GATEWAY_REDIS_URL": redis_url,
-        "GATEWAY_API_KEYS": json.dumps(keys),
-        "GATEWAY_LIMITS": json.dumps(limits),
-        "GATEWAY_DENIAL_CACHE": "10000" if denial_cache else "0",
-        "GATEWAY_LOG_LEVEL": "warn",
-    }
 
 
 def pasted(redis_port: int) -> Nginx:
@@ -165,28 +141,6 @@ def models_location(limit: str) -> str:
             content_by_lua_block {{ ngx.print({MODELS}) }}
         }}
     """
-
-
-def wrk(ports: list[int], connections: int, seconds: int) -> list[dict[str, int]]:
-    """One wrk per port, at once, the connections split between them."""
-    exe = shutil.which("wrk")
-    if exe is None:
-        raise SystemExit("wrk is missing: `make deps` installs it")
-    threads = 2 if len(ports) == 1 else 1
-
-    def command(port: int) -> list[str]:
-        return [exe, f"-t{threads}", f"-c{connections // len(ports)}", f"-d{seconds}s", "--timeout", "10s",
-                "-s", str(LOAD), f"http://127.0.0.1:{port}", "--", str(USERS)]  # fmt: skip
-
-    procs = [subprocess.Popen(command(p), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in ports]
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=seconds + 60)
-        line = re.search(r"^RESULT (.*)$", stdout, re.M)
-        if line is None:
-            raise RuntimeError(f"wrk gave no result: {stdout}\n{stderr}")
-        out.append({k: int(v) for k, v in (kv.split("=") for kv in line.group(1).split())})
-    return out
 
 
 def run(variant: str, nodes: int, connections: int, seconds: int, make: Callable[[], Any]) -> Run:
@@ -317,7 +271,7 @@ def main() -> None:
             makers: dict[str, Callable[[], Any]] = {
                 "module": lambda: module(server.url, True),
                 "module, no cache": lambda: module(server.url, False),
-                "gateway": lambda: Gateway(gateway_env(server.url, True)),
+                "gateway": lambda: Gateway(gateway_env(server.url, denial_cache="10000", log_level="warn")),
                 "pasted script": lambda: pasted(server.port),
                 "limit_req": limit_req,
                 "nginx alone": alone,

@@ -1,6 +1,9 @@
 -- wrk script: N users (API keys bench-key-0..N-1, round robin) on GET
--- /v1/models; counts the gateway's answers by kind and prints one RESULT
--- line. Usage: wrk ... -s load.lua URL -- N
+-- /v1/models; counts the answers by kind and prints one RESULT line that
+-- bench/gateway_load.py reads. It drives either gateway (nginx's or
+-- FastAPI's, whose header names differ in case) and the nginx bench's
+-- other setups.
+-- Usage: wrk ... -s gateway_load.lua URL -- N
 local threads = {}
 
 function setup(thread)
@@ -18,12 +21,20 @@ function request()
   return wrk.format("GET", "/v1/models", { ["X-API-Key"] = "bench-key-" .. (sent % users) })
 end
 
+local function has(headers, name)
+  for k in pairs(headers) do
+    if string.lower(k) == name then return true end
+  end
+  return false
+end
+
 -- 200 with RateLimit fields: Redis admitted it; 200 without: admitted by
--- the fail-open policy (degraded); 503 "overloaded": shed.
+-- a fail-open policy (degraded) or by a limiter that sends no fields;
+-- 503 "overloaded": shed; another 503: failing closed.
 function response(status, headers, body)
   local kind = "other"
   if status == 200 then
-    kind = headers["ratelimit"] and "admitted" or "degraded"
+    kind = has(headers, "ratelimit") and "admitted" or "degraded"
   elseif status == 429 then
     kind = "denied"
   elseif status == 503 then
