@@ -7,6 +7,7 @@ import { type Arg, type Connection, connect, type RedisLike } from "./adapters.j
 import { Breaker, type BreakerState, PROBE, SKIP } from "./breaker.js";
 import { type Amount, Bucket, checkCost, checkDelta, InvalidArgument, type Key, refusal } from "./bucket.js";
 import { DenialCache } from "./cache.js";
+import { classify } from "./classify.js";
 import { MAX_GROUPS } from "./contract.js";
 import { Decision, MultiDecision } from "./decision.js";
 import { type BackendName, Engine, type IO, type Logger } from "./engine.js";
@@ -17,7 +18,7 @@ import { keyId } from "./keys.js";
 import { Busy, Concurrency, checkId, Lease, newId } from "./lease.js";
 import { LocalBuckets, LocalReplyError, requireWasmoon } from "./local.js";
 import type { BucketOp, Group, LeaseHead, LeaseOp } from "./scripts.js";
-import { bounded, classify } from "./transport.js";
+import { bounded } from "./transport.js";
 
 export type OnError = "raise" | "open" | "closed" | "local";
 export const ON_ERROR: readonly OnError[] = ["raise", "open", "closed", "local"];
