@@ -10,8 +10,10 @@ import type { Amount, Bucket, Key } from "./bucket.js";
 import { DenialCache } from "./cache.js";
 import type { Decision, MultiDecision } from "./decision.js";
 import { type BackendName, Engine, type IO, type Logger } from "./engine.js";
+import { LimiterError } from "./errors.js";
 import type { DecisionEvent } from "./events.js";
 import { Keeper, type LeaseKeeper } from "./hold.js";
+import { keyId } from "./keys.js";
 import { Busy, type Concurrency, Lease } from "./lease.js";
 import { requireWasmoon } from "./local.js";
 import { FailurePolicy } from "./policy.js";
@@ -36,6 +38,7 @@ import {
   oneJob,
   pair,
   renewedOrLost,
+  resetJob,
   type UpkeepOptions,
   upkeepJob,
 } from "./requests.js";
@@ -106,6 +109,10 @@ export class Limiter {
   private readonly engine: Engine;
   private readonly ctx: Context;
   private readonly policy: FailurePolicy;
+  // The leases this limiter holds, as [key, id] identities: a set, so a
+  // retried acquire of a held id counts once.
+  private readonly held = new Set<string>();
+  private closed = false;
 
   constructor(client: RedisLike, options: LimiterOptions = {}) {
     this.client = client;
@@ -152,6 +159,16 @@ export class Limiter {
     return this.breaker?.state ?? "closed";
   }
 
+  /**
+   * How many leases this limiter holds now: acquired through it and not
+   * given back since. One counts from the acquire that takes it (a retried
+   * acquire of a held id counts once) until `release` is called for it,
+   * whatever the answer, or a renewal finds it lost.
+   */
+  get leasesHeld(): number {
+    return this.held.size;
+  }
+
   /** Charges `cost` tokens if the bucket holds them (TB.CONSUME). */
   async consume(key: Key, bucket: Bucket, cost: Amount = 1, options?: CallOptions): Promise<Decision> {
     return this.run(oneJob(this.ctx, "consume", key, bucket, cost, options));
@@ -173,11 +190,29 @@ export class Limiter {
   }
 
   /**
+   * Deletes the bucket at `key` (DEL: whatever the key holds), so it is
+   * full again, and drops any denial the cache holds for it. True if there
+   * was a key to delete. Redis errors throw, whatever the policy.
+   */
+  async reset(key: Key, options: UpkeepOptions = {}): Promise<boolean> {
+    return this.run(resetJob(this.ctx, key, options));
+  }
+
+  /**
    * Finds the backend now with a read-only TB.PEEK of `probeKey` (readiness
    * checks); throws if Redis can't serve any. Not a decision: no policy, no event.
    */
   async detect(probeKey: Key = PROBE_KEY, options: { timeoutMs?: number } = {}): Promise<BackendName> {
     return this.run(detectJob(this.ctx, probeKey, options)) as Promise<BackendName>;
+  }
+
+  /**
+   * Stops the limiter: later calls throw LimiterError("the limiter is
+   * closed"). The client is not closed (it is yours); leases still held
+   * expire by themselves unless released before.
+   */
+  async close(): Promise<void> {
+    this.closed = true;
   }
 
   // ---- concurrency leases ----------------------------------------------------------
@@ -187,7 +222,9 @@ export class Limiter {
    * `concurrency.leaseMs`, charging every `[key, bucket, cost]` of
    * `buckets` in the same decision, all or nothing (TB.ACQUIRE). The Lease
    * says whether it was acquired, and when to retry if not. The failure
-   * policy applies as for `consume` (docs/failure-model.md).
+   * policy applies as for `consume` (docs/failure-model.md); an acquire
+   * that got no answer from Redis is followed by a best-effort release of
+   * its id, as it may have taken the slot all the same.
    */
   async acquire(key: Key, concurrency: Concurrency, options: AcquireOptions = {}): Promise<Lease> {
     return this.run(acquireJob(this.ctx, key, concurrency, options));
@@ -196,7 +233,8 @@ export class Limiter {
   /**
    * Extends the lease to `leaseMs` from now (TB.RENEW): true; false, and
    * `lease.lost` set, when it expired or was released: it is never taken
-   * again (acquire again instead). Redis errors throw, whatever the policy.
+   * again (acquire again instead). Sent even while the breaker is open,
+   * never counted for it; Redis errors throw, whatever the policy.
    */
   async renew(lease: Lease, options: UpkeepOptions = {}): Promise<boolean> {
     checkLease(lease);
@@ -205,16 +243,21 @@ export class Limiter {
       lease.held !== "redis" || !lease.acquired
         ? await this.offRedis(call, lease)
         : await this.run(upkeepJob(this.ctx, "renew", lease, options));
+    if (lease.lost) this.held.delete(heldId(call));
     return renewed;
   }
 
   /**
    * Gives the slot back (TB.RELEASE): true if the lease was live; releasing
-   * again is harmless (false). Redis errors throw, whatever the policy.
+   * again is harmless (false). Sent even while the breaker is open, never
+   * counted for it; Redis errors throw, whatever the policy. The limiter
+   * holds the lease no more, whatever the answer: a release Redis can't
+   * take leaves it to expire.
    */
   async release(lease: Lease, options: UpkeepOptions = {}): Promise<boolean> {
     checkLease(lease);
     const call = leaseCall("release", lease);
+    if (lease.acquired) this.held.delete(heldId(call));
     if (lease.held !== "redis" || !lease.acquired) return this.offRedis(call, lease);
     return this.run(upkeepJob(this.ctx, "release", lease, options));
   }
@@ -291,6 +334,7 @@ export class Limiter {
   // ---- running a job -----------------------------------------------------------------
 
   private async run<T>(job: Job<T>): Promise<T> {
+    if (this.closed) throw new LimiterError("the limiter is closed");
     const started = performance.now();
     const result = job.done !== undefined ? job.done : await this.policy.run(job, this.io(job));
     return this.settled(job, result, started);
@@ -318,12 +362,16 @@ export class Limiter {
   }
 
   /**
-   * Reports a decision to the onDecision hook (never throwing into the call).
+   * Counts a lease an acquire took as held, and reports a decision to the
+   * onDecision hook (never throwing into the call).
    */
   private settled<T>(job: Job<T>, result: T, started: number): T {
+    if (job.op === "acquire" && result instanceof Lease && result.acquired && job.lease !== undefined) {
+      this.held.add(heldId(job.lease));
+    }
     const hook = this.onDecision;
     const op = job.op;
-    // Renewals, releases, in-flight reads and probes decide
+    // Renewals, releases, in-flight reads, resets and probes decide
     // nothing: no event (as in the Python package).
     if (
       hook === undefined ||
@@ -355,4 +403,9 @@ export class Limiter {
     }
     return result;
   }
+}
+
+/** A lease's identity in `held`: its key and its id, as the bytes Redis sees. */
+function heldId(call: LeaseCall): string {
+  return JSON.stringify([call.id, keyId(call.leaseId)]);
 }

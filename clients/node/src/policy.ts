@@ -4,7 +4,10 @@
 // overload sheds (refused, never admitted, never counted), a Redis failure
 // counts for the breaker and gets the call's policy: "raise" (thrown),
 // "open" (admitted, degraded), "closed" (denied, degraded), "local" (the
-// process's own buckets, local.ts). The Python package's twin is _policy.py; clients/spec holds the scenarios
+// process's own buckets, local.ts). Releases and renewals of leases are
+// sent whatever the breaker says and never count for it; an acquire that
+// got no answer is followed by a best-effort release of its id. The
+// Python package's twin is _policy.py; clients/spec holds the scenarios
 // all the clients run.
 
 import { type Breaker, CALL, PROBE, SKIP } from "./breaker.js";
@@ -14,7 +17,7 @@ import type { IO, Logger } from "./engine.js";
 import { CircuitOpenError, Shed } from "./errors.js";
 import { Concurrency, Lease } from "./lease.js";
 import { LocalBuckets, LocalReplyError } from "./local.js";
-import { type Context, type Job, type LeaseCall, leaseFromReply, type OnError } from "./requests.js";
+import { type Context, type Job, type LeaseCall, leaseFromReply, type OnError, releaseUnanswered } from "./requests.js";
 import type { BucketOp, Group } from "./scripts.js";
 
 /** What a shed decision tells the client to wait (HTTP Retry-After: 1). */
@@ -33,7 +36,7 @@ export class FailurePolicy {
   private readonly unreported = new Map<OnError, number>();
 
   constructor(
-    _ctx: Context,
+    private readonly ctx: Context,
     readonly breaker: Breaker | undefined,
     readonly processes: number,
     private readonly logger: Logger,
@@ -41,6 +44,7 @@ export class FailurePolicy {
 
   /** Runs a Job's plan through the breaker; what a failure means, answered. */
   async run<T>(job: Job<T>, io: IO): Promise<T> {
+    if (job.op === "renew" || job.op === "release") return this.upkeep(job, io);
     const breaker = this.breaker;
     const mode = breaker ? breaker.enter() : CALL;
     if (mode === SKIP) return this.openCircuit(job);
@@ -48,22 +52,42 @@ export class FailurePolicy {
     try {
       result = await job.plan(io);
     } catch (error) {
-      return this.failed(error, job, mode === PROBE);
+      return this.failed(error, job, mode === PROBE, io);
     }
     if (breaker && mode === PROBE) breaker.success(true);
     return result;
   }
 
   /**
+   * A lease's renewal or release: sent even while the breaker is open (a
+   * stream that ends must free its slot at once, Redis may well be there),
+   * within its budget, and never counted for the breaker either way. Its
+   * errors are thrown: no policy answers for it.
+   */
+  private async upkeep<T>(job: Job<T>, io: IO): Promise<T> {
+    try {
+      return await job.plan(io);
+    } catch (error) {
+      if (classify(error) === "shed") throw shedError(job, error);
+      throw error;
+    }
+  }
+
+  /**
    * What an error of a call means: a usage error is thrown, local overload
    * sheds, a Redis failure counts for the breaker and gets the job's policy.
    */
-  private async failed<T>(error: unknown, job: Job<T>, probe: boolean): Promise<T> {
+  private async failed<T>(error: unknown, job: Job<T>, probe: boolean, io: IO): Promise<T> {
     const kind = classify(error);
     const breaker = this.breaker;
     if (kind === "usage") {
       breaker?.success(probe); // Redis answered, if only to refuse
       throw error;
+    }
+    // A Redis failure, or a shed of a command already handed to the
+    // client (it may go out yet): the acquire may have taken its slot.
+    if (job.lease?.op === "acquire" && (kind === "failure" || error instanceof Shed)) {
+      await this.releaseUnanswered(job.lease, io);
     }
     if (kind === "shed") {
       breaker?.release(probe);
@@ -72,6 +96,15 @@ export class FailurePolicy {
     }
     breaker?.failure(probe);
     return this.policy(job, error);
+  }
+
+  /** Best effort: a release Redis can't take leaves the lease to expire by itself. */
+  private async releaseUnanswered(call: LeaseCall, io: IO): Promise<void> {
+    try {
+      await releaseUnanswered(this.ctx, call, io);
+    } catch {
+      // It expires within its lease_ms, as a crashed holder's would.
+    }
   }
 
   /** The job's answer while Redis is failing (`error`), logged. */

@@ -227,6 +227,24 @@ export function inflightJob(ctx: Context, key: Key, options: UpkeepOptions): Job
   });
 }
 
+/** DEL of a bucket's key: it is full again; its cached denials are dropped. */
+export function resetJob(ctx: Context, key: Key, options: UpkeepOptions): Job<boolean> {
+  const id = keyId(key);
+  return {
+    op: "reset",
+    groups: [],
+    each: false,
+    timeoutMs: upkeepTimeout(ctx, options),
+    onError: "raise",
+    plan: (io) =>
+      ticketed(ctx.cache, "reset", [id], async () => {
+        // No key is a full bucket. A cluster client routes DEL by its key.
+        const deleted = await io.send(["DEL", key], key, false);
+        return { result: Number(deleted) === 1, allowed: true, retryAfterMs: 0, decisions: [] };
+      }),
+  };
+}
+
 /** A read-only TB.PEEK of `probeKey`, which finds the backend (readiness checks). */
 export function detectJob(ctx: Context, probeKey: Key, options: { timeoutMs?: number }): Job<string> {
   const group: Group = { key: probeKey, id: keyId(probeKey), bucket: PROBE_BUCKET, amount: 1 };
@@ -244,6 +262,15 @@ export function detectJob(ctx: Context, probeKey: Key, options: { timeoutMs?: nu
 }
 
 const PROBE_BUCKET = new Bucket({ max: 1, rate: 1 });
+
+/**
+ * The best-effort release of an acquire that got no answer: it may have
+ * taken its slot all the same (a timeout after the write, a connection
+ * lost with the command on it), and only this process knows the id.
+ */
+export function releaseUnanswered(ctx: Context, call: LeaseCall, io: IO): Promise<unknown> {
+  return ctx.engine.call("release", [], io, { key: call.head.key, head: [call.leaseId] });
+}
 
 function noPolicyJob<T>(
   ctx: Context,
