@@ -12,7 +12,10 @@ export type Kind = "failure" | "shed" | "usage";
 // restart, a script that runs too long, a full memory, a snapshot that
 // failed, too few replicas for min-replicas-to-write), as opposed to
 // "your request is wrong".
-const UNAVAILABLE = /^(LOADING|MASTERDOWN|CLUSTERDOWN|READONLY|BUSY |OOM |TRYAGAIN|MISCONF|NOREPLICAS)/;
+// "ERR max number of clients reached" is maxclients: Redis refusing this
+// connection for now (redis-py makes it a ConnectionError).
+const UNAVAILABLE =
+  /^(LOADING|MASTERDOWN|CLUSTERDOWN|READONLY|BUSY |OOM |TRYAGAIN|MISCONF|NOREPLICAS|ERR max number of clients reached)/;
 
 // This process or host out of a resource: descriptors (its own, the
 // system's), local ports, socket buffers, memory. Redis is not at fault
@@ -37,13 +40,15 @@ const SOCKET_CODES = new Set([
 // The clients' own errors for a connection that failed or never came up,
 // or a command that got no reply in time: ioredis's retries given up and
 // cluster errors; node-redis's socket closed, connect or socket timed out,
-// reconnects given up, a command's own timeout (5 and later).
+// reconnects given up, a client reconnecting without an offline queue, a
+// command's own timeout (5 and later).
 const CONNECTION_ERRORS = new Set([
   "MaxRetriesPerRequestError",
   "ClusterAllFailedError",
   "SocketClosedUnexpectedlyError",
   "ConnectionTimeoutError",
   "ReconnectStrategyError",
+  "ClientOfflineError",
   "SocketTimeoutError",
   "TimeoutError",
 ]);
