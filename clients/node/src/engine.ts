@@ -1,7 +1,11 @@
 // Sends one operation on the backend in use, and finds that backend: on
 // first use, and again when a reply says it is gone (a failover to a node
 // without the module, FUNCTION FLUSH, a restart). The call itself is the
-// probe: a refusal means nothing ran, so nothing is charged twice.
+// probe: a refusal means nothing ran, so nothing is charged twice. While
+// one call checks or loads the Functions library, the others answer
+// through the EVAL script, so a burst of first calls loads it once. The
+// rules are the Python package's and the OpenResty module's alike
+// (clients/spec/backend.json).
 
 import { LIBRARY_VERSION } from "./contract.js";
 import { NoBackendError } from "./errors.js";
@@ -70,6 +74,8 @@ export class Engine {
   backend: BackendName | undefined;
   /** Whether the server's library was found to be this package's since the backend was found. */
   private libraryChecked = false;
+  /** Whether a call is checking or loading the library right now. */
+  private libraryChecking = false;
 
   constructor(
     readonly forced: BackendName | undefined,
@@ -92,7 +98,7 @@ export class Engine {
         if (this.forced !== undefined) throw new NoBackendError([[backend, error.cause]]);
         this.logger.warn(`rate limiter: the ${backend} backend is gone (${text(error.cause)}), detecting again`);
         this.backend = undefined;
-        this.libraryChecked = false;
+        this.libraryChecked = false; // the node found next may hold another library
       }
     }
     return this.detect(op, groups, io, lease);
@@ -133,23 +139,46 @@ export class Engine {
         throw error;
       }
     }
-    if (backend === "functions") return this.fcall(fcallArgs(op, groups, lease), key, readonly, io);
+    if (backend === "functions") return this.fcall(op, groups, lease, key, readonly, io);
     return this.eval(evalArgs(op, groups, lease), key, io);
   }
 
-  private async fcall(args: Arg[], key: Group["key"] | undefined, readonly: boolean, io: IO): Promise<unknown> {
-    if (!this.libraryChecked) {
-      await this.checkLibrary(io);
-      this.libraryChecked = true;
+  private async fcall(
+    op: Op,
+    groups: readonly Group[],
+    lease: LeaseHead | undefined,
+    key: Group["key"] | undefined,
+    readonly: boolean,
+    io: IO,
+  ): Promise<unknown> {
+    if (this.libraryChecking) {
+      // Another call is checking or loading the library right now: a burst
+      // of first calls (or of calls after FUNCTION FLUSH) must not each
+      // load it, since every FUNCTION LOAD compiles it while Redis waits.
+      // The EVAL script needs no loading and answers the same.
+      return this.eval(evalArgs(op, groups, lease), key, io);
     }
+    const args = fcallArgs(op, groups, lease);
+    if (!this.libraryChecked) await this.checking(() => this.checkLibrary(io));
     try {
       return await io.send(args, key, readonly);
     } catch (error) {
       if (refused(error)) throw new Unavailable("functions", error);
       if (!functionMissing(error)) throw error;
     }
-    await this.load(io); // flushed since (FUNCTION FLUSH, a restart without persistence)
+    // Flushed since (FUNCTION FLUSH, a restart without persistence).
+    await this.checking(() => this.load(io));
     return io.send(args, key, readonly);
+  }
+
+  /** Runs a check or load of the library, the other calls going through EVAL meanwhile. */
+  private async checking(work: () => Promise<void>): Promise<void> {
+    this.libraryChecking = true;
+    try {
+      await work();
+    } finally {
+      this.libraryChecking = false;
+    }
   }
 
   /**
@@ -168,7 +197,10 @@ export class Engine {
       versions = [];
     }
     const other = versions.find((v) => v !== LIBRARY_VERSION);
-    if (versions.length > 0 && other === undefined) return;
+    if (versions.length > 0 && other === undefined) {
+      this.libraryChecked = true;
+      return;
+    }
     if (other !== undefined) {
       this.logger.warn(
         `rate limiter: the server's Lua library is ${String(other)}, loading this package's ${LIBRARY_VERSION}`,
@@ -181,6 +213,7 @@ export class Engine {
     try {
       // REPLACE: idempotent when gateways race, or some Cluster primaries have it already.
       await io.everyPrimary(LOAD_ARGS);
+      this.libraryChecked = true;
     } catch (error) {
       // Refused (Redis 6.2, an ACL without FUNCTION, a managed service
       // that disables it): the EVAL script needs no loading.

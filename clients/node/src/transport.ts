@@ -1,69 +1,7 @@
-// How a failure of Redis is told apart from the process being busy
-// (docs/failure-model.md), and the per-command deadline.
+// The per-command deadline: a command's budget runs from its write
+// (docs/failure-model.md). What an error means is classify.ts.
 
-import { CircuitOpenError, LimiterError, RedisTimeoutError, Shed } from "./errors.js";
-
-export type Kind = "failure" | "shed" | "usage";
-
-// Error replies that say the server can't serve now (a failover, a
-// restart, a script that runs too long, a full memory, a snapshot that
-// failed, too few replicas for min-replicas-to-write), as opposed to
-// "your request is wrong".
-const UNAVAILABLE = /^(LOADING|MASTERDOWN|CLUSTERDOWN|READONLY|BUSY |OOM |TRYAGAIN|MISCONF|NOREPLICAS)/;
-
-// Socket errors: the connection to Redis failed.
-const SOCKET_CODES = new Set([
-  "ECONNREFUSED",
-  "ECONNRESET",
-  "ECONNABORTED",
-  "EPIPE",
-  "ETIMEDOUT",
-  "EHOSTUNREACH",
-  "EHOSTDOWN",
-  "ENETUNREACH",
-  "ENETDOWN",
-  "ENOTCONN",
-  "EAI_AGAIN",
-]);
-
-// The clients' own errors for a connection that failed or never came up:
-// ioredis's closed connection, retries given up and cluster errors;
-// node-redis's socket closed or connect timed out.
-const CONNECTION_ERRORS = new Set([
-  "MaxRetriesPerRequestError",
-  "ClusterAllFailedError",
-  "SocketClosedUnexpectedlyError",
-  "ConnectionTimeoutError",
-  "ReconnectStrategyError",
-  "SocketTimeoutError",
-]);
-const CONNECTION_MESSAGES =
-  /^(Connection is closed|Stream isn't writeable|Failed to refresh slots cache|None of startup nodes is available|Cluster isn't ready|Cluster is disconnected|Socket closed unexpectedly|Connection timeout|Socket timeout)/;
-
-// Error replies, as each client names them (ioredis; node-redis 4, 5+).
-const REPLY_CLASSES = new Set(["ReplyError", "ErrorReply", "SimpleError", "BlobError"]);
-
-function isReply(error: Error): boolean {
-  return REPLY_CLASSES.has(error.name) || REPLY_CLASSES.has(error.constructor.name);
-}
-
-/**
- * What an error means for the failure policy: Redis failing ("failure"),
- * the process overloaded ("shed"), or a usage error that always throws
- * ("usage": a bad argument, a key of the wrong type, a user the server
- * refuses, a client its owner closed), which no policy should hide.
- */
-export function classify(error: unknown): Kind {
-  if (error instanceof Shed) return "shed";
-  if (error instanceof RedisTimeoutError || error instanceof CircuitOpenError) return "failure";
-  if (error instanceof LimiterError || !(error instanceof Error)) return "usage";
-  if (isReply(error)) return UNAVAILABLE.test(error.message) ? "failure" : "usage";
-  const code = (error as { code?: unknown }).code;
-  if (typeof code === "string" && SOCKET_CODES.has(code)) return "failure";
-  if (CONNECTION_ERRORS.has(error.name) || CONNECTION_ERRORS.has(error.constructor.name)) return "failure";
-  if (CONNECTION_MESSAGES.test(error.message)) return "failure";
-  return "usage";
-}
+import { RedisTimeoutError, Shed } from "./errors.js";
 
 /**
  * `reply` within `budgetMs`, measured from now: the caller sends the

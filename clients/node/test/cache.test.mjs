@@ -1,9 +1,12 @@
 // The denial cache: a hot denied key costs one round trip per retry window;
 // anything that might pass goes to Redis; any write of this limiter to a key
-// drops its entries; keys are one identity whatever their type.
+// drops its entries, even one whose reply is lost, and a denial a write
+// overtook is not kept; keys are one identity whatever their type. (The
+// rule's timelines, without a server: clients/spec/cache.json.)
 
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
+import { setImmediate as tick } from "node:timers/promises";
 import { Bucket, DenialCache, Limiter } from "redis-tokenbucket";
 import { client } from "./clients.mjs";
 import { calls, SLOW, stopAll, target } from "./servers.mjs";
@@ -101,4 +104,101 @@ test("the cache is bounded, least recently used first", async () => {
   assert.ok((await lim.consume("d", B)).cached);
   assert.throws(() => new DenialCache(0), /maxEntries/);
   c.close();
+});
+
+/**
+ * An ioredis client whose replies to `command` can be held: Redis has
+ * answered (the command ran), the limiter has not read the reply yet.
+ */
+function gated(real) {
+  const gate = { hold: undefined, reached: undefined, release: undefined };
+  gate.client = {
+    get status() {
+      return real.status;
+    },
+    call: async (...args) => {
+      const reply = await real.call(...args);
+      if (String(args[0]).toUpperCase() === gate.hold) {
+        gate.hold = undefined;
+        await new Promise((release) => {
+          gate.release = release;
+          gate.reached();
+        });
+      }
+      return reply;
+    },
+  };
+  gate.held = (command) => {
+    gate.hold = command;
+    return new Promise((resolve) => {
+      gate.reached = resolve;
+    });
+  };
+  return gate;
+}
+
+test("a denial overtaken by a refund is not remembered", async () => {
+  // Redis denies a consume; before its reply is read, a refund from this
+  // limiter lands. The denial predates the refund, so the cache must not
+  // keep it: the next consume goes to Redis, and passes.
+  const now = 0;
+  const { c } = await setup();
+  const gate = gated(c.client);
+  const lim = new Limiter(gate.client, { denialCache: new DenialCache(10, () => now), timeoutMs: 5000 });
+  try {
+    await lim.consume("rl:race", B, 2);
+    const reached = gate.held("TB.CONSUME");
+    const pending = lim.consume("rl:race", B);
+    await reached; // denied by Redis, the reply not yet read
+    await lim.adjust("rl:race", B, 2);
+    gate.release();
+    const denied = await pending;
+    const after = await lim.consume("rl:race", B);
+    assert.deepEqual([denied.allowed, after.allowed, after.cached], [false, true, false]);
+  } finally {
+    c.close();
+  }
+});
+
+test("a write whose reply is lost drops the entries too", async () => {
+  const now = 0;
+  const { c } = await setup();
+  // TB.ADJUST runs in Redis, and its reply is lost with the connection.
+  const lost = {
+    get status() {
+      return c.client.status;
+    },
+    call: async (...args) => {
+      const reply = await c.client.call(...args);
+      if (String(args[0]).toUpperCase() !== "TB.ADJUST") return reply;
+      await tick();
+      throw Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET", syscall: "read" });
+    },
+  };
+  const lim = new Limiter(lost, { denialCache: new DenialCache(10, () => now) });
+  try {
+    await lim.consume("rl:lost", B, 2);
+    await lim.consume("rl:lost", B);
+    assert.ok((await lim.consume("rl:lost", B)).cached);
+    await assert.rejects(lim.adjust("rl:lost", B, 2), { code: "ECONNRESET" }); // it did refund
+    const d = await lim.consume("rl:lost", B);
+    assert.ok(d.allowed && !d.cached);
+  } finally {
+    c.close();
+  }
+});
+
+test("reset deletes the key and drops its entry", async () => {
+  const { c, lim } = await setup({ denialCache: new DenialCache(10, () => 0) });
+  try {
+    await lim.consume("rl:reset", B, 2);
+    await lim.consume("rl:reset", B);
+    assert.ok((await lim.consume("rl:reset", B)).cached);
+    assert.equal(await lim.reset(Buffer.from("rl:reset")), true);
+    const d = await lim.consume("rl:reset", B);
+    assert.ok(d.allowed && !d.cached);
+    assert.equal(await lim.reset("rl:reset-none"), false);
+  } finally {
+    c.close();
+  }
 });

@@ -537,22 +537,48 @@ test("Redis failing: open admits a lease held nowhere, closed denies, local is a
   }
 });
 
-test("the breaker open: acquire gets the policy at once, renew and release throw CircuitOpenError", async () => {
+test("the breaker open: a stream ends, and its slot is free at once", async () => {
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  try {
+    const breaker = new Breaker({ failures: 1, cooldownMs: 60_000 });
+    const lim = new Limiter(c.client, { onError: "closed", breaker, logger: quiet });
+    const one = new Concurrency({ limit: 1, leaseMs: 60_000 });
+    const done = await lim.hold("rl:bo", one, async (lease) => {
+      assert.equal(Number(await c.client.call("TB.INFLIGHT", "rl:bo")), 1);
+      breaker.failure(false); // Redis failed a call elsewhere: the breaker opens
+      assert.equal(lim.breakerState, "open");
+      assert.equal(await lim.renew(lease), true, "a renewal goes out too");
+      return "streamed";
+    });
+    assert.equal(done, "streamed");
+    assert.equal(Number(await c.client.call("TB.INFLIGHT", "rl:bo")), 0, "released at once, not at expiry");
+    assert.equal(lim.breakerState, "open", "releases never count for the breaker");
+    assert.equal(lim.leasesHeld, 0);
+    // Decisions still get the policy at once.
+    assert.ok((await lim.acquire("rl:bo", one)).degraded);
+  } finally {
+    c.close();
+  }
+});
+
+test("Redis stopped, the breaker open: renewals and releases are tried and fail; nothing more counts", async () => {
   const server = await new Server("redis-7.0", { module: true }).start();
   const c = await client("ioredis", server.port);
   try {
-    const lim = new Limiter(c.client, {
-      onError: "open",
-      breaker: new Breaker({ failures: 1, cooldownMs: 60_000 }),
-      logger: quiet,
-    });
+    const breaker = new Breaker({ failures: 1, cooldownMs: 60_000 });
+    const lim = new Limiter(c.client, { onError: "open", breaker, logger: quiet, timeoutMs: 100 });
     const held = await lim.acquire("rl:b", STREAMS);
     await server.stopAndWait();
     assert.ok((await lim.acquire("rl:b", STREAMS)).degraded);
     assert.equal(lim.breakerState, "open");
     assert.ok((await lim.acquire("rl:b", STREAMS)).degraded);
-    await assert.rejects(lim.renew(held), CircuitOpenError);
-    await assert.rejects(lim.release(held), CircuitOpenError);
+    const notTheBreaker = (e) => e instanceof Error && !(e instanceof CircuitOpenError);
+    await assert.rejects(lim.renew(held), notTheBreaker);
+    await assert.rejects(lim.release(held), notTheBreaker);
+    // Given up whatever the answer (left to expire in Redis); the two leases
+    // onError "open" admitted are still held.
+    assert.equal(lim.leasesHeld, 2);
     // hold keeps its work going, and logs the release it could not make.
     const { lines, logger } = logs();
     const logged = new Limiter(c.client, { onError: "open", breaker: new Breaker({ failures: 1 }), logger });
@@ -561,6 +587,47 @@ test("the breaker open: acquire gets the policy at once, renew and release throw
   } finally {
     c.close();
     server.stop();
+  }
+});
+
+test("an acquire whose reply is lost leaves no slot held once its release has run", async () => {
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  try {
+    // TB.ACQUIRE runs in Redis, and its reply comes after the budget.
+    const landed = [];
+    const slow = {
+      get status() {
+        return c.client.status;
+      },
+      call: async (...args) => {
+        const reply = await c.client.call(...args);
+        if (String(args[0]).toUpperCase() === "TB.ACQUIRE") {
+          landed.push(reply);
+          await sleep(300);
+        }
+        return reply;
+      },
+    };
+    const one = new Concurrency({ limit: 1, leaseMs: 60_000 });
+    // The backend given: while it is unknown, a call's budget is at least a second.
+    const lim = new Limiter(slow, {
+      backend: "module",
+      onError: "closed",
+      timeoutMs: 50,
+      breaker: false,
+      logger: quiet,
+    });
+    for (const id of ["lost-1", undefined]) {
+      const lease = await lim.acquire("rl:lost", one, { id });
+      assert.deepEqual([lease.acquired, lease.degraded, lease.held], [false, true, "none"]);
+      assert.equal(landed.at(-1)[0], 1, "it took the slot in Redis");
+      assert.equal(Number(await c.client.call("TB.INFLIGHT", "rl:lost")), 0, "and its release gave it back");
+      assert.equal(lim.leasesHeld, 0);
+    }
+    assert.ok((await new Limiter(c.client).acquire("rl:lost", one)).acquired, "the slot is free");
+  } finally {
+    c.close();
   }
 });
 

@@ -185,28 +185,43 @@ function T.a_lease_is_held_renewed_and_released()
   h.eq(lim:release(a), false, "twice is harmless")
 end
 
-function T.a_release_while_the_breaker_is_open_is_an_error_and_the_lease_is_given_up()
+function T.a_release_while_the_breaker_is_open_goes_out_and_frees_the_slot_at_once()
   local lim, s = make({ on_error = "closed" })
   local lease = lim:acquire("rl:streams:u", STREAMS)
   for _ = 1, 5 do
     s.errors = { REFUSED }
     lim:consume_many({ { "rl:user:a", USER } })
   end
-  local sent = #s.sent
-  local ok, err = lim:release(lease)
-  h.eq(ok, nil)
-  h.ok(err.circuit_open, "the breaker's error")
-  h.eq(#s.sent, sent, "nothing sent")
-  h.eq(lim:leases_held(), 0, "given up: left to expire in Redis")
+  h.eq(lim:breaker_state(), "open")
+  h.eq(lim:in_flight("rl:streams:u"), nil, "the breaker answers for a read")
+  h.eq(lim:release(lease), true)
+  h.eq(s.sent[#s.sent], "tb.release")
+  h.eq(lim:leases_held(), 0)
+  h.eq(lim:breaker_state(), "open", "the release counts for nothing")
+  h.eq(s.send({ "tb.inflight", "rl:streams:u" }), 0, "the slot is free in Redis at once")
+  h.eq(lim:renew(lease), false, "released: a renewal, sent too, finds it gone")
+  h.eq(s.sent[#s.sent], "tb.renew")
 end
 
-function T.an_acquire_that_timed_out_gets_the_policy_and_holds_nothing()
-  local lim, s = make({ on_error = "closed" })
-  s.errors = { { socket = "timeout", op = "command" } }
-  local lease = lim:acquire("rl:streams:u", STREAMS)
+function T.an_acquire_that_timed_out_gets_the_policy_and_its_release_frees_the_slot()
+  local lim, s = make({ on_error = "closed", breaker = false })
+  local ONE = concurrency({ limit = 1, lease_ms = 30000 })
+  -- The acquire lands in Redis, its reply is lost.
+  s.hook = function(args)
+    if args[1] == "tb.acquire" and not s.landed then
+      s.landed = true
+      s.hook = nil
+      s.send(args)
+      return nil, { socket = "timeout", op = "command" }
+    end
+  end
+  local lease = lim:acquire("rl:streams:u", ONE)
   h.eq(lease.acquired, false)
   h.eq(lease.degraded, true)
   h.eq(lim:leases_held(), 0)
+  h.eq(s.sent[#s.sent], "tb.release", "its id released")
+  h.eq(lim:in_flight("rl:streams:u"), 0, "no slot held")
+  h.eq(lim:acquire("rl:streams:u", ONE).acquired, true)
 end
 
 function T.an_open_lease_holds_no_slot_and_a_local_one_holds_this_workers()

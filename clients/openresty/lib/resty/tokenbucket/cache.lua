@@ -146,7 +146,9 @@ end
 function Cache:lookup(keys, buckets, costs)
   local e, now = find(self, keys, buckets, costs)
   if e == nil then return nil end
-  local elapsed_ms = (now - e.at) * 1000
+  -- Rounded to the µs, as `left` below: the noise of a float clock must
+  -- not add a whole ms to an aged wait.
+  local elapsed_ms = floor((now - e.at) * 1e6 + 0.5) / 1000
   local decisions = {}
   for i = 1, #e.decisions do decisions[i] = aged(e.decisions[i], elapsed_ms) end
   -- Rounded to the µs first: `until` is a sum of floats, and the noise of

@@ -35,9 +35,10 @@ local _M = {}
 
 -- Error replies that say the server can't serve now (a failover, a
 -- restart, a script that runs too long, a full memory, a snapshot that
--- failed, too few replicas for min-replicas-to-write).
+-- failed, too few replicas for min-replicas-to-write, maxclients reached).
 local UNAVAILABLE = {
   "LOADING", "MASTERDOWN", "CLUSTERDOWN", "READONLY", "BUSY ", "OOM ", "TRYAGAIN", "MISCONF", "NOREPLICAS",
+  "ERR max number of clients reached",
 }
 
 -- This process or host out of a resource: descriptors (its own, the

@@ -9,7 +9,10 @@
 --   (refused, never admitted, never counted), a Redis failure counts for
 --   the breaker and gets the call's policy: "raise" (returned), "open"
 --   (admitted, degraded), "closed" (denied, degraded), "local" (the
---   worker's own buckets, local.lua).
+--   worker's own buckets, local.lua);
+--   a lease's renewals and release go out whatever the breaker says and
+--   never count for it; an acquire that got no answer is followed by a
+--   best-effort release of its id.
 --
 -- Calls return their answer, or nil and an error table (classify.lua's
 -- shapes; an invalid argument is bucket.lua's Invalid, with `usage`).
@@ -311,16 +314,27 @@ local function policy(self, job, err)
   return job.answers.policy(job.req, on_error == "open")
 end
 
+-- An acquire that got no answer may have taken its slot all the same (a
+-- timeout after the write, a connection lost with the command on it, a
+-- reply late while Redis answered the worker's others): its id is
+-- released, best effort (a release Redis can't take leaves the lease to
+-- expire, as a crashed holder's).
+local function release_unanswered(self, send, req)
+  pcall(self.engine.call, self.engine, send, "release", {}, { req.key, { req.id } })
+end
+
 -- What an error of a call means: a usage error is returned, local
 -- overload sheds, a Redis failure counts for the breaker and gets the
--- call's policy.
-local function failed(self, err, job, probe)
+-- call's policy. A lease's upkeep (renew, release) never touches the
+-- breaker.
+local function failed(self, err, job, probe, send)
   local kind = classify(err)
-  local breaker = self.breaker
+  local breaker = not job.upkeep and self.breaker or nil
   if kind == "usage" then
     if breaker then breaker:success(probe) end -- Redis answered, if only to refuse
     return nil, err
   end
+  if job.req.op == "acquire" and (kind == "failure" or err.answering) then release_unanswered(self, send, job.req) end
   if kind == "shed" then
     if breaker then breaker:release(probe) end
     job.source = ""
@@ -375,7 +389,9 @@ end
 local function run(self, job)
   local started = self.clock()
   if job.done ~= nil then return settled(self, job, job.done, started) end
-  local breaker = self.breaker
+  -- Renewals and releases are sent whatever the breaker says (a stream
+  -- that ends must free its slot at once) and never count for it.
+  local breaker = not job.upkeep and self.breaker or nil
   local mode = breaker and breaker:enter() or CALL
   if mode == SKIP then
     local answer, err = policy(self, job, { circuit_open = true,
@@ -393,7 +409,7 @@ local function run(self, job)
     result = nil
   end
   if result == nil then
-    local answer, aerr = failed(self, err, job, mode == PROBE)
+    local answer, aerr = failed(self, err, job, mode == PROBE, send)
     if answer == nil then return nil, aerr end
     return settled(self, job, answer, started)
   end
@@ -692,7 +708,11 @@ local function off_redis(self, op, lease, head)
     lease.released = true
     return reply[1] == 1
   end
-  if op == "renew" then return not lease.released end
+  if op == "renew" then
+    -- Released since: the renewal finds it gone, as one in Redis would.
+    if lease.released then lease.lost = true end
+    return not lease.released
+  end
   local released = not lease.released
   lease.released = true
   return released
@@ -703,12 +723,15 @@ local function lease_job(self, op, lease, opts)
   local head
   if op == "renew" then head = { lease.id, tostring(lease.concurrency.lease_ms) } else head = { lease.id } end
   local req = { op = op, key = lease.key, head = head, what = op .. " " .. lease.key }
-  return job(plan_lease_op, NONE, req, timeout, "raise"), head
+  local j = job(plan_lease_op, NONE, req, timeout, "raise")
+  j.upkeep = true
+  return j, head
 end
 
 -- Extends a lease to its lease_ms from now (TB.RENEW): true, or false (and
--- lease.lost) when it expired or was released. Redis errors are returned:
--- no policy answers for an upkeep call.
+-- lease.lost) when it expired or was released. Sent even while the
+-- breaker is open, never counted for it. Redis errors are returned: no
+-- policy answers for an upkeep call.
 function Limiter:renew(lease, opts)
   local j, head = lease_job(self, "renew", lease, opts)
   if lease.held ~= "redis" or not lease.acquired then return off_redis(self, "renew", lease, head) end
@@ -723,9 +746,10 @@ function Limiter:renew(lease, opts)
   return false
 end
 
--- Gives a lease back (TB.RELEASE): whether it was live. The worker holds
--- it no more whatever the answer: a release Redis can't take leaves the
--- lease to expire.
+-- Gives a lease back (TB.RELEASE): whether it was live. Sent even while
+-- the breaker is open, never counted for it. The worker holds it no more
+-- whatever the answer: a release Redis can't take leaves the lease to
+-- expire.
 function Limiter:release(lease, opts)
   local j, head = lease_job(self, "release", lease, opts)
   if lease.acquired then unhold(self, lease) end
