@@ -69,7 +69,7 @@ PROM_TESTS   := $(PROM_DIR)/tests
 FUZZ_STATUS  := target/fuzz-smoke.status
 FUZZ_SECONDS ?= 120
 
-.PHONY: help build run test test-rust test-matrix test-examples test-python test-dist \
+.PHONY: help build run check test test-rust test-matrix test-examples test-python test-dist \
         test-prometheus test-node test-openresty lint lint-rust lint-python lint-prometheus lint-node lint-generated contract \
         deps build-deps run-deps prometheus-deps openresty-deps venv python-tools python-wheel node-tools install dist \
         bench bench-python bench-node bench-gateway bench-leases charts bench-prometheus bench-nginx run-nginx \
@@ -153,6 +153,18 @@ prometheus-deps: deps venv $(VENV)/.prometheus-tools ## Debian's Prometheus and 
 # runs once: the prerequisites are targets, not sub-makes.
 test: deps venv build lint test-rust fuzz-smoke test-matrix test-examples test-python test-node test-openresty test-prometheus test-dist ## install what is missing, build, run every test
 	@echo "all tests passed; $$(cat $(FUZZ_STATUS))"
+
+# The fast loop for an edit, on a built tree (`make build` once): no server
+# runs. tb-core's unit tests, the generated files, and every client's
+# clients/spec scenarios and serverless unit tests.
+check: lint-generated node-tools $(NODE_CLIENT)/test/node_modules/.package-lock.json ## the fast loop: core unit tests, generated files, each client's spec scenarios (no server)
+	cargo test -q -p tb-core --lib
+	cd $(NODE_CLIENT) && npm run -s build >/dev/null
+	cd $(NODE_CLIENT)/test && TB_NODE_DIST=$(CURDIR)/$(NODE_CLIENT)/dist/esm node --test spec.test.mjs
+	cd $(OPENRESTY) && luajit t/run.lua
+
+$(NODE_CLIENT)/test/node_modules/.package-lock.json: $(NODE_CLIENT)/test/package-lock.json
+	cd $(NODE_CLIENT)/test && npm ci --no-audit --no-fund --loglevel=error
 
 test-rust: deps venv build ## unit, property and integration tests on Redis 7.0
 	cargo test --workspace --release
