@@ -96,12 +96,12 @@ class _Pipe:
         self._timer_due = 0.0
         self._wake: Optional[asyncio.Future[None]] = None
         owner.pipes.add(self)
-        self._writer = self.loop.create_task(self._write())
-        self._reader = self.loop.create_task(self._read())
+        self._write_task = self.loop.create_task(self._write())
+        self._read_task = self.loop.create_task(self._read())
 
     @property
     def tasks(self) -> tuple[asyncio.Task[None], asyncio.Task[None]]:
-        return self._writer, self._reader
+        return self._write_task, self._read_task
 
     def idle(self) -> bool:
         """Nothing handed over, nothing waiting for a reply."""
