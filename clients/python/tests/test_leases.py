@@ -615,3 +615,40 @@ def test_hold_logs_renewals_redis_could_not_take(own_server: Server, caplog: pyt
         until(lambda: "a renewal failed" in caplog.text, 5, "a failed renewal logged")
         own_server.resume()
         assert not lease.lost  # a failure is not a lost lease
+
+
+class _Replies:
+    """A blocking client that answers each command with the next reply
+    given (an old server's: a re-acquire charges its buckets again)."""
+
+    def __init__(self, *replies: Any) -> None:
+        self.replies = list(replies)
+        self.sent: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.sent.append(args)
+        return self.replies.pop(0)
+
+
+def test_busy_does_not_count_a_re_acquires_own_weight_twice():
+    """Issue 35: a re-acquire of a held lease that only a bucket denies is
+    not busy (its own weight is in in_use already); one whose new weight
+    doesn't fit beside the others is, as is another id's acquire."""
+    client = _Replies(
+        [1, 2, 0, 30_000, [1, 2, 0, 1000]],  # taken: in_use 2, its own 1 and another's
+        [0, 2, 2000, 0, [0, 0, 2000, 3000]],  # again: the bucket can't pay
+        [0, 2, 1000, 0],  # again with weight 2: no room beside the other
+        [0, 2, 2000, 0, [0, 0, 2000, 3000]],  # another id: no room, nor tokens
+    )
+    lim = Limiter(client, backend="module", breaker=False)  # type: ignore[arg-type]
+    two = Concurrency(2, 30_000)
+    bucket = [("rl:tok", Bucket(3, 1), 1)]
+    assert lim.acquire("rl:s", two, buckets=bucket, id="L").acquired
+    again = lim.acquire("rl:s", two, buckets=bucket, id="L")
+    assert (again.acquired, again.in_use, again.busy, len(again.denied_by)) == (False, 2, False, 1)
+    assert "slots in use" not in str(Busy(again))
+    heavier = lim.acquire("rl:s", two, 2, id="L")
+    assert (heavier.acquired, heavier.busy) == (False, True)
+    other = lim.acquire("rl:s", two, buckets=bucket, id="M")
+    assert (other.acquired, other.busy) == (False, True)
+    assert [args[4] for args in client.sent] == ["L", "L", "L", "M"]

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Generic, Literal, Optional, TypeVar, Union, cast
+from typing import Any, Generic, Literal, NoReturn, Optional, TypeVar, Union, cast
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
@@ -139,6 +139,9 @@ class Engine:
                     raise NoBackendError([(backend, gone.cause)]) from gone.cause
                 log.warning("rate limiter: the %s backend is gone (%s), detecting again", backend, gone.cause)
                 self.backend = None
+                # The node found next (after a failover) may hold another
+                # library, or none: check it again there.
+                self._library_checked = False
         return (yield from self._detect(op, groups, lease))
 
     def _detect(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
@@ -457,8 +460,9 @@ class LimiterBase(Generic[C]):
         self._local: Optional[_local.LocalBuckets] = None
         self.on_decision = on_decision
         # The leases this limiter holds, as (key, id) in the bytes Redis
-        # sees: a set, so a retried acquire of a held id counts once.
-        self._held: set[tuple[bytes, bytes]] = set()
+        # sees, with their weight: a retried acquire of a held id counts
+        # once, and its Lease knows its own weight is in `in_use`.
+        self._held: dict[tuple[bytes, bytes], int] = {}
         self._errors = _ErrorLog()
         # Made once: the hot path calls it directly.
         self._send = self._sender()
@@ -633,7 +637,7 @@ class LimiterBase(Generic[C]):
         if lease.acquired:
             # Given back now, whatever the answer: a release Redis can't
             # take leaves the lease to expire, and its holder holds it no more.
-            self._held.discard(self._lease_ident(req))
+            self._held.pop(self._lease_ident(req), None)
         if lease.held != "redis" or not lease.acquired:
             return Job(None, self._off_redis(req, lease), ANSWER_NONE, req, options)
         return Job(self._plan_release(req, lease), None, ANSWER_NONE, req, options)
@@ -746,6 +750,8 @@ class LimiterBase(Generic[C]):
         # acquire's own denial is never cached (a release can free a slot
         # at any time).
         ticket = cache.sent("acquire", [k for k, _, _ in req.groups]) if cache is not None and req.groups else None
+        # A re-acquire of a lease this limiter holds: its weight is in in_use.
+        own = self._held.get(self._lease_ident(req), 0)
         try:
             reply = yield from self._engine.call("acquire", req.groups, (req.key, req.head))
         except BaseException:
@@ -753,6 +759,7 @@ class LimiterBase(Generic[C]):
                 ticket.failed()
             raise
         lease = _lease_from_reply(reply, req, degraded=False)
+        lease.own_weight = own
         if ticket is not None:
             ticket.answered(lease.acquired, lease.retry_after_ms, lease.decisions)
         return lease
@@ -766,7 +773,7 @@ class LimiterBase(Generic[C]):
             lease.expires_in_ms = expires_ms
         else:
             lease.lost = True  # expired, or released by another: no longer held
-            self._held.discard(self._lease_ident(req))
+            self._held.pop(self._lease_ident(req), None)
         return renewed
 
     def _plan_release(self, req: LeaseRequest, lease: Lease) -> Plan[bool]:
@@ -792,7 +799,10 @@ class LimiterBase(Generic[C]):
             lease.released = True
             return bool(reply[0])
         if req.op == "renew":
-            return not lease.released
+            if lease.released:
+                lease.lost = True  # one meaning for `lost`, in Redis or not
+                return False
+            return True
         released = not lease.released
         lease.released = True
         return released
@@ -833,6 +843,32 @@ class LimiterBase(Generic[C]):
         job.source = ""
         return job.answers.policy(job.req, job.on_error == "open")
 
+    def _upkeep(self, job: Job[Any]) -> bool:
+        """A lease's renewal or release: sent even while the breaker is open
+        (a stream that ends must free its slot at once, and Redis may well
+        be there), within its budget, and never counted for the breaker."""
+        req = job.req
+        return isinstance(req, LeaseRequest) and req.op in ("renew", "release")
+
+    def _upkeep_failed(self, exc: Exception, job: Job[Any]) -> NoReturn:
+        """A renewal's or release's error is raised: no policy answers for it."""
+        if classify(exc) == "shed" and not isinstance(exc, Shed):
+            raise Shed(f"too busy to get Redis's answer in time for {job.what}") from exc
+        raise exc
+
+    def _unanswered(self, job: Job[Any], exc: Exception) -> Optional[Plan[Any]]:
+        """The best-effort release of an acquire that got no answer (Redis
+        failing, or a shed of a command already handed to the client): it
+        may have taken its slot all the same (a timeout after the write, a
+        connection lost with the command on it), and only this process
+        knows the id. None for any other call or error."""
+        req = job.req
+        if not (isinstance(req, LeaseRequest) and req.op == "acquire"):
+            return None
+        if not isinstance(exc, Shed) and classify(exc) != "failure":
+            return None
+        return self._engine.call("release", (), (req.key, (req.id,)))
+
     def _open_circuit(self, job: Job[T]) -> T:
         """The breaker is open: the policy at once, no network."""
         exc = CircuitOpenError(f"Redis failed {self.breaker.failures if self.breaker else 0} times lately")
@@ -857,7 +893,7 @@ class LimiterBase(Generic[C]):
         to the on_decision hook (never raising into the call)."""
         req = job.req
         if isinstance(req, LeaseRequest) and req.op == "acquire" and cast(Lease, result).acquired:
-            self._held.add(self._lease_ident(req))
+            self._held[self._lease_ident(req)] = req.weight
         hook = self.on_decision
         if hook is None:
             return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from types import TracebackType
 from typing import Any, Optional, TypeVar, Union, cast
 
@@ -227,6 +228,12 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         started = time.perf_counter()
         if job.plan is None:
             return self._settled(job, cast(T, job.done), started)  # answered without a round trip
+        if self._upkeep(job):  # outside the breaker
+            try:
+                result = drive(job.plan, self._send, self._budget(job))
+            except Exception as exc:
+                self._upkeep_failed(exc, job)
+            return self._settled(job, result, started)
         breaker = self.breaker
         mode = breaker.enter() if breaker is not None else 0
         if mode == SKIP:
@@ -234,6 +241,12 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         try:
             result = drive(job.plan, self._send, self._budget(job))
         except Exception as exc:
+            release = self._unanswered(job, exc)
+            if release is not None:
+                # Best effort: a release Redis can't take leaves the lease to
+                # expire within its lease_ms, as a crashed holder's would.
+                with suppress(Exception):
+                    drive(release, self._send, self._budget(job))
             return self._settled(job, self._failed(exc, job, mode == PROBE), started)
         if breaker is not None and mode:
             breaker.success(True)
