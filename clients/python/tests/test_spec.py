@@ -20,7 +20,7 @@ from typing import Any, Optional
 import pytest
 import redis
 import redis.exceptions
-from redis._parsers import BaseParser
+from redis.connection import DefaultParser
 
 import redis_tokenbucket.asyncio as tb_asyncio
 from redis_tokenbucket import Breaker, Bucket, CircuitOpenError, Concurrency, Decision, DenialCache, Limiter
@@ -112,7 +112,7 @@ class Clock:
 def reply_error(text: str) -> Exception:
     """An error reply, as redis-py's parser makes it (LOADING is a
     BusyLoadingError, "ERR max number of clients reached" a ConnectionError)."""
-    error = BaseParser().parse_error(text)
+    error = DefaultParser(socket_read_size=65536).parse_error(text)
     assert isinstance(error, Exception)
     return error
 
