@@ -1,4 +1,4 @@
-"""What a plan yields for the transport to send (`_core`), beyond a plain
+"""What a plan yields for the transport to send (`_engine`, `_requests`), beyond a plain
 tuple of arguments."""
 
 from __future__ import annotations

@@ -14,11 +14,13 @@ from redis.cluster import RedisCluster
 from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
 from ._commands import Command
-from ._core import PROBE_KEY, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
+from ._engine import Plan
 from ._errors import LimiterError
 from ._hold import Hold
 from ._lease import Concurrency, Lease
+from ._limiter import LimiterBase
+from ._requests import PROBE_KEY, GroupIn, Job, OnError
 from ._transport import SyncConnections, sync_connections
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """The asyncio Limiter, over redis.asyncio.Redis or redis.asyncio.RedisCluster.
 
 The same API as ``redis_tokenbucket.Limiter``, awaitable; both run the
-same plans (``_core``), only the I/O differs.
+same plans (``_requests``), only the I/O differs.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from redis.asyncio.cluster import RedisCluster
 from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
 from ._commands import Command
-from ._core import PROBE_KEY, GroupIn, Job, LimiterBase, OnError, Plan
 from ._decision import Decision, MultiDecision
+from ._engine import Plan
 from ._errors import LimiterError
 from ._hold import AsyncHold
 from ._lease import Concurrency, Lease
+from ._limiter import LimiterBase
+from ._requests import PROBE_KEY, GroupIn, Job, OnError
 from ._transport import AsyncConnections, async_connections, bounded
 
 __all__ = ["Limiter"]
