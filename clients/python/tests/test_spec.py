@@ -437,6 +437,33 @@ class FakeRedis:
         assert not entry.hold, "a held reply needs the asyncio limiter"
         return self.script.answer(entry)
 
+    def pipeline(self, transaction: bool = True) -> FakePipeline:
+        assert not transaction, "the limiter pipelines without MULTI"
+        return FakePipeline(self)
+
+
+class FakePipeline:
+    """redis-py's pipeline: commands queued, then sent in order; error
+    replies in place with raise_on_error=False, a connection's failure raised."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.queued: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> FakePipeline:
+        self.queued.append(args)
+        return self
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        assert not raise_on_error, "the limiter reads every reply"
+        replies: list[Any] = []
+        for args in self.queued:
+            try:
+                replies.append(self.client.execute_command(*args))
+            except redis.exceptions.ResponseError as exc:
+                replies.append(exc)
+        return replies
+
 
 class FakeAsyncRedis:
     """An asyncio redis-py client, as far as the limiter drives one."""
@@ -452,8 +479,24 @@ class FakeAsyncRedis:
             await held
         return self.script.answer(entry)
 
+    def pipeline(self, transaction: bool = True) -> FakeAsyncPipeline:
+        assert not transaction, "the limiter pipelines without MULTI"
+        return FakeAsyncPipeline(self)
 
-LIMITER_OPTIONS = {"backend", "on_error", "timeout_ms", "denial_cache", "breaker"}
+
+class FakeAsyncPipeline(FakePipeline):
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:  # type: ignore[override]
+        assert not raise_on_error, "the limiter reads every reply"
+        replies: list[Any] = []
+        for args in self.queued:
+            try:
+                replies.append(await self.client.execute_command(*args))
+            except redis.exceptions.ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+
+LIMITER_OPTIONS = {"backend", "on_error", "timeout_ms", "denial_cache", "breaker", "wait_replicas", "wait_timeout_ms"}
 
 
 def limiter_options(s: dict[str, Any], clock: Clock) -> dict[str, Any]:
@@ -474,6 +517,8 @@ def limiter_options(s: dict[str, Any], clock: Clock) -> dict[str, Any]:
         "on_error": o.get("on_error", "raise"),
         "breaker": breaker,
         "denial_cache": DenialCache(entries, clock) if entries else None,
+        "wait_replicas": o.get("wait_replicas", 0),
+        "wait_timeout": o.get("wait_timeout_ms", 50) / 1000,
     }
 
 
@@ -665,3 +710,71 @@ def test_command_names() -> None:
     assert matches("TB.RELEASE rl:s $id", "TB.RELEASE rl:s x-1", {"$id": "x-1"}, False)
     assert not matches("TB.RELEASE rl:s $id", "TB.RELEASE rl:s x-2", {"$id": "x-1"}, False)
     assert re.fullmatch(r"\d+\.\d+\.\d+\+\w+", library_version())
+
+
+# ---- replica waits, until clients/spec has its own file ----------------------------
+
+WAIT_FAILURES = {"failures": 2, "window_ms": 10000, "cooldown_ms": 2000}
+B10 = {"max": 10, "rate": 1}
+
+WAIT_SCENARIOS = [
+    {
+        "name": "WAIT behind every consume: fewer replicas turn an admission into the policy's answer",
+        "subject": "limiter",
+        "limiter": {"backend": "module", "on_error": "closed", "breaker": WAIT_FAILURES, "wait_replicas": 1},
+        "steps": [
+            {"call": "consume", "key": "rl:k", "bucket": B10,
+             "redis": [{"command": "TB.CONSUME rl:k", "reply": [1, 9, 0, 1000]}, {"command": "WAIT 1 50", "reply": 1}],
+             "expect": {"allowed": True, "degraded": False, "remaining": 9}},
+            {"call": "consume", "key": "rl:k", "bucket": B10,
+             "redis": [{"command": "TB.CONSUME rl:k", "reply": [1, 8, 0, 2000]}, {"command": "WAIT 1", "reply": 0}],
+             "expect": {"allowed": False, "degraded": True}},
+            {"check": {"breaker": "closed"}},
+            {"call": "consume", "key": "rl:k", "bucket": B10, "cost": 10,
+             "redis": [{"command": "TB.CONSUME rl:k", "reply": [0, 8, 2000, 2000]}, {"command": "WAIT 1", "reply": 0}],
+             "expect": {"allowed": False, "degraded": False, "retry_after_ms": 2000}},
+            {"check": {"breaker": "closed"}},
+            {"call": "peek", "key": "rl:k", "bucket": B10,
+             "redis": [{"command": "TB.PEEK rl:k", "reply": [1, 8, 0, 2000]}], "expect": {"allowed": True}},
+            {"call": "adjust", "key": "rl:k", "bucket": B10, "delta": 1,
+             "redis": [{"command": "TB.ADJUST rl:k", "reply": [1, 9, 0, 1000]}], "expect": {"allowed": True}},
+            {"call": "consume_many", "groups": [["rl:a", B10], ["rl:b", B10]], "on_error": "open",
+             "redis": [{"command": "TB.MCONSUME rl:a rl:b", "reply": [1, 0, [1, 9, 0, 1000], [1, 9, 0, 1000]]},
+                       {"command": "WAIT 1", "reply": 0}],
+             "expect": {"allowed": True, "degraded": True}},
+            {"check": {"breaker": "open"}},
+        ],
+    },
+    {
+        "name": "WAIT behind an acquire: a slot fewer replicas saw is released; renewals and releases wait for none",
+        "subject": "limiter",
+        "limiter": {"backend": "eval", "on_error": "open", "breaker": False, "wait_replicas": 2, "wait_timeout_ms": 20},
+        "steps": [
+            {"call": "acquire", "key": "rl:s", "concurrency": {"limit": 2, "lease_ms": 30000}, "id": "a", "as": "a",
+             "redis": [{"command": "EVALSHA acquire rl:s", "reply": [1, 1, 0, 30000]},
+                       {"command": "WAIT 2 20", "reply": 2}],
+             "expect": {"acquired": True, "degraded": False, "held": "redis"}},
+            {"call": "renew", "lease": "a", "redis": [{"command": "EVALSHA renew rl:s", "reply": [1, 30000]}],
+             "expect": {"result": True}},
+            {"call": "release", "lease": "a", "redis": [{"command": "EVALSHA release rl:s", "reply": [1, 0]}],
+             "expect": {"result": True}},
+            {"call": "acquire", "key": "rl:s", "concurrency": {"limit": 2, "lease_ms": 30000}, "id": "b",
+             "redis": [{"command": "EVALSHA acquire rl:s", "error": "NOSCRIPT No matching script. Please use EVAL."},
+                       {"command": "WAIT 2", "reply": 2},
+                       {"command": "EVAL acquire rl:s", "reply": [1, 1, 0, 30000]}, {"command": "WAIT 2", "reply": 1},
+                       {"command": "EVALSHA release rl:s", "reply": [1, 0]}],
+             "expect": {"acquired": True, "degraded": True, "held": "none"}},
+            {"call": "in_flight", "key": "rl:s", "redis": [{"command": "EVALSHA inflight rl:s", "reply": 0}],
+             "expect": {"result": 0}},
+        ],
+    },
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+@pytest.mark.parametrize("scenario", WAIT_SCENARIOS, ids=[s["name"] for s in WAIT_SCENARIOS])
+def test_replica_wait(scenario: dict[str, Any], flavour: str) -> None:
+    if flavour == "sync":
+        run_sync_limiter(scenario)
+    else:
+        asyncio.run(run_async_limiter(scenario))

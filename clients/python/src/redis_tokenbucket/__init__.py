@@ -17,7 +17,7 @@ from ._bucket import Bucket, InvalidArgument, KeyT
 from ._cache import DenialCache
 from ._decision import Decision, MultiDecision
 from ._engine import BackendName
-from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError
+from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError, ReplicasBehind
 from ._events import DecisionEvent
 from ._keys import hash_tagged
 from ._lease import Busy, Concurrency, Lease
@@ -44,6 +44,7 @@ __all__ = [
     "MultiDecision",
     "NoBackendError",
     "OnError",
+    "ReplicasBehind",
     "hash_tagged",
     "rate_limit_headers",
 ]

@@ -21,8 +21,8 @@ from typing import Any, Literal, Optional, TypeVar
 from redis.exceptions import NoScriptError, ResponseError
 
 from ._bucket import KeyT
-from ._commands import Command, Once, ToNode
-from ._errors import NoBackendError
+from ._commands import Command, Once, ToNode, Waited
+from ._errors import NoBackendError, ReplicasBehind
 from ._scripts import (
     VERSION_ARGS,
     Args,
@@ -46,6 +46,8 @@ Plan = Generator[Command, Any, T]
 
 BackendName = Literal["module", "functions", "eval"]
 BACKENDS: tuple[BackendName, ...] = ("module", "functions", "eval")
+# The operations that can take a token or a slot: WAIT goes behind them.
+WRITES = frozenset({"consume", "mconsume", "acquire"})
 
 
 def refused(exc: BaseException) -> bool:
@@ -74,10 +76,13 @@ class Engine:
     on first use, and again when a reply says it is gone (a failover to a
     node without the module, FUNCTION FLUSH, a restart)."""
 
-    def __init__(self, forced: Optional[BackendName], cluster: Any = None) -> None:
+    def __init__(self, forced: Optional[BackendName], cluster: Any = None, wait: Optional[Args] = None) -> None:
         if forced is not None and forced not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (or None to detect it)")
         self.forced = forced
+        # WAIT numreplicas timeout, pipelined behind every operation that
+        # can take a token or a slot (None: off).
+        self.wait = wait
         self.backend: Optional[BackendName] = forced
         # A cluster client (sync or asyncio), to send each FCALL to its key's node.
         self._cluster = cluster
@@ -129,14 +134,29 @@ class Engine:
     def _send_as(self, backend: BackendName, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
         if backend == "module":
             try:
-                return (yield module_args(op, groups, lease))
+                return (yield from self._sent(op, module_args(op, groups, lease)))
             except Exception as exc:
                 if refused(exc):
                     raise _Unavailable(backend, exc) from exc
                 raise
         if backend == "functions":
             return (yield from self._fcall(op, groups, lease))
-        return (yield from self._eval(eval_args(op, groups, lease)))
+        return (yield from self._eval(op, eval_args(op, groups, lease)))
+
+    def _sent(self, op: Op, args: Args) -> Plan[Any]:
+        """Sends an operation's command; with WAIT pipelined behind it when
+        the operation can take a token or a slot. Fewer replicas than asked
+        behind a write that admitted is Redis failing (ReplicasBehind); a
+        denial wrote nothing, and stands."""
+        wait = self.wait
+        if wait is None or op not in WRITES:
+            return (yield args)
+        reply, acknowledged = yield Waited(args, wait)
+        if int(acknowledged) < int(wait[1]) and isinstance(reply, list) and reply and reply[0] == 1:
+            raise ReplicasBehind(
+                f"{acknowledged} of {wait[1]} replicas acknowledged the write within {wait[2]} ms (WAIT)"
+            )
+        return reply
 
     def _fcall(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
         if self._library_checking:
@@ -145,7 +165,7 @@ class Engine:
             # not each load it, since every FUNCTION LOAD compiles it while
             # Redis waits. The EVAL script needs no loading and answers the
             # same.
-            return (yield from self._eval(eval_args(op, groups, lease)))
+            return (yield from self._eval(op, eval_args(op, groups, lease)))
         args = fcall_args(op, groups, lease)
         key = lease[0] if lease is not None else groups[0][0]
         if not self._library_checked:
@@ -155,7 +175,7 @@ class Engine:
             finally:
                 self._library_checking = False
         try:
-            return (yield from self._to_key_node(args, key))
+            return (yield from self._to_key_node(op, args, key))
         except Exception as exc:
             if refused(exc):
                 raise _Unavailable("functions", exc) from exc
@@ -166,7 +186,7 @@ class Engine:
             yield from self._load_library()
         finally:
             self._library_checking = False
-        return (yield from self._to_key_node(args, key))
+        return (yield from self._to_key_node(op, args, key))
 
     def _check_library(self) -> Plan[None]:
         """Before the first FCALL: the library loaded (on every primary of a
@@ -207,14 +227,14 @@ class Engine:
             raise _Unavailable("functions", exc) from exc
         self._library_checked = True
 
-    def _to_key_node(self, args: Args, key: KeyT) -> Plan[Any]:
+    def _to_key_node(self, op: Op, args: Args, key: KeyT) -> Plan[Any]:
         """Sends an FCALL, on a cluster client straight to the node of its
         first key. Left to itself, redis-py asks a server which arguments
         of an FCALL are keys (COMMAND GETKEYS) before each one: a second
         round trip per call. (TB.* and EVALSHA it parses itself.)"""
         node = self._node_of(key)
         if node is None:
-            return (yield args)
+            return (yield from self._sent(op, args))
         try:
             return (yield ToNode(args, node))
         except self._retryable:
@@ -230,10 +250,10 @@ class Engine:
         except Exception:  # no slot map yet: let redis-py find it
             return None
 
-    def _eval(self, tail: Args) -> Plan[Any]:
+    def _eval(self, op: Op, tail: Args) -> Plan[Any]:
         script = eval_script()
         try:
-            return (yield ("EVALSHA", script.sha, *tail))
+            return (yield from self._sent(op, ("EVALSHA", script.sha, *tail)))
         except NoScriptError:
             pass  # not cached on this node (restart, failover, SCRIPT FLUSH)
         except Exception as exc:
@@ -242,7 +262,7 @@ class Engine:
             raise
         try:
             # EVAL runs the script and caches it for the next EVALSHA.
-            return (yield ("EVAL", script.source, *tail))
+            return (yield from self._sent(op, ("EVAL", script.source, *tail)))
         except Exception as exc:
             if refused(exc):
                 raise _Unavailable("eval", exc) from exc

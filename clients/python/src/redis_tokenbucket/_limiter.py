@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, Generic, Optional, TypeVar, Union, cast
@@ -23,7 +24,7 @@ from ._breaker import Breaker
 from ._cache import DenialCache
 from ._cache import denial_cache as make_denial_cache
 from ._clients import check_client
-from ._commands import Command, Once, ToNode
+from ._commands import Command, Once, ToNode, Waited
 from ._engine import BackendName, Engine
 from ._events import DecisionEvent
 from ._keys import client_encoding
@@ -55,6 +56,10 @@ DEFAULT_TIMEOUT = 0.1
 # budget. Such calls get at least this budget (seconds).
 DETECT_TIMEOUT = 1.0
 
+# How long WAIT may wait for the replicas by default (seconds), with
+# `wait_replicas`: a request path's budget, not a batch job's.
+DEFAULT_WAIT_TIMEOUT = 0.05
+
 OnDecision = Callable[[DecisionEvent], None]
 
 
@@ -74,13 +79,17 @@ class LimiterBase(Requests, FailurePolicy, Generic[C]):
         breaker: Union[Breaker, bool] = True,
         processes: int = 1,
         on_decision: Optional[OnDecision] = None,
+        wait_replicas: int = 0,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
     ) -> None:
         # The asyncio Limiter's _run is a coroutine function: it awaits its client.
         check_client(client, asyncio=inspect.iscoroutinefunction(getattr(self, "_run", None)))
         self.client = client
         self._cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
         self._encoding = client_encoding(client)  # how str keys reach Redis
-        self._engine = Engine(backend, client if self._cluster else None)
+        self.wait_replicas, self.wait_timeout = check_wait(wait_replicas, wait_timeout, self._cluster)
+        wait = ("WAIT", self.wait_replicas, wait_ms(self.wait_timeout)) if self.wait_replicas else None
+        self._engine = Engine(backend, client if self._cluster else None, wait)
         self.timeout = check_timeout(timeout)
         self.on_error = check_on_error(on_error)
         self.denial_cache: Optional[DenialCache] = make_denial_cache(denial_cache, self._encoding)
@@ -138,9 +147,17 @@ class LimiterBase(Requests, FailurePolicy, Generic[C]):
                 command = command.command
             if isinstance(command, ToNode):
                 return execute(*command.args, target_nodes=command.node)
+            if isinstance(command, Waited):
+                return self._waited(command)
             return execute(*command)
 
         return send
+
+    def _waited(self, command: Waited) -> Any:
+        """A command with WAIT behind it, on a client the limiter keeps no
+        connections of: one pipeline, the sync and asyncio limiters each
+        their own."""
+        raise NotImplementedError
 
     def _job_renew(self, lease: Lease, timeout: Optional[float]) -> Job[bool]:
         req = lease_request("renew", lease)
@@ -184,8 +201,12 @@ class LimiterBase(Requests, FailurePolicy, Generic[C]):
 
     def _budget(self, job: Job[Any]) -> Optional[float]:
         timeout = job.timeout
-        if timeout is not None and timeout < DETECT_TIMEOUT and self._engine.backend is None:
-            return DETECT_TIMEOUT
+        if timeout is None:
+            return None
+        if timeout < DETECT_TIMEOUT and self._engine.backend is None:
+            timeout = DETECT_TIMEOUT
+        if self.wait_replicas and _writes(job.req):
+            timeout += self.wait_timeout  # the WAIT behind it is in the call's budget
         return timeout
 
     def _settled(self, job: Job[T], result: T, started: float) -> T:
@@ -218,3 +239,32 @@ class LimiterBase(Requests, FailurePolicy, Generic[C]):
         except Exception:
             log.exception("rate limiter: the on_decision hook raised; the decision stands")
         return result
+
+
+def _writes(req: object) -> bool:
+    """Whether a call can take a token or a slot (WAIT goes behind it)."""
+    if isinstance(req, OneRequest):
+        return req.op == "consume"
+    if isinstance(req, LeaseRequest):
+        return req.op == "acquire"
+    return isinstance(req, ManyRequest)
+
+
+def check_wait(replicas: Any, timeout: Any, cluster: bool) -> tuple[int, float]:
+    """The `wait_replicas` and `wait_timeout` options, checked."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        raise ValueError(f"wait_replicas must be an int >= 0 (0: off), got {replicas!r}")
+    number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+    if not (number and 0 < timeout < 1e9):
+        raise ValueError(f"wait_timeout must be > 0 seconds (and finite), got {timeout!r}")
+    if replicas and cluster:
+        raise ValueError(
+            "wait_replicas is for one primary and its replicas: on a Redis Cluster, WAIT counts the "
+            "replicas of the one node a command went to, so it can't be asked of the limiter"
+        )
+    return replicas, float(timeout)
+
+
+def wait_ms(timeout: float) -> int:
+    """WAIT's timeout in whole ms, rounded up, at least 1 (WAIT 0 waits forever)."""
+    return max(1, math.ceil(round(timeout * 1000, 6)))

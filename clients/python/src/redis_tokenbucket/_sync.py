@@ -13,7 +13,7 @@ from redis.cluster import RedisCluster
 
 from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
-from ._commands import Command
+from ._commands import Command, Waited, waited_reply
 from ._decision import Decision, MultiDecision
 from ._engine import Plan
 from ._errors import LimiterError
@@ -72,6 +72,11 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     - ``on_decision``: called with a ``DecisionEvent`` for each decision.
     - ``denial_cache``: a number of entries (or a ``DenialCache``) to answer
       known denials locally until their retry time; off by default.
+    - ``wait_replicas``, ``wait_timeout``: ``WAIT wait_replicas
+      wait_timeout`` (seconds, default 0.05) pipelined behind every
+      consume, consume_many and acquire; fewer replicas behind an
+      admission is a Redis failure (the ``on_error`` answer). 0 (the
+      default) is off; refused on a Cluster client.
 
     ``timeout`` and ``on_error`` can also be given per call. ``close()``
     (or ``with``) closes the limiter's own connections, not the client.
@@ -225,6 +230,12 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
             return self._conns.call
         execute = self._client_sender()
         return lambda command, timeout: execute(command)
+
+    def _waited(self, command: Waited) -> Any:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command(*command.command)
+        pipe.execute_command(*command.wait)
+        return waited_reply(pipe.execute(raise_on_error=False))
 
     def _run(self, job: Job[T]) -> T:
         started = time.perf_counter()

@@ -17,7 +17,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
-from ._commands import Command
+from ._commands import Command, Waited, waited_reply
 from ._decision import Decision, MultiDecision
 from ._engine import Plan
 from ._errors import LimiterError
@@ -197,6 +197,12 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
             return bounded(execute(command), timeout)
 
         return send
+
+    async def _waited(self, command: Waited) -> Any:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command(*command.command)
+        pipe.execute_command(*command.wait)
+        return waited_reply(await pipe.execute(raise_on_error=False))
 
     async def _run(self, job: Job[T]) -> T:
         started = time.perf_counter()
