@@ -768,6 +768,25 @@ WAIT_SCENARIOS = [
              "expect": {"result": 0}},
         ],
     },
+    {
+        "name": "WAIT while the backend is found: a write that ran finds it, however few replicas saw it",
+        "subject": "limiter",
+        "limiter": {"on_error": "open", "breaker": False, "wait_replicas": 1},
+        "steps": [
+            {"call": "consume", "key": "rl:k", "bucket": B10,
+             "redis": [{"command": "TB.CONSUME rl:k", "error": "ERR unknown command 'TB.CONSUME', with args"},
+                       {"command": "WAIT 1", "reply": 0},
+                       {"command": "FCALL_RO tb_version", "reply": "$LIBRARY_VERSION"},
+                       {"command": "FCALL tb_consume rl:k", "reply": [1, 9, 0, 1000]},
+                       {"command": "WAIT 1", "reply": 0}],
+             "expect": {"allowed": True, "degraded": True}},
+            {"check": {"backend": "functions"}},
+            {"call": "consume", "key": "rl:k", "bucket": B10,
+             "redis": [{"command": "FCALL tb_consume rl:k", "reply": [1, 8, 0, 2000]},
+                       {"command": "WAIT 1", "reply": 1}],
+             "expect": {"allowed": True, "degraded": False, "remaining": 8}},
+        ],
+    },
 ]  # fmt: skip
 
 

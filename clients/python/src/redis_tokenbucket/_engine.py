@@ -119,6 +119,9 @@ class Engine:
             except _Unavailable as exc:
                 failures.append((name, exc.cause))
                 continue
+            except ReplicasBehind:
+                self.backend = name  # it ran the write: the replicas are what lag
+                raise
             self.backend = name
             log.info("rate limiter: using the %s backend", name)
             return reply
