@@ -25,6 +25,12 @@ export interface Connection {
    * follow a redirection: the limiter can't see when it writes.)
    */
   writesNow(): boolean;
+  /**
+   * Sends two commands back to back on one connection, the second written
+   * before the first's reply comes back: one round trip (a plain client
+   * only: a Cluster may route them apart).
+   */
+  sendPair(first: readonly Arg[], second: readonly Arg[]): [Promise<unknown>, Promise<unknown>];
   /** Sends `args` to every primary (one server: to it); replies in order. */
   everyPrimary(args: readonly Arg[]): Promise<unknown[]>;
   /** The Cluster slot of a key identity (keys.ts keyId). */
@@ -52,6 +58,12 @@ class Ioredis implements Connection {
 
   send(args: readonly Arg[]): Promise<unknown> {
     return this.client.call(...args);
+  }
+
+  sendPair(first: readonly Arg[], second: readonly Arg[]): [Promise<unknown>, Promise<unknown>] {
+    // ioredis writes each command to its one connection as it is called
+    // (or queues both, in order, while it connects): neither waits for a reply.
+    return [this.send(first), this.send(second)];
   }
 
   writesNow(): boolean {
@@ -99,6 +111,10 @@ class IoredisCluster implements Connection {
     return false;
   }
 
+  sendPair(): never {
+    throw new TypeError("a Cluster can't pipeline a WAIT behind a command");
+  }
+
   async everyPrimary(args: readonly Arg[]): Promise<unknown[]> {
     let nodes: RedisLike[] = this.client.nodes("master");
     if (nodes.length === 0) {
@@ -126,6 +142,12 @@ class NodeRedis implements Connection {
     return this.client.sendCommand(strings(args));
   }
 
+  sendPair(first: readonly Arg[], second: readonly Arg[]): [Promise<unknown>, Promise<unknown>] {
+    // node-redis queues both on its one socket and writes the queue at
+    // once (its automatic pipelining of the commands of one tick).
+    return [this.send(first), this.send(second)];
+  }
+
   writesNow(): boolean {
     return this.client.isReady === true;
   }
@@ -151,6 +173,10 @@ class NodeRedisCluster implements Connection {
 
   writesNow(): boolean {
     return false;
+  }
+
+  sendPair(): never {
+    throw new TypeError("a Cluster can't pipeline a WAIT behind a command");
   }
 
   async everyPrimary(args: readonly Arg[]): Promise<unknown[]> {

@@ -54,6 +54,15 @@ export class FailurePolicy {
     } catch (error) {
       return this.failed(error, job, mode === PROBE, io);
     }
+    const short = io.wait?.shortfall();
+    if (short !== undefined) {
+      // Too few replicas have it: an admission could be lost in a
+      // failover (a token minted), so Redis is failing for this call; a
+      // denial stands (losing it mints nothing), with no news of Redis.
+      if (admitted(result)) return this.failed(short, job, mode === PROBE, io);
+      breaker?.release(mode === PROBE);
+      return result;
+    }
     if (breaker && mode === PROBE) breaker.success(true);
     return result;
   }
@@ -155,6 +164,12 @@ export class FailurePolicy {
       `rate limiter unavailable (fail-${policy}: ${OUTCOME[policy]}) for ${describe(job)}: ${reason(error)}${tail}`,
     );
   }
+}
+
+/** Whether a call's answer admits: a decision, or a lease acquired. */
+function admitted(result: unknown): boolean {
+  if (result instanceof Lease) return result.acquired;
+  return (result as Decision | MultiDecision).allowed === true;
 }
 
 function reason(error: unknown): string {
