@@ -148,8 +148,9 @@ export class Limiter {
     const processes = options.processes ?? 1;
     if (!(Number.isInteger(processes) && processes >= 1)) throw new RangeError("processes must be an integer >= 1");
     this.processes = processes;
-    this.waitReplicas = checkWaitReplicas(options.waitReplicas ?? 0);
-    this.waitTimeoutMs = checkWaitTimeout(options.waitTimeoutMs ?? DEFAULT_WAIT_TIMEOUT_MS);
+    this.waitReplicas = options.waitReplicas === undefined ? 0 : checkWaitReplicas(options.waitReplicas);
+    this.waitTimeoutMs =
+      options.waitTimeoutMs === undefined ? DEFAULT_WAIT_TIMEOUT_MS : checkWaitTimeout(options.waitTimeoutMs);
     if (this.waitReplicas > 0 && this.conn.cluster) {
       // WAIT counts the replicas of the node it is sent to, and only for
       // this connection's writes: a Cluster's decisions land on many nodes.
