@@ -242,6 +242,8 @@ export class Cluster {
  * the module or without it (the Lua library only). Quorum 2; a primary
  * that does not answer for `downAfterMs` is failed over in a few seconds.
  */
+const REPLICA_USER = "tbreplica";
+
 export class SentinelGroup {
   static NAME = "tbprimary";
 
@@ -265,11 +267,17 @@ export class SentinelGroup {
   async start() {
     await this.primary.start();
     const { host, port } = this.primary;
+    // The replica logs in as a user of its own, so that cutReplica() can
+    // keep it out (ACLs are not replicated: the other nodes don't have it).
+    const admin = this.primary.admin();
+    await admin.call("ACL", "SETUSER", REPLICA_USER, "on", `>${REPLICA_USER}`, "~*", "&*", "+@all");
+    admin.disconnect();
     this.replica = new Server(this.kind, {
       module: this.module,
       host: "127.0.0.3",
       args: [...this.primary.args, "--replicaof", host, String(port), "--replica-announce-ip", "127.0.0.3"],
     });
+    this.replica.args.push("--masteruser", REPLICA_USER, "--masterauth", REPLICA_USER);
     await this.replica.start();
     await until(async () => (await info(this.replica, "replication")).includes("master_link_status:up"), "replication");
     this.sentinels = ["127.0.0.4", "127.0.0.5", "127.0.0.6"].map((address) => new SentinelProcess(this, address));
@@ -303,6 +311,16 @@ export class SentinelGroup {
       "Sentinel to promote the replica",
       timeoutMs,
     );
+  }
+
+  /**
+   * The replica's link to the primary cut, and kept down: what the primary
+   * writes from now reaches no replica (its user is turned off, so the
+   * replica's reconnections fail).
+   */
+  async cutReplica(admin) {
+    await admin.call("ACL", "SETUSER", REPLICA_USER, "off");
+    await admin.call("CLIENT", "KILL", "USER", REPLICA_USER);
   }
 
   /**
