@@ -386,7 +386,10 @@ export class Limiter {
         const [reply, acked] = conn.sendPair(args, wait.args);
         return within(wait.settle(reply, acked), budget === null ? null : budget + wait.timeoutMs, written);
       },
-      everyPrimary: (args) => within(conn.everyPrimary(args), budget, conn.writesNow()),
+      everyPrimary: (args) => {
+        const written = conn.writesNow();
+        return within(conn.everyPrimary(args), budget, written);
+      },
     };
   }
 

@@ -239,7 +239,6 @@ for (const [label, module] of [
         t.diagnostic(
           `${label}, ${what}: admitted ${run.admitted} (${before} before the kill${window}) of a budget of ${run.budget}: minted ${minted}`,
         );
-        console.log(`# minted by a crash failover, ${label}, ${what}: ${minted}`);
         if (waitReplicas > 0) assert.ok(minted <= 0, `minted ${minted} tokens`);
         checkSwitch(run, failedAt, killedAt, { "gateway 1": "closed", "gateway 2": "closed" });
       } finally {
