@@ -6,7 +6,9 @@
 // "open" (admitted, degraded), "closed" (denied, degraded), "local" (the
 // process's own buckets, local.ts). Releases and renewals of leases are
 // sent whatever the breaker says and never count for it; an acquire that
-// got no answer is followed by a best-effort release of its id. The
+// got no answer is followed by a best-effort release of its id. An
+// admission too few replicas acknowledged (the limiter's waitReplicas,
+// replicas.ts) is a Redis failure too; a denial they missed stands. The
 // Python package's twin is _policy.py; clients/spec holds the scenarios
 // all the clients run.
 
