@@ -47,6 +47,13 @@ export function connect(client: RedisLike): Connection {
   if (typeof client.nodeClient === "function" && typeof client.sendCommand === "function") {
     return new NodeRedisCluster(client);
   }
+  if (typeof client.getSentinelNode === "function") {
+    // Its sendCommand takes (isReadonly, args) and resends a command on
+    // the next primary by itself: not the node-redis client the limiter speaks to.
+    throw new TypeError(
+      "Limiter does not support node-redis's Sentinel client (createSentinel): use ioredis with its sentinels option",
+    );
+  }
   if (typeof client.sendCommand === "function" && "isReady" in client) return new NodeRedis(client);
   throw new TypeError("Limiter needs an ioredis Redis or Cluster, or a node-redis client or cluster");
 }

@@ -11,6 +11,7 @@ import { after, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import Redis from "ioredis";
 import { Bucket, Limiter } from "redis-tokenbucket";
+import { createSentinel } from "redis6";
 import { SentinelGroup, SLOW } from "./servers.mjs";
 
 const groups = new Set();
@@ -138,6 +139,11 @@ function checkSwitch(run, failedAt, killedAt, policies) {
 async function closeAll(clients) {
   for (const c of clients) c.disconnect();
 }
+
+test("node-redis's Sentinel client is refused at construction, naming the client to use", () => {
+  const sentinel = createSentinel({ name: "tb", sentinelRootNodes: [{ host: "127.0.0.1", port: 1 }] });
+  assert.throws(() => new Limiter(sentinel), { name: "TypeError", message: /createSentinel.*ioredis/ });
+});
 
 for (const [label, module] of [
   ["module", true],
