@@ -2,7 +2,7 @@
 // the commands, the denial cache), run under the failure policy
 // (policy.ts: the breaker, shedding, the answers without Redis) on the
 // backend the engine finds (engine.ts), and reported to the onDecision
-// hook. The Python package's twin is _core.py's LimiterBase.
+// hook. The Python package's twin is _limiter.py's LimiterBase.
 
 import { type Arg, type Connection, connect, type RedisLike } from "./adapters.js";
 import { Breaker, type BreakerState } from "./breaker.js";
