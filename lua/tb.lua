@@ -99,7 +99,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+41e4067d57ef'
+local LIBRARY_VERSION = '0.1.0+3e1f4c0bf3d5'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -647,9 +647,10 @@ local function leases()
   -- The string functions as upvalues: each use of string.x is two table
   -- look-ups, which a lease call would make dozens of times.
   local match, find, byte, sub, format = string.match, string.find, string.byte, string.sub, string.format
-  -- So are redis.call and math.fmod (globals are looked up through the
-  -- library's environment); made here, on a call, they are the runtime's.
-  local rcall, fmod = redis.call, math.fmod
+  -- So are redis.call, redis.pcall, math.fmod and type (globals are looked
+  -- up through the library's environment); made here, on a call, they are
+  -- the runtime's.
+  local rcall, rpcall, fmod, type = redis.call, redis.pcall, math.fmod, type
 
   -- The texts of the last limit and lease_ms that validated, and their
   -- values: a gateway sends the same few, and validation is a function
@@ -856,6 +857,22 @@ local function leases()
     return HEADER
   end
 
+  -- A call's view of its key: one table, every field set afresh by each
+  -- use (a call has one view at a time: one a summary can't answer is
+  -- dropped for a pass's), so no call makes and collects one. Fields that
+  -- are only tested for truth start false (a key kept in the table keeps
+  -- its slot); `summary` is compared with nil, so it starts nil. READ is
+  -- the list a summary's view starts with, emptied on each use.
+  local VIEW, READ = {}, {}
+  local function view(now_us, id, fields)
+    local v = VIEW
+    v.now, v.id, v.fields, v.weight, v.count, v.latest, v.last = now_us, id or false, fields, 0, 0, 0, -1
+    v.expired, v.own, v.own_stored, v.set, v.released, v.passed, v.read = NONE, false, false, false, false, false, false
+    v.h, v.text, v.rest, v.left, v.summary, v.all, v.hd = false, false, 0, 0, nil, false, false
+    v.h0, v.hs, v.x0, v.xs = false, false, false, false
+    return v
+  end
+
   -- The key as its summary tells it, or nil where a pass must read it; nil
   -- and the error if the caller's own field holds no lease.
   local function from_summary(key, fields, id, now_us)
@@ -877,10 +894,11 @@ local function leases()
       or (own and (own.e > x or n < 1 or own.w + n - 1 > w)) then
       return nil
     end
-    local v = { now = now_us, id = id, own_stored = own, weight = w, count = n,
-      latest = x, h = h, text = text, read = {}, rest = at, left = l, last = -math.huge,
-      expired = NONE, fields = fields, summary = text, h0 = h, hs = hd.hs, x0 = x, xs = hd.xs,
-      hd = hd }
+    local v = view(now_us, id, fields)
+    for i = #READ, 1, -1 do READ[i] = nil end
+    v.own_stored, v.weight, v.count, v.latest, v.h, v.text, v.read, v.rest, v.left =
+      own or false, w, n, x, h, text, READ, at, l
+    v.summary, v.h0, v.hs, v.x0, v.xs, v.hd = text, h, hd.hs, x, hd.xs, hd
     if own and own.e > now_us then v.own = own end
     -- The list answers for the leases that expired (at its head), and for
     -- the caller's, if listed.
@@ -893,8 +911,8 @@ local function leases()
   -- list (the LEASE_TRACKED + 1 earliest) is made only when the call needs
   -- it (list_of): a small key's call seldom does.
   local function pass(key, fields, id, now_us)
-    local v = { now = now_us, id = id, weight = 0, count = 0, latest = 0,
-      last = -math.huge, expired = NONE, fields = fields, passed = true, left = 0 }
+    local v = view(now_us, id, fields)
+    v.passed = true
     local all = fields > 0 and rcall('HGETALL', key) or {}
     for i = 1, #all, 2 do
       local field = all[i]
@@ -965,7 +983,7 @@ local function leases()
 
   -- Whether a lease expiring at `e` is listed.
   local function listed(v, e)
-    return v.h == nil or e < v.h
+    return not v.h or e < v.h
   end
 
   -- The live weight of the leases other than the caller's.
@@ -1052,7 +1070,7 @@ local function leases()
     if not old then return false end
     if v.read and not place(v, old, nil) then return nil end
     v.weight, v.count = v.weight - old.w, v.count - 1
-    v.own, v.released = nil, true
+    v.own, v.released = false, true
     return true
   end
 
@@ -1075,21 +1093,17 @@ local function leases()
     return t
   end
 
-  -- A time's digits: as read where unchanged, else by string.format.
-  local function time_text(v, x)
-    if x == v.h0 then return v.hs end
-    if x == v.x0 then return v.xs end
-    return format('%d', x)
-  end
-
   -- The summary the key needs now, if it holds more than LEASE_TRACKED:
   -- the leases read, then the list's text not read, as stored.
   local function summary_now(v)
     if v.count <= LEASE_TRACKED or not list_of(v) or not v.h then return nil end
-    local read, hd = v.read, v.hd
+    local read, hd, h = v.read, v.hd, v.h
     local latest = latest_of(v)
-    local ws, ns, ls = digits(v.weight), digits(v.count), digits(#read + v.left)
-    local hs, xs = time_text(v, v.h), time_text(v, latest)
+    local w, n, l = v.weight, v.count, #read + v.left
+    local ws, ns, ls = DIGITS[w] or digits(w), DIGITS[n] or digits(n), DIGITS[l] or digits(l)
+    local hs, xs
+    if h == v.h0 then hs = v.hs else hs = format('%d', h) end
+    if latest == v.x0 then xs = v.xs else xs = format('%d', latest) end
     local text, at, first, tail
     if #read == 0 and hd and v.rest == hd.at then
       -- The list as read, untouched: the new header, then the old list
@@ -1122,9 +1136,14 @@ local function leases()
     -- cache's table rewritten (the view holds what it took from it).
     local c = HEADER
     c.text, c.w, c.n, c.l, c.h, c.x, c.at, c.first, c.hs, c.xs, c.tail =
-      text, v.weight, v.count, #read + v.left, v.h, latest, at, first, hs, xs, tail
+      text, w, n, l, h, latest, at, first, hs, xs, tail
     return text
   end
+
+  -- PEXPIREAT's argument, as the digits redis.call would write for the
+  -- number (%.17g, which costs more than %d); the last one is kept, as a
+  -- release leaves the latest expiry where it was.
+  local last_at, last_at_text = false, false
 
   -- HDEL of `fields`, HDEL_CHUNK at a time.
   local function hdel(key, fields)
@@ -1174,8 +1193,9 @@ local function leases()
       if not summary and v.summary then delete[#delete + 1] = LEASE_SUMMARY_FIELD end
     end
     if summary == v.summary then summary = nil end
-    -- A number: redis.call writes one below 2^53 as its digits.
     local at = ceil_ms(latest_of(v))
+    if at ~= last_at then last_at, last_at_text = at, format('%d', at) end
+    at = last_at_text
     if acquire then
       hset(key, v, summary)
     else
@@ -1195,7 +1215,7 @@ local function leases()
   local function decide(key, id, now_us, op, acquire, ro, a, b)
     -- HLEN, as load() reads a bucket: 0 for a missing key, WRONGTYPE for
     -- anything but a hash; any other error raised as redis.call raises it.
-    local fields = redis.pcall('HLEN', key) if type(fields) == 'table' and not find(fields.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(fields) end error(fields.err, 0) end
+    local fields = rpcall('HLEN', key) if type(fields) == 'table' and not find(fields.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(fields) end error(fields.err, 0) end
     if type(fields) == 'table' then return nil, msg('wrongtype') end
     local v, r, err
     if fields > LEASE_TRACKED + 1 then
@@ -1226,7 +1246,9 @@ local function leases()
   -- lease key then the N bucket keys, ARGV limit lease_ms id [weight] then
   -- max rate cost per bucket (the weight is there when ARGV has 4 + 3N
   -- entries). The call, or nil and the error text. The call's table also
-  -- carries what tb_acquire's op needs and finds (one table per call).
+  -- carries what tb_acquire's op needs and finds: one table, CALL, every
+  -- field set afresh by each call.
+  local CALL = {}
   local function acquire_args(keys, args)
     local n = #keys - 1
     local first
@@ -1251,12 +1273,12 @@ local function leases()
       if weight > limit then return nil, msg('weight_above_limit') end
     end
     if n > MAX_GROUPS then return nil, msg('too_many_groups') end
-    if n == 0 then
-      return { limit = limit, lease_ms = lease_ms, id = args[3], weight = weight,
-        limits = NONE, costs = NONE, n = 0, keys = keys, now = false, now_us = 0,
-        stored = false, cur = false, retry = false, charging = false }
-    end
-    local limits, costs = {}, {}
+    local c, limits, costs = CALL, NONE, NONE
+    c.limit, c.lease_ms, c.id, c.weight, c.n, c.keys = limit, lease_ms, args[3], weight, n, keys
+    c.now, c.now_us, c.stored, c.cur, c.retry, c.charging = false, 0, false, false, false, false
+    c.limits, c.costs = limits, costs
+    if n == 0 then return c end
+    limits, costs = {}, {}
     for g = 1, n do
       local at = first + 3 * (g - 1)
       local l, cost = parse_limits(args[at], args[at + 1], args[at + 2], g)
@@ -1276,9 +1298,8 @@ local function leases()
       end
       seen[k] = g
     end
-    return { limit = limit, lease_ms = lease_ms, id = args[3], weight = weight,
-      limits = limits, costs = costs, n = n, keys = keys, now = false, now_us = 0,
-      stored = false, cur = false, retry = false, charging = false }
+    c.limits, c.costs = limits, costs
+    return c
   end
 
   -- tb_acquire's answer on the view v for `call` (acquire_args'), which
@@ -1295,7 +1316,7 @@ local function leases()
       stored[g], cur[g] = b, current_at(call.limits[g], b, now.hi, now.lo)
     end
     call.stored, call.cur = stored, cur
-    local retry = v.own ~= nil
+    local retry = v.own and true or false
     local fits = others_weight(v) + call.weight <= call.limit
     local pay = true
     for g = 1, n do
@@ -1395,10 +1416,10 @@ local function leases()
   return LEASES
 end
 
-local function tb_acquire(keys, args) return leases().acquire(keys, args) end
-local function tb_release(keys, args) return leases().release(keys, args) end
-local function tb_renew(keys, args) return leases().renew(keys, args) end
-local function tb_inflight(keys, args) return leases().inflight(keys, args) end
+local function tb_acquire(keys, args) return (LEASES or leases()).acquire(keys, args) end
+local function tb_release(keys, args) return (LEASES or leases()).release(keys, args) end
+local function tb_renew(keys, args) return (LEASES or leases()).renew(keys, args) end
+local function tb_inflight(keys, args) return (LEASES or leases()).inflight(keys, args) end
 
 -- ---- the operations, listed once -------------------------------------------
 
