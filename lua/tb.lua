@@ -99,7 +99,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+3e1f4c0bf3d5'
+local LIBRARY_VERSION = '0.1.0+34f9394402d1'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -709,11 +709,32 @@ local function leases()
     return e, w
   end
 
+  -- Lease values read or written lately, and what they hold: a call reads
+  -- back what earlier calls wrote (the caller's own lease, the few leases
+  -- of a small key), so most values are parsed once. At most VALUES_KEPT,
+  -- then the cache starts afresh.
+  local VALUE_E, VALUE_W, values_kept, VALUES_KEPT = {}, {}, 0, 1024
+  local function remember(s, e, w)
+    if values_kept >= VALUES_KEPT then VALUE_E, VALUE_W, values_kept = {}, {}, 0 end
+    VALUE_E[s], VALUE_W[s], values_kept = e, w, values_kept + 1
+  end
+  local function known_value(s)
+    local e = VALUE_E[s]
+    if e then return e, VALUE_W[s] end
+    local w
+    e, w = lease_value(s)
+    if e then remember(s, e, w) end
+    return e, w
+  end
+
   -- The server clock in µs, read with TIME (exact: below 2^53), or as
   -- the clock() table gives it to the buckets.
+  local last_s, last_s_us = false, 0 -- TIME's last seconds, in µs
   local function now_us()
     local t = rcall('TIME')
-    return t[1] * 1e6 + t[2]
+    local s = t[1]
+    if s ~= last_s then last_s, last_s_us = s, s * 1e6 end
+    return last_s_us + t[2]
   end
   local function us_of(now)
     return now.hi * 1e8 + now.lo
@@ -880,7 +901,7 @@ local function leases()
       or rcall('HMGET', key, LEASE_SUMMARY_FIELD)
     local own
     if got[2] then
-      local e, w = lease_value(got[2])
+      local e, w = known_value(got[2])
       if not e then return nil, msg('not_a_lease_key') end
       own = { e = e, w = w }
     end
@@ -913,13 +934,15 @@ local function leases()
   local function pass(key, fields, id, now_us)
     local v = view(now_us, id, fields)
     v.passed = true
+    -- A large key's values are read once per pass: not worth keeping.
+    local value = fields > LEASE_TRACKED + 1 and lease_value or known_value
     local all = fields > 0 and rcall('HGETALL', key) or {}
     for i = 1, #all, 2 do
       local field = all[i]
       if field == LEASE_SUMMARY_FIELD then
         v.summary = all[i + 1]
       else
-        local e, w = lease_value(all[i + 1])
+        local e, w = value(all[i + 1])
         if not e then return nil, msg('not_a_lease_key') end
         if e <= now_us then
           set_aside(v, field)
@@ -1157,6 +1180,7 @@ local function leases()
   -- if there is one.
   local function hset(key, v, summary)
     local own = v.set and format('%d:%d', v.set.e, v.set.w)
+    if own and v.set.e <= MAX_STORED_INTEGER then remember(own, v.set.e, v.set.w) end
     if own and summary then
       rcall('HSET', key, v.id, own, LEASE_SUMMARY_FIELD, summary)
     elseif own then
@@ -1182,7 +1206,7 @@ local function leases()
       return
     end
     local delete = NONE
-    if #v.expired > 0 or v.released or (not summary and v.summary) then
+    if #v.expired > 0 or (not summary and v.summary) then
       delete = {}
       for i = 1, #v.expired do
         local f = v.expired[i]
@@ -1191,6 +1215,9 @@ local function leases()
       end
       if v.released then delete[#delete + 1] = v.id end
       if not summary and v.summary then delete[#delete + 1] = LEASE_SUMMARY_FIELD end
+    elseif v.released then
+      -- The usual release: its own field alone, in no list.
+      delete = v.id
     end
     if summary == v.summary then summary = nil end
     local at = ceil_ms(latest_of(v))
@@ -1201,7 +1228,11 @@ local function leases()
     else
       rcall('PEXPIREAT', key, at)
     end
-    if #delete > 0 then hdel(key, delete) end
+    if delete == v.id then
+      rcall('HDEL', key, delete)
+    elseif #delete > 0 then
+      hdel(key, delete)
+    end
     if acquire then
       rcall('PEXPIREAT', key, at)
     else
@@ -1264,7 +1295,8 @@ local function leases()
     if not limit then return nil, err end
     lease_ms, err = lease_int(args[2], 'lease_ms', 1, MAX_LEASE_MS)
     if not lease_ms then return nil, err end
-    if bad_id(args[3]) then return nil, msg('bad_id') end
+    local id = args[3]
+    if #id == 0 or #id > MAX_LEASE_ID_BYTES then return nil, msg('bad_id') end
     local weight = 1
     if first == 5 then
       weight = parse_i64(args[4])
@@ -1372,7 +1404,7 @@ local function leases()
   local function tb_release(keys, args)
     if #keys ~= 1 or #args ~= 1 then return arity_error('tb_release') end
     local id = args[1]
-    if bad_id(id) then return redis.error_reply(msg('bad_id')) end
+    if #id == 0 or #id > MAX_LEASE_ID_BYTES then return redis.error_reply(msg('bad_id')) end
     local out, err = decide(keys[1], id, now_us(), release_op, false)
     if not out then return redis.error_reply(err) end
     return out
