@@ -99,7 +99,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+34f9394402d1'
+local LIBRARY_VERSION = '0.1.0+7c8175e0f6ab'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -907,19 +907,24 @@ local function leases()
     end
     local text = got[1]
     if not text then return nil end
-    local hd = header(text)
-    if not hd then return nil end
+    local hd = HEADER
+    if text ~= hd.text then
+      hd = header(text)
+      if not hd then return nil end
+    end
     local w, n, l, h, x, at, first = hd.w, hd.n, hd.l, hd.h, hd.x, hd.at, hd.first
     -- The caller's lease is one of n, each of weight 1 or more.
     if n ~= fields - 1 or l > n or w < n or x < h or now_us >= h
       or (own and (own.e > x or n < 1 or own.w + n - 1 > w)) then
       return nil
     end
-    local v = view(now_us, id, fields)
     for i = #READ, 1, -1 do READ[i] = nil end
-    v.own_stored, v.weight, v.count, v.latest, v.h, v.text, v.read, v.rest, v.left =
-      own or false, w, n, x, h, text, READ, at, l
-    v.summary, v.h0, v.hs, v.x0, v.xs, v.hd = text, h, hd.hs, x, hd.xs, hd
+    -- view() with the summary's numbers, each field set once.
+    local v = VIEW
+    v.now, v.id, v.fields, v.weight, v.count, v.latest, v.last = now_us, id or false, fields, w, n, x, -1
+    v.expired, v.own, v.own_stored, v.set, v.released, v.passed, v.read = NONE, false, own or false, false, false, false, READ
+    v.h, v.text, v.rest, v.left, v.summary, v.all, v.hd = h, text, at, l, text, false, hd
+    v.h0, v.hs, v.x0, v.xs = h, hd.hs, x, hd.xs
     if own and own.e > now_us then v.own = own end
     -- The list answers for the leases that expired (at its head), and for
     -- the caller's, if listed.
@@ -1062,12 +1067,13 @@ local function leases()
   -- (view.rs set_own, release_own): old taken out, new put in, if listed,
   -- and the list kept short. nil: unsure.
   place = function(v, old, new)
-    if old and listed(v, old.e) then
+    local h = v.h
+    if old and (not h or old.e < h) then
       local at = find_own(v)
       if at == nil then return nil end
       if at > 0 then table.remove(v.read, at) end
     end
-    if new and listed(v, new.e) then
+    if new and (not h or new.e < h) then
       local at = read_up_to(v, new.e, v.id)
       if not at then return nil end
       table.insert(v.read, at, { e = new.e, w = new.w, id = v.id })
@@ -1116,17 +1122,25 @@ local function leases()
     return t
   end
 
+  -- The last time written as digits, and its text: an acquire writes its
+  -- lease's expiry both in the summary (the latest) and in its field.
+  local last_t, last_t_text = false, false
+  local function time_digits(x)
+    if x ~= last_t then last_t, last_t_text = x, format('%d', x) end
+    return last_t_text
+  end
+
   -- The summary the key needs now, if it holds more than LEASE_TRACKED:
   -- the leases read, then the list's text not read, as stored.
   local function summary_now(v)
-    if v.count <= LEASE_TRACKED or not list_of(v) or not v.h then return nil end
-    local read, hd, h = v.read, v.hd, v.h
-    local latest = latest_of(v)
+    if v.count <= LEASE_TRACKED or not (v.read or list_of(v)) or not v.h then return nil end
+    local read, hd, h, own, latest = v.read, v.hd, v.h, v.own, v.latest
+    if own and own.e > latest then latest = own.e end
     local w, n, l = v.weight, v.count, #read + v.left
     local ws, ns, ls = DIGITS[w] or digits(w), DIGITS[n] or digits(n), DIGITS[l] or digits(l)
     local hs, xs
     if h == v.h0 then hs = v.hs else hs = format('%d', h) end
-    if latest == v.x0 then xs = v.xs else xs = format('%d', latest) end
+    if latest == v.x0 then xs = v.xs else xs = time_digits(latest) end
     local text, at, first, tail
     if #read == 0 and hd and v.rest == hd.at then
       -- The list as read, untouched: the new header, then the old list
@@ -1164,8 +1178,9 @@ local function leases()
   end
 
   -- PEXPIREAT's argument, as the digits redis.call would write for the
-  -- number (%.17g, which costs more than %d); the last one is kept, as a
-  -- release leaves the latest expiry where it was.
+  -- number (%.17g, which costs more than %d), and the latest expiry (µs)
+  -- it is for; the last one is kept, as a release leaves the latest
+  -- expiry where it was.
   local last_at, last_at_text = false, false
 
   -- HDEL of `fields`, HDEL_CHUNK at a time.
@@ -1179,8 +1194,12 @@ local function leases()
   -- HSET of the caller's lease as the call set it and of `summary`, each
   -- if there is one.
   local function hset(key, v, summary)
-    local own = v.set and format('%d:%d', v.set.e, v.set.w)
-    if own and v.set.e <= MAX_STORED_INTEGER then remember(own, v.set.e, v.set.w) end
+    local set, own = v.set, false
+    if set then
+      local e, w = set.e, set.w
+      own = time_digits(e) .. ':' .. (DIGITS[w] or digits(w))
+      if e <= MAX_STORED_INTEGER then remember(own, e, w) end
+    end
     if own and summary then
       rcall('HSET', key, v.id, own, LEASE_SUMMARY_FIELD, summary)
     elseif own then
@@ -1220,9 +1239,9 @@ local function leases()
       delete = v.id
     end
     if summary == v.summary then summary = nil end
-    local at = ceil_ms(latest_of(v))
-    if at ~= last_at then last_at, last_at_text = at, format('%d', at) end
-    at = last_at_text
+    local latest = latest_of(v)
+    if latest ~= last_at then last_at, last_at_text = latest, format('%d', ceil_ms(latest)) end
+    local at = last_at_text
     if acquire then
       hset(key, v, summary)
     else

@@ -35,7 +35,7 @@ export const COMMANDS = {
 } as const;
 
 /** The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION). */
-export const LIBRARY_VERSION = "0.1.0+34f9394402d1";
+export const LIBRARY_VERSION = "0.1.0+7c8175e0f6ab";
 
 /** Error reply templates; message() fills in the {name} marks. */
 export const ERRORS = {

@@ -40,7 +40,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+34f9394402d1"
+LIBRARY_VERSION = "0.1.0+7c8175e0f6ab"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {

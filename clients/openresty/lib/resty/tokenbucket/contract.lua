@@ -37,7 +37,7 @@ _M.COMMANDS = {
 }
 
 -- The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-_M.LIBRARY_VERSION = '0.1.0+34f9394402d1'
+_M.LIBRARY_VERSION = '0.1.0+7c8175e0f6ab'
 
 -- Error reply templates; message() fills in the {name} marks.
 _M.ERRORS = {
