@@ -99,7 +99,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+7c8175e0f6ab'
+local LIBRARY_VERSION = '0.1.0+cf2c2e92f2a1'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -712,8 +712,9 @@ local function leases()
   -- Lease values read or written lately, and what they hold: a call reads
   -- back what earlier calls wrote (the caller's own lease, the few leases
   -- of a small key), so most values are parsed once. At most VALUES_KEPT,
-  -- then the cache starts afresh.
-  local VALUE_E, VALUE_W, values_kept, VALUES_KEPT = {}, {}, 0, 1024
+  -- then the cache starts afresh (a small table: growing and collecting a
+  -- large one costs more than the parses it saves).
+  local VALUE_E, VALUE_W, values_kept, VALUES_KEPT = {}, {}, 0, 64
   local function remember(s, e, w)
     if values_kept >= VALUES_KEPT then VALUE_E, VALUE_W, values_kept = {}, {}, 0 end
     VALUE_E[s], VALUE_W[s], values_kept = e, w, values_kept + 1
@@ -1216,9 +1217,12 @@ local function leases()
   -- of an acquire is refused before it writes anything); tb_release and
   -- tb_renew, which run under maxmemory, start with PEXPIREAT.
   local function write(key, v, acquire)
+    local large_pass = v.passed and v.fields > LEASE_TRACKED + 1
+    -- A call that changed nothing writes only what a pass found (a denial
+    -- makes no summary to throw away).
+    if not (v.set or v.released or large_pass) then return end
     local summary = summary_now(v)
-    local found = v.passed and v.fields > LEASE_TRACKED + 1
-      and (#v.expired > 0 or summary ~= v.summary)
+    local found = large_pass and (#v.expired > 0 or summary ~= v.summary)
     if not (v.set or v.released or found) then return end
     if v.count == 0 then
       rcall('DEL', key)
@@ -1367,17 +1371,19 @@ local function leases()
       stored[g], cur[g] = b, current_at(call.limits[g], b, now.hi, now.lo)
     end
     call.stored, call.cur = stored, cur
-    local retry = v.own and true or false
-    local fits = others_weight(v) + call.weight <= call.limit
+    local own = v.own
+    local retry = own and true or false
+    local fits = v.weight - (own and own.w or 0) + call.weight <= call.limit
     local pay = true
     for g = 1, n do
       if not (cur[g] >= call.costs[g]) then pay = false end
     end
     call.retry, call.charging = retry, fits and pay and not retry
     if fits and (retry or pay) then
-      local lease = { e = extended(v.own, call.now_us, call.lease_ms), w = call.weight }
+      local now_us = call.now_us
+      local lease = { e = extended(own, now_us, call.lease_ms), w = call.weight }
       if not set_own(v, lease) then return nil end
-      return { 1, v.weight, 0, ms_until(call.now_us, lease.e) }
+      return { 1, v.weight, 0, ms_until(now_us, lease.e) }
     end
     local wait = 0
     if not fits then
