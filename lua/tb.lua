@@ -99,7 +99,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+cf2c2e92f2a1'
+local LIBRARY_VERSION = '0.1.0+c953cc44914f'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -1010,11 +1010,6 @@ local function leases()
     return v.read
   end
 
-  -- Whether a lease expiring at `e` is listed.
-  local function listed(v, e)
-    return not v.h or e < v.h
-  end
-
   -- The live weight of the leases other than the caller's.
   local function others_weight(v)
     return v.weight - (v.own and v.own.w or 0)
@@ -1068,7 +1063,7 @@ local function leases()
   -- (view.rs set_own, release_own): old taken out, new put in, if listed,
   -- and the list kept short. nil: unsure.
   place = function(v, old, new)
-    local h = v.h
+    local h = v.h -- a lease expiring at e is listed if not h or e < h
     if old and (not h or old.e < h) then
       local at = find_own(v)
       if at == nil then return nil end
@@ -1104,12 +1099,6 @@ local function leases()
     return true
   end
 
-  -- The latest live lease's expiry, as far as the call knows.
-  local function latest_of(v)
-    if v.own and v.own.e > v.latest then return v.own.e end
-    return v.latest
-  end
-
   -- Texts of small integers (weights, counts), made once each: `x .. ''`
   -- costs a C sprintf of %.14g, the dearest step of a summary's header.
   -- At most DIGITS_KEPT are kept, then the cache starts afresh.
@@ -1135,6 +1124,7 @@ local function leases()
   -- the leases read, then the list's text not read, as stored.
   local function summary_now(v)
     if v.count <= LEASE_TRACKED or not (v.read or list_of(v)) or not v.h then return nil end
+    -- latest: the latest live lease's expiry, as far as the call knows.
     local read, hd, h, own, latest = v.read, v.hd, v.h, v.own, v.latest
     if own and own.e > latest then latest = own.e end
     local w, n, l = v.weight, v.count, #read + v.left
@@ -1243,7 +1233,8 @@ local function leases()
       delete = v.id
     end
     if summary == v.summary then summary = nil end
-    local latest = latest_of(v)
+    local latest, own = v.latest, v.own
+    if own and own.e > latest then latest = own.e end
     if latest ~= last_at then last_at, last_at_text = latest, format('%d', ceil_ms(latest)) end
     local at = last_at_text
     if acquire then
@@ -1269,8 +1260,7 @@ local function leases()
   local function decide(key, id, now_us, op, acquire, ro, a, b)
     -- HLEN, as load() reads a bucket: 0 for a missing key, WRONGTYPE for
     -- anything but a hash; any other error raised as redis.call raises it.
-    local fields = rpcall('HLEN', key) if type(fields) == 'table' and not find(fields.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(fields) end error(fields.err, 0) end
-    if type(fields) == 'table' then return nil, msg('wrongtype') end
+    local fields = rpcall('HLEN', key) if type(fields) == 'table' then if not find(fields.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(fields) end error(fields.err, 0) end return nil, msg('wrongtype') end
     local v, r, err
     if fields > LEASE_TRACKED + 1 then
       v, err = from_summary(key, fields, id, now_us)
@@ -1380,10 +1370,14 @@ local function leases()
     end
     call.retry, call.charging = retry, fits and pay and not retry
     if fits and (retry or pay) then
-      local now_us = call.now_us
-      local lease = { e = extended(own, now_us, call.lease_ms), w = call.weight }
-      if not set_own(v, lease) then return nil end
-      return { 1, v.weight, 0, ms_until(now_us, lease.e) }
+      local now_us, lease_ms = call.now_us, call.lease_ms
+      local e = extended(own, now_us, lease_ms)
+      if not set_own(v, { e = e, w = call.weight }) then return nil end
+      -- A lease that runs lease_ms from now (not one a retry kept longer)
+      -- expires in exactly lease_ms: every term is an exact integer.
+      local ms = lease_ms
+      if e ~= now_us + lease_ms * 1000 or e > MAX_STORED_INTEGER then ms = ms_until(now_us, e) end
+      return { 1, v.weight, 0, ms }
     end
     local wait = 0
     if not fits then
