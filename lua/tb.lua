@@ -99,7 +99,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+3517069e0f64'
+local LIBRARY_VERSION = '0.1.0+c953cc44914f'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -647,10 +647,21 @@ local function leases()
   -- The string functions as upvalues: each use of string.x is two table
   -- look-ups, which a lease call would make dozens of times.
   local match, find, byte, sub, format = string.match, string.find, string.byte, string.sub, string.format
+  -- So are redis.call, redis.pcall, math.fmod and type (globals are looked
+  -- up through the library's environment); made here, on a call, they are
+  -- the runtime's.
+  local rcall, rpcall, fmod, type = redis.call, redis.pcall, math.fmod, type
+
+  -- The texts of the last limit and lease_ms that validated, and their
+  -- values: a gateway sends the same few, and validation is a function
+  -- of the text alone.
+  local last_int = {}
 
   -- An integer argument as Rust's i64 parser reads it, in [least, most]:
   -- the value, or nil and the error text.
   local function lease_int(s, arg, least, most)
+    local seen = last_int[arg]
+    if seen and seen[1] == s then return seen[2] end
     -- Plain digits with no leading zero, as clients send them: tonumber
     -- reads them as parse_i64 does, for less.
     local v
@@ -659,7 +670,20 @@ local function leases()
     if v < least or v > most then
       return nil, msg('int_out_of_range', nil, { arg = arg, least = least, most = most })
     end
+    last_int[arg] = { s, v }
     return v
+  end
+
+  -- The empty list a view starts with (never written to): set_aside
+  -- makes the view its own list when it has something to put in it.
+  local NONE = {}
+  local function set_aside(v, id)
+    local list = v.expired
+    if list == NONE then
+      list = {}
+      v.expired = list
+    end
+    list[#list + 1] = id
   end
 
   local function bad_id(id)
@@ -685,11 +709,33 @@ local function leases()
     return e, w
   end
 
+  -- Lease values read or written lately, and what they hold: a call reads
+  -- back what earlier calls wrote (the caller's own lease, the few leases
+  -- of a small key), so most values are parsed once. At most VALUES_KEPT,
+  -- then the cache starts afresh (a small table: growing and collecting a
+  -- large one costs more than the parses it saves).
+  local VALUE_E, VALUE_W, values_kept, VALUES_KEPT = {}, {}, 0, 64
+  local function remember(s, e, w)
+    if values_kept >= VALUES_KEPT then VALUE_E, VALUE_W, values_kept = {}, {}, 0 end
+    VALUE_E[s], VALUE_W[s], values_kept = e, w, values_kept + 1
+  end
+  local function known_value(s)
+    local e = VALUE_E[s]
+    if e then return e, VALUE_W[s] end
+    local w
+    e, w = lease_value(s)
+    if e then remember(s, e, w) end
+    return e, w
+  end
+
   -- The server clock in µs, read with TIME (exact: below 2^53), or as
   -- the clock() table gives it to the buckets.
+  local last_s, last_s_us = false, 0 -- TIME's last seconds, in µs
   local function now_us()
-    local t = redis.call('TIME')
-    return t[1] * 1e6 + t[2]
+    local t = rcall('TIME')
+    local s = t[1]
+    if s ~= last_s then last_s, last_s_us = s, s * 1e6 end
+    return last_s_us + t[2]
   end
   local function us_of(now)
     return now.hi * 1e8 + now.lo
@@ -698,7 +744,7 @@ local function leases()
   -- Whole ms in `us` µs (an integer >= 0), rounded up, exactly: math.fmod
   -- is exact where us / 1000 would round.
   local function ceil_ms(us)
-    local r = math.fmod(us, 1000)
+    local r = fmod(us, 1000)
     if r > 0 then return (us - r) / 1000 + 1 end
     return us / 1000
   end
@@ -755,7 +801,7 @@ local function leases()
       v.read[#v.read + 1] = t
     else
       v.weight, v.count = v.weight - w, v.count - 1
-      v.expired[#v.expired + 1] = id
+      set_aside(v, id)
       if v.count < 0 or v.weight < v.count then return nil end
     end
     return true
@@ -829,34 +875,57 @@ local function leases()
       if not first then return nil end
     end
     HEADER = { text = text, w = w, n = n, l = l, h = h, x = x, at = at, first = first,
-      hs = hs, xs = xs }
+      hs = hs, xs = xs, tail = false }
     return HEADER
+  end
+
+  -- A call's view of its key: one table, every field set afresh by each
+  -- use (a call has one view at a time: one a summary can't answer is
+  -- dropped for a pass's), so no call makes and collects one. Fields that
+  -- are only tested for truth start false (a key kept in the table keeps
+  -- its slot); `summary` is compared with nil, so it starts nil. READ is
+  -- the list a summary's view starts with, emptied on each use.
+  local VIEW, READ = {}, {}
+  local function view(now_us, id, fields)
+    local v = VIEW
+    v.now, v.id, v.fields, v.weight, v.count, v.latest, v.last = now_us, id or false, fields, 0, 0, 0, -1
+    v.expired, v.own, v.own_stored, v.set, v.released, v.passed, v.read = NONE, false, false, false, false, false, false
+    v.h, v.text, v.rest, v.left, v.summary, v.all, v.hd = false, false, 0, 0, nil, false, false
+    v.h0, v.hs, v.x0, v.xs = false, false, false, false
+    return v
   end
 
   -- The key as its summary tells it, or nil where a pass must read it; nil
   -- and the error if the caller's own field holds no lease.
   local function from_summary(key, fields, id, now_us)
-    local got = id and redis.call('HMGET', key, LEASE_SUMMARY_FIELD, id)
-      or redis.call('HMGET', key, LEASE_SUMMARY_FIELD)
+    local got = id and rcall('HMGET', key, LEASE_SUMMARY_FIELD, id)
+      or rcall('HMGET', key, LEASE_SUMMARY_FIELD)
     local own
     if got[2] then
-      local e, w = lease_value(got[2])
+      local e, w = known_value(got[2])
       if not e then return nil, msg('not_a_lease_key') end
       own = { e = e, w = w }
     end
     local text = got[1]
     if not text then return nil end
-    local hd = header(text)
-    if not hd then return nil end
+    local hd = HEADER
+    if text ~= hd.text then
+      hd = header(text)
+      if not hd then return nil end
+    end
     local w, n, l, h, x, at, first = hd.w, hd.n, hd.l, hd.h, hd.x, hd.at, hd.first
     -- The caller's lease is one of n, each of weight 1 or more.
     if n ~= fields - 1 or l > n or w < n or x < h or now_us >= h
       or (own and (own.e > x or n < 1 or own.w + n - 1 > w)) then
       return nil
     end
-    local v = { now = now_us, id = id, own_stored = own, weight = w, count = n,
-      latest = x, h = h, text = text, read = {}, rest = at, left = l, last = -math.huge,
-      expired = {}, fields = fields, summary = text, h0 = h, hs = hd.hs, x0 = x, xs = hd.xs }
+    for i = #READ, 1, -1 do READ[i] = nil end
+    -- view() with the summary's numbers, each field set once.
+    local v = VIEW
+    v.now, v.id, v.fields, v.weight, v.count, v.latest, v.last = now_us, id or false, fields, w, n, x, -1
+    v.expired, v.own, v.own_stored, v.set, v.released, v.passed, v.read = NONE, false, own or false, false, false, false, READ
+    v.h, v.text, v.rest, v.left, v.summary, v.all, v.hd = h, text, at, l, text, false, hd
+    v.h0, v.hs, v.x0, v.xs = h, hd.hs, x, hd.xs
     if own and own.e > now_us then v.own = own end
     -- The list answers for the leases that expired (at its head), and for
     -- the caller's, if listed.
@@ -869,18 +938,20 @@ local function leases()
   -- list (the LEASE_TRACKED + 1 earliest) is made only when the call needs
   -- it (list_of): a small key's call seldom does.
   local function pass(key, fields, id, now_us)
-    local v = { now = now_us, id = id, weight = 0, count = 0, latest = 0,
-      last = -math.huge, expired = {}, fields = fields, passed = true, left = 0 }
-    local all = fields > 0 and redis.call('HGETALL', key) or {}
+    local v = view(now_us, id, fields)
+    v.passed = true
+    -- A large key's values are read once per pass: not worth keeping.
+    local value = fields > LEASE_TRACKED + 1 and lease_value or known_value
+    local all = fields > 0 and rcall('HGETALL', key) or {}
     for i = 1, #all, 2 do
       local field = all[i]
       if field == LEASE_SUMMARY_FIELD then
         v.summary = all[i + 1]
       else
-        local e, w = lease_value(all[i + 1])
+        local e, w = value(all[i + 1])
         if not e then return nil, msg('not_a_lease_key') end
         if e <= now_us then
-          v.expired[#v.expired + 1] = field
+          set_aside(v, field)
         else
           v.weight, v.count = v.weight + w, v.count + 1
           if field == id then
@@ -939,11 +1010,6 @@ local function leases()
     return v.read
   end
 
-  -- Whether a lease expiring at `e` is listed.
-  local function listed(v, e)
-    return v.h == nil or e < v.h
-  end
-
   -- The live weight of the leases other than the caller's.
   local function others_weight(v)
     return v.weight - (v.own and v.own.w or 0)
@@ -997,12 +1063,13 @@ local function leases()
   -- (view.rs set_own, release_own): old taken out, new put in, if listed,
   -- and the list kept short. nil: unsure.
   place = function(v, old, new)
-    if old and listed(v, old.e) then
+    local h = v.h -- a lease expiring at e is listed if not h or e < h
+    if old and (not h or old.e < h) then
       local at = find_own(v)
       if at == nil then return nil end
       if at > 0 then table.remove(v.read, at) end
     end
-    if new and listed(v, new.e) then
+    if new and (not h or new.e < h) then
       local at = read_up_to(v, new.e, v.id)
       if not at then return nil end
       table.insert(v.read, at, { e = new.e, w = new.w, id = v.id })
@@ -1028,70 +1095,108 @@ local function leases()
     if not old then return false end
     if v.read and not place(v, old, nil) then return nil end
     v.weight, v.count = v.weight - old.w, v.count - 1
-    v.own, v.released = nil, true
+    v.own, v.released = false, true
     return true
   end
 
-  -- The latest live lease's expiry, as far as the call knows.
-  local function latest_of(v)
-    if v.own and v.own.e > v.latest then return v.own.e end
-    return v.latest
+  -- Texts of small integers (weights, counts), made once each: `x .. ''`
+  -- costs a C sprintf of %.14g, the dearest step of a summary's header.
+  -- At most DIGITS_KEPT are kept, then the cache starts afresh.
+  local DIGITS, digits_kept, DIGITS_KEPT = {}, 0, 4096
+  local function digits(x)
+    local t = DIGITS[x]
+    if t then return t end
+    if digits_kept >= DIGITS_KEPT then DIGITS, digits_kept = {}, 0 end
+    t = format('%d', x)
+    DIGITS[x], digits_kept = t, digits_kept + 1
+    return t
+  end
+
+  -- The last time written as digits, and its text: an acquire writes its
+  -- lease's expiry both in the summary (the latest) and in its field.
+  local last_t, last_t_text = false, false
+  local function time_digits(x)
+    if x ~= last_t then last_t, last_t_text = x, format('%d', x) end
+    return last_t_text
   end
 
   -- The summary the key needs now, if it holds more than LEASE_TRACKED:
   -- the leases read, then the list's text not read, as stored.
   local function summary_now(v)
-    if v.count <= LEASE_TRACKED or not list_of(v) or not v.h then return nil end
-    -- Numbers below 1e14 as Lua writes them (%.14g: every digit), the
-    -- times as read where unchanged, else by string.format, which costs
-    -- more.
-    local function num(x)
-      if x < 1e14 then return x .. '' end
-      if x == v.h0 then return v.hs end
-      if x == v.x0 then return v.xs end
-      return format('%d', x)
-    end
-    local read = v.read
-    local hs, xs, latest = num(v.h), num(latest_of(v)), latest_of(v)
-    local head = num(v.weight) .. ':' .. num(v.count) .. ':' .. num(#read + v.left)
-      .. ':' .. hs .. ':' .. xs
-    local parts = { head }
-    for i = 1, #read do
-      local t = read[i]
-      if t.from then
-        parts[i + 1] = sub(v.text, t.from, t.to)
-      else
-        parts[i + 1] = format(';%d:%d:%d:', t.e, t.w, #t.id) .. t.id
+    if v.count <= LEASE_TRACKED or not (v.read or list_of(v)) or not v.h then return nil end
+    -- latest: the latest live lease's expiry, as far as the call knows.
+    local read, hd, h, own, latest = v.read, v.hd, v.h, v.own, v.latest
+    if own and own.e > latest then latest = own.e end
+    local w, n, l = v.weight, v.count, #read + v.left
+    local ws, ns, ls = DIGITS[w] or digits(w), DIGITS[n] or digits(n), DIGITS[l] or digits(l)
+    local hs, xs
+    if h == v.h0 then hs = v.hs else hs = format('%d', h) end
+    if latest == v.x0 then xs = v.xs else xs = time_digits(latest) end
+    local text, at, first, tail
+    if #read == 0 and hd and v.rest == hd.at then
+      -- The list as read, untouched: the new header, then the old list
+      -- (its text kept with the header it came with), in one concatenation.
+      tail = hd.tail
+      if not tail then
+        tail = sub(v.text, v.rest)
+        hd.tail = tail
       end
+      text = ws .. ':' .. ns .. ':' .. ls .. ':' .. hs .. ':' .. xs .. tail
+      at, first = #text - #tail + 1, hd.first
+    else
+      local head = ws .. ':' .. ns .. ':' .. ls .. ':' .. hs .. ':' .. xs
+      local parts = { head }
+      for i = 1, #read do
+        local t = read[i]
+        if t.from then
+          parts[i + 1] = sub(v.text, t.from, t.to)
+        else
+          parts[i + 1] = format(';%d:%d:%d:', t.e, t.w, #t.id) .. t.id
+        end
+      end
+      if v.text then parts[#parts + 1] = sub(v.text, v.rest) end
+      text = table.concat(parts)
+      at = #head + 1
+      first = read[1] and read[1].e
+      if not first and v.left > 0 then first = int(match(text, '^;(%d+):', at)) end
     end
-    if v.text then parts[#parts + 1] = sub(v.text, v.rest) end
-    local text = table.concat(parts)
-    -- What header() would make of it, for the next call to find.
-    local first = read[1] and read[1].e
-    if not first and v.left > 0 then first = int(match(text, '^;(%d+):', #head + 1)) end
-    HEADER = { text = text, w = v.weight, n = v.count, l = #read + v.left, h = v.h, x = latest,
-      at = #head + 1, first = first, hs = hs, xs = xs }
+    -- What header() would make of it, for the next call to find: the
+    -- cache's table rewritten (the view holds what it took from it).
+    local c = HEADER
+    c.text, c.w, c.n, c.l, c.h, c.x, c.at, c.first, c.hs, c.xs, c.tail =
+      text, w, n, l, h, latest, at, first, hs, xs, tail
     return text
   end
+
+  -- PEXPIREAT's argument, as the digits redis.call would write for the
+  -- number (%.17g, which costs more than %d), and the latest expiry (µs)
+  -- it is for; the last one is kept, as a release leaves the latest
+  -- expiry where it was.
+  local last_at, last_at_text = false, false
 
   -- HDEL of `fields`, HDEL_CHUNK at a time.
   local function hdel(key, fields)
     local n = #fields
     for i = 1, n, HDEL_CHUNK do
-      redis.call('HDEL', key, unpack(fields, i, math.min(i + HDEL_CHUNK - 1, n)))
+      rcall('HDEL', key, unpack(fields, i, math.min(i + HDEL_CHUNK - 1, n)))
     end
   end
 
   -- HSET of the caller's lease as the call set it and of `summary`, each
   -- if there is one.
   local function hset(key, v, summary)
-    local own = v.set and format('%d:%d', v.set.e, v.set.w)
+    local set, own = v.set, false
+    if set then
+      local e, w = set.e, set.w
+      own = time_digits(e) .. ':' .. (DIGITS[w] or digits(w))
+      if e <= MAX_STORED_INTEGER then remember(own, e, w) end
+    end
     if own and summary then
-      redis.call('HSET', key, v.id, own, LEASE_SUMMARY_FIELD, summary)
+      rcall('HSET', key, v.id, own, LEASE_SUMMARY_FIELD, summary)
     elseif own then
-      redis.call('HSET', key, v.id, own)
+      rcall('HSET', key, v.id, own)
     elseif summary then
-      redis.call('HSET', key, LEASE_SUMMARY_FIELD, summary)
+      rcall('HSET', key, LEASE_SUMMARY_FIELD, summary)
     end
   end
 
@@ -1102,53 +1207,70 @@ local function leases()
   -- of an acquire is refused before it writes anything); tb_release and
   -- tb_renew, which run under maxmemory, start with PEXPIREAT.
   local function write(key, v, acquire)
+    local large_pass = v.passed and v.fields > LEASE_TRACKED + 1
+    -- A call that changed nothing writes only what a pass found (a denial
+    -- makes no summary to throw away).
+    if not (v.set or v.released or large_pass) then return end
     local summary = summary_now(v)
-    local found = v.passed and v.fields > LEASE_TRACKED + 1
-      and (#v.expired > 0 or summary ~= v.summary)
+    local found = large_pass and (#v.expired > 0 or summary ~= v.summary)
     if not (v.set or v.released or found) then return end
     if v.count == 0 then
-      redis.call('DEL', key)
+      rcall('DEL', key)
       return
     end
-    local delete = {}
-    for i = 1, #v.expired do
-      local f = v.expired[i]
-      -- The caller's expired lease is overwritten, not deleted, when set.
-      if not (v.set and f == v.id) then delete[#delete + 1] = f end
+    local delete = NONE
+    if #v.expired > 0 or (not summary and v.summary) then
+      delete = {}
+      for i = 1, #v.expired do
+        local f = v.expired[i]
+        -- The caller's expired lease is overwritten, not deleted, when set.
+        if not (v.set and f == v.id) then delete[#delete + 1] = f end
+      end
+      if v.released then delete[#delete + 1] = v.id end
+      if not summary and v.summary then delete[#delete + 1] = LEASE_SUMMARY_FIELD end
+    elseif v.released then
+      -- The usual release: its own field alone, in no list.
+      delete = v.id
     end
-    if v.released then delete[#delete + 1] = v.id end
-    if not summary and v.summary then delete[#delete + 1] = LEASE_SUMMARY_FIELD end
     if summary == v.summary then summary = nil end
-    -- A number: redis.call writes one below 2^53 as its digits.
-    local at = ceil_ms(latest_of(v))
+    local latest, own = v.latest, v.own
+    if own and own.e > latest then latest = own.e end
+    if latest ~= last_at then last_at, last_at_text = latest, format('%d', ceil_ms(latest)) end
+    local at = last_at_text
     if acquire then
       hset(key, v, summary)
     else
-      redis.call('PEXPIREAT', key, at)
+      rcall('PEXPIREAT', key, at)
     end
-    if #delete > 0 then hdel(key, delete) end
+    if delete == v.id then
+      rcall('HDEL', key, delete)
+    elseif #delete > 0 then
+      hdel(key, delete)
+    end
     if acquire then
-      redis.call('PEXPIREAT', key, at)
+      rcall('PEXPIREAT', key, at)
     else
       hset(key, v, summary)
     end
   end
 
-  local function decide(key, id, now_us, op, acquire, ro)
+  -- op(v, a, b) answers on the view v: its reply, false and the error, or
+  -- nil where a pass must answer (`a` and `b` are the call's, passed on so
+  -- that no closure is made per call).
+  local function decide(key, id, now_us, op, acquire, ro, a, b)
     -- HLEN, as load() reads a bucket: 0 for a missing key, WRONGTYPE for
     -- anything but a hash; any other error raised as redis.call raises it.
-    local fields = redis.pcall('HLEN', key) if type(fields) == 'table' and not find(fields.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(fields) end error(fields.err, 0) end
-    if type(fields) == 'table' then return nil, msg('wrongtype') end
+    local fields = rpcall('HLEN', key) if type(fields) == 'table' then if not find(fields.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(fields) end error(fields.err, 0) end return nil, msg('wrongtype') end
     local v, r, err
     if fields > LEASE_TRACKED + 1 then
       v, err = from_summary(key, fields, id, now_us)
       if err then return nil, err end
-      if v then r, err = op(v) end
+      if v then r, err = op(v, a, b) end
     end
     if r == nil then
       v, err = pass(key, fields, id, now_us)
       if not v then return nil, err end
-      r, err = op(v)
+      r, err = op(v, a, b)
     end
     if r == false then return nil, err end
     if not ro then write(key, v, acquire) end
@@ -1167,7 +1289,10 @@ local function leases()
   -- tb_acquire's arguments in the module's order of checks: KEYS are the
   -- lease key then the N bucket keys, ARGV limit lease_ms id [weight] then
   -- max rate cost per bucket (the weight is there when ARGV has 4 + 3N
-  -- entries). The call, or nil and the error text.
+  -- entries). The call, or nil and the error text. The call's table also
+  -- carries what tb_acquire's op needs and finds: one table, CALL, every
+  -- field set afresh by each call.
+  local CALL = {}
   local function acquire_args(keys, args)
     local n = #keys - 1
     local first
@@ -1183,7 +1308,8 @@ local function leases()
     if not limit then return nil, err end
     lease_ms, err = lease_int(args[2], 'lease_ms', 1, MAX_LEASE_MS)
     if not lease_ms then return nil, err end
-    if bad_id(args[3]) then return nil, msg('bad_id') end
+    local id = args[3]
+    if #id == 0 or #id > MAX_LEASE_ID_BYTES then return nil, msg('bad_id') end
     local weight = 1
     if first == 5 then
       weight = parse_i64(args[4])
@@ -1192,11 +1318,12 @@ local function leases()
       if weight > limit then return nil, msg('weight_above_limit') end
     end
     if n > MAX_GROUPS then return nil, msg('too_many_groups') end
-    local limits, costs = {}, {}
-    if n == 0 then
-      return { limit = limit, lease_ms = lease_ms, id = args[3], weight = weight,
-        limits = limits, costs = costs }
-    end
+    local c, limits, costs = CALL, NONE, NONE
+    c.limit, c.lease_ms, c.id, c.weight, c.n, c.keys = limit, lease_ms, args[3], weight, n, keys
+    c.now, c.now_us, c.stored, c.cur, c.retry, c.charging = false, 0, false, false, false, false
+    c.limits, c.costs = limits, costs
+    if n == 0 then return c end
+    limits, costs = {}, {}
     for g = 1, n do
       local at = first + 3 * (g - 1)
       local l, cost = parse_limits(args[at], args[at + 1], args[at + 2], g)
@@ -1216,8 +1343,48 @@ local function leases()
       end
       seen[k] = g
     end
-    return { limit = limit, lease_ms = lease_ms, id = args[3], weight = weight,
-      limits = limits, costs = costs }
+    c.limits, c.costs = limits, costs
+    return c
+  end
+
+  -- tb_acquire's answer on the view v for `call` (acquire_args'), which
+  -- keeps the buckets read and whether they are charged.
+  local function acquire_op(v, call)
+    local n, now = call.n, call.now
+    local stored, cur = NONE, NONE
+    -- Bucket by bucket, as TB.MCONSUME, after the lease key: a bad key
+    -- stops the call before later keys are read.
+    if n > 0 then stored, cur = {}, {} end
+    for g = 1, n do
+      local b, e = load(call.keys[g + 1], g)
+      if b == nil then return false, e end
+      stored[g], cur[g] = b, current_at(call.limits[g], b, now.hi, now.lo)
+    end
+    call.stored, call.cur = stored, cur
+    local own = v.own
+    local retry = own and true or false
+    local fits = v.weight - (own and own.w or 0) + call.weight <= call.limit
+    local pay = true
+    for g = 1, n do
+      if not (cur[g] >= call.costs[g]) then pay = false end
+    end
+    call.retry, call.charging = retry, fits and pay and not retry
+    if fits and (retry or pay) then
+      local now_us, lease_ms = call.now_us, call.lease_ms
+      local e = extended(own, now_us, lease_ms)
+      if not set_own(v, { e = e, w = call.weight }) then return nil end
+      -- A lease that runs lease_ms from now (not one a retry kept longer)
+      -- expires in exactly lease_ms: every term is an exact integer.
+      local ms = lease_ms
+      if e ~= now_us + lease_ms * 1000 or e > MAX_STORED_INTEGER then ms = ms_until(now_us, e) end
+      return { 1, v.weight, 0, ms }
+    end
+    local wait = 0
+    if not fits then
+      wait = wait_for_room(v, call.limit, call.weight)
+      if wait == nil then return nil end
+    end
+    return { 0, v.weight, wait, 0 }
   end
 
   -- tb_acquire: the lease and every bucket, or nothing. A live lease of
@@ -1227,43 +1394,16 @@ local function leases()
   local function tb_acquire(keys, args)
     local call, err = acquire_args(keys, args)
     if not call then return redis.error_reply(err) end
-    local n = #call.limits
+    local n = call.n
     -- One reading of the clock, as the buckets take it if there are any.
     local now = n > 0 and clock()
-    local now_us = now and us_of(now) or now_us()
-    local stored, cur, retry, charging
+    call.now, call.now_us = now, now and us_of(now) or now_us()
     local out
-    out, err = decide(keys[1], call.id, now_us, function(v)
-      -- Bucket by bucket, as TB.MCONSUME, after the lease key: a bad key
-      -- stops the call before later keys are read.
-      if n > 0 then stored, cur = {}, {} end
-      for g = 1, n do
-        local b, e = load(keys[g + 1], g)
-        if b == nil then return false, e end
-        stored[g], cur[g] = b, current_at(call.limits[g], b, now.hi, now.lo)
-      end
-      retry = v.own ~= nil
-      local fits = others_weight(v) + call.weight <= call.limit
-      local pay = true
-      for g = 1, n do
-        if not (cur[g] >= call.costs[g]) then pay = false end
-      end
-      charging = fits and pay and not retry
-      if fits and (retry or pay) then
-        local lease = { e = extended(v.own, now_us, call.lease_ms), w = call.weight }
-        if not set_own(v, lease) then return nil end
-        return { 1, v.weight, 0, ms_until(now_us, lease.e) }
-      end
-      local wait = 0
-      if not fits then
-        wait = wait_for_room(v, call.limit, call.weight)
-        if wait == nil then return nil end
-      end
-      return { 0, v.weight, wait, 0 }
-    end, true)
+    out, err = decide(keys[1], call.id, call.now_us, acquire_op, true, false, call)
     if not out then return redis.error_reply(err) end
+    local stored, cur, retry = call.stored, call.cur, call.retry
     for g = 1, n do
-      local r, tokens, writes = charge(call.limits[g], stored[g], now, cur[g], call.costs[g], charging)
+      local r, tokens, writes = charge(call.limits[g], stored[g], now, cur[g], call.costs[g], call.charging)
       if writes then save(keys[g + 1], stored[g], call.limits[g], tokens, r[4], now) end
       -- A retry's buckets were paid: their wait is not the call's.
       if not retry and r[3] > out[3] then out[3] = r[3] end
@@ -1272,19 +1412,28 @@ local function leases()
     return out
   end
 
+  local function release_op(v)
+    local released = release_own(v)
+    if released == nil then return nil end
+    return { released and 1 or 0, v.weight }
+  end
+
   -- tb_release: {released, in_use}; an unknown or expired id writes
   -- nothing (but what a pass of a large key found).
   local function tb_release(keys, args)
     if #keys ~= 1 or #args ~= 1 then return arity_error('tb_release') end
     local id = args[1]
-    if bad_id(id) then return redis.error_reply(msg('bad_id')) end
-    local out, err = decide(keys[1], id, now_us(), function(v)
-      local released = release_own(v)
-      if released == nil then return nil end
-      return { released and 1 or 0, v.weight }
-    end, false)
+    if #id == 0 or #id > MAX_LEASE_ID_BYTES then return redis.error_reply(msg('bad_id')) end
+    local out, err = decide(keys[1], id, now_us(), release_op, false)
     if not out then return redis.error_reply(err) end
     return out
+  end
+
+  local function renew_op(v, now, lease_ms)
+    if not v.own then return { 0, 0 } end
+    local lease = { e = extended(v.own, now, lease_ms), w = v.own.w }
+    if not set_own(v, lease) then return nil end
+    return { 1, ms_until(now, lease.e) }
   end
 
   -- tb_renew: {renewed, expires_in_ms}; a lease that is not live is never
@@ -1297,22 +1446,19 @@ local function leases()
     if not lease_ms then return redis.error_reply(err) end
     local now = now_us()
     local out
-    out, err = decide(keys[1], id, now, function(v)
-      if not v.own then return { 0, 0 } end
-      local lease = { e = extended(v.own, now, lease_ms), w = v.own.w }
-      if not set_own(v, lease) then return nil end
-      return { 1, ms_until(now, lease.e) }
-    end, false)
+    out, err = decide(keys[1], id, now, renew_op, false, false, now, lease_ms)
     if not out then return redis.error_reply(err) end
     return out
+  end
+
+  local function inflight_op(v)
+    return v.weight
   end
 
   -- Read-only (registered no-writes): the live weight.
   local function tb_inflight(keys, args)
     if #keys ~= 1 or #args ~= 0 then return arity_error('tb_inflight') end
-    local out, err = decide(keys[1], nil, now_us(), function(v)
-      return v.weight
-    end, false, true)
+    local out, err = decide(keys[1], nil, now_us(), inflight_op, false, true)
     if not out then return redis.error_reply(err) end
     return out
   end
@@ -1321,10 +1467,10 @@ local function leases()
   return LEASES
 end
 
-local function tb_acquire(keys, args) return leases().acquire(keys, args) end
-local function tb_release(keys, args) return leases().release(keys, args) end
-local function tb_renew(keys, args) return leases().renew(keys, args) end
-local function tb_inflight(keys, args) return leases().inflight(keys, args) end
+local function tb_acquire(keys, args) return (LEASES or leases()).acquire(keys, args) end
+local function tb_release(keys, args) return (LEASES or leases()).release(keys, args) end
+local function tb_renew(keys, args) return (LEASES or leases()).renew(keys, args) end
+local function tb_inflight(keys, args) return (LEASES or leases()).inflight(keys, args) end
 
 -- ---- the operations, listed once -------------------------------------------
 

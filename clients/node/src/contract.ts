@@ -35,7 +35,7 @@ export const COMMANDS = {
 } as const;
 
 /** The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION). */
-export const LIBRARY_VERSION = "0.1.0+3517069e0f64";
+export const LIBRARY_VERSION = "0.1.0+c953cc44914f";
 
 /** Error reply templates; message() fills in the {name} marks. */
 export const ERRORS = {
