@@ -90,7 +90,8 @@ class Topology:
             for i, host in enumerate(SENTINEL_HOSTS):
                 sentinel = SentinelServer(self.workdir / f"sentinel{i}", host, self.primary,
                                           self.down_after_ms, self.failover_timeout_ms)  # fmt: skip
-                self.sentinels.append(sentinel.start())
+                self.sentinels.append(sentinel)
+                sentinel.start()
             self._wait(self._sentinels_ready, "the sentinels never found each other and the replica", 30)
         except BaseException:
             self.stop()
@@ -135,11 +136,15 @@ class Topology:
                    "Sentinel did not promote the replica", timeout)  # fmt: skip
         return self.replica
 
-    def wait_demoted(self, node: Server, timeout: float = 40) -> None:
+    def wait_demoted(self, node: Server, timeout: float = 40) -> float:
         """Waits until Sentinel has made the old primary a replica of the new
-        one and it has synced (its own writes are gone then)."""
-        self._wait(lambda: self.role(node) == "slave" and self._link_up(node),
-                   "Sentinel did not turn the old primary into a replica", timeout)  # fmt: skip
+        one and it has synced (its own writes are gone then). Returns when
+        it was first seen a replica (time.time(), to within 50 ms): from
+        then on it took no write."""
+        self._wait(lambda: self.role(node) == "slave", "Sentinel did not turn the old primary into a replica", timeout)
+        demoted = time.time()
+        self._wait(lambda: self._link_up(node), "the old primary did not sync with the new one", timeout)
+        return demoted
 
     # -- faults ----------------------------------------------------------
 
