@@ -15,9 +15,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
-from redis_tokenbucket import Bucket, Decision
+from redis_tokenbucket import Bucket
+
+
+class Verdict(Protocol):
+    """What the load reads of an answer: a Decision, or a bench's own."""
+
+    @property
+    def allowed(self) -> bool: ...
+    @property
+    def degraded(self) -> bool: ...
 
 
 @dataclass
@@ -67,7 +76,7 @@ class Load:
     """`consume(key)` every `interval` s on one thread until `stop()`;
     `pause()` returns once no call is in flight."""
 
-    def __init__(self, consume: Callable[[str], Decision], keys: list[str], interval: float) -> None:
+    def __init__(self, consume: Callable[[str], Verdict], keys: list[str], interval: float) -> None:
         self.consume = consume
         self.keys = keys
         self.interval = interval

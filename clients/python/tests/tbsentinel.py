@@ -118,11 +118,11 @@ class Topology:
         for s in self.sentinels:
             try:
                 with s.client(socket_timeout=0.5, decode_responses=True) as c:
-                    state = c.execute_command("SENTINEL", "MASTER", MASTER)
+                    info = c.sentinel_master(MASTER)
             except redis.RedisError:
                 continue
-            info = dict(zip(state[::2], state[1::2], strict=True))
-            if "s_down" in info["flags"] or "o_down" in info["flags"] or "failover" in info["flags"]:
+            flags = info["flags"] if isinstance(info["flags"], str) else ",".join(info["flags"])  # a set on RESP3
+            if "s_down" in flags or "o_down" in flags or "failover" in flags:
                 return None
             seen.add((info["ip"], int(info["port"])))
         return seen.pop() if len(seen) == 1 else None
@@ -184,8 +184,7 @@ class Topology:
     def _sentinels_ready(self) -> bool:
         for s in self.sentinels:
             with s.client(socket_timeout=0.5, decode_responses=True) as c:
-                state = c.execute_command("SENTINEL", "MASTER", MASTER)
-            info = dict(zip(state[::2], state[1::2], strict=True))
+                info = c.sentinel_master(MASTER)
             if int(info["num-slaves"]) < 1 or int(info["num-other-sentinels"]) < len(self.sentinels) - 1:
                 return False
         return True

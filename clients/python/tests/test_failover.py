@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from tbload import Load, Tally, budget, limiter_load, minted
 from tbsentinel import MASTER, Topology, topology
+from tbservers import Server
 
 from redis_tokenbucket import Bucket, Limiter
 
@@ -108,14 +109,20 @@ def test_crash_after_replication_mints_nothing(
            admitted=tally.admitted, degraded=tally.degraded, minted=excess)  # fmt: skip
     assert excess <= 0
 
-    # Exact again: the limiter's answer is the new primary's own.
-    promoted = topo.replica
-    assert promoted is not None
-    d = lim.peek(KEYS[0], BUCKET)
-    assert not d.degraded
-    with Limiter(promoted.client()) as direct:
-        assert direct.peek(KEYS[0], BUCKET).remaining == d.remaining
+    assert topo.replica is not None
+    assert_answers_from(lim, topo.replica)
     assert lim.backend == ("module" if topo.module else "functions")
+
+
+def assert_answers_from(lim: Limiter, server: Server) -> None:
+    """Exact again: the limiter's charge lands on `server`, and its
+    answers are that server's own."""
+    probe, slow = "rl:failover:probe", Bucket(max=10, rate=0.001)
+    d = lim.consume(probe, slow, 3)
+    assert d.allowed and not d.degraded and d.remaining == 7
+    with Limiter(server.client()) as direct:
+        assert direct.peek(probe, slow).remaining == 7
+        direct.reset(probe)
 
 
 @pytest.mark.parametrize(("topo", "min_replicas"), [("module", False), ("lua", True)], indirect=["topo"],
