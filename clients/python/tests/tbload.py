@@ -5,7 +5,10 @@ round-robin over the keys, through any limiter, and tallies the answers.
 The exact budget of a bucket over a run is what a perfect limiter could
 have admitted: `max` at once, then `rate` a second, from the first call
 sent to the last answer received (the server's clock is the same machine's
-clock). Whatever was admitted beyond that was minted.
+clock). Minted is counted by replaying what Redis admitted, in order,
+through an exact bucket (tokens capped at `max`, so the refill of an
+outage during which nothing was admitted is not counted as budget): the
+deepest it went below zero is what was admitted beyond the budget.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Verdict(Protocol):
 
 @dataclass
 class Answer:
+    key: str
     at: float  # time.time() when the answer came
     allowed: bool
     degraded: bool
@@ -64,12 +68,23 @@ def budget(bucket: Bucket, keys: int, first: float, last: float) -> int:
     return keys * math.floor(bucket.max + bucket.rate * (last - first) + 1e-9)
 
 
-def minted(bucket: Bucket, keys: int, tallies: list[Tally]) -> int:
-    """Admitted by Redis over every load, less the exact budget of the
-    whole span they covered together."""
+def minted(bucket: Bucket, tallies: list[Tally]) -> int:
+    """Tokens admitted beyond an exact bucket's budget, over every load on
+    the same keys: each Redis admission, at the time its answer came (the
+    server decided earlier, so the replay refills at least as much as the
+    server did and never counts a token that was not minted), is taken
+    from an exact bucket full at the first call; per key, the deepest debt
+    it reaches, summed."""
     first = min(t.first_sent for t in tallies if t.first_sent is not None)
-    last = max(t.last_answer for t in tallies if t.last_answer is not None)
-    return sum(t.admitted for t in tallies) - budget(bucket, keys, first, last)
+    admitted = sorted((a.at, a.key) for t in tallies for a in t.answers if a.allowed and not a.degraded)
+    tokens: dict[str, float] = {}
+    at: dict[str, float] = {}
+    debt: dict[str, float] = {}
+    for when, key in admitted:
+        t = min(bucket.max, tokens.get(key, bucket.max) + bucket.rate * (when - at.get(key, first))) - 1
+        tokens[key], at[key] = t, when
+        debt[key] = max(debt.get(key, 0.0), -t)
+    return sum(math.floor(d + 1e-9) for d in debt.values())
 
 
 class Load:
@@ -118,13 +133,14 @@ class Load:
                     self._running.wait()
                     next_at = time.monotonic()
                     continue
+                key = self.keys[i % len(self.keys)]
                 sent = time.time()
-                d = self.consume(self.keys[i % len(self.keys)])
+                d = self.consume(key)
                 now = time.time()
                 if self.tally.first_sent is None:
                     self.tally.first_sent = sent
                 self.tally.last_answer = now
-                self.tally.answers.append(Answer(now, d.allowed, d.degraded))
+                self.tally.answers.append(Answer(key, now, d.allowed, d.degraded))
                 i += 1
                 next_at += self.interval
                 delay = next_at - time.monotonic()

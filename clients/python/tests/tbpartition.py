@@ -4,7 +4,7 @@ clients on 127.0.0.1 still reach it.
 
 The rules live in a table of their own, TABLE, and drop only TCP between
 the primary's port on 127.0.0.2 and the other nodes' addresses (the
-replica and the sentinels connect to the primary, never the other way),
+replicas and the sentinels connect to the primary, never the other way),
 so a parallel run on other ports is left alone. The table is deleted when
 the block ends, however it ends, and any leftover of it before rules are
 added. Every address a rule names is checked to be in 127.0.0.0/8.
@@ -70,8 +70,7 @@ def partition(topo: Topology) -> Iterator[None]:
     """Cuts the primary off from the replica and the sentinels for the
     block: heals when it ends."""
     check_can_partition()
-    assert topo.replica is not None
-    others = [topo.replica.host, *(s.host for s in topo.sentinels)]
+    others = [*(r.host for r in topo.replicas), *(s.host for s in topo.sentinels)]
     ruleset = rules((topo.primary.host, topo.primary.port), others)
     drop_table()
     try:

@@ -7,9 +7,13 @@ the others while clients on 127.0.0.1 still reach it (Linux answers all of
 
     127.0.0.2  primary        127.0.0.4-6  sentinels (quorum 2)
     127.0.0.3  replica        127.0.0.1    the clients
+    127.0.0.7  a second replica, where asked for (`replicas=2`)
 
-Sentinel marks the primary down after `down_after_ms` (300 ms here), so a
-failover takes a few seconds. Never an address outside 127.0.0.0/8.
+Sentinel marks the primary down after `down_after_ms` (1000 ms here), so a
+failover takes a few seconds. Not less: at 300 ms, on two busy cores, the
+sentinels found the replica they had just promoted down too (its links
+were new) and failed over again, twice in two seconds, losing the writes
+each one took. Never an address outside 127.0.0.0/8.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from tbservers import Server, binary
 
 MASTER = "tb"
 PRIMARY_HOST = "127.0.0.2"
-REPLICA_HOST = "127.0.0.3"
+REPLICA_HOSTS = ("127.0.0.3", "127.0.0.7")
 SENTINEL_HOSTS = ("127.0.0.4", "127.0.0.5", "127.0.0.6")
 CLIENT_HOST = "127.0.0.1"
 
@@ -55,17 +59,28 @@ class SentinelServer(Server):
 
 
 class Topology:
-    """One primary, one replica, three sentinels; `module` loads the module
-    on both data nodes (else the limiter finds only Lua). `start()` returns
-    once every sentinel knows the replica and the other sentinels, so a
-    failover can happen; `stop()` kills everything, whatever state it is in."""
+    """One primary, one replica (or two), three sentinels; `module` loads
+    the module on the data nodes (else the limiter finds only Lua).
+    `start()` returns once every sentinel knows the replicas and the other
+    sentinels, so a failover can happen; `stop()` kills everything,
+    whatever state it is in. With one replica, the promoted one has none:
+    WAIT 1 and min-replicas-to-write 1 fail on it until another joins."""
 
-    def __init__(self, workdir: Path, *, module: bool, down_after_ms: int = 300, failover_timeout_ms: int = 4000):
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        module: bool,
+        replicas: int = 1,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 4000,
+    ):
         self.workdir = workdir
         self.module = module
         self.primary = Server("redis-7.0", workdir / "primary", *self._node_args(PRIMARY_HOST),
                               module=module, host=PRIMARY_HOST)  # fmt: skip
-        self.replica: Optional[Server] = None
+        self.replica_count = replicas
+        self.replicas: list[Server] = []
         self.sentinels: list[SentinelServer] = []
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
@@ -78,15 +93,23 @@ class Topology:
 
     @property
     def nodes(self) -> list[Server]:
-        return [self.primary, *([self.replica] if self.replica else []), *self.sentinels]
+        return [self.primary, *self.replicas, *self.sentinels]
+
+    @property
+    def replica(self) -> Optional[Server]:
+        """The first replica."""
+        return self.replicas[0] if self.replicas else None
 
     def start(self) -> Topology:
         try:
             self.primary.start()
-            self.replica = Server("redis-7.0", self.workdir / "replica", *self._node_args(REPLICA_HOST),
-                                  "--replicaof", self.primary.host, str(self.primary.port),
-                                  module=self.module, host=REPLICA_HOST).start()  # fmt: skip
-            self._wait(lambda: self._link_up(self.replica), "the replica never synced")
+            for i, host in enumerate(REPLICA_HOSTS[: self.replica_count]):
+                replica = Server("redis-7.0", self.workdir / f"replica{i}", *self._node_args(host),
+                                 "--replicaof", self.primary.host, str(self.primary.port),
+                                 module=self.module, host=host)  # fmt: skip
+                self.replicas.append(replica)
+                replica.start()
+                self._wait(lambda r=replica: self._link_up(r), "the replica never synced")  # type: ignore[misc]
             for i, host in enumerate(SENTINEL_HOSTS):
                 sentinel = SentinelServer(self.workdir / f"sentinel{i}", host, self.primary,
                                           self.down_after_ms, self.failover_timeout_ms)  # fmt: skip
@@ -128,13 +151,17 @@ class Topology:
         return seen.pop() if len(seen) == 1 else None
 
     def wait_promoted(self, timeout: float = 30) -> Server:
-        """Waits until the sentinels agree the replica is the primary and it
+        """Waits until the sentinels agree a replica is the primary and it
         answers as one; returns it."""
-        assert self.replica is not None
-        want = (self.replica.host, self.replica.port)
-        self._wait(lambda: self.master_address() == want and self.role(self.replica) == "master",
-                   "Sentinel did not promote the replica", timeout)  # fmt: skip
-        return self.replica
+        found: list[Server] = []
+
+        def promoted() -> bool:
+            address = self.master_address()
+            found[:] = [r for r in self.replicas if (r.host, r.port) == address and self.role(r) == "master"]
+            return bool(found)
+
+        self._wait(promoted, "Sentinel did not promote a replica", timeout)
+        return found[0]
 
     def wait_demoted(self, node: Server, timeout: float = 40) -> float:
         """Waits until Sentinel has made the old primary a replica of the new
@@ -155,10 +182,10 @@ class Topology:
         self.primary.proc.wait()
 
     def wait_replicated(self, timeout_ms: int = 2000) -> None:
-        """WAIT 1 on the primary: the replica has every write made so far."""
+        """WAIT on the primary: every replica has every write made so far."""
         with self.primary.client() as c:
-            acked = int(c.execute_command("WAIT", 1, timeout_ms))
-        if acked < 1:
+            acked = int(c.execute_command("WAIT", len(self.replicas), timeout_ms))
+        if acked < len(self.replicas):
             raise RuntimeError("the replica did not acknowledge the primary's writes")
 
     # -- state -----------------------------------------------------------
@@ -185,7 +212,10 @@ class Topology:
         for s in self.sentinels:
             with s.client(socket_timeout=0.5, decode_responses=True) as c:
                 info = c.sentinel_master(MASTER)
-            if int(info["num-slaves"]) < 1 or int(info["num-other-sentinels"]) < len(self.sentinels) - 1:
+            if (
+                int(info["num-slaves"]) < len(self.replicas)
+                or int(info["num-other-sentinels"]) < len(self.sentinels) - 1
+            ):
                 return False
         return True
 

@@ -77,7 +77,7 @@ def test_partition(topo: Topology, min_replicas: bool, capsys: Any, record_prope
     tallies = [old_side.stop(), new_side.stop()]
 
     lost = admitted_between(old_side, cut, demoted)
-    excess = minted(BUCKET, len(KEYS), tallies)
+    excess = minted(BUCKET, tallies)
     setting = "min-replicas" if min_replicas else "defaults"
     report(capsys, record_property, f"partition, {'module' if topo.module else 'lua'}, {setting}",
            old_side_admitted_after_cut=lost, new_side_admitted=tallies[1].admitted, minted=excess,

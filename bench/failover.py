@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""`make bench-failover`: what a Sentinel failover costs in tokens, and what
+each setting that bounds it costs in latency and throughput (issue 39).
+
+The topology is the Python tests' (clients/python/tests/tbsentinel.py):
+Debian's Redis 7.0 with the module, primary 127.0.0.2, replicas 127.0.0.3
+and 127.0.0.7, three sentinels on 127.0.0.4-6 (quorum 2, down-after 1000
+ms); the client on 127.0.0.1 goes through redis-py's Sentinel client. Two
+replicas, because with one the promoted primary has none left: WAIT 1 and
+min-replicas-to-write 1 would fail every decision after a failover. The
+settings:
+
+- defaults: asynchronous replication as it comes;
+- min-replicas: `min-replicas-to-write 1` and `min-replicas-max-lag 1` on
+  every data node;
+- WAIT: `WAIT 1 50` pipelined behind each decision (one round trip); a
+  decision counts as admitted only if the replica acknowledged it, and a
+  WAIT that acknowledges none is Redis failing (answered as on_error
+  "closed": denied).
+
+Each decision is one pipeline on the Sentinel client (TB.CONSUME, and the
+WAIT), not the package's Limiter: its `wait_replicas` option was not on
+main when this bench was written, so all three settings take the same
+path. An error is Redis failing: denied, degraded.
+
+Tokens minted: 4 saturated buckets (max 200, 50 a second each, so 4 s
+from empty to full, longer than the switch; offered 250 calls a second
+each), the exact budget of the run against what Redis
+admitted (clients/python/tests/tbload.py), for:
+
+- a crash: SIGKILL of the primary under load, Sentinel promotes;
+- a partition: nft rules cut the primary off from the replica and the
+  sentinels (clients/python/tests/tbpartition.py; root and nft needed, else
+  the rows say so); the clients connected before the cut stay on the old
+  primary, clients connecting after it find the new one; healed once
+  both sides answered, until Sentinel demoted the old primary.
+
+Cost: one connection, decisions back to back for --seconds on a healthy
+topology: decisions a second, p50 and p99 latency.
+
+    python3 bench/failover.py [--report docs/benchmarks.md] [--crashes 3] [--partitions 1] [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import redis
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "clients/python/tests"))
+
+from doc_section import write_section
+from redis_tokenbucket import Bucket
+from tbload import Load, minted
+from tbpartition import CannotPartition, check_can_partition, partition
+from tbsentinel import MASTER, Topology
+
+SETTINGS = ("defaults", "min-replicas", "WAIT")
+BUCKET = Bucket(max=200, rate=50)
+KEYS = [f"rl:bench:failover:{i}" for i in range(4)]
+INTERVAL = 0.001  # 1,000 calls a second over the 4 keys
+RATE = BUCKET.rate * len(KEYS)  # tokens a second the buckets admit together
+MAX_LAG = 1
+WAIT_MS = 50
+
+
+class Verdict(NamedTuple):
+    allowed: bool
+    degraded: bool
+
+
+def decider(client: redis.Redis, setting: str) -> Callable[[str], Verdict]:
+    def decide(key: str) -> Verdict:
+        pipe = client.pipeline(transaction=False)
+        pipe.execute_command("TB.CONSUME", key, BUCKET.max, BUCKET.rate, 1)
+        if setting == "WAIT":
+            pipe.execute_command("WAIT", 1, WAIT_MS)
+        try:
+            replies = pipe.execute()
+        except redis.RedisError:
+            return Verdict(False, True)
+        if setting == "WAIT" and int(replies[1]) < 1:
+            return Verdict(False, True)  # no replica has it: Redis failing
+        return Verdict(int(replies[0][0]) == 1, False)
+
+    return decide
+
+
+def start(workdir: Path, setting: str) -> Topology:
+    topo = Topology(workdir, module=True, replicas=2).start()
+    configure(topo, setting)
+    return topo
+
+
+def sentinel_client(topo: Topology) -> redis.Redis:
+    return topo.sentinel(socket_timeout=0.2, socket_connect_timeout=0.2).master_for(MASTER)  # type: ignore[no-any-return]
+
+
+def wait_answered(load: Load, since: float, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(a.at > since and not a.degraded for a in load.tally.answers[-50:]):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the load never got an answer from Redis")
+        time.sleep(0.02)
+
+
+@dataclass
+class Run:
+    minted: int
+    admitted: int
+    decision_s: float  # fault to the sentinels agreeing on the new primary
+    lost_side: int = 0  # partition: the old primary's admissions after the cut
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def crash(workdir: Path, setting: str) -> Run:
+    with topology_of(workdir, setting) as topo:
+        load = Load(decider(sentinel_client(topo), setting), KEYS, INTERVAL).start()
+        time.sleep(2)
+        topo.kill_primary()
+        killed, t0 = time.time(), time.monotonic()
+        topo.wait_promoted()
+        decision = time.monotonic() - t0
+        wait_answered(load, killed)
+        time.sleep(1)
+        tally = load.stop()
+    return Run(minted(BUCKET, [tally]), tally.admitted, decision)
+
+
+def partitioned(workdir: Path, setting: str) -> Run:
+    with topology_of(workdir, setting) as topo:
+        old = Load(decider(sentinel_client(topo), setting), KEYS, INTERVAL).start()
+        time.sleep(2)
+        with partition(topo):
+            cut, t0 = time.time(), time.monotonic()
+            topo.wait_promoted()
+            decision = time.monotonic() - t0
+            new = Load(decider(sentinel_client(topo), setting), KEYS, INTERVAL).start()
+            wait_answered(new, cut)
+            time.sleep(1)
+        healed = time.time()
+        demoted = topo.wait_demoted(topo.primary)
+        wait_answered(old, time.time())
+        time.sleep(0.5)
+        tallies = [old.stop(), new.stop()]
+    lost = sum(a.allowed and not a.degraded and cut <= a.at < demoted for a in tallies[0].answers)
+    extra = {"partition_s": healed - cut, "demotion_s": demoted - healed}
+    return Run(
+        minted(BUCKET, tallies),
+        sum(t.admitted for t in tallies),
+        decision,
+        lost,
+        extra,
+    )
+
+
+class topology_of:
+    """A started topology with the setting, stopped on exit."""
+
+    def __init__(self, workdir: Path, setting: str) -> None:
+        self.workdir, self.setting = workdir, setting
+
+    def __enter__(self) -> Topology:
+        self.topo = start(self.workdir, self.setting)
+        return self.topo
+
+    def __exit__(self, *exc: object) -> None:
+        self.topo.stop()
+
+
+@dataclass
+class Cost:
+    per_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+def configure(topo: Topology, setting: str) -> None:
+    """min-replicas-to-write 1 (max-lag 1) on every data node for that
+    setting, 0 (the default) for the others."""
+    for node in (topo.primary, *topo.replicas):
+        with node.client() as c:
+            c.config_set("min-replicas-to-write", 1 if setting == "min-replicas" else 0)
+            c.config_set("min-replicas-max-lag", MAX_LAG)
+
+
+def costs_of(workdir: Path, seconds: float, rounds: int) -> dict[str, Cost]:
+    """On one healthy topology, each setting in turn for `seconds`, rounds
+    interleaved: decisions a second (median of the rounds), p50 and p99 of
+    every decision's latency."""
+    per_s: dict[str, list[float]] = {s: [] for s in SETTINGS}
+    lat: dict[str, list[float]] = {s: [] for s in SETTINGS}
+    with topology_of(workdir, "defaults") as topo:
+        client = sentinel_client(topo)
+        for r in range(rounds):
+            for setting in SETTINGS:
+                configure(topo, setting)
+                decide = decider(client, setting)
+                for i in range(200):  # connections up, buckets drained
+                    decide(KEYS[i % len(KEYS)])
+                n = 0
+                end = time.monotonic() + seconds
+                while (t := time.monotonic()) < end:
+                    v = decide(KEYS[n % len(KEYS)])
+                    lat[setting].append(time.monotonic() - t)
+                    if v.degraded:
+                        raise RuntimeError(f"{setting}: Redis failed on a healthy topology")
+                    n += 1
+                per_s[setting].append(n / seconds)
+                print(f"cost round {r + 1} {setting:12}: {n / seconds:8,.0f}/s", flush=True)
+    out = {}
+    for setting in SETTINGS:
+        q = statistics.quantiles(lat[setting], n=100)
+        out[setting] = Cost(statistics.median(per_s[setting]), q[49] * 1e3, q[98] * 1e3)
+    return out
+
+
+def report(
+    crashes: dict[str, list[Run]],
+    parts: dict[str, list[Run]],
+    costs: dict[str, Cost],
+    no_partition: str,
+    seconds: float,
+    rounds: int,
+) -> str:
+    def figures(runs: list[Run]) -> str:
+        return ", ".join(f"{r.minted:,}" for r in runs) if runs else "n/a"
+
+    base = costs["defaults"]
+    lines = [
+        "Measured by `make bench-failover` (bench/failover.py) on this machine: Debian's",
+        "Redis 7.0 with the module, one primary, two replicas, three sentinels (down-after",
+        "1000 ms), each on its own loopback address; the client through redis-py's Sentinel",
+        "client on 127.0.0.1. Four saturated buckets of max 200 refilling 50 a second each",
+        f"({RATE:,.0f} tokens a second together, offered 1,000 calls a second). Minted =",
+        "admitted by Redis − the exact budget of the run. WAIT is `WAIT 1 50` pipelined",
+        "behind each TB.CONSUME by the bench itself (the Python package's `wait_replicas`",
+        "option was not on main when this ran); a WAIT that acknowledged no replica counted",
+        "as Redis failing (denied), as on_error `closed` answers it.",
+        "",
+        "| setting | minted per crash (each run) | minted per partition (each run) | old primary's admissions lost in the partition | Sentinel's decision (crash; partition) |",
+        "|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        c, p = crashes[s], parts.get(s, [])
+        lost = ", ".join(f"{r.lost_side:,}" for r in p) if p else "n/a"
+        dec = (
+            ", ".join(f"{r.decision_s:.1f}" for r in c)
+            + " s; "
+            + (", ".join(f"{r.decision_s:.1f}" for r in p) + " s" if p else "n/a")
+        )
+        lines.append(f"| {s} | {figures(c)} | {figures(p)} | {lost} | {dec} |")
+    lines += [""]
+    if no_partition:
+        lines += [f"No partition rows: {no_partition}.", ""]
+    for s in SETTINGS:
+        for r in parts.get(s, []):
+            lines.append(
+                f"- partition, {s}: cut for {r.extra['partition_s']:.1f} s (until both sides had answered), "
+                f"then {r.extra['demotion_s']:.1f} s until Sentinel made the old primary a replica."
+            )
+    lines += [
+        "",
+        f"The cost of each setting on a healthy topology: one connection, decisions back to back, {rounds} rounds of",
+        f"{seconds:g} s per setting, interleaved (decisions/s: the median round; p50, p99: of every decision):",
+        "",
+        "| setting | decisions/s | p50 | p99 | decisions/s vs defaults |",
+        "|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        k = costs[s]
+        lines.append(
+            f"| {s} | {k.per_s:,.0f} | {k.p50_ms * 1e3:,.0f} µs | {k.p99_ms * 1e3:,.0f} µs | {k.per_s / base.per_s:.2f} |"
+        )
+    lines += ["", "Targets (issue 39):", ""]
+    wait_crash = max(r.minted for r in crashes["WAIT"])
+    lines.append(
+        f"- WAIT: 0 tokens minted by a crash: {'met' if wait_crash <= 0 else 'missed'} (most minted: {wait_crash})."
+    )
+    for r in parts.get("min-replicas", []):
+        bound = RATE * (MAX_LAG + r.decision_s)
+        verdict = "met" if r.minted <= bound else "missed"
+        lines.append(
+            f"- min-replicas: a partition mints at most rate × (max-lag + Sentinel's decision) = "
+            f"{RATE:,.0f}/s × ({MAX_LAG} + {r.decision_s:.1f}) s = {bound:,.0f}: {verdict} ({r.minted:,} minted)."
+        )
+    d = ", ".join(f"{r.minted:,}" for r in crashes["defaults"] + parts.get("defaults", []))
+    lines.append(f"- defaults: measured, {d} (crashes, then partitions).")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--report", type=Path, help="docs/benchmarks.md: replace or append its section")
+    parser.add_argument("--crashes", type=int, default=3, help="crash failovers per setting")
+    parser.add_argument("--partitions", type=int, default=1, help="partitions per setting")
+    parser.add_argument("--seconds", type=float, default=3.0, help="the cost measurement per setting and round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the cost measurement")
+    args = parser.parse_args()
+    no_partition = ""
+    try:
+        check_can_partition()
+    except CannotPartition as e:
+        no_partition = str(e)
+    crashes: dict[str, list[Run]] = {s: [] for s in SETTINGS}
+    parts: dict[str, list[Run]] = {s: [] for s in SETTINGS} if not no_partition else {}
+    with tempfile.TemporaryDirectory(prefix="bench-failover.") as tmp:
+        costs = costs_of(Path(tmp) / "cost", args.seconds, args.rounds)
+        for s, k in costs.items():
+            print(f"cost {s:12}: {k.per_s:8,.0f}/s p50 {k.p50_ms:.3f} ms p99 {k.p99_ms:.3f} ms", flush=True)
+        n = 0
+        for i in range(args.crashes):
+            for s in SETTINGS:
+                r = crash(Path(tmp) / f"{n}", s)
+                n += 1
+                crashes[s].append(r)
+                print(f"crash {i + 1} {s:12}: minted {r.minted:,} (admitted {r.admitted:,}), "
+                      f"decision {r.decision_s:.1f} s", flush=True)  # fmt: skip
+        for i in range(args.partitions if not no_partition else 0):
+            for s in SETTINGS:
+                r = partitioned(Path(tmp) / f"{n}", s)
+                n += 1
+                parts[s].append(r)
+                print(f"partition {i + 1} {s:12}: minted {r.minted:,}, old side lost {r.lost_side:,}, "
+                      f"decision {r.decision_s:.1f} s, {r.extra}", flush=True)  # fmt: skip
+    text = report(crashes, parts, costs, no_partition, args.seconds, args.rounds)
+    print(text)
+    if args.report:
+        write_section(args.report, "bench-failover", text, "What a failover costs (issue 39)")
+
+
+if __name__ == "__main__":
+    main()
