@@ -105,6 +105,7 @@ class Load:
     def start(self) -> Load:
         self._running.set()
         self._thread.start()
+        _started.append(self)
         return self
 
     def pause(self) -> None:
@@ -152,6 +153,19 @@ class Load:
             self.error = e
         finally:
             self._idle.set()
+
+
+_started: list[Load] = []
+
+
+def stop_all() -> None:
+    """Stops every load still running (a test that failed midway), so none
+    goes on against servers that are gone."""
+    while _started:
+        load = _started.pop()
+        load._stop.set()
+        load._running.set()
+        load._thread.join(30)
 
 
 def limiter_load(lim: Any, bucket: Bucket, keys: list[str], interval: float) -> Load:

@@ -2,12 +2,14 @@
 tbsentinel Topology cut off from its replica and its sentinels, while the
 clients on 127.0.0.1 still reach it.
 
-The rules live in a table of their own, TABLE, and drop only TCP between
-the primary's port on 127.0.0.2 and the other nodes' addresses (the
-replicas and the sentinels connect to the primary, never the other way),
-so a parallel run on other ports is left alone. The table is deleted when
-the block ends, however it ends, and any leftover of it before rules are
-added. Every address a rule names is checked to be in 127.0.0.0/8.
+The rules live in a table of their own, TABLE (its name ends with this
+process's id, so a test and a bench running at once don't delete each
+other's), and drop only TCP between the primary's port on 127.0.0.2 and
+the other nodes' addresses (the replicas and the sentinels connect to the
+primary, never the other way), so a parallel run on other ports is left
+alone. The table is deleted when the block ends, however it ends, and
+before rules are added so is any leftover one of a process that is gone.
+Every address a rule names is checked to be in 127.0.0.0/8.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from tbsentinel import Topology
 
-TABLE = "tb_failover_partition"
+PREFIX = "tb_failover_partition_"
+TABLE = f"{PREFIX}{os.getpid()}"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
@@ -34,9 +38,17 @@ def _nft(*args: str, stdin: str | None = None, check: bool = True) -> subprocess
 
 
 def drop_table() -> None:
-    """Deletes TABLE if it is there."""
-    if shutil.which("nft") and _nft("list", "table", "inet", TABLE, check=False).returncode == 0:
-        _nft("delete", "table", "inet", TABLE)
+    """Deletes TABLE, and the tables of processes that are gone (a run
+    killed before it could clean up), if there are any."""
+    if not shutil.which("nft"):
+        return
+    listed = _nft("list", "tables", "inet", check=False).stdout.split()
+    for name in listed:
+        if not name.startswith(PREFIX):
+            continue
+        pid = name[len(PREFIX) :]
+        if name == TABLE or (pid.isdigit() and not Path(f"/proc/{pid}").exists()):
+            _nft("delete", "table", "inet", name, check=False)
 
 
 def rules(primary: tuple[str, int], others: list[str]) -> str:
@@ -66,11 +78,12 @@ def check_can_partition() -> None:
 
 
 @contextmanager
-def partition(topo: Topology) -> Iterator[None]:
-    """Cuts the primary off from the replica and the sentinels for the
-    block: heals when it ends."""
+def partition(topo: Topology, *, sentinels: bool = True) -> Iterator[None]:
+    """Cuts the primary off from the replicas and the sentinels for the
+    block (`sentinels=False`: from the replicas only, a replication link
+    down while Sentinel still sees the primary); heals when it ends."""
     check_can_partition()
-    others = [*(r.host for r in topo.replicas), *(s.host for s in topo.sentinels)]
+    others = [*(r.host for r in topo.replicas), *(s.host for s in topo.sentinels if sentinels)]
     ruleset = rules((topo.primary.host, topo.primary.port), others)
     drop_table()
     try:

@@ -18,14 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tbload import Load, Tally, budget, limiter_load, minted
+from tbload import Load, Tally, budget, limiter_load, minted, stop_all
 from tbsentinel import MASTER, Topology, topology
 from tbservers import Server
 
 from redis_tokenbucket import Bucket, Limiter
 
-# 4 buckets of 50, 10 a second, offered 125 calls a second each: saturated.
-BUCKET = Bucket(max=50, rate=10)
+# 4 buckets of 100, 10 a second, offered 125 calls a second each: saturated
+# once their first burst is spent (in under 1 s). 10 s from empty to full:
+# longer than a switch and the lag before it, since a bucket's max caps
+# what a crash can mint.
+BUCKET = Bucket(max=100, rate=10)
 KEYS = [f"rl:failover:{i}" for i in range(4)]
 INTERVAL = 0.002
 BACKENDS = {"module": True, "lua": False}
@@ -47,7 +50,7 @@ def report(capsys: pytest.CaptureFixture[str], record_property: Any, what: str, 
         print(f"\n[{what}] " + ", ".join(f"{k}={v}" for k, v in figures.items()))
 
 
-def saturate(lim: Limiter, seconds: float = 1.0) -> Load:
+def saturate(lim: Limiter, seconds: float = 1.5) -> Load:
     load = limiter_load(lim, BUCKET, KEYS, INTERVAL).start()
     time.sleep(seconds)
     return load
@@ -65,6 +68,12 @@ def run_past_switch(topo: Topology, load: Load, after: float = 1.0) -> tuple[Ser
         time.sleep(0.05)
     time.sleep(after)
     return promoted, load.stop()
+
+
+@pytest.fixture(autouse=True)
+def _stop_loads() -> Iterator[None]:
+    yield
+    stop_all()
 
 
 @pytest.fixture(params=list(BACKENDS))

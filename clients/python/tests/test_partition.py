@@ -18,12 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tbload import Load, minted
+from tbload import Load, minted, stop_all
 from tbpartition import CannotPartition, check_can_partition, drop_table, partition
 from tbsentinel import Topology, topology
-from test_failover import BUCKET, KEYS, MAX_LAG, assert_answers_from, limiter, report, saturate
+from test_failover import BUCKET, KEYS, MAX_LAG, assert_answers_from, limiter, report, run_past_switch, saturate
 
 from redis_tokenbucket import Limiter
+
+
+@pytest.fixture(autouse=True)
+def _stop_loads() -> Iterator[None]:
+    yield
+    stop_all()
 
 
 @pytest.fixture
@@ -38,6 +44,10 @@ def topo(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Topology]:
             yield t
     finally:
         drop_table()
+
+
+# How long the replica's link is down before the crash.
+BEHIND = 5.0
 
 
 def wait_answered(load: Load, since: float, timeout: float = 20) -> None:
@@ -97,4 +107,44 @@ def test_partition(topo: Topology, min_replicas: bool, capsys: Any, record_prope
         # Without it, the old primary admitted for as long as the partition
         # and the heal lasted, and all of it is lost.
         assert lost > len(KEYS) * BUCKET.rate * (healed - cut) / 2
+        assert excess > 0
+
+
+@pytest.mark.parametrize(("topo", "min_replicas"), [("module", False), ("lua", True)], indirect=["topo"],
+                         ids=["module-defaults", "lua-min-replicas"])  # fmt: skip
+def test_crash_with_the_replica_behind(topo: Topology, min_replicas: bool, capsys: Any, record_property: Any) -> None:
+    """The replica's link to the primary cut for BEHIND s under load (the
+    sentinels still see the primary), then the primary killed: the replica
+    lacks those seconds. Defaults: the primary admits all along, and that
+    is minted (up to a burst per bucket). min-replicas-to-write 1 (max-lag
+    1): the primary stops admitting within MAX_LAG + 2 s of the cut, and
+    no more than that much of the rate is at risk."""
+    if min_replicas:
+        with topo.primary.client() as c:
+            c.config_set("min-replicas-to-write", 1)
+            c.config_set("min-replicas-max-lag", MAX_LAG)
+    lim = limiter(topo, "closed")
+    load = saturate(lim)
+    with partition(topo, sentinels=False):
+        cut = time.time()
+        time.sleep(BEHIND)
+        topo.kill_primary()
+        killed = time.time()
+    promoted, tally = run_past_switch(topo, load)
+
+    # What the primary admitted after the cut never reached the replica.
+    at_risk = admitted_between(load, cut, killed)
+    excess = minted(BUCKET, [tally])
+    setting = "min-replicas" if min_replicas else "defaults"
+    report(capsys, record_property, f"crash {BEHIND:g} s behind, {'module' if topo.module else 'lua'}, {setting}",
+           admitted=tally.admitted, admitted_after_the_cut=at_risk, minted=excess)  # fmt: skip
+    assert_answers_from(lim, promoted)
+    # Minted is what was lost, less what the buckets' max hides: a bucket
+    # the switch left full can't hold more than max.
+    assert excess <= min(at_risk + len(KEYS), len(KEYS) * BUCKET.max)
+    bound = len(KEYS) * (math.ceil(BUCKET.rate * (MAX_LAG + 2)) + 1)
+    if min_replicas:
+        assert at_risk <= bound
+    else:
+        assert at_risk > bound  # the primary took writes for all of BEHIND s
         assert excess > 0
