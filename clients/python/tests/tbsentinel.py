@@ -79,6 +79,8 @@ class Topology:
         self.module = module
         self.primary = Server("redis-7.0", workdir / "primary", *self._node_args(PRIMARY_HOST),
                               module=module, host=PRIMARY_HOST)  # fmt: skip
+        if not 1 <= replicas <= len(REPLICA_HOSTS):
+            raise ValueError(f"replicas must be 1 to {len(REPLICA_HOSTS)}")
         self.replica_count = replicas
         self.replicas: list[Server] = []
         self.sentinels: list[SentinelServer] = []
@@ -95,11 +97,6 @@ class Topology:
     def nodes(self) -> list[Server]:
         return [self.primary, *self.replicas, *self.sentinels]
 
-    @property
-    def replica(self) -> Optional[Server]:
-        """The first replica."""
-        return self.replicas[0] if self.replicas else None
-
     def start(self) -> Topology:
         try:
             self.primary.start()
@@ -109,7 +106,7 @@ class Topology:
                                  module=self.module, host=host)  # fmt: skip
                 self.replicas.append(replica)
                 replica.start()
-                self._wait(lambda r=replica: self._link_up(r), "the replica never synced")  # type: ignore[misc]
+                self._wait(lambda r=replica: self._link_up(r), "the replica never synced")
             for i, host in enumerate(SENTINEL_HOSTS):
                 sentinel = SentinelServer(self.workdir / f"sentinel{i}", host, self.primary,
                                           self.down_after_ms, self.failover_timeout_ms)  # fmt: skip
@@ -199,8 +196,7 @@ class Topology:
             return "down"
 
     @staticmethod
-    def _link_up(node: Optional[Server]) -> bool:
-        assert node is not None
+    def _link_up(node: Server) -> bool:
         try:
             with node.client(socket_timeout=0.5, decode_responses=True) as c:
                 info = c.info("replication")
