@@ -127,6 +127,12 @@ $(VENV)/.python-tools: $(VENV)/.installed
 	$(VENV)/bin/pip install -q --disable-pip-version-check $(PY_TOOL_PKGS)
 	touch $@
 
+# The Python spec runner's on_error="local" scenarios run the package's
+# local buckets, in lupa.
+$(VENV)/.spec-tools: $(VENV)/.installed
+	$(VENV)/bin/pip install -q --disable-pip-version-check lupa==2.8
+	touch $@
+
 python-tools: $(VENV)/.python-tools ## the Python package's build and lint tools (build, hatchling, ruff, mypy) in .venv
 
 $(VENV)/.prometheus-tools: $(VENV)/.installed
@@ -157,11 +163,15 @@ test: deps venv build lint test-rust fuzz-smoke test-matrix test-examples test-p
 # The fast loop for an edit, on a built tree (`make build` once): no server
 # runs. tb-core's unit tests, the generated files, and every client's
 # clients/spec scenarios and serverless unit tests.
-check: lint-generated node-tools $(NODE_CLIENT)/test/node_modules/.package-lock.json ## the fast loop: core unit tests, generated files, each client's spec scenarios (no server)
+check: lint-generated node-tools $(NODE_CLIENT)/test/node_modules/.package-lock.json venv $(VENV)/.spec-tools $(EVAL_SCRIPT) $(OPENRESTY_LIB) ## the fast loop: core unit tests, generated files, each client's spec scenarios (no server)
 	cargo test -q -p tb-core --lib
 	cd $(NODE_CLIENT) && npm run -s build >/dev/null
 	cd $(NODE_CLIENT)/test && TB_NODE_DIST=$(CURDIR)/$(NODE_CLIENT)/dist/esm node --test spec.test.mjs
 	cd $(OPENRESTY) && luajit t/run.lua
+	@# The Python package from its source, its Lua files beside it as a wheel has them.
+	rm -rf target/python-spec && mkdir -p target/python-spec && cp -r $(PY_CLIENT)/src/redis_tokenbucket target/python-spec/ \
+	  && mkdir target/python-spec/redis_tokenbucket/lua && cp lua/tb.lua $(EVAL_SCRIPT) target/python-spec/redis_tokenbucket/lua/
+	cd $(PY_CLIENT) && PYTHONPATH=$(CURDIR)/target/python-spec $(CURDIR)/$(PY) -m pytest -q tests/test_spec.py
 
 $(NODE_CLIENT)/test/node_modules/.package-lock.json: $(NODE_CLIENT)/test/package-lock.json
 	cd $(NODE_CLIENT)/test && npm ci --no-audit --no-fund --loglevel=error

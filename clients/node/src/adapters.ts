@@ -25,6 +25,12 @@ export interface Connection {
    * follow a redirection: the limiter can't see when it writes.)
    */
   writesNow(): boolean;
+  /**
+   * Sends two commands back to back on one connection, the second written
+   * before the first's reply comes back: one round trip (a plain client
+   * only: a Cluster may route them apart).
+   */
+  sendPair(first: readonly Arg[], second: readonly Arg[]): [Promise<unknown>, Promise<unknown>];
   /** Sends `args` to every primary (one server: to it); replies in order. */
   everyPrimary(args: readonly Arg[]): Promise<unknown[]>;
   /** The Cluster slot of a key identity (keys.ts keyId). */
@@ -41,6 +47,13 @@ export function connect(client: RedisLike): Connection {
   if (typeof client.nodeClient === "function" && typeof client.sendCommand === "function") {
     return new NodeRedisCluster(client);
   }
+  if (typeof client.getSentinelNode === "function") {
+    // Its sendCommand takes (isReadonly, args) and resends a command on
+    // the next primary by itself: not the node-redis client the limiter speaks to.
+    throw new TypeError(
+      "Limiter does not support node-redis's Sentinel client (createSentinel): use ioredis with its sentinels option",
+    );
+  }
   if (typeof client.sendCommand === "function" && "isReady" in client) return new NodeRedis(client);
   throw new TypeError("Limiter needs an ioredis Redis or Cluster, or a node-redis client or cluster");
 }
@@ -52,6 +65,12 @@ class Ioredis implements Connection {
 
   send(args: readonly Arg[]): Promise<unknown> {
     return this.client.call(...args);
+  }
+
+  sendPair(first: readonly Arg[], second: readonly Arg[]): [Promise<unknown>, Promise<unknown>] {
+    // ioredis writes each command to its one connection as it is called
+    // (or queues both, in order, while it connects): neither waits for a reply.
+    return [this.send(first), this.send(second)];
   }
 
   writesNow(): boolean {
@@ -99,6 +118,10 @@ class IoredisCluster implements Connection {
     return false;
   }
 
+  sendPair(): never {
+    throw new TypeError("a Cluster can't pipeline a WAIT behind a command");
+  }
+
   async everyPrimary(args: readonly Arg[]): Promise<unknown[]> {
     let nodes: RedisLike[] = this.client.nodes("master");
     if (nodes.length === 0) {
@@ -126,6 +149,12 @@ class NodeRedis implements Connection {
     return this.client.sendCommand(strings(args));
   }
 
+  sendPair(first: readonly Arg[], second: readonly Arg[]): [Promise<unknown>, Promise<unknown>] {
+    // node-redis queues both on its one socket and writes the queue at
+    // once (its automatic pipelining of the commands of one tick).
+    return [this.send(first), this.send(second)];
+  }
+
   writesNow(): boolean {
     return this.client.isReady === true;
   }
@@ -151,6 +180,10 @@ class NodeRedisCluster implements Connection {
 
   writesNow(): boolean {
     return false;
+  }
+
+  sendPair(): never {
+    throw new TypeError("a Cluster can't pipeline a WAIT behind a command");
   }
 
   async everyPrimary(args: readonly Arg[]): Promise<unknown[]> {

@@ -4,7 +4,7 @@
 // module's classify.lua; clients/spec/classify.json holds the cases all
 // three must answer alike.
 
-import { CircuitOpenError, LimiterError, RedisTimeoutError, Shed } from "./errors.js";
+import { CircuitOpenError, LimiterError, RedisTimeoutError, ReplicaWaitError, Shed } from "./errors.js";
 
 export type Kind = "failure" | "shed" | "usage";
 
@@ -103,7 +103,9 @@ export function localExhaustion(error: unknown): string | undefined {
  */
 export function classify(error: unknown): Kind {
   if (error instanceof Shed) return "shed";
-  if (error instanceof RedisTimeoutError || error instanceof CircuitOpenError) return "failure";
+  if (error instanceof RedisTimeoutError || error instanceof CircuitOpenError || error instanceof ReplicaWaitError) {
+    return "failure";
+  }
   if (error instanceof LimiterError || !(error instanceof Error)) return "usage";
   if (isReply(error)) return UNAVAILABLE.test(error.message) ? "failure" : "usage";
   if (localExhaustion(error) !== undefined) return "shed";

@@ -9,6 +9,7 @@
 
 import { LIBRARY_VERSION } from "./contract.js";
 import { NoBackendError } from "./errors.js";
+import type { ReplicaWait } from "./replicas.js";
 import {
   type Arg,
   EVAL_SCRIPT,
@@ -26,9 +27,16 @@ import {
 export type BackendName = "module" | "functions" | "eval";
 export const BACKENDS: readonly BackendName[] = ["module", "functions", "eval"];
 
-/** How the engine reaches Redis: one command (routed by `key` on a Cluster), or one to every primary. */
+/**
+ * How the engine reaches Redis: one command (routed by `key` on a
+ * Cluster), or one to every primary. `mints` marks the command that makes
+ * a decision able to admit (consume, mconsume, acquire): the replica wait
+ * (replicas.ts) goes behind it.
+ */
 export interface IO {
-  send(args: readonly Arg[], key: Group["key"] | undefined, readonly: boolean): Promise<unknown>;
+  send(args: readonly Arg[], key: Group["key"] | undefined, readonly: boolean, mints?: boolean): Promise<unknown>;
+  /** The call's replica wait, when the limiter has one and the call can admit. */
+  readonly wait?: ReplicaWait;
   everyPrimary(args: readonly Arg[]): Promise<unknown[]>;
 }
 
@@ -131,16 +139,17 @@ export class Engine {
   ): Promise<unknown> {
     const key = lease === undefined ? groups[0]?.key : lease.key;
     const readonly = readOnly(op);
+    const mints = op === "consume" || op === "mconsume" || op === "acquire";
     if (backend === "module") {
       try {
-        return await io.send(moduleArgs(op, groups, lease), key, readonly);
+        return await io.send(moduleArgs(op, groups, lease), key, readonly, mints);
       } catch (error) {
         if (refused(error)) throw new Unavailable(backend, error);
         throw error;
       }
     }
-    if (backend === "functions") return this.fcall(op, groups, lease, key, readonly, io);
-    return this.eval(evalArgs(op, groups, lease), key, io);
+    if (backend === "functions") return this.fcall(op, groups, lease, key, readonly, mints, io);
+    return this.eval(evalArgs(op, groups, lease), key, mints, io);
   }
 
   private async fcall(
@@ -149,6 +158,7 @@ export class Engine {
     lease: LeaseHead | undefined,
     key: Group["key"] | undefined,
     readonly: boolean,
+    mints: boolean,
     io: IO,
   ): Promise<unknown> {
     if (this.libraryChecking) {
@@ -156,19 +166,19 @@ export class Engine {
       // of first calls (or of calls after FUNCTION FLUSH) must not each
       // load it, since every FUNCTION LOAD compiles it while Redis waits.
       // The EVAL script needs no loading and answers the same.
-      return this.eval(evalArgs(op, groups, lease), key, io);
+      return this.eval(evalArgs(op, groups, lease), key, mints, io);
     }
     const args = fcallArgs(op, groups, lease);
     if (!this.libraryChecked) await this.checking(() => this.checkLibrary(io));
     try {
-      return await io.send(args, key, readonly);
+      return await io.send(args, key, readonly, mints);
     } catch (error) {
       if (refused(error)) throw new Unavailable("functions", error);
       if (!functionMissing(error)) throw error;
     }
     // Flushed since (FUNCTION FLUSH, a restart without persistence).
     await this.checking(() => this.load(io));
-    return io.send(args, key, readonly);
+    return io.send(args, key, readonly, mints);
   }
 
   /** Runs a check or load of the library, the other calls going through EVAL meanwhile. */
@@ -222,9 +232,9 @@ export class Engine {
     }
   }
 
-  private async eval(tail: Arg[], key: Group["key"] | undefined, io: IO): Promise<unknown> {
+  private async eval(tail: Arg[], key: Group["key"] | undefined, mints: boolean, io: IO): Promise<unknown> {
     try {
-      return await io.send(["EVALSHA", EVAL_SCRIPT.sha, ...tail], key, false);
+      return await io.send(["EVALSHA", EVAL_SCRIPT.sha, ...tail], key, false, mints);
     } catch (error) {
       if (refused(error)) throw new Unavailable("eval", error);
       if (!noScript(error)) throw error;
@@ -232,7 +242,7 @@ export class Engine {
     }
     try {
       // EVAL runs the script and caches it for the next EVALSHA.
-      return await io.send(["EVAL", EVAL_SCRIPT.source, ...tail], key, false);
+      return await io.send(["EVAL", EVAL_SCRIPT.source, ...tail], key, false, mints);
     } catch (error) {
       if (refused(error)) throw new Unavailable("eval", error);
       throw error;

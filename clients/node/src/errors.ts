@@ -64,6 +64,24 @@ export class RedisTimeoutError extends LimiterError {
 }
 
 /**
+ * An admitted decision that fewer replicas than the limiter's
+ * `waitReplicas` acknowledged within `waitTimeoutMs` (the WAIT behind it):
+ * a failover now could lose the token it charged, so Redis is failing for
+ * this call and its `onError` policy answers (docs/operations.md, "What a
+ * failover costs"). `acked` is how many did (-1 when WAIT got no answer).
+ */
+export class ReplicaWaitError extends LimiterError {
+  static {
+    brand(ReplicaWaitError);
+  }
+  readonly acked: number;
+  constructor(text: string, acked: number, options?: { cause?: unknown }) {
+    super(text, options);
+    this.acked = acked;
+  }
+}
+
+/**
  * The call could not get its decision in time for a local reason (the
  * event loop too far behind): the process is overloaded, Redis did not
  * fail. Never admitted; a limiter turns it into a shed decision.

@@ -22,6 +22,7 @@ export {
   LimiterError,
   NoBackendError,
   RedisTimeoutError,
+  ReplicaWaitError,
   Shed,
 } from "./errors.js";
 export type { DecisionEvent } from "./events.js";
@@ -33,6 +34,7 @@ export {
   type AcquireOptions,
   type CallOptions,
   DEFAULT_TIMEOUT_MS,
+  DEFAULT_WAIT_TIMEOUT_MS,
   type GroupIn,
   Limiter,
   type LimiterOptions,

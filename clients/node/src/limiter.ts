@@ -2,7 +2,7 @@
 // the commands, the denial cache), run under the failure policy
 // (policy.ts: the breaker, shedding, the answers without Redis) on the
 // backend the engine finds (engine.ts), and reported to the onDecision
-// hook. The Python package's twin is _core.py's LimiterBase.
+// hook. The Python package's twin is _limiter.py's LimiterBase.
 
 import { type Arg, type Connection, connect, type RedisLike } from "./adapters.js";
 import { Breaker, type BreakerState } from "./breaker.js";
@@ -17,6 +17,7 @@ import { keyId } from "./keys.js";
 import { Busy, type Concurrency, Lease } from "./lease.js";
 import { requireWasmoon } from "./local.js";
 import { FailurePolicy } from "./policy.js";
+import { checkWaitReplicas, checkWaitTimeout, ReplicaWait } from "./replicas.js";
 import {
   type AcquireOptions,
   acquireJob,
@@ -86,7 +87,19 @@ export interface LimiterOptions {
   onDecision?: (event: DecisionEvent) => void;
   /** Where warnings and degraded answers are logged (default: console). */
   logger?: Logger;
+  /**
+   * Replicas that must acknowledge each consume, consumeMany and acquire
+   * (`WAIT n ms` pipelined behind it, one round trip); 0 (default) for
+   * none. An admitted decision that fewer acknowledged is a Redis failure:
+   * onError answers, the breaker counts it. Not with a Cluster.
+   */
+  waitReplicas?: number;
+  /** How long (ms) the WAIT waits for them (default 50), added to the call's budget. */
+  waitTimeoutMs?: number;
 }
+
+/** The default `waitTimeoutMs`. */
+export const DEFAULT_WAIT_TIMEOUT_MS = 50;
 
 // Warnings and errors to the console; which backend is in use is not news.
 const DEFAULT_LOGGER: Logger = { error: (m) => console.error(m), warn: (m) => console.warn(m) };
@@ -102,6 +115,8 @@ export class Limiter {
   readonly denialCache: DenialCache | undefined;
   readonly breaker: Breaker | undefined;
   readonly processes: number;
+  readonly waitReplicas: number;
+  readonly waitTimeoutMs: number;
   onDecision: ((event: DecisionEvent) => void) | undefined;
   /** Where warnings and degraded answers go (the `logger` option). */
   readonly logger: Logger;
@@ -133,6 +148,16 @@ export class Limiter {
     const processes = options.processes ?? 1;
     if (!(Number.isInteger(processes) && processes >= 1)) throw new RangeError("processes must be an integer >= 1");
     this.processes = processes;
+    this.waitReplicas = options.waitReplicas === undefined ? 0 : checkWaitReplicas(options.waitReplicas);
+    this.waitTimeoutMs =
+      options.waitTimeoutMs === undefined ? DEFAULT_WAIT_TIMEOUT_MS : checkWaitTimeout(options.waitTimeoutMs);
+    if (this.waitReplicas > 0 && this.conn.cluster) {
+      // WAIT counts the replicas of the node it is sent to, and only for
+      // this connection's writes: a Cluster's decisions land on many nodes.
+      throw new TypeError(
+        "waitReplicas needs one primary (a plain or Sentinel client): WAIT answers for one node, not a Cluster",
+      );
+    }
     this.onDecision = options.onDecision;
     this.ctx = {
       engine: this.engine,
@@ -340,23 +365,30 @@ export class Limiter {
     return this.settled(job, result, started);
   }
 
-  /** How a job's commands reach Redis: each one under the budget, from when it is written. */
+  /**
+   * How a job's commands reach Redis: each one under the budget, from when
+   * it is written; a command that can admit with the replica wait behind
+   * it, both under the budget plus waitTimeoutMs.
+   */
   private io(job: Job<unknown>): IO {
     let budget = job.timeoutMs;
     if (budget !== null && budget < DETECT_TIMEOUT_MS && this.engine.backend === undefined) budget = DETECT_TIMEOUT_MS;
     const conn = this.conn;
-    if (budget === null) {
-      return { send: (args, key, ro) => conn.send(args, key, ro), everyPrimary: (args) => conn.everyPrimary(args) };
-    }
-    const ms = budget;
+    const mints = job.op === "consume" || job.op === "consume_many" || job.op === "acquire";
+    const wait = this.waitReplicas > 0 && mints ? new ReplicaWait(this.waitReplicas, this.waitTimeoutMs) : undefined;
+    const within = <T>(reply: Promise<T>, ms: number | null, written: boolean): Promise<T> =>
+      ms === null ? reply : bounded(reply, ms, written);
     return {
-      send: (args: readonly Arg[], key, ro) => {
+      wait,
+      send: (args: readonly Arg[], key, ro, minting) => {
         const written = conn.writesNow(); // read before sending: whether this command goes out now
-        return bounded(conn.send(args, key, ro), ms, written);
+        if (wait === undefined || minting !== true) return within(conn.send(args, key, ro), budget, written);
+        const [reply, acked] = conn.sendPair(args, wait.args);
+        return within(wait.settle(reply, acked), budget === null ? null : budget + wait.timeoutMs, written);
       },
       everyPrimary: (args) => {
         const written = conn.writesNow();
-        return bounded(conn.everyPrimary(args), ms, written);
+        return within(conn.everyPrimary(args), budget, written);
       },
     };
   }

@@ -6,7 +6,9 @@
 // "open" (admitted, degraded), "closed" (denied, degraded), "local" (the
 // process's own buckets, local.ts). Releases and renewals of leases are
 // sent whatever the breaker says and never count for it; an acquire that
-// got no answer is followed by a best-effort release of its id. The
+// got no answer is followed by a best-effort release of its id. An
+// admission too few replicas acknowledged (the limiter's waitReplicas,
+// replicas.ts) is a Redis failure too; a denial they missed stands. The
 // Python package's twin is _policy.py; clients/spec holds the scenarios
 // all the clients run.
 
@@ -53,6 +55,15 @@ export class FailurePolicy {
       result = await job.plan(io);
     } catch (error) {
       return this.failed(error, job, mode === PROBE, io);
+    }
+    const short = io.wait?.shortfall();
+    if (short !== undefined) {
+      // Too few replicas have it: an admission could be lost in a
+      // failover (a token minted), so Redis is failing for this call; a
+      // denial stands (losing it mints nothing), with no news of Redis.
+      if (admitted(result)) return this.failed(short, job, mode === PROBE, io);
+      breaker?.release(mode === PROBE);
+      return result;
     }
     if (breaker && mode === PROBE) breaker.success(true);
     return result;
@@ -155,6 +166,12 @@ export class FailurePolicy {
       `rate limiter unavailable (fail-${policy}: ${OUTCOME[policy]}) for ${describe(job)}: ${reason(error)}${tail}`,
     );
   }
+}
+
+/** Whether a call's answer admits: a decision, or a lease acquired. */
+function admitted(result: unknown): boolean {
+  if (result instanceof Lease) return result.acquired;
+  return (result as Decision | MultiDecision).allowed === true;
 }
 
 function reason(error: unknown): string {

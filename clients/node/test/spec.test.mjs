@@ -270,6 +270,8 @@ export function commandText(args) {
     }
     case "FUNCTION":
       return `FUNCTION ${w[1].toUpperCase()}`;
+    case "WAIT":
+      return `WAIT ${w[1]}`;
     default:
       return [name, ...w.slice(1)].join(" ");
   }
@@ -400,6 +402,8 @@ function limiterOf(s, fake, clock) {
     onError: o.on_error ?? "raise",
     breaker,
     denialCache,
+    ...(o.wait_replicas === undefined ? {} : { waitReplicas: o.wait_replicas }),
+    ...(o.wait_timeout_ms === undefined ? {} : { waitTimeoutMs: o.wait_timeout_ms }),
     logger: { error() {}, warn() {} },
   });
 }

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 HERE = Path(__file__).resolve().parent
 sys.path.append(str(HERE))
 sys.path.append(str(HERE.parents[1] / "python" / "tests"))
 from nginxkit import Nginx, Response, request  # noqa: E402
-from tbservers import Server  # noqa: E402
+
+# `server` (Redis 7.0 with the module, and without it) and `r`, shared.
+pytest_plugins = ["redis_fixtures"]
 
 # Refill so slow that no test lives long enough to see a whole token back.
 SLOW = 0.001
@@ -70,24 +71,6 @@ def lua(value: Any) -> str:
 
 def one_limiter(url: str, **options: Any) -> str:
     return f'limit = require("resty.tokenbucket").new({lua_config(url, **options)})'
-
-
-@pytest.fixture(scope="session", params=["module", "library"])
-def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """Redis 7.0 with the module, and without it (the Lua library)."""
-    s = Server("redis-7.0", tmp_path_factory.mktemp(request.param), module=request.param == "module").start()
-    s.backend = "module" if request.param == "module" else "functions"  # type: ignore[attr-defined]
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def r(server: Server) -> Iterator[redis.Redis]:
-    client = server.client()
-    client.flushall()
-    client.function_flush()
-    yield client
-    client.close()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,7 @@ from tbservers import Cluster, Server, free_port
 
 import redis_tokenbucket.asyncio as tb_asyncio
 from redis_tokenbucket import (
+    Breaker,
     Bucket,
     Busy,
     Concurrency,
@@ -615,3 +617,145 @@ def test_hold_logs_renewals_redis_could_not_take(own_server: Server, caplog: pyt
         until(lambda: "a renewal failed" in caplog.text, 5, "a failed renewal logged")
         own_server.resume()
         assert not lease.lost  # a failure is not a lost lease
+
+
+class _Replies:
+    """A blocking client that answers each command with the next reply
+    given (an old server's: a re-acquire charges its buckets again)."""
+
+    def __init__(self, *replies: Any) -> None:
+        self.replies = list(replies)
+        self.sent: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.sent.append(args)
+        return self.replies.pop(0)
+
+
+def test_busy_does_not_count_a_re_acquires_own_weight_twice():
+    """Issue 35: a re-acquire of a held lease that only a bucket denies is
+    not busy (its own weight is in in_use already); one whose new weight
+    doesn't fit beside the others is, as is another id's acquire."""
+    client = _Replies(
+        [1, 2, 0, 30_000, [1, 2, 0, 1000]],  # taken: in_use 2, its own 1 and another's
+        [0, 2, 2000, 0, [0, 0, 2000, 3000]],  # again: the bucket can't pay
+        [0, 2, 1000, 0],  # again with weight 2: no room beside the other
+        [0, 2, 2000, 0, [0, 0, 2000, 3000]],  # another id: no room, nor tokens
+    )
+    lim = Limiter(client, backend="module", breaker=False)  # type: ignore[arg-type]
+    two = Concurrency(2, 30_000)
+    bucket = [("rl:tok", Bucket(3, 1), 1)]
+    assert lim.acquire("rl:s", two, buckets=bucket, id="L").acquired
+    again = lim.acquire("rl:s", two, buckets=bucket, id="L")
+    assert (again.acquired, again.in_use, again.busy, len(again.denied_by)) == (False, 2, False, 1)
+    assert "slots in use" not in str(Busy(again))
+    heavier = lim.acquire("rl:s", two, 2, id="L")
+    assert (heavier.acquired, heavier.busy) == (False, True)
+    other = lim.acquire("rl:s", two, buckets=bucket, id="M")
+    assert (other.acquired, other.busy) == (False, True)
+    assert [args[4] for args in client.sent] == ["L", "L", "L", "M"]
+
+
+def test_the_breaker_open_a_stream_ends_and_its_slot_is_free_at_once(module_target: Target):
+    """Issue 35: while the breaker is open, a renewal and the release of a
+    stream that ends go out, and never count for the breaker."""
+    breaker = Breaker(1, 10, 60)
+    lim = Limiter(module_target.client(), on_error="closed", breaker=breaker)
+    one = Concurrency(1, 60_000)
+    admin = module_target.admin()
+    with lim.hold("rl:bo", one) as lease:
+        assert admin.execute_command("TB.INFLIGHT", "rl:bo") == 1
+        breaker.failure(False)  # Redis failed a call elsewhere: the breaker opens
+        assert lim.breaker_state == "open"
+        assert lim.renew(lease) is True, "a renewal goes out too"
+    assert admin.execute_command("TB.INFLIGHT", "rl:bo") == 0, "released at once, not at expiry"
+    assert lim.breaker_state == "open", "releases never count for the breaker"
+    assert lim.leases_held == 0
+    assert lim.acquire("rl:bo", one).degraded  # decisions still get the policy at once
+
+
+def test_the_asyncio_limiter_releases_past_the_open_breaker(module_target: Target):
+    async def main() -> tuple[int, str, int]:
+        breaker = Breaker(1, 10, 60)
+        async with tb_asyncio.Limiter(module_target.async_client(), on_error="closed", breaker=breaker) as lim:
+            async with lim.hold("rl:bo", Concurrency(1, 60_000)) as lease:
+                breaker.failure(False)
+                assert await lim.renew(lease) is True
+            return lim.breaker_state, lim.leases_held
+
+    assert run(main()) == ("open", 0)
+    assert module_target.admin().execute_command("TB.INFLIGHT", "rl:bo") == 0, "released at once"
+
+
+class _SlowReply:
+    """A TCP proxy to a server that holds back the next reply it forwards
+    by `delay` seconds, once armed: a command that runs in Redis and whose
+    reply comes after the limiter's budget."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.delay = 0.0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, delay: float) -> None:
+        with self.lock:
+            self.delay = delay
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                near, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            far = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(near, far, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(far, near, True), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, replies: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if replies:
+                    with self.lock:
+                        delay, self.delay = self.delay, 0.0
+                    time.sleep(delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            src.close()
+            dst.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_an_acquire_whose_reply_is_lost_leaves_no_slot_held_once_its_release_has_run(module_target: Target):
+    """Issue 35: TB.ACQUIRE runs in Redis and its reply comes after the
+    budget; the limiter releases its id (given, or one it made) before it
+    answers, so no slot is left held until the lease expires."""
+    proxy = _SlowReply(module_target.server.port)
+    admin = module_target.admin()
+    one = Concurrency(1, 60_000)
+    try:
+        for lim in (
+            Limiter(redis.Redis(port=proxy.port), backend="module", on_error="closed", timeout=0.05, breaker=False),
+            Limiter(redis.Redis(port=proxy.port), backend="module", on_error="raise", timeout=0.05, breaker=False),
+        ):
+            for lease_id in ("lost-1", None):
+                admin.config_resetstat()
+                proxy.arm(0.3)
+                try:
+                    lease = lim.acquire("rl:lost", one, id=lease_id)
+                    assert (lease.acquired, lease.degraded, lease.held) == (False, True, "none")
+                except redis.exceptions.TimeoutError:
+                    assert lim.on_error == "raise"
+                assert calls(admin, "tb.acquire") == 1, "it ran in Redis"
+                assert calls(admin, "tb.release") == 1, "and its release too"
+                assert admin.execute_command("TB.INFLIGHT", "rl:lost") == 0, "the slot is free"
+                assert lim.leases_held == 0
+        assert Limiter(module_target.client()).acquire("rl:lost", one).acquired
+    finally:
+        proxy.close()

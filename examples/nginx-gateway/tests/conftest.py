@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.append(str(ROOT / "clients" / "openresty" / "tests"))
 sys.path.append(str(ROOT / "clients" / "python" / "tests"))
 from nginxkit import Gateway  # noqa: E402
 from tbservers import Server  # noqa: E402
+
+# `server` (Redis 7.0 with the module, and without it) and `r`, shared.
+pytest_plugins = ["redis_fixtures"]
 
 # Refill so slow that no test lives long enough to see a whole token back.
 SLOW = 0.001
@@ -66,23 +68,6 @@ def env(url: str, **more: Any) -> dict[str, str]:
     }
     out.update({f"GATEWAY_{k.upper()}": str(v) for k, v in more.items()})
     return out
-
-
-@pytest.fixture(scope="session", params=["module", "library"])
-def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = Server("redis-7.0", tmp_path_factory.mktemp(request.param), module=request.param == "module").start()
-    s.backend = "module" if request.param == "module" else "functions"  # type: ignore[attr-defined]
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def r(server: Server) -> Iterator[redis.Redis]:
-    client = server.client()
-    client.flushall()
-    client.function_flush()
-    yield client
-    client.close()
 
 
 @pytest.fixture

@@ -15,12 +15,13 @@ from __future__ import annotations
 from ._breaker import Breaker
 from ._bucket import Bucket, InvalidArgument, KeyT
 from ._cache import DenialCache
-from ._core import BackendName, OnError
 from ._decision import Decision, MultiDecision
-from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError
+from ._engine import BackendName
+from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendError, ReplicasBehind
 from ._events import DecisionEvent
 from ._keys import hash_tagged
 from ._lease import Busy, Concurrency, Lease
+from ._requests import OnError
 from ._sync import Limiter
 from .headers import rate_limit_headers
 
@@ -43,6 +44,7 @@ __all__ = [
     "MultiDecision",
     "NoBackendError",
     "OnError",
+    "ReplicasBehind",
     "hash_tagged",
     "rate_limit_headers",
 ]

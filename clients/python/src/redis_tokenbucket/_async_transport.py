@@ -33,7 +33,7 @@ from redis.exceptions import ConnectionError, InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._classify import local_errno
-from ._commands import Command, Once
+from ._commands import Command, Once, Waited, waited_reply
 from ._errors import LimiterError, Shed
 from ._pack import pack
 
@@ -96,12 +96,12 @@ class _Pipe:
         self._timer_due = 0.0
         self._wake: Optional[asyncio.Future[None]] = None
         owner.pipes.add(self)
-        self._writer = self.loop.create_task(self._write())
-        self._reader = self.loop.create_task(self._read())
+        self._write_task = self.loop.create_task(self._write())
+        self._read_task = self.loop.create_task(self._read())
 
     @property
     def tasks(self) -> tuple[asyncio.Task[None], asyncio.Task[None]]:
-        return self._writer, self._reader
+        return self._write_task, self._read_task
 
     def idle(self) -> bool:
         """Nothing handed over, nothing waiting for a reply."""
@@ -332,7 +332,19 @@ class AsyncConnections:
             # connection found closed before it is written, not after.
             await _hear_of_closes()
             pipe = self.pipe if self.pipe is not None and self.pipe.loop is loop else await self._open(budget)
-        return await pipe.send(pack(args, pipe.conn.encoder), budget)
+        if type(args) is not Waited:
+            return await pipe.send(pack(args, pipe.conn.encoder), budget)
+        # The command and WAIT, written together; both replies are read
+        # (an error reply too) before either is raised.
+        sent = (
+            pipe.send(pack(args.command, pipe.conn.encoder), budget),
+            pipe.send(pack(args.wait, pipe.conn.encoder), budget),
+        )
+        replies = await asyncio.gather(*sent, return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, _Lost):
+                raise reply
+        return waited_reply(replies)
 
     async def _open(self, budget: float) -> _Pipe:
         """The pipe, connected: one connect for all the tasks that need it.

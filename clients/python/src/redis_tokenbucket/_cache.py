@@ -115,7 +115,9 @@ class DenialCache:
         if found is None:
             return None
         entry, now = found
-        elapsed_ms = (now - entry.at) * 1000
+        # Rounded to the µs, as the retry time below: a float clock's noise
+        # must not add a millisecond to an aged wait.
+        elapsed_ms = round((now - entry.at) * 1000, 3)
         # Rounded to the µs first: `until` is a sum of floats, and the noise
         # of (at + retry) - at must not round a whole ms up.
         return CachedDenial(
@@ -131,7 +133,7 @@ class DenialCache:
         if found is None:
             return None
         entry, now = found
-        return _aged(entry.decisions[0], (now - entry.at) * 1000)
+        return _aged(entry.decisions[0], round((now - entry.at) * 1000, 3))
 
     def _find(
         self, ids: Ids, limits: tuple[tuple[float, float], ...], costs: Sequence[float]

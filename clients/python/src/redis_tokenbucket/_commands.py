@@ -1,8 +1,9 @@
-"""What a plan yields for the transport to send (`_core`), beyond a plain
-tuple of arguments."""
+"""What a plan yields for the transport to send (`_engine`, `_requests`),
+beyond a plain tuple of arguments."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Union
 
 from ._scripts import Args
@@ -26,8 +27,29 @@ class Once:
 
     __slots__ = ("command",)
 
-    def __init__(self, command: Union[Args, ToNode]) -> None:
+    def __init__(self, command: Union[Args, ToNode, Waited]) -> None:
         self.command = command
 
 
-Command = Union[Args, ToNode, Once]
+class Waited:
+    """A command with `WAIT numreplicas timeout` pipelined behind it, on
+    the same connection in one round trip (the limiter's `wait_replicas`):
+    answered with both replies, `(reply, acknowledged)`."""
+
+    __slots__ = ("command", "wait")
+
+    def __init__(self, command: Args, wait: Args) -> None:
+        self.command, self.wait = command, wait
+
+
+def waited_reply(replies: Sequence[Any]) -> tuple[Any, Any]:
+    """A Waited command's two replies, each read whole (an error reply
+    as its exception): the command's error raised first, then WAIT's."""
+    reply, acknowledged = replies
+    for r in replies:
+        if isinstance(r, BaseException):
+            raise r
+    return reply, acknowledged
+
+
+Command = Union[Args, ToNode, Once, Waited]

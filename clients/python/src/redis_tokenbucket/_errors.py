@@ -35,6 +35,13 @@ class CrossSlotError(LimiterError):
     more than one hash slot: one atomic call can't reach them all."""
 
 
+class ReplicasBehind(LimiterError, RedisConnectionError):
+    """With `wait_replicas`: a write that admitted was acknowledged by
+    fewer replicas than asked within `wait_timeout`. Redis failing, as far
+    as the policy and the breaker go (the call gets its `on_error` answer);
+    raised under "raise". A redis ConnectionError too, as CircuitOpenError."""
+
+
 class CircuitOpenError(LimiterError, RedisConnectionError):
     """Raised instead of calling Redis while the circuit breaker is open
     (Redis failed several times lately) and the policy is "raise". A

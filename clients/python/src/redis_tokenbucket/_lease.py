@@ -117,12 +117,17 @@ class Lease(_RetryAfter):
     lost: bool = False
     held: Held = field(default="redis", repr=False)
     released: bool = field(default=False, repr=False)
+    # The weight of this id's own live lease counted in `in_use`: a
+    # re-acquire of a lease the limiter holds (a retry, a new weight).
+    own_weight: int = field(default=0, repr=False)
 
     @property
     def busy(self) -> bool:
-        """Denied for want of a slot (not only by a bucket): the live weight
-        leaves no room for this one."""
-        return not self.acquired and self.in_use + self.weight > self.concurrency.limit
+        """Denied for want of a slot (not only by a bucket): the other
+        leases' live weight leaves no room for this one. On a re-acquire
+        of a lease the limiter holds, its own weight in `in_use` is not
+        counted twice."""
+        return not self.acquired and self.in_use - self.own_weight + self.weight > self.concurrency.limit
 
     @property
     def remaining(self) -> int:

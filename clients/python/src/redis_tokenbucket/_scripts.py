@@ -3,7 +3,7 @@
 This is the one place that knows the module's commands, the library's
 function names and the EVAL script's calling convention: the functions
 below turn an operation and its checked `(key, bucket, amount)` groups into
-the arguments of one Redis command. `_core` sends them and reads the
+the arguments of one Redis command. `_engine` sends them and reads the
 replies (the replies are the same on every backend).
 
 The Lua files are the repository's `lua/tb.lua` and the EVAL script that

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from types import TracebackType
 from typing import Any, Optional, TypeVar, Union, cast
 
@@ -12,12 +13,14 @@ from redis.cluster import RedisCluster
 
 from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
-from ._commands import Command
-from ._core import PROBE_KEY, GroupIn, Job, LimiterBase, OnError, Plan
+from ._commands import Command, Waited, waited_reply
 from ._decision import Decision, MultiDecision
+from ._engine import Plan
 from ._errors import LimiterError
 from ._hold import Hold
 from ._lease import Concurrency, Lease
+from ._limiter import LimiterBase
+from ._requests import PROBE_KEY, GroupIn, Job, OnError
 from ._transport import SyncConnections, sync_connections
 
 T = TypeVar("T")
@@ -69,6 +72,11 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     - ``on_decision``: called with a ``DecisionEvent`` for each decision.
     - ``denial_cache``: a number of entries (or a ``DenialCache``) to answer
       known denials locally until their retry time; off by default.
+    - ``wait_replicas``, ``wait_timeout``: ``WAIT wait_replicas
+      wait_timeout`` (seconds, default 0.05) pipelined behind every
+      consume, consume_many and acquire; fewer replicas behind an
+      admission is a Redis failure (the ``on_error`` answer). 0 (the
+      default) is off; refused on a Cluster client.
 
     ``timeout`` and ``on_error`` can also be given per call. ``close()``
     (or ``with``) closes the limiter's own connections, not the client.
@@ -223,10 +231,22 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         execute = self._client_sender()
         return lambda command, timeout: execute(command)
 
+    def _waited(self, command: Waited) -> Any:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command(*command.command)
+        pipe.execute_command(*command.wait)
+        return waited_reply(pipe.execute(raise_on_error=False))
+
     def _run(self, job: Job[T]) -> T:
         started = time.perf_counter()
         if job.plan is None:
             return self._settled(job, cast(T, job.done), started)  # answered without a round trip
+        if self._upkeep(job):  # outside the breaker
+            try:
+                result = drive(job.plan, self._send, self._budget(job))
+            except Exception as exc:
+                self._upkeep_failed(exc, job)
+            return self._settled(job, result, started)
         breaker = self.breaker
         mode = breaker.enter() if breaker is not None else 0
         if mode == SKIP:
@@ -234,6 +254,12 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         try:
             result = drive(job.plan, self._send, self._budget(job))
         except Exception as exc:
+            release = self._unanswered(job, exc)
+            if release is not None:
+                # Best effort: a release Redis can't take leaves the lease to
+                # expire within its lease_ms, as a crashed holder's would.
+                with suppress(Exception):
+                    drive(release, self._send, self._budget(job))
             return self._settled(job, self._failed(exc, job, mode == PROBE), started)
         if breaker is not None and mode:
             breaker.success(True)

@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._classify import local_errno
-from ._commands import Command, Once
+from ._commands import Command, Once, Waited, waited_reply
 from ._errors import Shed
 from ._pack import pack
 
@@ -85,7 +85,10 @@ class SyncConnections:
             conn.connect()
             owned.up = True
             reused = False
-        packed = [pack(args, conn.encoder)]  # a list: the sync send_packed_command sends each item
+        if type(args) is Waited:  # the command and WAIT, in one write
+            packed = [pack(args.command, conn.encoder), pack(args.wait, conn.encoder)]
+        else:
+            packed = [pack(args, conn.encoder)]  # a list: the sync send_packed_command sends each item
         try:
             return self._roundtrip(conn, packed, budget)
         except ResponseError:
@@ -119,11 +122,27 @@ class SyncConnections:
 
     def _roundtrip(self, conn: Any, packed: list[bytes], budget: float) -> Any:
         conn.send_packed_command(packed, check_health=False)
+        if len(packed) > 1:
+            return waited_reply(self._replies(conn, len(packed), budget))
         # The socket's timeout is the limiter's; another budget waits for
         # the reply's first bytes itself.
         if budget != self.timeout and not conn.can_read(budget):
             raise RedisTimeoutError(f"no reply from Redis within {budget:g} s of the command")
         return conn.read_response()
+
+    def _replies(self, conn: Any, count: int, budget: float) -> list[Any]:
+        """The replies of commands written together, each read whole (an
+        error reply as its exception) so none is left on the connection."""
+        deadline = time.monotonic() + budget
+        replies: list[Any] = []
+        for _ in range(count):
+            if not conn.can_read(max(deadline - time.monotonic(), 0)):
+                raise RedisTimeoutError(f"no reply from Redis within {budget:g} s of the command")
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
 
     def close(self) -> None:
         with self._lock:

@@ -1,13 +1,14 @@
 """The asyncio Limiter, over redis.asyncio.Redis or redis.asyncio.RedisCluster.
 
 The same API as ``redis_tokenbucket.Limiter``, awaitable; both run the
-same plans (``_core``), only the I/O differs.
+same plans (``_requests``), only the I/O differs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from types import TracebackType
 from typing import Any, Optional, TypeVar, Union, cast
 
@@ -16,12 +17,14 @@ from redis.asyncio.cluster import RedisCluster
 
 from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
-from ._commands import Command
-from ._core import PROBE_KEY, GroupIn, Job, LimiterBase, OnError, Plan
+from ._commands import Command, Waited, waited_reply
 from ._decision import Decision, MultiDecision
+from ._engine import Plan
 from ._errors import LimiterError
 from ._hold import AsyncHold
 from ._lease import Concurrency, Lease
+from ._limiter import LimiterBase
+from ._requests import PROBE_KEY, GroupIn, Job, OnError
 from ._transport import AsyncConnections, async_connections, bounded
 
 __all__ = ["Limiter"]
@@ -195,10 +198,22 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
 
         return send
 
+    async def _waited(self, command: Waited) -> Any:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command(*command.command)
+        pipe.execute_command(*command.wait)
+        return waited_reply(await pipe.execute(raise_on_error=False))
+
     async def _run(self, job: Job[T]) -> T:
         started = time.perf_counter()
         if job.plan is None:
             return self._settled(job, cast(T, job.done), started)  # answered without a round trip
+        if self._upkeep(job):  # outside the breaker
+            try:
+                result = await drive(job.plan, self._send, self._budget(job))
+            except Exception as exc:
+                self._upkeep_failed(exc, job)
+            return self._settled(job, result, started)
         breaker = self.breaker
         mode = breaker.enter() if breaker is not None else 0
         if mode == SKIP:
@@ -206,6 +221,12 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         try:
             result = await drive(job.plan, self._send, self._budget(job))
         except Exception as exc:
+            release = self._unanswered(job, exc)
+            if release is not None:
+                # Best effort: a release Redis can't take leaves the lease to
+                # expire within its lease_ms, as a crashed holder's would.
+                with suppress(Exception):
+                    await drive(release, self._send, self._budget(job))
             return self._settled(job, self._failed(exc, job, mode == PROBE), started)
         if breaker is not None and mode:
             breaker.success(True)

@@ -28,7 +28,6 @@ Redis's word (shed under overload, or Redis failing under the policy
 import asyncio
 import hashlib
 import inspect
-import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -42,11 +41,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._bucket import Bucket, check_cost
-from ._core import OnError
 from ._decision import MultiDecision
 from ._hold import AsyncHold, background
+from ._http import (
+    PROBLEM_JSON,
+    QUOTA_EXCEEDED,
+    IPNetwork,
+    Refusal,
+    add_fields,
+    client_address,
+    refusal_of,
+    trusted_networks,
+    unavailable,
+)
 from ._key_owners import claim
 from ._lease import Busy, Concurrency, Lease, check_int
+from ._requests import OnError
 from .asyncio import Limiter
 from .headers import rate_limit_headers
 
@@ -71,8 +81,6 @@ __all__ = [
     "user_id",
 ]
 
-QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-PROBLEM_JSON = "application/problem+json"
 
 KeyFunc = Callable[[Request], Union[Optional[str], Awaitable[Optional[str]]]]
 """The request's identity for one rule, or None to skip the rule."""
@@ -89,9 +97,6 @@ _HEADERS_SCOPE_KEY = "redis_tokenbucket.headers"
 _HOLDS_SCOPE_KEY = "redis_tokenbucket.holds"
 
 log = logging.getLogger("redis_tokenbucket")
-
-IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
-IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 
 # ---- key functions ------------------------------------------------------------
@@ -132,36 +137,13 @@ def client_ip(trusted_proxies: Iterable[Union[str, IPNetwork]] = ()) -> KeyFunc:
     clients count per /64 (a subscriber usually holds one and can rotate
     through it); IPv4-mapped addresses count as IPv4.
     """
-    trusted = tuple(ipaddress.ip_network(n, strict=False) if isinstance(n, str) else n for n in trusted_proxies)
+    trusted = trusted_networks(trusted_proxies)
 
     def key(request: Request) -> str:
         peer = request.client.host if request.client else ""
-        addr = _parse_ip(peer)
-        if addr is None:
-            return peer or "unknown"
-        hops = ",".join(request.headers.getlist("x-forwarded-for")).split(",")
-        for hop in reversed(hops):
-            if not any(addr in net for net in trusted):
-                break
-            previous = _parse_ip(hop)
-            if previous is None:
-                break
-            addr = previous
-        if isinstance(addr, ipaddress.IPv6Address):
-            return str(ipaddress.IPv6Network((addr, 64), strict=False))
-        return str(addr)
+        return client_address(peer, request.headers.getlist("x-forwarded-for"), trusted)
 
     return key
-
-
-def _parse_ip(text: str) -> Optional[IPAddress]:
-    try:
-        addr = ipaddress.ip_address(text.strip())
-    except ValueError:
-        return None
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
-        return addr.ipv4_mapped
-    return addr
 
 
 # ---- rules and answers ----------------------------------------------------------
@@ -252,50 +234,22 @@ def _check_named(bucket: Bucket) -> Bucket:
 
 
 def problem_response(decision: Union[MultiDecision, Lease], *, legacy_headers: bool = False) -> JSONResponse:
-    """The refusal for a denial. A bucket's (Redis's, or the in-process one
-    of on_error="local"): a 429 with the RateLimit fields, Retry-After, and
-    a problem+json body naming the policies that refused (the buckets that
-    could not pay, and a Lease's Concurrency when no slot was free). A
-    denial nothing counted, shed or Redis failing under "closed", has no
-    wait to tell: a 503 with Retry-After (`unavailable_response`), never a
-    429 with "retry now"."""
-    if not _counted(decision):
-        return unavailable_response(decision)
-    violated = [d.bucket.name or "default" for d in decision.denied_by]
-    if isinstance(decision, Lease) and (decision.busy or not violated):
-        violated.insert(0, decision.concurrency.name or "default")
-    body = {
-        "type": QUOTA_EXCEEDED,
-        "title": "Request cannot be satisfied as assigned quota has been exceeded",
-        "status": 429,
-        "detail": f"Rate limited by {', '.join(violated)}: retry in {decision.retry_after} s.",
-        "violated-policies": violated,
-    }
-    headers = rate_limit_headers(decision, legacy=legacy_headers)
-    # A degraded denial (on_error="local") has no RateLimit fields, but its wait.
-    headers.setdefault("Retry-After", str(decision.retry_after))
-    return JSONResponse(body, status_code=429, headers=headers, media_type=PROBLEM_JSON)
-
-
-def _counted(decision: Union[MultiDecision, Lease]) -> bool:
-    """Whether a bucket (or a lease's slots) decided it: not shed, not the
-    failure policy's answer (a degraded denial without a wait)."""
-    return not (decision.shed or (decision.degraded and decision.retry_after_ms == 0))
+    """The refusal for a denial: a 429 with the RateLimit fields,
+    Retry-After and a problem+json body naming the policies that refused;
+    a 503 with Retry-After for a denial nothing counted (shed, or Redis
+    failing under "closed"), never a 429 with "retry now" (_http.refusal_of)."""
+    return _response(refusal_of(decision, legacy_headers=legacy_headers))
 
 
 def unavailable_response(decision: Union[MultiDecision, Lease, None] = None) -> JSONResponse:
     """The 503 of a fail-closed limiter whose Redis could not answer, or of
     a shed decision (this process too busy to get Redis's answer in time),
     with Retry-After."""
-    shed = decision is not None and decision.shed
-    body = {
-        "type": "about:blank",
-        "title": "Service Unavailable",
-        "status": 503,
-        "detail": "The server is overloaded." if shed else "The rate limiter is unavailable.",
-    }
-    retry = decision.retry_after if decision is not None and decision.retry_after > 0 else 1
-    return JSONResponse(body, status_code=503, headers={"Retry-After": str(retry)}, media_type=PROBLEM_JSON)
+    return _response(unavailable(decision))
+
+
+def _response(answer: Refusal) -> JSONResponse:
+    return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers, media_type=PROBLEM_JSON)
 
 
 class RateLimitRefused(HTTPException):
@@ -356,35 +310,10 @@ class RateLimitHeaders:
         await _run_holding(self.app, scope, receive, send_with_headers, holds)
 
 
-_LISTS = ("ratelimit", "ratelimit-policy")
-
-
-def _add_fields(chosen: Union[dict[str, str], MutableHeaders], fields: dict[str, str]) -> None:
-    """Adds one limiter's fields to those others chose for the same
-    response (stacked dependencies and middlewares): every policy that
-    applied is in the RateLimit lists; of the legacy pair, the one with
-    fewer left; of two waits, the longer."""
-    for name, value in fields.items():
-        current = chosen.get(name)
-        key = name.lower()
-        if not current:
-            chosen[name] = value
-        elif key in _LISTS:
-            chosen[name] = f"{current}, {value}"
-        elif key == "retry-after":
-            chosen[name] = str(max(int(current), int(value)))
-        elif key == "x-ratelimit-remaining":
-            if int(value) < int(current):
-                chosen[name] = value
-                chosen["X-RateLimit-Limit"] = fields.get("X-RateLimit-Limit", chosen.get("X-RateLimit-Limit", ""))
-        elif key != "x-ratelimit-limit":  # goes with its remaining, above
-            chosen[name] = value
-
-
 def _merge_fields(message: Message, fields: dict[str, str]) -> None:
     """A middleware's fields onto a response that an inner limiter (a
     dependency, another middleware) may have given fields of its own."""
-    _add_fields(MutableHeaders(scope=message), fields)
+    add_fields(MutableHeaders(scope=message), fields)
 
 
 # ---- holding leases until the last byte -----------------------------------------
@@ -532,7 +461,7 @@ class RateLimit:
                 chosen.clear()  # the refusal carries its own
             raise RateLimitRefused(refusal, _body(refusal))
         if chosen is not None:
-            _add_fields(chosen, self.headers(decision))
+            add_fields(chosen, self.headers(decision))
             return decision
         if not self._warned:
             self._warned = True
@@ -748,7 +677,7 @@ class ConcurrencyLimit:
             chosen.clear()  # the refusal carries its own
             raise RateLimitRefused(refusal, _body(refusal))
         holds.add(hold)
-        _add_fields(chosen, self.headers(lease))
+        add_fields(chosen, self.headers(lease))
         return lease
 
 

@@ -196,15 +196,20 @@ local function shared(self, groups)
   return out
 end
 
--- A bucket operation on this process's share of each bucket. A cost that
--- can't fit a share is an error reply (the caller denies).
-function Local:run(op, groups)
-  local args = scripts.fcall_args(op, shared(self, groups))
+-- FCALL's arguments (FCALL fn numkeys keys... argv...) run here.
+local function run_fcall(self, op, args)
   local n = tonumber(args[3])
   local keys, argv = {}, {}
   for i = 1, n do keys[i] = args[3 + i] end
   for i = 4 + n, #args do argv[#argv + 1] = args[i] end
   return run(self, op, keys, argv)
+end
+
+-- A bucket operation on this process's share of each bucket. A cost that
+-- can't fit a share is an error reply (the caller denies).
+function Local:run(op, groups)
+  local args = scripts.fcall_args(op, shared(self, groups))
+  return run_fcall(self, op, args)
 end
 
 -- A lease operation: an acquire's limit (at least 1) and buckets are this
@@ -217,11 +222,7 @@ function Local:run_lease(op, key, head, groups)
     head = h
   end
   local args = scripts.fcall_args(op, shared(self, groups or {}), { key, head })
-  local n = tonumber(args[3])
-  local keys, argv = {}, {}
-  for i = 1, n do keys[i] = args[3 + i] end
-  for i = 4 + n, #args do argv[#argv + 1] = args[i] end
-  return run(self, op, keys, argv)
+  return run_fcall(self, op, args)
 end
 
 function Local:len()

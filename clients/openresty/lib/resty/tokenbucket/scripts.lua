@@ -28,9 +28,13 @@ _M.FUNCTIONS = FUNCTIONS
 -- FCALL_RO tb_version 0: the version of the library a server has loaded.
 _M.VERSION_ARGS = { "FCALL_RO", "tb_version", "0" }
 
-local function append_limits(out, groups)
+-- Each group's `max rate amount`, after its key when with_keys, and
+-- after "BUCKET" when marked.
+local function append_limits(out, groups, with_keys, mark)
   for i = 1, #groups do
     local g = groups[i]
+    if mark then out[#out + 1] = mark end
+    if with_keys then out[#out + 1] = g[1] end
     out[#out + 1] = g[2].args[1]
     out[#out + 1] = g[2].args[2]
     out[#out + 1] = encode(g[3])
@@ -45,23 +49,10 @@ function _M.module_args(op, groups, lease)
     out[2] = lease[1]
     local head = lease[2]
     for i = 1, #head do out[#out + 1] = head[i] end
-    for i = 1, #groups do
-      local g = groups[i]
-      out[#out + 1] = "BUCKET"
-      out[#out + 1] = g[1]
-      out[#out + 1] = g[2].args[1]
-      out[#out + 1] = g[2].args[2]
-      out[#out + 1] = encode(g[3])
-    end
+    append_limits(out, groups, true, "BUCKET")
     return out
   end
-  for i = 1, #groups do
-    local g = groups[i]
-    out[#out + 1] = g[1]
-    out[#out + 1] = g[2].args[1]
-    out[#out + 1] = g[2].args[2]
-    out[#out + 1] = encode(g[3])
-  end
+  append_limits(out, groups, true)
   return out
 end
 
