@@ -56,10 +56,12 @@ def saturate(lim: Limiter, seconds: float = 1.5) -> Load:
     return load
 
 
-def run_past_switch(topo: Topology, load: Load, after: float = 1.0) -> tuple[Server, Tally]:
+def run_past_switch(topo: Topology, load: Load, after: float = 2.0) -> tuple[Server, Tally]:
     """Lets Sentinel promote the replica and the load get an answer from it
     (the breaker, open since the kill, lets a call through every 2 s), runs
-    the load `after` s more, and stops it."""
+    the load `after` s more, and stops it. 2 s: a bucket the switch left
+    full (100) is spent in under one at the offered rate, and a minted
+    token only shows once the bucket holding it is spent."""
     promoted = topo.wait_promoted()
     since = time.time()
     deadline = time.monotonic() + 15

@@ -83,7 +83,7 @@ def test_partition(topo: Topology, min_replicas: bool, capsys: Any, record_prope
     healed = time.time()
     demoted = topo.wait_demoted(topo.primary)
     wait_answered(old_side, time.time())  # the old side's clients found the new primary
-    time.sleep(0.5)
+    time.sleep(2)  # as run_past_switch: until the buckets are spent
     tallies = [old_side.stop(), new_side.stop()]
 
     lost = admitted_between(old_side, cut, demoted)
