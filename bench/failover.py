@@ -72,6 +72,10 @@ RATE = BUCKET.rate * len(KEYS)  # tokens a second the buckets admit together
 MAX_LAG = 1
 BEHIND_S = 5.0  # how long the replicas' links are down before the crash
 SATURATE_S = 4.0  # the load's first burst spent before any fault
+# After the first answer of the new primary, as long as a burst of max
+# takes to spend at the offered 250 calls a second per key, and a second
+# more: a minted token shows once the bucket that holds it is spent.
+DRAIN_S = BUCKET.max / (1 / INTERVAL / len(KEYS) - BUCKET.rate) + 1
 WAIT_MS = 50
 
 
@@ -119,7 +123,7 @@ def crash(workdir: Path, setting: str) -> Run:
         topo.wait_promoted()
         decision = time.monotonic() - t0
         wait_answered(load, killed)
-        time.sleep(1)
+        time.sleep(DRAIN_S)
         tally = load.stop()
     return Run(minted(BUCKET, [tally]), tally.admitted, decision)
 
@@ -137,7 +141,7 @@ def crash_behind(workdir: Path, setting: str) -> Run:
         topo.wait_promoted()
         decision = time.monotonic() - t0
         wait_answered(load, killed)
-        time.sleep(1)
+        time.sleep(DRAIN_S)
         tally = load.stop()
     return Run(minted(BUCKET, [tally]), tally.admitted, decision)
 
@@ -156,7 +160,7 @@ def partitioned(workdir: Path, setting: str) -> Run:
         healed = time.time()
         demoted = topo.wait_demoted(topo.primary)
         wait_answered(old, time.time())
-        time.sleep(0.5)
+        time.sleep(DRAIN_S)
         tallies = [old.stop(), new.stop()]
     lost = sum(a.allowed and not a.degraded and cut <= a.at < demoted for a in tallies[0].answers)
     extra = {"partition_s": healed - cut, "demotion_s": demoted - healed}
