@@ -114,28 +114,17 @@ class Run:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def crash(workdir: Path, setting: str) -> Run:
+def crash(workdir: Path, setting: str, behind: bool = False) -> Run:
+    """A crash of the primary under load; behind: once the replicas have
+    fallen behind, their links to the primary cut (nft) for BEHIND_S."""
     with topology_of(workdir, setting) as topo:
         load = Load(decider(sentinel_client(topo), setting), KEYS, INTERVAL).start()
         time.sleep(SATURATE_S)
-        topo.kill_primary()
-        killed, t0 = time.time(), time.monotonic()
-        topo.wait_promoted()
-        decision = time.monotonic() - t0
-        wait_answered(load, killed)
-        time.sleep(DRAIN_S)
-        tally = load.stop()
-    return Run(minted(BUCKET, [tally]), tally.admitted, decision)
-
-
-def crash_behind(workdir: Path, setting: str) -> Run:
-    """A crash once the replicas have fallen behind: their links to the
-    primary cut (nft) for BEHIND_S under load, then the primary killed."""
-    with topology_of(workdir, setting) as topo:
-        load = Load(decider(sentinel_client(topo), setting), KEYS, INTERVAL).start()
-        time.sleep(SATURATE_S)
-        with partition(topo, sentinels=False):
-            time.sleep(BEHIND_S)
+        if behind:
+            with partition(topo, sentinels=False):
+                time.sleep(BEHIND_S)
+                topo.kill_primary()
+        else:
             topo.kill_primary()
         killed, t0 = time.time(), time.monotonic()
         topo.wait_promoted()
@@ -358,7 +347,7 @@ def main() -> None:
                       f"decision {r.decision_s:.1f} s", flush=True)  # fmt: skip
         for i in range(args.partitions if not no_partition else 0):
             for s in SETTINGS:
-                r = crash_behind(Path(tmp) / f"{n}", s)
+                r = crash(Path(tmp) / f"{n}", s, behind=True)
                 n += 1
                 behind[s].append(r)
                 print(f"crash behind {i + 1} {s:12}: minted {r.minted:,} (admitted {r.admitted:,}), "
