@@ -29,7 +29,7 @@ class Clock:
 def restart_on_same_port(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     """Starts a stopped server again where the limiter's client points."""
     port = server.port
-    monkeypatch.setattr(tbservers, "free_port", lambda: port)
+    monkeypatch.setattr(tbservers, "free_port", lambda host="127.0.0.1": port)
     server.start()
     monkeypatch.undo()
 
