@@ -51,7 +51,7 @@ def restart(server: Server) -> None:
     """The same server again, on the same port, empty."""
     port = server.port
     original = tbservers.free_port
-    tbservers.free_port = lambda: port
+    tbservers.free_port = lambda host="127.0.0.1": port
     try:
         server.start()
     finally:
