@@ -85,7 +85,7 @@ def rust_string(s: str) -> str:
 
 def grammar(c: dict) -> list[tuple[str, str]]:
     """The stored grammar's rules (contract.json "stored", but the field name)."""
-    return [(name, text) for name, text in c["stored"].items() if name != "summary_field"]
+    return [(name, text) for name, text in c["stored"].items() if name not in ("summary_field", "list_field")]
 
 
 def rust(c: dict) -> str:
@@ -105,6 +105,9 @@ def rust(c: dict) -> str:
     for name, text in grammar(c):
         out.append(f"/// * {name}: {text}")
     out.append(f"pub const LEASE_SUMMARY_FIELD: &str = {rust_string(c['stored']['summary_field'])};")
+    out.append("/// The list field's name: `LEASE_LIST_BYTE` repeated, one byte longer than any id.")
+    out.append(f"pub const LEASE_LIST_BYTE: u8 = b'{c['stored']['list_field']}';")
+    out.append(f"pub const LEASE_LIST_FIELD: [u8; {int(c['limits']['max_lease_id_bytes']['value']) + 1}] = [LEASE_LIST_BYTE; {int(c['limits']['max_lease_id_bytes']['value']) + 1}];")
     out.append("")
     out.append("/// The bucket hash's fields.")
     for name, field in c["fields"].items():
@@ -135,6 +138,7 @@ def lua_block(c: dict, version: str) -> str:
     for name, text in grammar(c):
         out.append(f"--   {name}: {text}")
     out.append(f"local LEASE_SUMMARY_FIELD = {lua_string(c['stored']['summary_field'])}")
+    out.append(f"local LEASE_LIST_BYTE = {lua_string(c['stored']['list_field'])}")
     # Made by msg(), not a table of the block: the EVAL script runs this
     # block on every call, and a table of every message costs more than
     # the rest of a consume's definitions; only an error reads it. One

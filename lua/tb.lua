@@ -48,8 +48,10 @@ local MAX_STORED_INTEGER = 9007199254740991
 -- What the lease functions store (contract.json's "stored"):
 --   integer: A stored integer is canonical decimal: 0, or digits with no leading zero; at most max_stored_integer.
 --   lease: A lease field: the id (1 to max_lease_id_bytes bytes) holds <expires_at_us>:<weight>, two stored integers, the weight 1 to max_lease_limit.
---   summary: The summary field, named by the empty string (no id can be): <weight>:<count>:<listed>:<horizon_us>:<latest_us> then, for each lease it lists, ;<expires_at_us>:<weight>:<id_bytes>:<id>. weight and count are the lease fields' total weight and number, listed the number of leases the list holds, horizon_us the expiry before which every lease is listed, latest_us no earlier than any lease's expiry; the listed leases, at most lease_tracked, are the leases expiring before horizon_us, in ascending expiry then id (bytes).
+--   summary: The summary field, named by the empty string (no id can be): <weight>:<count>:<listed>:<horizon_us>:<latest_us>:<first_us>, six stored integers. weight and count are the lease fields' total weight and number, listed the number of leases the list field holds (at most lease_tracked), horizon_us the expiry before which every lease is listed, latest_us no earlier than any lease's expiry, first_us the first listed lease's expiry (horizon_us if none is listed).
+--   list: The list field, named by list_field repeated max_lease_id_bytes + 1 times (longer than any id), kept with the summary: for each listed lease, ;<expires_at_us>:<weight>:<id_bytes>:<id>, the leases expiring before horizon_us in ascending expiry then id (bytes); empty if none. A call reads it only when it needs a listed lease, and ignores it when the summary lists none.
 local LEASE_SUMMARY_FIELD = ''
+local LEASE_LIST_BYTE = '#'
 -- Error reply templates, made on the first error (the EVAL script runs
 -- this block on every call).
 local MSG
@@ -99,7 +101,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+c953cc44914f'
+local LIBRARY_VERSION = '0.1.0+6c361a0d1018'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -644,6 +646,8 @@ local function leases()
 
   -- Fields per HDEL: unpack() can't spread more than a few thousand values.
   local HDEL_CHUNK = 1000
+  -- The list field's name: one byte longer than any id can be.
+  local LEASE_LIST_FIELD = string.rep(LEASE_LIST_BYTE, MAX_LEASE_ID_BYTES + 1)
   -- The string functions as upvalues: each use of string.x is two table
   -- look-ups, which a lease call would make dozens of times.
   local match, find, byte, sub, format = string.match, string.find, string.byte, string.sub, string.format
@@ -779,6 +783,12 @@ local function leases()
       if text and v.rest <= #text then return nil end
       return false
     end
+    -- The list field, read on the first lease the call needs.
+    if not text then
+      text = rcall('HGET', v.key, LEASE_LIST_FIELD)
+      if not text then return nil end
+      v.text, v.list_field = text, text
+    end
     local es, ws, ls, at = match(text, '^;(%d+):(%d+):(%d+):()', v.rest)
     if not es then return nil end
     local e, w, len = int(es), int(ws), int(ls)
@@ -788,11 +798,14 @@ local function leases()
     end
     local id = sub(text, at, at + len - 1)
     local own = v.own_stored
-    -- In order, before the horizon, and the caller's only as stored.
+    -- In order, before the horizon, the caller's only as stored, and the
+    -- first as the summary says.
     if e < v.last or e >= v.h
-      or (id == v.id and not (own and own.e == e and own.w == w)) then
+      or (id == v.id and not (own and own.e == e and own.w == w))
+      or (v.first and v.first ~= e) then
       return nil
     end
+    v.first, v.consumed = false, true
     -- Where its text is, which a new summary copies rather than writes
     -- again.
     local t = { e = e, w = w, id = id, from = v.rest, to = at + len - 1 }
@@ -854,28 +867,20 @@ local function leases()
     return nil
   end
 
-  -- The last summary header read, kept by the library between calls (a
-  -- Lua string is interned, so comparing one is comparing a pointer): at
-  -- the cap, every denial reads the same summary.
+  -- The last summary read or written, kept by the library between calls
+  -- (a Lua string is interned, so comparing one is comparing a pointer):
+  -- at the cap, every denial reads the same summary.
   local HEADER = {}
 
-  -- A summary's five numbers, where its list starts, and the first listed
-  -- lease's expiry if any (its ';' and ':' checked here, the rest of the
-  -- list only when read); nil if they break the grammar.
+  -- A summary's six numbers (and the digits of three, which a summary
+  -- written next may take as they are); nil if they break the grammar.
   local function header(text)
     if text == HEADER.text then return HEADER end
-    local ws, ns, ls, hs, xs, at, fs, after =
-      match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+)();?(%d*)()')
+    local ws, ns, ls, hs, xs, fs = match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
     if not ws then return nil end
-    local w, n, l, h, x = int(ws), int(ns), int(ls), int(hs), int(xs)
-    if not w or not n or not l or not h or not x or l > LEASE_TRACKED then return nil end
-    local first
-    if at <= #text then
-      first = fs ~= '' and byte(text, at) == 59 and byte(text, after) == 58 and int(fs)
-      if not first then return nil end
-    end
-    HEADER = { text = text, w = w, n = n, l = l, h = h, x = x, at = at, first = first,
-      hs = hs, xs = xs, tail = false }
+    local w, n, l, h, x, f = int(ws), int(ns), int(ls), int(hs), int(xs), int(fs)
+    if not w or not n or not l or not h or not x or not f or l > LEASE_TRACKED then return nil end
+    HEADER = { text = text, w = w, n = n, l = l, h = h, x = x, f = f, hs = hs, xs = xs, fs = fs }
     return HEADER
   end
 
@@ -883,15 +888,16 @@ local function leases()
   -- use (a call has one view at a time: one a summary can't answer is
   -- dropped for a pass's), so no call makes and collects one. Fields that
   -- are only tested for truth start false (a key kept in the table keeps
-  -- its slot); `summary` is compared with nil, so it starts nil. READ is
-  -- the list a summary's view starts with, emptied on each use.
+  -- its slot); `summary` and `list_field` are compared with nil, so they
+  -- start nil. READ is the list a summary's view starts with, emptied on
+  -- each use.
   local VIEW, READ = {}, {}
   local function view(now_us, id, fields)
     local v = VIEW
     v.now, v.id, v.fields, v.weight, v.count, v.latest, v.last = now_us, id or false, fields, 0, 0, 0, -1
     v.expired, v.own, v.own_stored, v.set, v.released, v.passed, v.read = NONE, false, false, false, false, false, false
-    v.h, v.text, v.rest, v.left, v.summary, v.all, v.hd = false, false, 0, 0, nil, false, false
-    v.h0, v.hs, v.x0, v.xs = false, false, false, false
+    v.h, v.text, v.rest, v.left, v.summary, v.all, v.hd = false, false, 1, 0, nil, false, false
+    v.h0, v.hs, v.x0, v.xs, v.key, v.first, v.consumed, v.list_field = false, false, false, false, false, false, false, nil
     return v
   end
 
@@ -913,23 +919,27 @@ local function leases()
       hd = header(text)
       if not hd then return nil end
     end
-    local w, n, l, h, x, at, first = hd.w, hd.n, hd.l, hd.h, hd.x, hd.at, hd.first
-    -- The caller's lease is one of n, each of weight 1 or more.
-    if n ~= fields - 1 or l > n or w < n or x < h or now_us >= h
+    local w, n, l, h, x, f = hd.w, hd.n, hd.l, hd.h, hd.x, hd.f
+    -- The fields: the leases, the summary and the list. The caller's
+    -- lease is one of n, each of weight 1 or more.
+    if n ~= fields - 2 or l > n or w < n or x < h or now_us >= h
+      or (l == 0 and f ~= h) or (l > 0 and f >= h)
       or (own and (own.e > x or n < 1 or own.w + n - 1 > w)) then
       return nil
     end
     for i = #READ, 1, -1 do READ[i] = nil end
-    -- view() with the summary's numbers, each field set once.
+    -- view() with the summary's numbers, each field set once. A summary
+    -- that lists none is not answered by its list field.
     local v = VIEW
     v.now, v.id, v.fields, v.weight, v.count, v.latest, v.last = now_us, id or false, fields, w, n, x, -1
     v.expired, v.own, v.own_stored, v.set, v.released, v.passed, v.read = NONE, false, own or false, false, false, false, READ
-    v.h, v.text, v.rest, v.left, v.summary, v.all, v.hd = h, text, at, l, text, false, hd
-    v.h0, v.hs, v.x0, v.xs = h, hd.hs, x, hd.xs
+    v.h, v.text, v.rest, v.left, v.summary, v.all, v.hd = h, false, 1, l, text, false, hd
+    v.h0, v.hs, v.x0, v.xs, v.key, v.first, v.consumed = h, hd.hs, x, hd.xs, key, f, false
+    v.list_field = l == 0 and '' or nil
     if own and own.e > now_us then v.own = own end
     -- The list answers for the leases that expired (at its head), and for
     -- the caller's, if listed.
-    if first and first <= now_us and not read_past_expired(v) then return nil end
+    if l > 0 and f <= now_us and not read_past_expired(v) then return nil end
     if own and own.e < h and not find_own(v) then return nil end
     return v
   end
@@ -947,6 +957,8 @@ local function leases()
       local field = all[i]
       if field == LEASE_SUMMARY_FIELD then
         v.summary = all[i + 1]
+      elseif field == LEASE_LIST_FIELD then
+        v.list_field = all[i + 1]
       else
         local e, w = value(all[i + 1])
         if not e then return nil, msg('not_a_lease_key') end
@@ -976,7 +988,7 @@ local function leases()
     local earliest, n, all, now, own = {}, 0, v.all, v.now, v.own_stored
     for i = 1, #all, 2 do
       local field = all[i]
-      if field ~= LEASE_SUMMARY_FIELD then
+      if field ~= LEASE_SUMMARY_FIELD and field ~= LEASE_LIST_FIELD then
         local e, w = lease_value(all[i + 1])
         -- The usual comparison of expiries here, ids only on a tie.
         local last = earliest[n]
@@ -1125,47 +1137,55 @@ local function leases()
   local function summary_now(v)
     if v.count <= LEASE_TRACKED or not (v.read or list_of(v)) or not v.h then return nil end
     -- latest: the latest live lease's expiry, as far as the call knows.
-    local read, hd, h, own, latest = v.read, v.hd, v.h, v.own, v.latest
+    local read, h, own, latest = v.read, v.h, v.own, v.latest
     if own and own.e > latest then latest = own.e end
     local w, n, l = v.weight, v.count, #read + v.left
     local ws, ns, ls = DIGITS[w] or digits(w), DIGITS[n] or digits(n), DIGITS[l] or digits(l)
     local hs, xs
     if h == v.h0 then hs = v.hs else hs = format('%d', h) end
     if latest == v.x0 then xs = v.xs else xs = time_digits(latest) end
-    local text, at, first, tail
-    if #read == 0 and hd and v.rest == hd.at then
-      -- The list as read, untouched: the new header, then the old list
-      -- (its text kept with the header it came with), in one concatenation.
-      tail = hd.tail
-      if not tail then
-        tail = sub(v.text, v.rest)
-        hd.tail = tail
-      end
-      text = ws .. ':' .. ns .. ':' .. ls .. ':' .. hs .. ':' .. xs .. tail
-      at, first = #text - #tail + 1, hd.first
-    else
-      local head = ws .. ':' .. ns .. ':' .. ls .. ':' .. hs .. ':' .. xs
-      local parts = { head }
+    local first, fs, list
+    if v.passed or v.consumed or #read > 0 then
+      -- The list read, then its text not read, as stored.
+      local parts = {}
       for i = 1, #read do
         local t = read[i]
         if t.from then
-          parts[i + 1] = sub(v.text, t.from, t.to)
+          parts[i] = sub(v.text, t.from, t.to)
         else
-          parts[i + 1] = format(';%d:%d:%d:', t.e, t.w, #t.id) .. t.id
+          parts[i] = format(';%d:%d:%d:', t.e, t.w, #t.id) .. t.id
         end
       end
-      if v.text then parts[#parts + 1] = sub(v.text, v.rest) end
-      text = table.concat(parts)
-      at = #head + 1
-      first = read[1] and read[1].e
-      if not first and v.left > 0 then first = int(match(text, '^;(%d+):', at)) end
+      local rest = v.text and sub(v.text, v.rest) or ''
+      parts[#parts + 1] = rest
+      list = table.concat(parts)
+      if read[1] then
+        first = read[1].e
+      elseif v.left > 0 then
+        -- A rest whose first expiry can't be read is written with the
+        -- horizon as its first, which the next call finds wrong: it
+        -- passes, and the pass rebuilds the list.
+        local s = match(rest, '^;(%d+):')
+        first = s and int(s)
+      end
+      first = first or h
+    else
+      -- A list the call did not read or change is left as stored.
+      first = v.first or h
     end
+    if first == h then
+      fs = hs
+    elseif v.hd and first == v.hd.f then
+      fs = v.hd.fs
+    else
+      fs = format('%d', first)
+    end
+    local text = ws .. ':' .. ns .. ':' .. ls .. ':' .. hs .. ':' .. xs .. ':' .. fs
     -- What header() would make of it, for the next call to find: the
     -- cache's table rewritten (the view holds what it took from it).
     local c = HEADER
-    c.text, c.w, c.n, c.l, c.h, c.x, c.at, c.first, c.hs, c.xs, c.tail =
-      text, w, n, l, h, latest, at, first, hs, xs, tail
-    return text
+    c.text, c.w, c.n, c.l, c.h, c.x, c.f, c.hs, c.xs, c.fs = text, w, n, l, h, latest, first, hs, xs, fs
+    return text, list
   end
 
   -- PEXPIREAT's argument, as the digits redis.call would write for the
@@ -1182,16 +1202,22 @@ local function leases()
     end
   end
 
-  -- HSET of the caller's lease as the call set it and of `summary`, each
-  -- if there is one.
-  local function hset(key, v, summary)
+  -- HSET of the caller's lease as the call set it, of `summary` and of
+  -- `list`, each if there is one.
+  local function hset(key, v, summary, list)
     local set, own = v.set, false
     if set then
       local e, w = set.e, set.w
       own = time_digits(e) .. ':' .. (DIGITS[w] or digits(w))
       if e <= MAX_STORED_INTEGER then remember(own, e, w) end
     end
-    if own and summary then
+    if list then
+      local args = { key }
+      if own then args[2], args[3] = v.id, own end
+      if summary then args[#args + 1], args[#args + 2] = LEASE_SUMMARY_FIELD, summary end
+      args[#args + 1], args[#args + 2] = LEASE_LIST_FIELD, list
+      rcall('HSET', unpack(args))
+    elseif own and summary then
       rcall('HSET', key, v.id, own, LEASE_SUMMARY_FIELD, summary)
     elseif own then
       rcall('HSET', key, v.id, own)
@@ -1211,15 +1237,18 @@ local function leases()
     -- A call that changed nothing writes only what a pass found (a denial
     -- makes no summary to throw away).
     if not (v.set or v.released or large_pass) then return end
-    local summary = summary_now(v)
-    local found = large_pass and (#v.expired > 0 or summary ~= v.summary)
+    local summary, list = summary_now(v)
+    if list == v.list_field then list = nil end
+    -- A key that no longer needs its summary loses both fields.
+    local drop = not summary and (v.summary ~= nil or v.list_field ~= nil)
+    local found = large_pass and (#v.expired > 0 or summary ~= v.summary or list ~= nil or drop)
     if not (v.set or v.released or found) then return end
     if v.count == 0 then
       rcall('DEL', key)
       return
     end
     local delete = NONE
-    if #v.expired > 0 or (not summary and v.summary) then
+    if #v.expired > 0 or drop then
       delete = {}
       for i = 1, #v.expired do
         local f = v.expired[i]
@@ -1227,7 +1256,10 @@ local function leases()
         if not (v.set and f == v.id) then delete[#delete + 1] = f end
       end
       if v.released then delete[#delete + 1] = v.id end
-      if not summary and v.summary then delete[#delete + 1] = LEASE_SUMMARY_FIELD end
+      if drop then
+        delete[#delete + 1] = LEASE_SUMMARY_FIELD
+        delete[#delete + 1] = LEASE_LIST_FIELD
+      end
     elseif v.released then
       -- The usual release: its own field alone, in no list.
       delete = v.id
@@ -1238,7 +1270,7 @@ local function leases()
     if latest ~= last_at then last_at, last_at_text = latest, format('%d', ceil_ms(latest)) end
     local at = last_at_text
     if acquire then
-      hset(key, v, summary)
+      hset(key, v, summary, list)
     else
       rcall('PEXPIREAT', key, at)
     end
@@ -1250,7 +1282,7 @@ local function leases()
     if acquire then
       rcall('PEXPIREAT', key, at)
     else
-      hset(key, v, summary)
+      hset(key, v, summary, list)
     end
   end
 

@@ -7,15 +7,15 @@
 //! the module, then ends with the primary's exact hash and expire time
 //! instead of recomputing with its own clock.
 
-use crate::ffi::{ArgString, CommandLocal, Ctx, Interned, Kept, Key, Load, RString};
-use std::cell::Cell;
+use crate::ffi::{ArgString, CommandLocal, Ctx, Interned, Kept, Key, Load, OwnedString, RString};
+use std::cell::{Cell, OnceCell};
 use std::ffi::CStr;
 use std::sync::OnceLock;
 use tb_core::bucket::{Effect, Limits, Stored};
 use tb_core::cell;
 use tb_core::contract::{LEASE_SUMMARY_FIELD, TOKENS_FIELD, TS_FIELD};
 use tb_core::error::{Error, Step};
-use tb_core::lease::{self, LeaseStore};
+use tb_core::lease::{self, LeaseStore, ListField, ListRead, LIST_FIELD};
 use tb_core::number::{Text, Upper};
 use tb_core::state::{self, BucketFields, KeyKind};
 
@@ -57,8 +57,8 @@ fn injected(fault: Fault) -> bool {
 /// The field names `tokens` and `ts`, made once at load.
 static FIELDS: OnceLock<[Interned; 2]> = OnceLock::new();
 
-/// A lease key's summary field name, made once at load.
-static SUMMARY: OnceLock<Interned> = OnceLock::new();
+/// A lease key's summary and list field names, made once at load.
+static SUMMARY: OnceLock<[Interned; 2]> = OnceLock::new();
 
 /// What the last bucket write wrote that the next one can reuse. Cells,
 /// taken and set, never borrowed across a call into Redis (a keyspace
@@ -100,7 +100,8 @@ pub fn init(load: &Load) -> Result<(), String> {
     }
     let intern = |name: &str| load.intern(name).ok_or("could not make a Redis string");
     let fields = [intern(TOKENS_FIELD)?, intern(TS_FIELD)?];
-    let summary = intern(LEASE_SUMMARY_FIELD)?;
+    let list = std::str::from_utf8(LIST_FIELD).map_err(|_| "the list field's name is not text")?;
+    let summary = [intern(LEASE_SUMMARY_FIELD)?, intern(list)?];
     // A second MODULE LOAD in the same process keeps the first strings.
     let _ = FIELDS.set(fields);
     let _ = SUMMARY.set(summary);
@@ -342,12 +343,13 @@ impl<'c> LeaseKey<'c> {
                 expire_first,
                 own,
                 summary,
+                list,
                 delete,
                 expire_at_ms,
             } => {
                 for part in lease::Write::order(*expire_first) {
                     match part {
-                        lease::Part::Set => self.set(*own, summary.as_deref())?,
+                        lease::Part::Set => self.set(*own, summary.as_deref(), list.as_deref())?,
                         lease::Part::Remove => self.remove(delete)?,
                         lease::Part::Expire => self.expire(*expire_at_ms)?,
                     }
@@ -358,36 +360,43 @@ impl<'c> LeaseKey<'c> {
         Ok(())
     }
 
-    /// `HSET key id <own> "" <summary>`, each if given, as one effect.
-    fn set(&mut self, own: Option<lease::Lease>, summary: Option<&[u8]>) -> Result<(), Step> {
+    /// `HSET key id <own> "" <summary> <list field> <list>`, each if
+    /// given, as one effect.
+    fn set(
+        &mut self,
+        own: Option<lease::Lease>,
+        summary: Option<&[u8]>,
+        list: Option<&[u8]>,
+    ) -> Result<(), Step> {
         let (ctx, name) = (self.ctx, self.key.name());
         let own = match (own, self.id) {
             (Some(lease), Some(id)) => Some((id, ctx.string(&lease.text()).ok_or(Step::HashSet)?)),
             (Some(_), None) => return Err(Step::HashSet),
             (None, _) => None,
         };
-        let summary = match summary {
-            Some(text) => Some((
-                SUMMARY.get().ok_or(Step::HashSet)?,
-                ctx.string(text).ok_or(Step::HashSet)?,
-            )),
-            None => None,
-        };
-        let mut args: Vec<&dyn RString> = vec![&name];
+        let [summary_field, list_field] = SUMMARY.get().ok_or(Step::HashSet)?;
+        let text = |t: Option<&[u8]>| t.map(|t| ctx.string(t).ok_or(Step::HashSet)).transpose();
+        let (summary, list) = (text(summary)?, text(list)?);
+        let mut pairs: Vec<(&dyn RString, &dyn RString)> = Vec::with_capacity(3);
         if let Some((id, value)) = &own {
-            args.extend([id as &dyn RString, value]);
+            pairs.push((id, value));
         }
-        if let Some((field, value)) = &summary {
-            args.extend([*field as &dyn RString, value]);
+        if let Some(value) = &summary {
+            pairs.push((summary_field, value));
         }
-        let set = match args[1..] {
-            [] => return Ok(()),
-            [field, value] => !injected(Fault::HashSet) && self.key.hash_set_field(field, value),
-            [a, va, b, vb] => !injected(Fault::HashSet) && self.key.hash_set(a, va, b, vb),
-            _ => false,
-        };
-        if !set {
+        if let Some(value) = &list {
+            pairs.push((list_field, value));
+        }
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        if injected(Fault::HashSet) || !self.key.hash_set_pairs(&pairs) {
             return Err(Step::HashSet);
+        }
+        let mut args: Vec<&dyn RString> = Vec::with_capacity(1 + 2 * pairs.len());
+        args.push(&name);
+        for (field, value) in &pairs {
+            args.extend([*field, *value]);
         }
         ctx.notify(true, c"hset", &name);
         if !replicate(ctx, c"HSET", &args) {
@@ -427,8 +436,14 @@ impl<'c> LeaseKey<'c> {
         for field in &strings {
             args.push(field);
         }
-        for field in &args[1..] {
-            if injected(Fault::HashDelete) || !self.key.hash_delete_field(*field) {
+        for (field, bytes) in args[1..].iter().zip(fields) {
+            if injected(Fault::HashDelete) {
+                return Err(Step::HashDelete);
+            }
+            // The list field can be missing from a key edited by hand (a
+            // call that needs no list never reads it): deleting it is then
+            // a no-op, as in HDEL.
+            if !self.key.hash_delete_field(*field) && bytes.as_slice() != LIST_FIELD {
                 return Err(Step::HashDelete);
             }
         }
@@ -448,28 +463,51 @@ impl LeaseStore for LeaseKey<'_> {
     }
 
     /// The summary and the lease of the id this key was opened for, in
-    /// one HashGet (`_id` is that id's bytes).
+    /// one HashGet (`_id` is that id's bytes), and the list when the call
+    /// needs it, in another.
     fn with_summary<R>(
         &self,
         _id: Option<&[u8]>,
-        f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R,
+        f: impl for<'x> FnOnce(Option<&'x [u8]>, Option<&'x [u8]>, ListField<'x>) -> R,
     ) -> R {
-        // `init` made the name before any command was registered.
-        let Some(summary) = SUMMARY.get() else {
-            return f(None, None);
+        // `init` made the names before any command was registered.
+        let Some([summary, list]) = SUMMARY.get() else {
+            return f(None, None, ListField(&None));
         };
         let (summary, own) = match self.id {
             Some(id) => self.key.hash_get(summary, &id),
             None => (self.key.hash_get_field(summary), None),
         };
+        let list = LazyList {
+            key: &self.key,
+            name: list,
+            value: OnceCell::new(),
+        };
         f(
             summary.as_ref().map(|s| s.bytes()),
             own.as_ref().map(|s| s.bytes()),
+            ListField(&list),
         )
     }
 
     fn scan(&self, visit: impl FnMut(&[u8], &[u8]) -> Result<(), Error>) -> Result<(), Error> {
         self.key.scan_hash(visit)
+    }
+}
+
+/// A lease key's list field, read on first use.
+struct LazyList<'k, 'c> {
+    key: &'k Key<'c>,
+    name: &'k Interned,
+    value: OnceCell<Option<OwnedString<'c>>>,
+}
+
+impl ListRead for LazyList<'_, '_> {
+    fn read(&self) -> Option<&[u8]> {
+        self.value
+            .get_or_init(|| self.key.hash_get_field(self.name))
+            .as_ref()
+            .map(|s| s.bytes())
     }
 }
 

@@ -25,7 +25,7 @@ use tb_core::contract::MAX_LEASE_ID_BYTES;
 use tb_core::error::Error;
 use tb_core::lease::{
     decide, key_expire_at_ms, parse_acquire, parse_inflight, parse_release, parse_renew, Kind,
-    Lease, ACQUIRE_ID_INDEX, ID_INDEX, SUMMARY_FIELD, TRACKED,
+    Lease, ACQUIRE_ID_INDEX, ID_INDEX, LIST_FIELD, SUMMARY_FIELD, TRACKED,
 };
 use testkit::{
     consume, dbsize, error_of, error_text, hgetall, lease_summary_problem, tb_counter, Config,
@@ -355,6 +355,16 @@ impl KeyState {
         }
     }
 
+    /// Whether two snapshots hold the same key: a hash by its fields (a
+    /// read can move a hash table's fields, and so its DUMP, by rehashing
+    /// it a step), anything else by its DUMP.
+    fn same(&self, other: &KeyState) -> bool {
+        match (&self.hash, &other.hash) {
+            (Some(a), Some(b)) => a == b && self.expire_at == other.expire_at,
+            _ => self == other,
+        }
+    }
+
     /// Whether the key's expire time had passed by `now_ms`, so it may be
     /// gone without anyone deleting it.
     fn may_have_expired(&self, now_ms: i64) -> bool {
@@ -418,7 +428,7 @@ fn snap(c: &mut redis::Connection, pool: &[Vec<u8>]) -> (Snap, i64) {
 fn changed(before: &Snap, after: &Snap, now_ms: i64) -> Vec<Vec<u8>> {
     before
         .iter()
-        .filter(|(k, b)| after[*k] != **b && !b.may_have_expired(now_ms))
+        .filter(|(k, b)| !after[*k].same(b) && !b.may_have_expired(now_ms))
         .map(|(k, _)| k.clone())
         .collect()
 }
@@ -719,29 +729,36 @@ fn garbage(r: &mut Rng, g: &mut redis::Connection, pool: &[Vec<u8>]) {
         }
         22 | 23 => {
             // A lease key of more leases than a call reads whole (all
-            // ending in 2100), with its summary, one that disagrees with
-            // it, or none.
+            // ending in 2100), with its summary and list, ones that
+            // disagree with it, or none.
             let n = TRACKED + 1 + r.index(4);
             p.cmd("HSET").arg(&k);
             for i in 0..n {
                 p.arg(format!("big{i}")).arg("4102444800000000:1");
             }
             let count = n as i64;
-            let summary = match r.index(7) {
-                0 | 1 => Some(format!(
-                    "{count}:{count}:0:4102444800000000:4102444800000000"
-                )),
-                2 => Some(format!(
-                    "{count}:{}:0:4102444800000000:4102444800000000",
-                    count - 1
-                )),
-                3 => Some(format!("1:{count}:0:4102444800000000:4102444800000000")),
-                4 => Some("0:0:0:4102444800000000:4102444800000000".to_string()),
-                5 => Some(format!("{count}:{count}:1:9:9;1:1:1:x")),
-                _ => None,
+            let t = "4102444800000000";
+            let (summary, list) = match r.index(9) {
+                0 | 1 => (Some(format!("{count}:{count}:0:{t}:{t}:{t}")), Some("")),
+                2 => (
+                    Some(format!("{count}:{}:0:{t}:{t}:{t}", count - 1)),
+                    Some(""),
+                ),
+                3 => (Some(format!("1:{count}:0:{t}:{t}:{t}")), Some("")),
+                4 => (Some(format!("0:0:0:{t}:{t}:{t}")), Some("")),
+                5 => (Some(format!("{count}:{count}:1:9:9:1")), Some(";1:1:1:x")),
+                6 => (Some(format!("{count}:{count}:1:{t}:{t}:5")), None),
+                7 => (
+                    Some(format!("{count}:{count}:1:{t}:{t}:5")),
+                    Some(";5:1:1:x;"),
+                ),
+                _ => (None, None),
             };
             if let Some(summary) = summary {
                 p.arg(SUMMARY_FIELD).arg(summary);
+            }
+            if let Some(list) = list {
+                p.arg(LIST_FIELD).arg(list);
             }
             p.ignore();
         }
@@ -1141,7 +1158,7 @@ fn check_lease_key(s: &KeyState, before_ms: i64, exact: bool, ctx: &str) {
     let h = s.hash.as_ref().unwrap();
     let mut latest = 0;
     for (field, value) in h {
-        if field.as_slice() == SUMMARY_FIELD {
+        if field.as_slice() == SUMMARY_FIELD || field.as_slice() == LIST_FIELD {
             continue;
         }
         let lease = Lease::parse(value)

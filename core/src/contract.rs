@@ -42,8 +42,12 @@ pub const COMMANDS: [&CStr; 9] = [CONSUME, PEEK, MCONSUME, ADJUST, CL_THROTTLE, 
 /// "stored"), which `crate::lease::stored` reads and writes:
 /// * integer: A stored integer is canonical decimal: 0, or digits with no leading zero; at most max_stored_integer.
 /// * lease: A lease field: the id (1 to max_lease_id_bytes bytes) holds <expires_at_us>:<weight>, two stored integers, the weight 1 to max_lease_limit.
-/// * summary: The summary field, named by the empty string (no id can be): <weight>:<count>:<listed>:<horizon_us>:<latest_us> then, for each lease it lists, ;<expires_at_us>:<weight>:<id_bytes>:<id>. weight and count are the lease fields' total weight and number, listed the number of leases the list holds, horizon_us the expiry before which every lease is listed, latest_us no earlier than any lease's expiry; the listed leases, at most lease_tracked, are the leases expiring before horizon_us, in ascending expiry then id (bytes).
+/// * summary: The summary field, named by the empty string (no id can be): <weight>:<count>:<listed>:<horizon_us>:<latest_us>:<first_us>, six stored integers. weight and count are the lease fields' total weight and number, listed the number of leases the list field holds (at most lease_tracked), horizon_us the expiry before which every lease is listed, latest_us no earlier than any lease's expiry, first_us the first listed lease's expiry (horizon_us if none is listed).
+/// * list: The list field, named by list_field repeated max_lease_id_bytes + 1 times (longer than any id), kept with the summary: for each listed lease, ;<expires_at_us>:<weight>:<id_bytes>:<id>, the leases expiring before horizon_us in ascending expiry then id (bytes); empty if none. A call reads it only when it needs a listed lease, and ignores it when the summary lists none.
 pub const LEASE_SUMMARY_FIELD: &str = "";
+/// The list field's name: `LEASE_LIST_BYTE` repeated, one byte longer than any id.
+pub const LEASE_LIST_BYTE: u8 = b'#';
+pub const LEASE_LIST_FIELD: [u8; 257] = [LEASE_LIST_BYTE; 257];
 
 /// The bucket hash's fields.
 pub const TOKENS_FIELD: &str = "tokens";

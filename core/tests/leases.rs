@@ -1,7 +1,7 @@
 //! The lease decisions against a brute-force reading of the hash, over
 //! random calls whose leases expire in the middle: the summary's answers
 //! are the whole key's, its list and numbers stay true after every write,
-//! and a key of any size costs a call two field reads between passes.
+//! and a key of any size costs a call three field reads between passes.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -34,14 +34,19 @@ impl LeaseStore for Key {
     fn with_summary<R>(
         &self,
         id: Option<&[u8]>,
-        f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R,
+        f: impl for<'x> FnOnce(Option<&'x [u8]>, Option<&'x [u8]>, ListField<'x>) -> R,
     ) -> R {
-        let summary = (!self.ignore_summary)
-            .then(|| self.hash.get(SUMMARY_FIELD))
-            .flatten();
+        let field = |name: &[u8]| {
+            (!self.ignore_summary)
+                .then(|| self.hash.get(name))
+                .flatten()
+                .map(|v| v.as_slice())
+        };
+        let list = field(LIST_FIELD);
         f(
-            summary.map(|v| v.as_slice()),
+            field(SUMMARY_FIELD),
             id.and_then(|id| self.hash.get(id)).map(|v| v.as_slice()),
+            ListField(&list),
         )
     }
     fn scan(&self, mut visit: impl FnMut(&[u8], &[u8]) -> Result<(), Error>) -> Result<(), Error> {
@@ -78,7 +83,7 @@ impl Key {
     fn leases(&self) -> impl Iterator<Item = (&[u8], Lease)> {
         self.hash
             .iter()
-            .filter(|(f, _)| f.as_slice() != SUMMARY_FIELD)
+            .filter(|(f, _)| f.as_slice() != SUMMARY_FIELD && f.as_slice() != LIST_FIELD)
             .filter_map(|(f, v)| Lease::parse(v).map(|l| (f.as_slice(), l)))
     }
 
@@ -266,7 +271,7 @@ fn fill(key: &mut Key, n: usize, until: i64) {
 }
 
 #[test]
-fn a_large_key_costs_two_field_reads_between_passes() {
+fn a_large_key_costs_three_field_reads_between_passes() {
     let mut key = Key::default();
     // Written in the layout without a summary: the first call, a pass,
     // converts it, even when denied.
@@ -370,7 +375,7 @@ fn a_summary_that_disagrees_is_rebuilt_by_a_pass() {
         key.check_summary("base");
         key
     };
-    let good = base().hash[SUMMARY_FIELD].clone();
+    let good = base().hash[LIST_FIELD].clone();
     type Edit = Box<dyn Fn(&mut Key)>;
     let edits: Vec<(&str, Edit)> = vec![
         ("count off by one", Box::new(|k| edit(k, |h| h.count += 1))),
@@ -387,19 +392,46 @@ fn a_summary_that_disagrees_is_rebuilt_by_a_pass() {
         (
             "a list out of order",
             Box::new(move |k| {
-                let h = Header::parse(&good).unwrap();
-                let mut list = h.tracked().unwrap();
+                let h = Header::parse(&k.hash[SUMMARY_FIELD]).unwrap();
+                let mut list = stored::tracked(&good).unwrap();
                 list.reverse();
-                set_header_and_list(k, &h, &list);
+                set_header_and_list(k, h, &list);
             }),
         ),
         (
             "a lease missing from the list",
             Box::new(|k| {
-                let text = k.hash[SUMMARY_FIELD].clone();
-                let h = Header::parse(&text).unwrap();
-                let list = h.tracked().unwrap();
-                set_header_and_list(k, &h, &list[1..]);
+                let h = Header::parse(&k.hash[SUMMARY_FIELD]).unwrap();
+                let text = k.hash[LIST_FIELD].clone();
+                let list = stored::tracked(&text).unwrap();
+                set_header_and_list(k, h, &list[1..]);
+            }),
+        ),
+        (
+            "a first that is not the list's",
+            Box::new(|k| edit(k, |h| h.first_us += 1)),
+        ),
+        (
+            "a list shorter than listed",
+            Box::new(|k| {
+                let h = Header::parse(&k.hash[SUMMARY_FIELD]).unwrap();
+                let text = k.hash[LIST_FIELD].clone();
+                let list = stored::tracked(&text).unwrap();
+                k.hash
+                    .insert(LIST_FIELD.to_vec(), stored::list_text(&list[..1], b""));
+                set_summary(k, &h.text());
+            }),
+        ),
+        (
+            "list removed",
+            Box::new(|k| {
+                k.hash.remove(LIST_FIELD);
+            }),
+        ),
+        (
+            "list garbage",
+            Box::new(|k| {
+                k.hash.insert(LIST_FIELD.to_vec(), b";x".to_vec());
             }),
         ),
         (
@@ -445,19 +477,21 @@ fn set_summary(key: &mut Key, text: &[u8]) {
     key.hash.insert(SUMMARY_FIELD.to_vec(), text.to_vec());
 }
 
-/// Writes a summary of `h`'s numbers that lists `list`.
-fn set_header_and_list(key: &mut Key, h: &Header, list: &[stored::Tracked]) {
-    let text = stored::summary_text(h.weight, h.count, h.horizon_us, h.latest_us, list, (b"", 0));
-    set_summary(key, &text);
+/// Writes a summary of `h`'s numbers that lists `list` (its count and
+/// first as the list says).
+fn set_header_and_list(key: &mut Key, mut h: Header, list: &[stored::Tracked]) {
+    h.listed = list.len();
+    h.first_us = list.first().map_or(h.horizon_us, |t| t.lease.expires_us);
+    set_summary(key, &h.text());
+    key.hash
+        .insert(LIST_FIELD.to_vec(), stored::list_text(list, b""));
 }
 
 /// Changes the summary's numbers, keeping its list.
 fn edit(key: &mut Key, change: impl Fn(&mut Header)) {
-    let text = key.hash[SUMMARY_FIELD].clone();
-    let mut h = Header::parse(&text).unwrap();
-    let list = h.tracked().unwrap();
+    let mut h = Header::parse(&key.hash[SUMMARY_FIELD]).unwrap();
     change(&mut h);
-    set_header_and_list(key, &h, &list);
+    set_summary(key, &h.text());
 }
 
 #[test]
@@ -468,10 +502,12 @@ fn a_small_key_keeps_no_summary_and_a_large_one_drops_it_when_small() {
         key.call(&id, NOW, Kind::Acquire, |v| acquire(v, 100, 1_000, 1, &[]));
         let has = key.hash.contains_key(SUMMARY_FIELD);
         assert_eq!(has, i == TRACKED, "after {} leases", i + 1);
+        assert_eq!(key.hash.contains_key(LIST_FIELD), has);
         key.check_summary("growing");
     }
     key.call(b"a0", NOW, Kind::Release, release);
     assert!(!key.hash.contains_key(SUMMARY_FIELD));
+    assert!(!key.hash.contains_key(LIST_FIELD));
     assert_eq!(key.hash.len(), TRACKED);
     // A lease field that holds anything else is an error, whatever the
     // summary: here the caller's own.
@@ -509,6 +545,7 @@ fn a_hint_is_exact_on_small_keys_and_never_late() {
                 weight: 1
             }),
             summary: None,
+            list: None,
             delete: vec![b"old".to_vec()],
             expire_at_ms: (NOW + 30_000_000) / 1000,
         })

@@ -56,27 +56,28 @@ impl<'c> Key<'c> {
         a: &(impl RString + ?Sized),
         b: &(impl RString + ?Sized),
     ) -> (Option<OwnedString<'c>>, Option<OwnedString<'c>>) {
-        self.hash_get_two(a.ptr(), b.ptr())
+        let [va, vb, _] = self.hash_get_fields([a.ptr(), b.ptr(), ptr::null_mut()]);
+        (va, vb)
     }
 
     /// The value of one field of a hash (`None`: absent).
     pub fn hash_get_field(&self, field: &(impl RString + ?Sized)) -> Option<OwnedString<'c>> {
-        self.hash_get_two(field.ptr(), ptr::null_mut()).0
+        let [v, _, _] = self.hash_get_fields([field.ptr(), ptr::null_mut(), ptr::null_mut()]);
+        v
     }
 
-    /// HashGet of the fields `a` and `b`, or of `a` alone if `b` is NULL
-    /// (Redis reads fields up to the first NULL one).
+    /// HashGet of up to three fields: those before the first NULL one
+    /// (Redis reads fields up to it).
     #[inline(always)]
-    fn hash_get_two(
+    fn hash_get_fields(
         &self,
-        a: *mut RedisModuleString,
-        b: *mut RedisModuleString,
-    ) -> (Option<OwnedString<'c>>, Option<OwnedString<'c>>) {
+        [a, b, c]: [*mut RedisModuleString; 3],
+    ) -> [Option<OwnedString<'c>>; 3] {
         let Some(key) = self.key else {
-            return (None, None);
+            return [None, None, None];
         };
-        let (mut va, mut vb): (*mut RedisModuleString, *mut RedisModuleString) =
-            (ptr::null_mut(), ptr::null_mut());
+        let mut out: [*mut RedisModuleString; 3] = [ptr::null_mut(); 3];
+        let [va, vb, vc] = &mut out;
         // SAFETY: an open hash key, field/out-pointer pairs, NULL-terminated;
         // HashGet hands over new strings (or leaves NULL).
         unsafe {
@@ -84,14 +85,15 @@ impl<'c> Key<'c> {
                 key.as_ptr(),
                 raw::REDISMODULE_HASH_NONE as c_int,
                 a,
-                &mut va as *mut *mut RedisModuleString,
+                va as *mut *mut RedisModuleString,
                 b,
-                &mut vb as *mut *mut RedisModuleString,
+                vb as *mut *mut RedisModuleString,
+                c,
+                vc as *mut *mut RedisModuleString,
                 ptr::null::<c_char>(),
             )
         };
-        let own = |p| OwnedString::own(p, self.ctx, self.api);
-        (own(va), own(vb))
+        out.map(|p| OwnedString::own(p, self.ctx, self.api))
     }
 
     /// Sets two fields of a hash (creating it); true if both were written.
@@ -105,18 +107,38 @@ impl<'c> Key<'c> {
         // COUNT_ALL: the result counts inserted fields too, so 2 means
         // both fields were written.
         let all = raw::REDISMODULE_HASH_COUNT_ALL;
-        self.hash_set_two(all, [a.ptr(), va.ptr()], [b.ptr(), vb.ptr()]) == Some(2)
+        let pairs = [
+            [a.ptr(), va.ptr()],
+            [b.ptr(), vb.ptr()],
+            [ptr::null_mut(); 2],
+        ];
+        self.hash_set_three(all, pairs) == Some(2)
     }
 
-    /// HashSet with `flags` of the field/value pairs `a` and `b`, or of `a`
-    /// alone if `b`'s field is NULL (Redis reads pairs up to the first NULL
-    /// field): what Redis returns, `None` if the key could not be opened.
+    /// Sets the field/value pairs of `pairs` (one to three) in a hash
+    /// (creating it); true if all were written.
+    pub fn hash_set_pairs(&mut self, pairs: &[(&dyn RString, &dyn RString)]) -> bool {
+        let mut raw_pairs = [[ptr::null_mut(); 2]; 3];
+        if pairs.is_empty() || pairs.len() > raw_pairs.len() {
+            return false;
+        }
+        for (slot, (field, value)) in raw_pairs.iter_mut().zip(pairs) {
+            *slot = [field.ptr(), value.ptr()];
+        }
+        // COUNT_ALL: the result counts inserted fields too, so it is the
+        // number of pairs when every one was written.
+        let all = raw::REDISMODULE_HASH_COUNT_ALL;
+        self.hash_set_three(all, raw_pairs) == c_int::try_from(pairs.len()).ok()
+    }
+
+    /// HashSet with `flags` of up to three field/value pairs: those before
+    /// the first NULL field (Redis reads pairs up to it): what Redis
+    /// returns, `None` if the key could not be opened.
     #[inline(always)]
-    fn hash_set_two(
+    fn hash_set_three(
         &mut self,
         flags: u32,
-        [a, va]: [*mut RedisModuleString; 2],
-        [b, vb]: [*mut RedisModuleString; 2],
+        [[a, va], [b, vb], [c, vc]]: [[*mut RedisModuleString; 2]; 3],
     ) -> Option<c_int> {
         let key = self.key?;
         // SAFETY: a key open for writing, field/value pairs, NULL-terminated.
@@ -128,6 +150,8 @@ impl<'c> Key<'c> {
                 va,
                 b,
                 vb,
+                c,
+                vc,
                 ptr::null::<c_char>(),
             )
         })
@@ -193,18 +217,13 @@ impl<'c> Key<'c> {
         state.result
     }
 
-    /// Sets one field of a hash (creating it); true if Redis did.
-    pub fn hash_set_field(&mut self, field: &dyn RString, value: &dyn RString) -> bool {
-        let all = raw::REDISMODULE_HASH_COUNT_ALL;
-        self.hash_set_two(all, [field.ptr(), value.ptr()], [ptr::null_mut(); 2]) == Some(1)
-    }
-
     /// Deletes one field of a hash (Redis deletes the key with its last
     /// field); true if the field was there and Redis deleted it.
     pub fn hash_delete_field(&mut self, field: &dyn RString) -> bool {
         // The DELETE marker as the value.
         let delete = [field.ptr(), raw::REDISMODULE_HASH_DELETE.cast_mut()];
-        self.hash_set_two(raw::REDISMODULE_HASH_NONE, delete, [ptr::null_mut(); 2]) == Some(1)
+        let none = [ptr::null_mut(); 2];
+        self.hash_set_three(raw::REDISMODULE_HASH_NONE, [delete, none, none]) == Some(1)
     }
 
     /// Sets the absolute expire time in ms; true if Redis did.

@@ -37,7 +37,7 @@ pub use context::{Args, CommandLocal, Ctx, RawHandler};
 pub use info::Info;
 pub use key::Key;
 pub use load::{ArgDoc, ArgKind, Begin, CommandDef, Docs, KeySpec, Load};
-pub use string::{ArgString, Interned, Kept, RString};
+pub use string::{ArgString, Interned, Kept, OwnedString, RString};
 
 pub(crate) use context::handler;
 pub(crate) use load::module;

@@ -8,8 +8,10 @@ use std::collections::BTreeMap;
 use tb_core::bucket::Stored;
 use tb_core::contract::{TOKENS_FIELD, TS_FIELD};
 use tb_core::error::Error;
-use tb_core::lease::stored::Header;
-use tb_core::lease::{Lease, LeaseStore, Part, Write, SUMMARY_FIELD, TRACKED};
+use tb_core::lease::stored::{self, Header};
+use tb_core::lease::{
+    Lease, LeaseStore, ListField, Part, Write, LIST_FIELD, SUMMARY_FIELD, TRACKED,
+};
 use tb_core::state::{load, BucketFields, KeyKind};
 
 /// What a key holds: nothing, a hash (field → value), or another type.
@@ -57,9 +59,14 @@ impl<K: AsRef<[u8]>, V: AsRef<[u8]>> LeaseStore for KeyView<'_, K, V> {
     fn with_summary<R>(
         &self,
         id: Option<&[u8]>,
-        f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R,
+        f: impl for<'x> FnOnce(Option<&'x [u8]>, Option<&'x [u8]>, ListField<'x>) -> R,
     ) -> R {
-        f(self.field(SUMMARY_FIELD), id.and_then(|id| self.field(id)))
+        let list = self.field(LIST_FIELD);
+        f(
+            self.field(SUMMARY_FIELD),
+            id.and_then(|id| self.field(id)),
+            ListField(&list),
+        )
     }
 
     fn scan(&self, mut visit: impl FnMut(&[u8], &[u8]) -> Result<(), Error>) -> Result<(), Error> {
@@ -89,6 +96,7 @@ pub fn write_leases(
             expire_first,
             own,
             summary,
+            list,
             delete,
             expire_at_ms,
         } => {
@@ -100,6 +108,9 @@ pub fn write_leases(
                         }
                         if let Some(text) = summary {
                             hash.insert(SUMMARY_FIELD.to_vec(), text.clone());
+                        }
+                        if let Some(text) = list {
+                            hash.insert(LIST_FIELD.to_vec(), text.clone());
                         }
                     }
                     Part::Remove => {
@@ -116,10 +127,11 @@ pub fn write_leases(
 }
 
 /// The live weight of a lease hash at `now_us`, read by brute force: every
-/// field but the summary that holds a lease expiring after `now_us`.
+/// field but the summary and list that holds a lease expiring after
+/// `now_us`.
 pub fn live_weight(hash: &BTreeMap<Vec<u8>, Vec<u8>>, now_us: i64) -> i64 {
     hash.iter()
-        .filter(|(f, _)| f.as_slice() != SUMMARY_FIELD)
+        .filter(|(f, _)| f.as_slice() != SUMMARY_FIELD && f.as_slice() != LIST_FIELD)
         .filter_map(|(_, v)| Lease::parse(v))
         .filter(|l| l.is_live(now_us))
         .map(|l| l.weight)
@@ -128,25 +140,36 @@ pub fn live_weight(hash: &BTreeMap<Vec<u8>, Vec<u8>>, now_us: i64) -> i64 {
 
 /// What is wrong with a lease hash's summary, if anything: it must hold
 /// the totals of every lease field, list exactly the leases expiring
-/// before its horizon (as stored, in ascending expiry), and bound every
-/// expiry by its latest; a key of more than TRACKED + 1 fields must have
-/// one. (A hash with a field that holds no lease has no summary to check.)
+/// before its horizon (as stored, in ascending expiry) in its list field,
+/// name the first of them, and bound every expiry by its latest; a key of
+/// more than TRACKED + 1 leases must have one. (A hash with a field that
+/// holds no lease has no summary to check.)
 pub fn lease_summary_problem(hash: &BTreeMap<Vec<u8>, Vec<u8>>) -> Option<String> {
     let mut leases = Vec::new();
     for (field, value) in hash {
-        if field.as_slice() != SUMMARY_FIELD {
+        if field.as_slice() != SUMMARY_FIELD && field.as_slice() != LIST_FIELD {
             leases.push((field.as_slice(), Lease::parse(value)?));
         }
     }
-    let Some(text) = hash.get(SUMMARY_FIELD) else {
-        return (hash.len() > TRACKED + 1).then(|| format!("{} fields and no summary", hash.len()));
+    let (text, list_text) = match (hash.get(SUMMARY_FIELD), hash.get(LIST_FIELD)) {
+        (Some(text), Some(list)) => (text, list),
+        (None, None) if leases.len() > TRACKED + 1 => {
+            return Some(format!("{} leases and no summary", leases.len()))
+        }
+        (None, None) => return None,
+        (Some(_), None) => return Some("a summary with no list field".into()),
+        (None, Some(_)) => return Some("a list field with no summary".into()),
     };
     let Some(h) = Header::parse(text) else {
         return Some("the summary's numbers break the grammar".into());
     };
-    let Some(listed) = h.tracked() else {
+    let Some(listed) = stored::tracked(list_text) else {
         return Some("the summary's list breaks the grammar".into());
     };
+    let first = listed.first().map_or(h.horizon_us, |t| t.lease.expires_us);
+    if listed.len() != h.listed || first != h.first_us {
+        return Some("the summary's listed or first disagrees with its list".into());
+    }
     let weight: i64 = leases.iter().map(|(_, l)| l.weight).sum();
     let latest = leases.iter().map(|(_, l)| l.expires_us).max().unwrap_or(0);
     let mut before: Vec<(i64, Vec<u8>, i64)> = leases

@@ -35,7 +35,7 @@ export const COMMANDS = {
 } as const;
 
 /** The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION). */
-export const LIBRARY_VERSION = "0.1.0+c953cc44914f";
+export const LIBRARY_VERSION = "0.1.0+6c361a0d1018";
 
 /** Error reply templates; message() fills in the {name} marks. */
 export const ERRORS = {

@@ -23,8 +23,8 @@ pub use args::{
     acquire_key_positions, parse_acquire, parse_inflight, parse_release, parse_renew, Acquire,
     ACQUIRE_ID_INDEX, ID_INDEX,
 };
-pub use stored::{Lease, SUMMARY_FIELD, TRACKED};
+pub use stored::{Lease, LIST_FIELD, SUMMARY_FIELD, TRACKED};
 pub use view::{
     acquire, decide, key_expire_at_ms, ms_until, release, renew, Acquired, Kind, LeaseStore,
-    Leases, Part, Unsure, Write,
+    Leases, ListField, ListRead, Part, Unsure, Write,
 };

@@ -1,16 +1,20 @@
 //! What a lease key stores, read and written: one field per lease, and on a
-//! key of more than [`TRACKED`] leases the summary field. The grammar is
+//! key of more than [`TRACKED`] leases the summary and list fields. The grammar is
 //! contract.json's "stored" (see `crate::contract::LEASE_SUMMARY_FIELD`);
 //! the Lua library reads and writes the same text.
 
 use crate::contract::{
-    LEASE_SUMMARY_FIELD, LEASE_TRACKED, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_STORED_INTEGER,
+    LEASE_LIST_FIELD, LEASE_SUMMARY_FIELD, LEASE_TRACKED, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT,
+    MAX_STORED_INTEGER,
 };
 use crate::number::{digit_run, Text};
 use std::borrow::Cow;
 
 /// The summary's field name: empty, which no lease id can be.
 pub const SUMMARY_FIELD: &[u8] = LEASE_SUMMARY_FIELD.as_bytes();
+
+/// The list field's name: longer than any lease id can be.
+pub const LIST_FIELD: &[u8] = &LEASE_LIST_FIELD;
 
 /// The leases a summary lists.
 pub const TRACKED: usize = LEASE_TRACKED;
@@ -109,9 +113,9 @@ impl<'a> Tracked<'a> {
     }
 }
 
-/// The summary's numbers, and where its list starts.
+/// The summary's numbers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Header<'a> {
+pub struct Header {
     /// The total weight of the key's lease fields.
     pub weight: i64,
     /// How many lease fields the key holds.
@@ -122,27 +126,27 @@ pub struct Header<'a> {
     pub horizon_us: i64,
     /// No lease expires after this.
     pub latest_us: i64,
-    /// The listed leases' text: empty, or `;` and the first of them.
-    pub list: &'a [u8],
+    /// The first listed lease's expiry; the horizon if none is listed.
+    pub first_us: i64,
 }
 
-impl<'a> Header<'a> {
-    /// Reads the numbers of a summary; `None` if they break the grammar
-    /// or list more than TRACKED leases.
-    pub fn parse(text: &'a [u8]) -> Option<Header<'a>> {
+impl Header {
+    /// Reads a summary; `None` if it breaks the grammar or lists more than
+    /// TRACKED leases.
+    pub fn parse(text: &[u8]) -> Option<Header> {
         let mut at = 0;
         let mut next = |last: bool| {
             let (v, n) = int_at(&text[at..])?;
             at += n;
             match text.get(at) {
                 Some(b':') if !last => at += 1,
-                Some(b';') | None if last => {}
+                None if last => {}
                 _ => return None,
             }
             Some(v)
         };
         let (weight, count, listed) = (next(false)?, next(false)?, next(false)?);
-        let (horizon_us, latest_us) = (next(false)?, next(true)?);
+        let (horizon_us, latest_us, first_us) = (next(false)?, next(false)?, next(true)?);
         let listed = usize::try_from(listed).ok().filter(|&n| n <= TRACKED)?;
         Some(Header {
             weight,
@@ -150,36 +154,49 @@ impl<'a> Header<'a> {
             listed,
             horizon_us,
             latest_us,
-            list: &text[at..],
+            first_us,
         })
     }
 
-    /// The first listed lease's expiry (`Some(None)`: none listed), read
-    /// without the rest of the list; `None` if it breaks the grammar.
-    pub fn first_expiry(&self) -> Option<Option<i64>> {
-        match self.list.split_first() {
-            None => Some(None),
-            Some((b';', rest)) => {
-                let (v, n) = int_at(rest)?;
-                (rest.get(n) == Some(&b':')).then_some(Some(v))
+    /// The summary's text.
+    pub fn text(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(80);
+        let numbers = [
+            self.weight,
+            self.count,
+            self.listed as i64,
+            self.horizon_us,
+            self.latest_us,
+            self.first_us,
+        ];
+        for (i, v) in numbers.into_iter().enumerate() {
+            if i > 0 {
+                out.push(b':');
             }
-            Some(_) => None,
+            out.extend_from_slice(Text::int(v).as_bytes());
         }
+        out
     }
+}
 
-    /// Every listed lease, in the order stored; `None` if one breaks the
-    /// grammar or they are not `listed`. The order, the horizon and the
-    /// totals are the caller's to check.
-    pub fn tracked(&self) -> Option<Vec<Tracked<'a>>> {
-        let mut list = Vec::with_capacity(self.listed);
-        let mut rest = self.list;
-        while !rest.is_empty() {
-            let (t, after) = entry(rest)?;
-            list.push(t);
-            rest = after;
-        }
-        (list.len() == self.listed).then_some(list)
+/// Every lease of a list field's text, in the order stored; `None` if one
+/// breaks the grammar. The count, the order, the horizon and the totals
+/// are the caller's to check.
+pub fn tracked(mut list: &[u8]) -> Option<Vec<Tracked<'_>>> {
+    let mut out = Vec::new();
+    while !list.is_empty() {
+        let (t, after) = entry(list)?;
+        out.push(t);
+        list = after;
     }
+    Some(out)
+}
+
+/// The expiry of the first lease of a list's text, read without the rest;
+/// `None` if it breaks the grammar.
+pub fn first_expiry(list: &[u8]) -> Option<i64> {
+    let (v, n) = int_at(list.strip_prefix(b";")?)?;
+    (list.get(1 + n) == Some(&b':')).then_some(v)
 }
 
 /// The listed lease `text` starts with, `;<expires_at_us>:<weight>:<id
@@ -213,28 +230,15 @@ pub fn entry(text: &[u8]) -> Option<(Tracked<'_>, &[u8])> {
     Some((t, &after[at + len..]))
 }
 
-/// The summary's text for these numbers and listed leases: those in
-/// `tracked`, then `rest`, the text of `rest_count` more as stored.
-pub fn summary_text(
-    weight: i64,
-    count: i64,
-    horizon_us: i64,
-    latest_us: i64,
-    tracked: &[Tracked],
-    (rest, rest_count): (&[u8], usize),
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
-        64 + rest.len() + tracked.iter().map(|t| 32 + t.id.len()).sum::<usize>(),
-    );
+/// The list field's text: the leases in `tracked`, then `rest`, the text
+/// of more as stored.
+pub fn list_text(tracked: &[Tracked], rest: &[u8]) -> Vec<u8> {
+    let mut out =
+        Vec::with_capacity(rest.len() + tracked.iter().map(|t| 32 + t.id.len()).sum::<usize>());
     let int = |out: &mut Vec<u8>, sep: &[u8], v: i64| {
         out.extend_from_slice(sep);
         out.extend_from_slice(Text::int(v).as_bytes());
     };
-    int(&mut out, b"", weight);
-    int(&mut out, b":", count);
-    int(&mut out, b":", (tracked.len() + rest_count) as i64);
-    int(&mut out, b":", horizon_us);
-    int(&mut out, b":", latest_us);
     for t in tracked {
         if let Some(text) = t.text {
             out.extend_from_slice(text);
@@ -381,20 +385,25 @@ mod tests {
 
     #[test]
     fn a_summary_reads_back_what_was_written() {
+        let h = Header {
+            weight: 40,
+            count: 20,
+            listed: 3,
+            horizon_us: 13,
+            latest_us: 99,
+            first_us: 10,
+        };
+        assert_eq!(h.text(), b"40:20:3:13:99:10");
+        assert_eq!(Header::parse(&h.text()), Some(h));
         let list = [
             tracked(10, 2, "a"),
             tracked(12, 1, "b;:7:x"),
             tracked(12, 5, "c"),
         ];
-        let text = summary_text(40, 20, 13, 99, &list, (b"", 0));
-        assert_eq!(text, b"40:20:3:13:99;10:2:1:a;12:1:6:b;:7:x;12:5:1:c");
-        let h = Header::parse(&text).unwrap();
-        assert_eq!(
-            (h.weight, h.count, h.listed, h.horizon_us, h.latest_us),
-            (40, 20, 3, 13, 99)
-        );
-        assert_eq!(h.first_expiry(), Some(Some(10)));
-        let back = h.tracked().unwrap();
+        let text = list_text(&list, b"");
+        assert_eq!(text, b";10:2:1:a;12:1:6:b;:7:x;12:5:1:c");
+        assert_eq!(first_expiry(&text), Some(10));
+        let back = super::tracked(&text).unwrap();
         assert_eq!(
             read(
                 &back
@@ -406,25 +415,24 @@ mod tests {
         );
         // Written again from what was read: the same text, copied.
         assert!(back.iter().all(|t| t.text.is_some()));
-        assert_eq!(summary_text(40, 20, 13, 99, &back, (b"", 0)), text);
+        assert_eq!(list_text(&back, b""), text);
         // Two read, the third left as text.
-        let (first, rest) = entry(h.list).unwrap();
+        let (first, rest) = entry(&text).unwrap();
         let (second, rest) = entry(rest).unwrap();
-        assert_eq!(
-            summary_text(40, 20, 13, 99, &[first, second], (rest, 1)),
-            text
-        );
-        let empty = summary_text(9, 9, 5, 6, &[], (b"", 0));
-        let h = Header::parse(&empty).unwrap();
-        assert_eq!(h.first_expiry(), Some(None));
-        assert_eq!(h.tracked(), Some(vec![]));
+        assert_eq!(first_expiry(rest), Some(12));
+        assert_eq!(list_text(&[first, second], rest), text);
+        assert_eq!(list_text(&[], b""), b"");
+        assert_eq!(super::tracked(b""), Some(vec![]));
+        assert_eq!(first_expiry(b""), None);
         let full: Vec<_> = (0..TRACKED as i64)
             .map(|i| tracked(i, 1, &"i".repeat(MAX_LEASE_ID_BYTES)))
             .collect();
-        let text = summary_text(9, 9, 99, 99, &full, (b"", 0));
-        let back = Header::parse(&text).unwrap().tracked().unwrap();
-        assert_eq!(summary_text(9, 9, 99, 99, &back, (b"", 0)), text);
+        let text = list_text(&full, b"");
+        let back = super::tracked(&text).unwrap();
+        assert_eq!(list_text(&back, b""), text);
         assert_eq!(back.len(), full.len());
+        // No id can be the list field's name.
+        assert_eq!(LIST_FIELD.len(), MAX_LEASE_ID_BYTES + 1);
     }
 
     #[test]
@@ -432,13 +440,16 @@ mod tests {
         for bad in [
             &b""[..],
             b"1:1:1",
-            b"1:1:0:1",
+            b"1:1:0:1:1",
             b"1:1:0:1:1:",
-            b"1:1:0:1:01",
-            b"1:1:0:1:-1",
-            b"1:1:0:1:1x",
-            b"1:1:9:1:1",
-            b"a:1:1:1",
+            b"1:1:0:1:1:1:",
+            b"1:1:0:1:1:1:1",
+            b"1:1:0:1:01:1",
+            b"1:1:0:1:-1:1",
+            b"1:1:0:1:1x:1",
+            b"1:1:0:1:1:1;5:1:1:a",
+            b"1:1:9:1:1:1",
+            b"a:1:1:1:1:1",
         ] {
             assert_eq!(
                 Header::parse(bad),
@@ -448,26 +459,34 @@ mod tests {
             );
         }
         for bad_list in [
-            &b"1:1:1:1:1;"[..],
-            b"1:1:1:1:1;5",
-            b"1:1:1:1:1;5:1",
-            b"1:1:1:1:1;5:1:1",
-            b"1:1:1:1:1;5:1:2:a",
-            b"1:1:1:1:1;5:1:0:",
-            b"1:1:1:1:1;5:0:1:a",
-            b"1:1:1:1:1;5:1:257:a",
-            b"1:1:1:1:1;5:1:1:ab",
-            b"1:1:1:1:1;5:1:1:a;",
-            b"1:1:1:1:1;05:1:1:a",
-            b"1:1:2:1:1;5:1:1:a",
-            b"1:1:0:1:1;5:1:1:a",
+            &b";"[..],
+            b";5",
+            b";5:1",
+            b";5:1:1",
+            b";5:1:2:a",
+            b";5:1:0:",
+            b";5:0:1:a",
+            b";5:1:257:a",
+            b";5:1:1:ab",
+            b";5:1:1:a;",
+            b";05:1:1:a",
+            b"5:1:1:a",
         ] {
-            let h = Header::parse(bad_list).unwrap();
-            assert_eq!(h.tracked(), None, "{:?}", String::from_utf8_lossy(bad_list));
+            assert_eq!(
+                super::tracked(bad_list),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad_list)
+            );
         }
-        assert_eq!(Header::parse(b"1:1:1:1:1;x").unwrap().first_expiry(), None);
-        let too_many: Vec<_> = (0..=TRACKED as i64).map(|i| tracked(i, 1, "i")).collect();
-        let text = summary_text(9, 9, 99, 99, &too_many, (b"", 0));
-        assert_eq!(Header::parse(&text), None);
+        for bad_first in [
+            &b";x"[..],
+            b";05:",
+            b";5",
+            b"5:1:1:a",
+            b";99999999999999999:1",
+        ] {
+            assert_eq!(first_expiry(bad_first), None, "{bad_first:?}");
+        }
     }
 }

@@ -3,12 +3,17 @@
 //!
 //! A key of at most [`TRACKED`] + 1 fields is read whole: a *pass*. A
 //! larger one keeps a summary (stored.rs): the total weight and count,
-//! how many leases it lists, a horizon, the latest expiry, and the leases
-//! that expire before the horizon, in ascending expiry then id. While the
-//! clock is before the horizon, every lease that can have expired is
-//! listed, so the live weight is the total less the listed leases that
-//! have expired, and a call reads two fields: the summary and its own
-//! lease. The list is read lease by lease, only as far as the call needs:
+//! how many leases it lists, a horizon, the latest expiry and the first
+//! listed one; and in a list field of its own, the leases that expire
+//! before the horizon, in ascending expiry then id. While the clock is
+//! before the horizon, every lease that can have expired is listed, so
+//! the live weight is the total less the listed leases that have
+//! expired, and a call reads two fields: the summary and its own lease.
+//! The list field, the long one, is read only by a call that needs a
+//! listed lease, and written only when it changes. (Lua interns every
+//! string it reads or makes, hashing each byte: the library's calls pay
+//! for a long field on every read and write.) The list is read lease by
+//! lease, only as far as the call needs:
 //! past the ones that expired, up to the caller's own lease if it is
 //! listed, up to where a new lease goes, as far as a denial's wait needs,
 //! and whole only to drop a lease when one more would make it too long.
@@ -19,7 +24,9 @@
 //! the Lua library read and write the same way, so they write the same
 //! text whatever order they read the hash in.
 
-use super::stored::{entry, summary_text, Header, Lease, Tracked, SUMMARY_FIELD, TRACKED};
+use super::stored::{
+    entry, first_expiry, list_text, Header, Lease, Tracked, LIST_FIELD, SUMMARY_FIELD, TRACKED,
+};
 use crate::bucket::{consume_all_if, Limits, Outcome, Stored};
 use crate::error::Error;
 use crate::state::KeyKind;
@@ -30,16 +37,40 @@ use std::borrow::Cow;
 pub trait LeaseStore {
     /// What the key holds: its field count for a hash.
     fn kind(&self) -> KeyKind;
-    /// Calls `f` with the summary's value and the value of field `id`
-    /// (`None`: absent).
+    /// Calls `f` with the values of the summary and of field `id`
+    /// (`None`: absent), and a way to read the list's, which a call needs
+    /// only now and then.
     fn with_summary<R>(
         &self,
         id: Option<&[u8]>,
-        f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R,
+        f: impl for<'x> FnOnce(Option<&'x [u8]>, Option<&'x [u8]>, ListField<'x>) -> R,
     ) -> R;
     /// Calls `visit(field, value)` for every field of the hash, until it
     /// returns `Err`, which is then the result.
     fn scan(&self, visit: impl FnMut(&[u8], &[u8]) -> Result<(), Error>) -> Result<(), Error>;
+}
+
+/// Reads the list field's value (`None`: absent): once, when a call first
+/// needs a listed lease.
+pub trait ListRead {
+    fn read(&self) -> Option<&[u8]>;
+}
+
+/// A list field already read (stores in memory).
+impl ListRead for Option<&[u8]> {
+    fn read(&self) -> Option<&[u8]> {
+        *self
+    }
+}
+
+/// A store's way to read the list field.
+#[derive(Clone, Copy)]
+pub struct ListField<'x>(pub &'x dyn ListRead);
+
+impl std::fmt::Debug for ListField<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ListField")
+    }
 }
 
 /// The summary can't answer a call (its list breaks its grammar or
@@ -88,11 +119,33 @@ fn order<'t>(t: &'t Tracked) -> (i64, &'t [u8]) {
 #[derive(Debug)]
 struct List<'a> {
     read: Vec<Tracked<'a>>,
-    rest: &'a [u8],
+    /// `None`: the list field is missing, which a read finds out, or not
+    /// read yet (`field`).
+    rest: Option<&'a [u8]>,
+    /// Reads the list field, if it is still to be read.
+    field: Option<ListField<'a>>,
     /// How many leases `rest` holds, as the summary says.
     left: usize,
     /// The expiry of the last lease read, for the order.
     last_us: i64,
+    /// The first lease's expiry, as the summary says, until it is read.
+    first_us: Option<i64>,
+    /// A lease was read off `rest`.
+    consumed: bool,
+}
+
+impl List<'_> {
+    fn new() -> Self {
+        List {
+            read: Vec::new(),
+            rest: Some(b""),
+            field: None,
+            left: 0,
+            last_us: i64::MIN,
+            first_us: None,
+            consumed: false,
+        }
+    }
 }
 
 /// A lease key at one instant, after the leases that expired are set
@@ -120,6 +173,8 @@ pub struct Leases<'a> {
     /// The hash's fields when read, and its summary as stored.
     fields: usize,
     summary: Option<Cow<'a, [u8]>>,
+    /// The list field as stored (as "" where the summary lists none).
+    list_field: Option<Cow<'a, [u8]>>,
     /// The key was read whole.
     passed: bool,
     /// The caller's lease was set, or released.
@@ -133,6 +188,7 @@ impl<'a> Leases<'a> {
     fn from_summary(
         fields: usize,
         summary: Option<&'a [u8]>,
+        list: ListField<'a>,
         own: Option<&'a [u8]>,
         id: Option<&'a [u8]>,
         now_us: i64,
@@ -143,17 +199,20 @@ impl<'a> Leases<'a> {
         let Some(h) = summary.and_then(Header::parse) else {
             return Ok(None);
         };
-        let agrees = i64::try_from(fields).is_ok_and(|n| h.count == n - 1)
+        // The fields: the leases, the summary and the list.
+        let agrees = i64::try_from(fields).is_ok_and(|n| h.count == n - 2)
             && h.listed as i64 <= h.count
             && h.weight >= h.count
             && h.latest_us >= h.horizon_us
+            && (if h.listed == 0 {
+                h.first_us == h.horizon_us
+            } else {
+                h.first_us < h.horizon_us
+            })
             && own_stored.is_none_or(|l| {
                 // The caller's lease is one of `count`, each of weight 1 or more.
                 l.expires_us <= h.latest_us && h.count >= 1 && l.weight + h.count - 1 <= h.weight
             });
-        let Some(first) = h.first_expiry() else {
-            return Ok(None);
-        };
         if !agrees || now_us >= h.horizon_us {
             return Ok(None);
         }
@@ -166,22 +225,25 @@ impl<'a> Leases<'a> {
             count: h.count,
             latest_others_us: h.latest_us,
             horizon_us: Some(h.horizon_us),
+            // A summary that lists none is not answered by its list field.
             list: List {
-                read: Vec::new(),
-                rest: h.list,
+                rest: if h.listed == 0 { Some(b"") } else { None },
+                field: (h.listed > 0).then_some(list),
                 left: h.listed,
-                last_us: i64::MIN,
+                first_us: Some(h.first_us),
+                ..List::new()
             },
             expired: Vec::new(),
             fields,
             summary: summary.map(Cow::Borrowed),
+            list_field: (h.listed == 0).then_some(Cow::Borrowed(b"")),
             passed: false,
             set_own: None,
             released: false,
         };
         // The list answers for the leases that expired (at its head), and
         // for the caller's, if listed.
-        if first.is_some_and(|e| e <= now_us) && view.read_past_expired().is_err() {
+        if h.listed > 0 && h.first_us <= now_us && view.read_past_expired().is_err() {
             return Ok(None);
         }
         if own_stored.is_some_and(|l| view.listed(l)) && view.find_own().is_err() {
@@ -206,15 +268,11 @@ impl<'a> Leases<'a> {
             count: 0,
             latest_others_us: 0,
             horizon_us: None,
-            list: List {
-                read: Vec::new(),
-                rest: b"",
-                left: 0,
-                last_us: i64::MIN,
-            },
+            list: List::new(),
             expired: Vec::new(),
             fields,
             summary: None,
+            list_field: None,
             passed: true,
             set_own: None,
             released: false,
@@ -225,6 +283,10 @@ impl<'a> Leases<'a> {
             store.scan(|field, value| {
                 if field == SUMMARY_FIELD {
                     view.summary = Some(Cow::Owned(value.to_vec()));
+                    return Ok(());
+                }
+                if field == LIST_FIELD {
+                    view.list_field = Some(Cow::Owned(value.to_vec()));
                     return Ok(());
                 }
                 let lease = Lease::parse(value).ok_or(Error::NotALeaseKey)?;
@@ -270,23 +332,31 @@ impl<'a> Leases<'a> {
     /// grammar, the order or the horizon, disagrees with the caller's own
     /// lease, or leaves the totals impossible.
     fn read_one(&mut self) -> Result<bool, Unsure> {
+        if let Some(read) = self.list.field.take() {
+            self.list.rest = read.0.read();
+            self.list_field = self.list.rest.map(Cow::Borrowed);
+        }
         let list = &mut self.list;
+        let text = list.rest.ok_or(Unsure)?;
         if list.left == 0 {
-            return if list.rest.is_empty() {
+            return if text.is_empty() {
                 Ok(false)
             } else {
                 Err(Unsure)
             };
         }
-        let (t, rest) = entry(list.rest).ok_or(Unsure)?;
+        let (t, rest) = entry(text).ok_or(Unsure)?;
         let e = t.lease.expires_us;
         let before_horizon = self.horizon_us.is_some_and(|h| e < h);
-        // The caller's lease is listed only as stored.
+        // The caller's lease is listed only as stored; the first lease as
+        // the summary says.
         let own_agrees = Some(&*t.id) != self.id || self.own_stored == Some(t.lease);
-        if e < list.last_us || !before_horizon || !own_agrees {
+        let first_agrees = list.first_us.take().is_none_or(|f| f == e);
+        if e < list.last_us || !before_horizon || !own_agrees || !first_agrees {
             return Err(Unsure);
         }
-        (list.rest, list.left, list.last_us) = (rest, list.left - 1, e);
+        (list.rest, list.left, list.last_us) = (Some(rest), list.left - 1, e);
+        list.consumed = true;
         if t.lease.is_live(self.now_us) {
             list.read.push(t);
         } else {
@@ -458,22 +528,42 @@ impl<'a> Leases<'a> {
     }
 
     /// The summary the key needs now, if it holds more than TRACKED
-    /// leases: the leases read, then the list's text not read, as stored.
+    /// leases, and its list: the leases read, then the list's text not
+    /// read, as stored (`None`: the call left the list as it found it).
     /// A pass of a key of TRACKED + 1 leases whose earliest share one
     /// expiry lists none, so the horizon is always set here.
-    fn summary_now(&self) -> Option<Vec<u8>> {
+    fn summary_now(&self) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
         if self.count <= TRACKED as i64 {
             return None;
         }
+        let horizon_us = self.horizon_us?;
         let list = &self.list;
-        Some(summary_text(
-            self.weight,
-            self.count,
-            self.horizon_us?,
-            self.latest_us(),
-            &list.read,
-            (list.rest, list.left),
-        ))
+        // A list the call did not read or change is left as stored.
+        let touched = self.passed || list.consumed || !list.read.is_empty();
+        let (first_us, text) = if touched {
+            let rest = list.rest.unwrap_or_default();
+            let first = match list.read.first() {
+                Some(t) => Some(t.lease.expires_us),
+                None if list.left > 0 => first_expiry(rest),
+                None => Some(horizon_us),
+            };
+            // A rest whose first expiry can't be read is written with the
+            // horizon as its first, which the next call finds wrong: it
+            // passes, and the pass rebuilds the list.
+            let text = list_text(&list.read, rest);
+            (first.unwrap_or(horizon_us), Some(text))
+        } else {
+            (list.first_us.unwrap_or(horizon_us), None)
+        };
+        let header = Header {
+            weight: self.weight,
+            count: self.count,
+            listed: list.read.len() + list.left,
+            horizon_us,
+            latest_us: self.latest_us(),
+            first_us,
+        };
+        Some((header.text(), text))
     }
 
     /// What the call writes: its own change, and after a pass of a key
@@ -486,11 +576,16 @@ impl<'a> Leases<'a> {
         if kind == Kind::Inflight || !(changed || self.passed && self.fields > TRACKED + 1) {
             return None;
         }
-        let summary = self.summary_now();
+        let (summary, list) = self
+            .summary_now()
+            .map_or((None, None), |(s, l)| (Some(s), l));
         let stored = self.summary.as_deref();
+        let list = list.filter(|l| Some(&l[..]) != self.list_field.as_deref());
+        // A key that no longer needs its summary loses both fields.
+        let drop = summary.is_none() && (stored.is_some() || self.list_field.is_some());
         let found = self.passed
             && self.fields > TRACKED + 1
-            && (!self.expired.is_empty() || summary.as_deref() != stored);
+            && (!self.expired.is_empty() || summary.as_deref() != stored || list.is_some() || drop);
         if !changed && !found {
             return None;
         }
@@ -508,13 +603,15 @@ impl<'a> Leases<'a> {
         if self.released {
             delete.push(self.id.unwrap_or_default().to_vec());
         }
-        if summary.is_none() && stored.is_some() {
+        if drop {
             delete.push(SUMMARY_FIELD.to_vec());
+            delete.push(LIST_FIELD.to_vec());
         }
         Some(Write::Save {
             expire_first: kind != Kind::Acquire,
             own: self.set_own,
             summary: summary.filter(|s| Some(&s[..]) != stored),
+            list,
             delete,
             expire_at_ms: key_expire_at_ms(self.latest_us()),
         })
@@ -526,9 +623,9 @@ impl<'a> Leases<'a> {
 pub enum Write {
     /// No lease is left: `DEL key`.
     Delete,
-    /// `HSET key id <own> "" <summary>` (each if given), `HDEL key
-    /// <delete>...` (expired leases' fields, the released id, the summary
-    /// a key no longer needs), and `PEXPIREAT key <expire_at_ms>`, the
+    /// `HSET key id <own> "" <summary> <list field> <list>` (each if
+    /// given), `HDEL key <delete>...` (expired leases' fields, the released
+    /// id, the summary and list a key no longer needs), and `PEXPIREAT key <expire_at_ms>`, the
     /// latest lease's end rounded up. TB.ACQUIRE's HSET goes first: under
     /// maxmemory an EVAL is refused its first write only, so the EVAL
     /// script's acquire is then refused before it writes anything, as
@@ -538,6 +635,7 @@ pub enum Write {
         expire_first: bool,
         own: Option<Lease>,
         summary: Option<Vec<u8>>,
+        list: Option<Vec<u8>>,
         delete: Vec<Vec<u8>>,
         expire_at_ms: i64,
     },
@@ -577,8 +675,9 @@ pub fn decide<T>(
 ) -> Result<(T, Option<Write>), Error> {
     if let KeyKind::Hash(fields) = store.kind() {
         if fields > TRACKED + 1 {
-            let fast = store.with_summary(id, |summary, own| {
-                let Some(mut view) = Leases::from_summary(fields, summary, own, id, now_us)? else {
+            let fast = store.with_summary(id, |summary, own, list| {
+                let Some(mut view) = Leases::from_summary(fields, summary, list, own, id, now_us)?
+                else {
                     return Ok(None);
                 };
                 Ok(op(&mut view).ok().map(|t| (t, view.write(kind))))

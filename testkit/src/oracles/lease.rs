@@ -10,7 +10,7 @@ use super::Reader;
 use crate::key::{lease_summary_problem, live_weight, write_leases, KeyView};
 use std::collections::BTreeMap;
 use tb_core::error::Error;
-use tb_core::lease::{acquire, decide, release, renew, Kind, Lease, SUMMARY_FIELD};
+use tb_core::lease::{acquire, decide, release, renew, Kind, Lease, LIST_FIELD, SUMMARY_FIELD};
 
 /// The clock at the start of a case, µs.
 const NOW: i64 = 1_893_456_000_000_000;
@@ -34,7 +34,7 @@ pub struct LeaseStep {
 #[derive(Clone, Debug)]
 pub struct LeaseCase {
     pub hash: BTreeMap<Vec<u8>, Vec<u8>>,
-    /// No planted summary and no field that holds no lease: the exact
+    /// No planted summary or list and no field that holds no lease: the exact
     /// properties apply.
     pub trusted: bool,
     pub steps: Vec<LeaseStep>,
@@ -45,10 +45,11 @@ fn id(n: u8) -> Vec<u8> {
 }
 
 /// Fuzzer bytes as a lease case: a flags byte (bit 0: summary bytes
-/// follow the leases; bit 1: some values are raw bytes), a lease count,
+/// follow the leases; bit 1: some values are raw bytes; bit 2: list bytes
+/// follow them), a lease count,
 /// each lease as (id, expiry in ms from now as an i16, weight) or, with
 /// bit 1 and an odd id byte, a raw value of up to 15 bytes; then the
-/// summary (a length and bytes); then the calls, seven bytes each (kind,
+/// summary and the list (each a length and bytes); then the calls, seven bytes each (kind,
 /// id, the clock's step in ms as an i16, lease_ms as a u16, weight).
 pub fn lease_case_from_bytes(data: &[u8]) -> LeaseCase {
     let mut r = Reader(data);
@@ -75,6 +76,10 @@ pub fn lease_case_from_bytes(data: &[u8]) -> LeaseCase {
         let summary: Vec<u8> = (0..r.u8() % 64).map(|_| r.u8()).collect();
         hash.insert(SUMMARY_FIELD.to_vec(), summary);
     }
+    if flags & 4 != 0 {
+        let list: Vec<u8> = (0..r.u8() % 64).map(|_| r.u8()).collect();
+        hash.insert(LIST_FIELD.to_vec(), list);
+    }
     let mut steps = Vec::new();
     while !r.is_empty() {
         let (kind, id, dt_ms, lease_ms) = (r.u8() % 4, r.u8(), r.i16(), r.u16().max(1));
@@ -92,7 +97,7 @@ pub fn lease_case_from_bytes(data: &[u8]) -> LeaseCase {
     }
     LeaseCase {
         hash,
-        trusted: !planted && !raw,
+        trusted: !planted && flags & 4 == 0 && !raw,
         steps,
     }
 }

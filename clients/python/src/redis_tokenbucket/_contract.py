@@ -40,7 +40,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+c953cc44914f"
+LIBRARY_VERSION = "0.1.0+6c361a0d1018"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {

@@ -37,7 +37,7 @@ _M.COMMANDS = {
 }
 
 -- The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-_M.LIBRARY_VERSION = '0.1.0+c953cc44914f'
+_M.LIBRARY_VERSION = '0.1.0+6c361a0d1018'
 
 -- Error reply templates; message() fills in the {name} marks.
 _M.ERRORS = {
