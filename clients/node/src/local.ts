@@ -8,8 +8,8 @@
 // the package's own Lua library (the tb.lua that Redis runs as Functions),
 // in process, on wasmoon (Lua 5.4 compiled to WebAssembly; an optional
 // peer dependency). What this file adds is the part of Redis that library
-// touches: ten commands (TIME, TYPE, HLEN, HMGET, HGETALL, HSET, HDEL,
-// DEL, PEXPIREAT, GET) over a Map, and what Redis's Lua 5.1 has that 5.4
+// touches: eleven commands (TIME, TYPE, HLEN, HGET, HMGET, HGETALL, HSET,
+// HDEL, DEL, PEXPIREAT, GET) over a Map, and what Redis's Lua 5.1 has that 5.4
 // lacks (numbers that are all doubles, math.frexp and math.ldexp, unpack).
 //
 // Approximate by design: each process sees only its own traffic, so the
@@ -231,6 +231,8 @@ export class LocalBuckets {
         return { ok: entry === undefined ? "none" : "hash" };
       case "HLEN":
         return entry === undefined ? 0 : entry.fields.size;
+      case "HGET":
+        return entry?.fields.get(String(args[1])) ?? false;
       case "HMGET":
         return args.slice(1).map((f) => entry?.fields.get(String(f)) ?? false);
       case "HGETALL":

@@ -522,6 +522,22 @@ test("Redis failing: open admits a lease held nowhere, closed denies, local is a
     // Its buckets are shares too: 10 / 2 = 5 tokens.
     assert.ok((await lims.local.acquire("rl:i", four, { buckets: [["rl:iu", USER, 5]] })).acquired);
     assert.ok(!(await lims.local.acquire("rl:i", four, { buckets: [["rl:iu", USER, 1]] })).acquired);
+    // Past 8 leases the library keeps a summary and reads its list field
+    // (HGET) for a denial's wait: the local fallback runs it too.
+    const many = new Concurrency({ limit: 24, leaseMs: 60_000, name: "streams" });
+    const big = [];
+    const start = Date.now();
+    for (let i = 0; i < 13; i++) big.push(await lims.local.acquire("rl:big", many));
+    const took = Date.now() - start;
+    assert.deepEqual(
+      big.map((l) => l.acquired),
+      [...Array(12).fill(true), false],
+    );
+    // The earliest of them ends a minute after it was taken: the wait says so.
+    const wait = big[12].retryAfterMs;
+    assert.ok(big[12].busy && wait >= 60_000 - took - 1 && wait <= 60_000, `${wait} after ${took} ms`);
+    assert.equal(await lims.local.release(big[0]), true);
+    assert.ok((await lims.local.acquire("rl:big", many)).acquired);
     // Events: one per acquire (renewals and releases decide nothing).
     const seen = events.map((e) => [e.op, e.policy, e.allowed, e.degraded, e.backend]);
     assert.deepEqual(seen.slice(0, 3), [

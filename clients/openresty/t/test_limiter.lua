@@ -244,6 +244,25 @@ function T.an_open_lease_holds_no_slot_and_a_local_one_holds_this_workers()
   h.eq(l2:release(got[1]), true, "released where it was granted")
 end
 
+function T.a_local_key_past_eight_leases_reads_its_list_field()
+  -- Past 8 leases the library keeps a summary and reads its list field
+  -- (HGET) for a denial's wait: the local fallback runs it too.
+  local lim, s = make({ on_error = "local" })
+  local twelve = concurrency({ limit = 12, lease_ms = 60000, name = "streams" })
+  local got = {}
+  for i = 1, 13 do
+    s.errors = { REFUSED }
+    got[i] = lim:acquire("rl:streams:big", twelve)
+  end
+  for i = 1, 12 do h.eq(got[i].acquired, true, "lease " .. i) end
+  h.eq(got[13].acquired, false)
+  -- The fake clock stands still: the earliest lease ends in a minute.
+  h.eq(got[13].retry_after_ms, 60000)
+  h.eq(lim:release(got[1]), true)
+  s.errors = { REFUSED }
+  h.eq(lim:acquire("rl:streams:big", twelve).acquired, true)
+end
+
 function T.a_renewal_that_finds_the_lease_gone_marks_it_lost()
   local lim, _, clock = make()
   local lease = lim:acquire("rl:streams:u", concurrency({ limit = 2, lease_ms = 1000 }))

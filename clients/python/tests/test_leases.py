@@ -568,6 +568,22 @@ def test_local_leases_are_a_share_of_the_limit_per_process():
     assert one.acquired and one.degraded
 
 
+def test_local_leases_on_a_key_that_keeps_a_summary():
+    """Past 8 leases the library keeps a summary and reads its list field
+    (HGET) for a denial's wait: the local fallback runs it too."""
+    lim = Limiter(redis.Redis(port=free_port()), on_error="local", processes=1, breaker=False)
+    twelve = Concurrency(12, 60_000, name="streams")
+    start = time.monotonic()
+    leases = [lim.acquire("rl:streams:big", twelve) for _ in range(13)]
+    took_ms = (time.monotonic() - start) * 1000
+    assert [lease.acquired for lease in leases] == [True] * 12 + [False]
+    assert leases[12].busy and leases[12].in_use == 12
+    # The earliest of them ends a minute after it was taken: the wait says so.
+    assert 60_000 - took_ms - 1 <= leases[12].retry_after_ms <= 60_000
+    assert lim.release(leases[0]) is True
+    assert lim.acquire("rl:streams:big", twelve).acquired
+
+
 def test_acquires_sent_before_a_busy_loop_get_redis_answers(module_target: Target):
     """A pool of one connection, a budget of 50 ms, the loop held for 300 ms
     once 10 acquires are sent: each gets Redis's answer (two slots, eight

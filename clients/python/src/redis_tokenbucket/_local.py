@@ -6,8 +6,8 @@ of its own, with a `Concurrency` limit divided likewise (at least 1).
 The arithmetic is not written again here: these buckets and leases run the
 package's own Lua library (the `tb.lua` that Redis runs as Functions), in
 process, on lupa's Lua 5.1, the Lua of Redis. What this file adds is the
-part of Redis that library touches: ten commands (TIME, TYPE, HLEN, HMGET,
-HGETALL, HSET, HDEL, DEL, PEXPIREAT, GET) over a dict. Needs the extra:
+part of Redis that library touches: eleven commands (TIME, TYPE, HLEN, HGET,
+HMGET, HGETALL, HSET, HDEL, DEL, PEXPIREAT, GET) over a dict. Needs the extra:
 ``pip install "redis-tokenbucket[local]"``.
 
 Approximate by design: each process sees only its own traffic, so the
@@ -153,6 +153,9 @@ class LocalBuckets:
             return self._lua.table_from({b"ok": kind})
         if name == b"HLEN":
             return 0 if entry is None else len(entry[0])
+        if name == b"HGET":
+            fields = entry[0] if entry is not None else {}
+            return fields.get(bytes(args[1]), False)
         if name == b"HMGET":
             fields = entry[0] if entry is not None else {}
             return self._lua.table_from([fields.get(bytes(f), False) for f in args[1:]])

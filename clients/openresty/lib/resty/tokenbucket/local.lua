@@ -7,8 +7,8 @@
 -- The arithmetic is not written again here: these buckets and leases run
 -- the project's own Lua library (lua/tb.lua, which Redis runs as
 -- Functions) in a sandbox. What this file adds is the part of Redis that
--- library touches: TIME, TYPE, HLEN, HMGET, HGETALL, HSET, HDEL, DEL,
--- PEXPIREAT and GET over a table.
+-- library touches: TIME, TYPE, HLEN, HGET, HMGET, HGETALL, HSET, HDEL,
+-- DEL, PEXPIREAT and GET over a table.
 --
 -- Approximate by design: each worker sees only its own traffic, and a
 -- bucket starts full in each worker when the breaker opens (what a client
@@ -129,6 +129,8 @@ function Local:command(name, ...)
     local n = 0
     for _ in pairs(e.fields) do n = n + 1 end
     return n
+  elseif name == "HGET" then
+    return (e and e.fields[args[2]]) or false
   elseif name == "HMGET" then
     local out = {}
     for i = 2, #args do out[i - 1] = (e and e.fields[args[i]]) or false end
