@@ -1,4 +1,4 @@
-//! (d) Lease keys: any hash, summary bytes included, and calls on it.
+//! (d) Lease keys: any hash, summary and list bytes included, and calls on it.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
