@@ -135,6 +135,14 @@ def assert_answers_from(lim: Limiter, server: Server) -> None:
         direct.reset(probe)
 
 
+def require_a_replica(topo: Topology) -> None:
+    """min-replicas-to-write 1, min-replicas-max-lag MAX_LAG: the primary
+    takes a write only while a replica acknowledged within MAX_LAG s."""
+    with topo.primary.client() as c:
+        c.config_set("min-replicas-to-write", 1)
+        c.config_set("min-replicas-max-lag", MAX_LAG)
+
+
 @pytest.mark.parametrize(("topo", "min_replicas"), [("module", False), ("lua", True)], indirect=["topo"],
                          ids=["module-defaults", "lua-min-replicas"])  # fmt: skip
 def test_crash_under_load(topo: Topology, min_replicas: bool, capsys: Any, record_property: Any) -> None:
@@ -148,9 +156,7 @@ def test_crash_under_load(topo: Topology, min_replicas: bool, capsys: Any, recor
     a second, and the replica acknowledges once a second: MAX_LAG + 2 s
     in all), so at most that many seconds of admissions can be lost."""
     if min_replicas:
-        with topo.primary.client() as c:
-            c.config_set("min-replicas-to-write", 1)
-            c.config_set("min-replicas-max-lag", MAX_LAG)
+        require_a_replica(topo)
     lim = limiter(topo, "closed")
     load = saturate(lim)
     topo.kill_primary()

@@ -21,7 +21,17 @@ import pytest
 from tbload import Load, minted, stop_all
 from tbpartition import CannotPartition, check_can_partition, drop_table, partition
 from tbsentinel import Topology, topology
-from test_failover import BUCKET, KEYS, MAX_LAG, assert_answers_from, limiter, report, run_past_switch, saturate
+from test_failover import (
+    BUCKET,
+    KEYS,
+    MAX_LAG,
+    assert_answers_from,
+    limiter,
+    report,
+    require_a_replica,
+    run_past_switch,
+    saturate,
+)
 
 from redis_tokenbucket import Limiter
 
@@ -66,9 +76,7 @@ def admitted_between(load: Load, start: float, end: float) -> int:
                          ids=["module-defaults", "lua-min-replicas"])  # fmt: skip
 def test_partition(topo: Topology, min_replicas: bool, capsys: Any, record_property: Any) -> None:
     if min_replicas:
-        with topo.primary.client() as c:
-            c.config_set("min-replicas-to-write", 1)
-            c.config_set("min-replicas-max-lag", MAX_LAG)
+        require_a_replica(topo)
     old_lim = limiter(topo, "closed")
     old_side = saturate(old_lim)
     with partition(topo):
@@ -120,9 +128,7 @@ def test_crash_with_the_replica_behind(topo: Topology, min_replicas: bool, capsy
     1): the primary stops admitting within MAX_LAG + 2 s of the cut, and
     no more than that much of the rate is at risk."""
     if min_replicas:
-        with topo.primary.client() as c:
-            c.config_set("min-replicas-to-write", 1)
-            c.config_set("min-replicas-max-lag", MAX_LAG)
+        require_a_replica(topo)
     lim = limiter(topo, "closed")
     load = saturate(lim)
     with partition(topo, sentinels=False):
