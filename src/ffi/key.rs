@@ -56,28 +56,27 @@ impl<'c> Key<'c> {
         a: &(impl RString + ?Sized),
         b: &(impl RString + ?Sized),
     ) -> (Option<OwnedString<'c>>, Option<OwnedString<'c>>) {
-        let [va, vb, _] = self.hash_get_fields([a.ptr(), b.ptr(), ptr::null_mut()]);
-        (va, vb)
+        self.hash_get_two(a.ptr(), b.ptr())
     }
 
     /// The value of one field of a hash (`None`: absent).
     pub fn hash_get_field(&self, field: &(impl RString + ?Sized)) -> Option<OwnedString<'c>> {
-        let [v, _, _] = self.hash_get_fields([field.ptr(), ptr::null_mut(), ptr::null_mut()]);
-        v
+        self.hash_get_two(field.ptr(), ptr::null_mut()).0
     }
 
-    /// HashGet of up to three fields: those before the first NULL one
-    /// (Redis reads fields up to it).
+    /// HashGet of the fields `a` and `b`, or of `a` alone if `b` is NULL
+    /// (Redis reads fields up to the first NULL one).
     #[inline(always)]
-    fn hash_get_fields(
+    fn hash_get_two(
         &self,
-        [a, b, c]: [*mut RedisModuleString; 3],
-    ) -> [Option<OwnedString<'c>>; 3] {
+        a: *mut RedisModuleString,
+        b: *mut RedisModuleString,
+    ) -> (Option<OwnedString<'c>>, Option<OwnedString<'c>>) {
         let Some(key) = self.key else {
-            return [None, None, None];
+            return (None, None);
         };
-        let mut out: [*mut RedisModuleString; 3] = [ptr::null_mut(); 3];
-        let [va, vb, vc] = &mut out;
+        let (mut va, mut vb): (*mut RedisModuleString, *mut RedisModuleString) =
+            (ptr::null_mut(), ptr::null_mut());
         // SAFETY: an open hash key, field/out-pointer pairs, NULL-terminated;
         // HashGet hands over new strings (or leaves NULL).
         unsafe {
@@ -85,15 +84,14 @@ impl<'c> Key<'c> {
                 key.as_ptr(),
                 raw::REDISMODULE_HASH_NONE as c_int,
                 a,
-                va as *mut *mut RedisModuleString,
+                &mut va as *mut *mut RedisModuleString,
                 b,
-                vb as *mut *mut RedisModuleString,
-                c,
-                vc as *mut *mut RedisModuleString,
+                &mut vb as *mut *mut RedisModuleString,
                 ptr::null::<c_char>(),
             )
         };
-        out.map(|p| OwnedString::own(p, self.ctx, self.api))
+        let own = |p| OwnedString::own(p, self.ctx, self.api);
+        (own(va), own(vb))
     }
 
     /// Sets two fields of a hash (creating it); true if both were written.
