@@ -34,7 +34,10 @@ async function sentinelGroup(module) {
  * A gateway's client: ioredis through the sentinels. No offline queue and
  * no retries of a command: a call made while it has no primary fails at
  * once (the policy answers) instead of running later, unanswered, on the
- * next primary; it reconnects every 50 ms.
+ * next primary; it reconnects every 50 ms. A sentinel that has not yet
+ * heard of the switch names the old primary, which may be back by then as
+ * a replica: READONLY makes ioredis ask the sentinels again, as the
+ * package's README advises, instead of staying on a replica for good.
  */
 async function sentinelClient(group) {
   const c = new Redis({
@@ -44,6 +47,7 @@ async function sentinelClient(group) {
     maxRetriesPerRequest: 0,
     retryStrategy: () => 50,
     sentinelRetryStrategy: () => 50,
+    reconnectOnError: (error) => error.message.startsWith("READONLY"),
   });
   c.on("error", () => {});
   await new Promise((resolve) => c.once("ready", resolve));

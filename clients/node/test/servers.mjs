@@ -293,19 +293,18 @@ export class SentinelGroup {
     return this;
   }
 
-  /** The primary's address the sentinels agree on now. */
-  async primaryAddress() {
-    const a = this.sentinels.find((s) => s.alive) ?? this.sentinels[0];
-    const [host, port] = await a.call("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SentinelGroup.NAME);
-    return { host, port: Number(port) };
-  }
-
-  /** Waits until the sentinels name the replica as the primary and it says it is one. */
+  /**
+   * Waits until every live sentinel names the replica as the primary and it
+   * says it is one: one sentinel that has not heard of the switch yet would
+   * send a client to the old primary once it is back.
+   */
   async promoted(timeoutMs = 30_000) {
     await until(
       async () => {
-        const { host, port } = await this.primaryAddress();
-        if (host !== this.replica.host || port !== this.replica.port) return false;
+        for (const s of this.sentinels.filter((x) => x.alive)) {
+          const [host, port] = await s.call("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SentinelGroup.NAME);
+          if (host !== this.replica.host || Number(port) !== this.replica.port) return false;
+        }
         return (await info(this.replica, "replication")).includes("role:master");
       },
       "Sentinel to promote the replica",
