@@ -10,6 +10,7 @@
 //! * `options`: the load arguments (`cl-throttle auto|off`);
 //! * `guard`: panic containment;
 //! * `stats`: the `INFO tb` counters;
+//! * `eviction`: the warning where `maxmemory-policy` can evict its keys;
 //! * `version`: the version, as Redis shows it;
 //! * `hooks`: TB.PANIC and TB.FAULT, in `test-hooks` builds only;
 //! * `ffi/`: the wall around the module API, the one folder allowed raw
@@ -19,6 +20,7 @@
 //!   numbers and messages.
 
 mod commands;
+mod eviction;
 mod ffi;
 mod guard;
 #[cfg(feature = "test-hooks")]
@@ -75,5 +77,7 @@ fn init(load: &Load) -> Result<(), String> {
         }
         load.register(cmd)?;
     }
-    load.register_info(stats::info)
+    load.register_info(stats::info)?;
+    load.watch_memory(eviction::watch);
+    Ok(())
 }

@@ -2,7 +2,7 @@
 //! through contrib/prometheus/tb-collect.lua), with the module's version.
 
 use crate::ffi::Info;
-use crate::version;
+use crate::{eviction, version};
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -68,4 +68,6 @@ pub fn info(info: &mut Info) {
     for (name, counter) in COUNTERS {
         info.count(name, counter.get());
     }
+    info.text(c"maxmemory_policy", &eviction::policy());
+    info.count(c"eviction_risk", eviction::risk());
 }

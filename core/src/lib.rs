@@ -4,6 +4,8 @@
 //! * [`args`]: parsing and validation of the bucket commands' arguments
 //!   (the lease commands' are in `lease`, CL.THROTTLE's in `cell`);
 //! * [`cell`]: CL.THROTTLE, redis-cell's command, on the same bucket;
+//! * [`eviction`]: whether a `maxmemory-policy` can evict the module's
+//!   keys, and the warning that says what that costs;
 //! * [`lease`]: concurrency leases (TB.ACQUIRE and friends);
 //! * [`state`]: the rule that reads a key as a bucket, and the decoding of
 //!   its `tokens`/`ts` hash;
@@ -22,6 +24,7 @@ pub mod cell;
 #[rustfmt::skip]
 pub mod contract;
 pub mod error;
+pub mod eviction;
 pub mod lease;
 pub mod number;
 pub mod state;

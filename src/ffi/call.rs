@@ -1,6 +1,6 @@
-//! `RedisModule_Call` for the two things the module asks the server
-//! itself: a string key's value without changing how it is stored, and
-//! whether a command exists.
+//! `RedisModule_Call` for the things the module asks the server itself: a
+//! string key's value without changing how it is stored, whether a command
+//! exists, and a setting's value.
 
 use super::api::Api;
 use super::string::{ArgString, RString};
@@ -86,4 +86,51 @@ pub(super) fn command_exists(ctx: *mut RedisModuleCtx, api: &'static Api, comman
     let info = unsafe { (api.call_reply_array_element)(reply.ptr.as_ptr(), 0) };
     // SAFETY: a live element of a live reply (NULL checked first).
     !info.is_null() && unsafe { (api.call_reply_type)(info) } == array
+}
+
+/// `CONFIG GET name`: the setting's value, as CONFIG GET answers it (a
+/// two-element array, the name then the value), or None if the server
+/// has no such setting or refused.
+pub(super) fn config_get(
+    ctx: *mut RedisModuleCtx,
+    api: &'static Api,
+    name: &CStr,
+) -> Option<Vec<u8>> {
+    // SAFETY: a live context, "cc" with two NUL-terminated strings.
+    let reply = Reply::new(
+        unsafe {
+            (api.call)(
+                ctx,
+                c"CONFIG".as_ptr(),
+                c"cc".as_ptr(),
+                c"GET".as_ptr(),
+                name.as_ptr(),
+            )
+        },
+        api,
+    )?;
+    if reply.kind() != raw::REDISMODULE_REPLY_ARRAY as c_int {
+        return None;
+    }
+    // SAFETY: a live array reply.
+    if unsafe { (api.call_reply_length)(reply.ptr.as_ptr()) } != 2 {
+        return None;
+    }
+    // SAFETY: element 1 of a live two-element array, owned by it.
+    let value = unsafe { (api.call_reply_array_element)(reply.ptr.as_ptr(), 1) };
+    if value.is_null() {
+        return None;
+    }
+    // SAFETY: a live element of a live reply, not NULL.
+    if unsafe { (api.call_reply_type)(value) } != raw::REDISMODULE_REPLY_STRING as c_int {
+        return None;
+    }
+    let mut len = 0usize;
+    // SAFETY: a live string reply; the bytes live as long as the reply.
+    let p = unsafe { (api.call_reply_string_ptr)(value, &mut len) };
+    if p.is_null() {
+        return Some(Vec::new());
+    }
+    // SAFETY: `len` readable bytes at `p`, copied before the reply is freed.
+    Some(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }.to_vec())
 }

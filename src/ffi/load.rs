@@ -8,6 +8,7 @@ use super::call;
 use super::context::{Ctx, RawHandler};
 use super::info::{self, Info};
 use super::string::{string_bytes, Interned};
+use super::watch::{self, Memory};
 use redis_module::raw::{self, RedisModuleCommand, RedisModuleCtx, RedisModuleString};
 use std::ffi::CStr;
 use std::mem::{size_of, zeroed};
@@ -116,6 +117,7 @@ pub unsafe fn on_load(
 /// # Safety
 /// `ctx` must be OnUnload's live context.
 pub unsafe fn on_unload(ctx: *mut RedisModuleCtx, unload: fn(&Ctx)) -> c_int {
+    watch::stop(ctx);
     // SAFETY: the caller's promise; no arguments.
     if let Some((ctx, _)) = unsafe { Ctx::from_raw(ctx, ptr::null_mut(), 0, c"") } {
         unload(&ctx);
@@ -227,6 +229,12 @@ impl Load<'_> {
         let s =
             unsafe { (self.api.create_string)(ptr::null_mut(), text.as_ptr().cast(), text.len()) };
         NonNull::new(s).map(Interned)
+    }
+
+    /// Runs `watcher` with the memory settings now, and again whenever
+    /// they may have changed.
+    pub fn watch_memory(&self, watcher: fn(&Memory)) {
+        watch::watch(self.raw, self.api, watcher);
     }
 
     /// Makes `section` the module's INFO section writer.

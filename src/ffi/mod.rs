@@ -11,9 +11,10 @@
 //!   and [`CommandLocal`], state that only command calls use;
 //! * [`string`]: RAII and interned Redis strings, and key names;
 //! * [`key`]: an open key, closed on drop;
-//! * [`call`]: `RedisModule_Call`, for a string key's value and whether a
-//!   command exists;
-//! * [`info`]: the `INFO tb` section.
+//! * [`call`]: `RedisModule_Call`, for a string key's value, whether a
+//!   command exists, and a setting's value;
+//! * [`info`]: the `INFO tb` section;
+//! * [`watch`]: the memory settings, read at load and on every change.
 //!
 //! The safe methods rely on two invariants, set up here and nowhere else:
 //! the table holds every function the commands call (`api::Api::resolve`),
@@ -31,6 +32,7 @@ mod info;
 mod key;
 pub mod load;
 mod string;
+mod watch;
 
 pub use api::log_warning;
 pub use context::{Args, CommandLocal, Ctx, RawHandler};
@@ -38,6 +40,7 @@ pub use info::Info;
 pub use key::Key;
 pub use load::{ArgDoc, ArgKind, Begin, CommandDef, Docs, KeySpec, Load};
 pub use string::{ArgString, Interned, Kept, OwnedString, RString};
+pub use watch::Memory;
 
 pub(crate) use context::handler;
 pub(crate) use load::module;
