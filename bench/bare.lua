@@ -1,7 +1,7 @@
 #!lua name=tbbare
 --[[
 The bare Lua token bucket: the baseline `make bench` measures the Lua
-library's tb_consume against (docs/benchmarks.md, issue 24). Not a limiter
+library's tb_consume against (docs/benchmarks.md, its targets). Not a limiter
 to use: no argument checks, no key-type checks, no clock-step or rounding
 care, plain tostring (14 digits) for the stored numbers.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`make bench-failover`: what a Sentinel failover costs in tokens, and what
-each setting that bounds it costs in latency and throughput (issue 39).
+each setting that bounds it costs in latency and throughput.
 
 The topology is the Python tests' (clients/python/tests/tbsentinel.py):
 Debian's Redis 7.0 with the module, primary 127.0.0.2, replicas 127.0.0.3

@@ -82,7 +82,7 @@ CHURN_RENEW_MS = 10_000
 CHURN_OTHERS = 200
 TICK_S = 0.1
 
-# Targets (issue 35), each a ratio within one run:
+# Targets, each a ratio within one run:
 TARGET_FLAT_MODULE = 1.3  # a module pair at 10,000 live <= 1.3x the pair at 1
 TARGET_FLAT_FCALL = 1.5  # an FCALL pair at 10,000 <= 1.5x its pair at 1
 TARGET_MODULE_VS_ZSET = 1.5  # module pairs/s >= 1.5x the recipe's, every size

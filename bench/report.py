@@ -18,7 +18,7 @@ from string import Template
 
 HERE = Path(__file__).parent
 
-# The targets (issue 24 and before). Only figures the module controls: a
+# The targets. Only figures the module controls: a
 # ratio of an admitted call to HSET sits below the floor the module API
 # imposes (see the breakdown).
 OWN_SHARE_NEW_MAX = 0.08  # the module's own code / call(), new keys

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the checked-in seed corpora fuzz/corpus/{args,state,bucket}/.
 
-The formats are the ones testkit/src/oracles.rs decodes:
+The formats are the ones testkit/src/oracles/mod.rs decodes:
   args    argv joined with "\\n" (argv[0] picks the parser);
   state   one flags byte ("3": both fields present), tokens "\\n" ts;
   bucket  flags u8 | max f64 | rate f64 | a u16 | b u16 | tokens f64 | t u16

@@ -1,4 +1,4 @@
-// Sentinel (issue 39): one primary, one replica, three sentinels, each on
+// Sentinel failovers: one primary, one replica, three sentinels, each on
 // its own loopback address (servers.mjs SentinelGroup), with the module
 // and with the Lua library only. Two gateways (two ioredis clients with
 // the `sentinels` option, a limiter each) make decisions on saturated

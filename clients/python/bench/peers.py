@@ -1,5 +1,5 @@
 """Side by side with `limits` (the library under slowapi and Flask-Limiter),
-measured, never asserted (`make bench-python`; issue 25).
+measured, never asserted (`make bench-python`).
 
 One Redis 7.0 with the module, one process, the same loop for everyone:
 calls on 100 keys in turn, each call one decision, all admitted (limits of
@@ -284,7 +284,7 @@ def report(
         rows.append(f"| {name} | {rate:,.0f} | {cmds:.4f} |")
     rows += [
         "",
-        "| target (issues 25, 37) | measured | |",
+        "| target | measured | |",
         "|---|---:|---|",
         f"| sync, README construction (default timeout) >= 1.0x limits fixed window | {sync_ratio:.2f}x | "
         f"{mark(sync_ratio >= 1.0)} |",

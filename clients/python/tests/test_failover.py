@@ -1,4 +1,4 @@
-"""Sentinel failovers under load (issue 39): one primary, one replica,
+"""Sentinel failovers under load: one primary, one replica,
 three sentinels (tbsentinel.py), the limiter over redis-py's Sentinel
 client, saturated buckets at a steady rate, the primary killed with
 SIGKILL and the replica promoted by Sentinel.

@@ -1,4 +1,4 @@
-"""Several limiters on one app, and one that can't decide (issue 41, the
+"""Several limiters on one app, and one that can't decide (the
 Python side): failing closed is an honest 503, rules with other limits
 never share Redis keys unless asked to, and stacked limiters each put
 their policy in the RateLimit lists."""

@@ -107,7 +107,7 @@ def test_distribution_metadata():
     dist = metadata.distribution("redis-tokenbucket")
     assert dist.metadata["Requires-Python"] == ">=3.10"
     requires = dist.requires or []
-    # The redis-py range, with an upper bound (issue 37): `make test-python`
+    # The redis-py range, with an upper bound: `make test-python`
     # runs the suite on its oldest and its newest.
     (redis_py,) = [r for r in requires if r.startswith("redis") and "extra" not in r]
     assert sorted(redis_py.removeprefix("redis").replace(" ", "").split(",")) == ["<9", ">=5.0.8"], redis_py

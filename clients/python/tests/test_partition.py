@@ -1,4 +1,4 @@
-"""A partition, not only a crash (issue 39): the primary cut off from its
+"""A partition, not only a crash: the primary cut off from its
 replica and sentinels by nft rules (tbpartition.py) while the clients on
 127.0.0.1 still reach it. Sentinel promotes the replica; clients whose
 connections predate the cut go on with the old primary, clients that

@@ -1,4 +1,4 @@
-"""The asyncio limiter's own connection, shared by all tasks (issue 25):
+"""The asyncio limiter's own connection, shared by all tasks:
 the commands of one event-loop iteration go out in one send, replies are
 read in order and each reaches its own command, whatever happens in
 between: a frozen Redis, a command that timed out ahead of others, a

@@ -1,4 +1,4 @@
-"""The package stands on public ground (issue 37): no attribute or name
+"""The package stands on public ground: no attribute or name
 starting with `_` of a redis-py or asyncio object is read anywhere in it,
 so one redis-py or CPython release can't break every user at once.
 

@@ -1,5 +1,5 @@
-"""A connection the server closed while it sat idle is not an outage
-(issue 37): Redis's own `timeout`, CLIENT KILL, a load balancer's idle
+"""A connection the server closed while it sat idle is not an outage:
+Redis's own `timeout`, CLIENT KILL, a load balancer's idle
 cut. The next call goes on a new connection and gets Redis's own answer;
 the breaker, which one failure would open here, stays closed. A charge
 may go twice (it only charges twice); a refund goes again only where it

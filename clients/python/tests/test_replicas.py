@@ -1,4 +1,4 @@
-"""`wait_replicas` (issue 39): WAIT pipelined behind every consume,
+"""`wait_replicas`: WAIT pipelined behind every consume,
 consume_many and acquire, on every backend. A primary without a replica
 (WAIT 1 answers 0): an admission becomes the route's on_error answer and
 counts for the breaker; a denial stands. A primary with a replica the

@@ -1,4 +1,4 @@
-"""Overload never buys a bypass, nor an outage (issues 26, 37): the gateway
+"""Overload never buys a bypass, nor an outage: the gateway
 in 2 workers and wrk at 400 connections for 5 s, 50 saturated users.
 Counts, not timings: at most the exact budget plus one token per user is
 admitted, nothing is degraded while Redis is healthy, and the users, far

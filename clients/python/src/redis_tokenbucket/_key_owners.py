@@ -1,5 +1,5 @@
 """Which rule writes which Redis keys, per limiter: two rules with other
-limits must never share keys unless asked to (issue 41).
+limits must never share keys unless asked to.
 
 A rule writes `prefix:name:<identity>`: the policy's name is part of the
 key. Two rules on one limiter that spell the same `prefix:name` with other
