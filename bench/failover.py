@@ -296,7 +296,7 @@ def report(
         "WAIT is a second command and a round trip to the replica on every decision;",
         "min-replicas-to-write is a counter Redis checks before each write.",
     ]
-    lines += ["", "Targets (issue 39):", ""]
+    lines += ["", "Targets:", ""]
     wait_crash = max(r.minted for r in crashes["WAIT"])
     lines.append(
         f"- WAIT: 0 tokens minted by a crash: {'met' if wait_crash <= 0 else 'missed'} (most minted: {wait_crash})."
@@ -361,7 +361,7 @@ def main() -> None:
     text = report(crashes, behind, parts, costs, no_partition, args.seconds, args.rounds)
     print(text)
     if args.report:
-        write_section(args.report, "bench-failover", text, "What a failover costs (issue 39)")
+        write_section(args.report, "bench-failover", text, "What a failover costs")
 
 
 if __name__ == "__main__":

@@ -507,7 +507,7 @@ def report(cases: dict[tuple[str, str, int], Case], churns: list[Churn], rounds:
         for ch in churns:
             lines.append(f"| {ch.backend} | {ch.calls:,} | {ch.us_per_call:.2f} | {ch.longest_us:,} "
                          f"| `{ch.longest_command[:40]}` |")  # fmt: skip
-    lines += ["", "| target (issue 35) | measured | |", "|---|---:|---|"]
+    lines += ["", "| target | measured | |", "|---|---:|---|"]
 
     def at_most(name: str, value: float | None, most: float) -> None:
         if value is not None:
@@ -618,7 +618,7 @@ def main() -> None:
     text = report(cases, churns, args.rounds, args.churn_seconds)
     print(text)
     if args.report:
-        write_section(args.report, "bench-leases", text, "Concurrency leases (issues 21 and 35)")
+        write_section(args.report, "bench-leases", text, "Concurrency leases")
 
 
 if __name__ == "__main__":

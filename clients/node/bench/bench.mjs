@@ -202,7 +202,7 @@ if (arg("--report")) {
     arg("--report"),
     "<!-- node-bench:begin -->",
     "<!-- node-bench:end -->",
-    "## The Node client (`make bench-node`)\n\n`clients/node/bench/bench.mjs`: the client's overhead per call, the denial cache's effect, and the peers (issue 25's table for Node).\n\n",
+    "## The Node client (`make bench-node`)\n\n`clients/node/bench/bench.mjs`: the client's overhead per call, the denial cache's effect, and the peers (the Python client's table, for Node).\n\n",
   );
 }
 if (arg("--readme")) splice(arg("--readme"), "<!-- bench:begin -->", "<!-- bench:end -->", "");

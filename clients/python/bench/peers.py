@@ -234,7 +234,7 @@ def main() -> None:
     text = report(rounds, costs, loop, share)
     print(text)
     if args.report:
-        write_section(args.report, "bench-peers", text, "The Python client against its peers (issue 25)")
+        write_section(args.report, "bench-peers", text, "The Python client against its peers")
     if args.readme:
         # The README's comparison carries the same measured rows.
         write_section(args.readme, "bench-peers", text)

@@ -241,7 +241,7 @@ def report(rows: list[Row], seconds: int) -> str:
         "seconds) over wrk's measured duration), the most tokens per user over it, the fewest 429s, the most "
         "503s; and the least CPU the two workers got in a run, as a share of two cores (what the machine's "
         "other work left them). The rows' runs are interleaved (200, 400, 1,000, then again), so a spell of "
-        "other work on the machine falls on every row alike. Targets (issue 37): req/s at 400 and 1,000 "
+        "other work on the machine falls on every row alike. Targets: req/s at 400 and 1,000 "
         "connections >= 0.9x req/s at 200; admitted >= "
         "0.95x the budget and never over it by more than one token per user; more 429s than 503s in every "
         "run (every user is over budget); 0 degraded while Redis is healthy. 2 cores shared by wrk, both "
@@ -290,7 +290,7 @@ def main() -> None:
     text = report(rows, args.seconds)
     print(text)
     if args.report:
-        write_section(args.report, "bench-gateway", text, "The gateway under load (issues 26, 37)")
+        write_section(args.report, "bench-gateway", text, "The gateway under load")
 
 
 if __name__ == "__main__":

@@ -207,7 +207,7 @@ def report(rows: list[Run], every: list[Run], seconds: int, rounds: int, nginx_v
             f"{r.admitted:,} | {r.budget:,.0f} | {r.admitted - r.budget:+,.0f} | {r.shed:,} | "
             f"{r.other + r.socket_errors:,} | {verdict} |"
         )
-    lines += ["", "| target (issue 38) | measured | |", "|---|---|---|"]
+    lines += ["", "| target | measured | |", "|---|---|---|"]
     ours = [r for r in every if r.variant in LIMITED]
     if ours:
         worst = max(ours, key=lambda r: r.admitted - r.budget)
@@ -299,7 +299,7 @@ def main() -> None:
     text = report(rows, every, args.seconds, args.rounds, version)
     print(text)
     if args.report:
-        write_section(args.report, "bench-nginx", text, "The edge: nginx and OpenResty (issue 38)")
+        write_section(args.report, "bench-nginx", text, "The edge: nginx and OpenResty")
 
 
 if __name__ == "__main__":
