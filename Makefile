@@ -70,7 +70,7 @@ FUZZ_STATUS  := target/fuzz-smoke.status
 FUZZ_SECONDS ?= 120
 
 .PHONY: help build run check test test-rust test-matrix test-examples test-python test-dist \
-        test-prometheus test-node test-openresty lint lint-rust lint-python lint-prometheus lint-node lint-generated contract \
+        test-prometheus test-node test-openresty lint lint-docs lint-rust lint-python lint-prometheus lint-node lint-generated contract \
         deps build-deps run-deps prometheus-deps openresty-deps venv python-tools python-wheel node-tools install dist \
         bench bench-python bench-node bench-gateway bench-leases bench-failover charts bench-prometheus bench-nginx run-nginx \
         fuzz fuzz-smoke soak clean
@@ -221,7 +221,7 @@ fuzz-smoke: build ## 15 s per fuzz target where a nightly toolchain exists (else
 
 # ---- lint --------------------------------------------------------------------------
 
-lint: lint-rust lint-python lint-prometheus lint-node lint-generated ## rustfmt, clippy, ruff, mypy, tsc, biome, and the generated files up to date
+lint: lint-rust lint-python lint-prometheus lint-node lint-generated lint-docs ## rustfmt, clippy, ruff, mypy, tsc, biome, the generated files up to date, prose lines
 
 # The test-hooks build of the module has its own target directory, as in
 # the tests; the fuzz crate is a workspace of its own.
@@ -244,6 +244,12 @@ lint-prometheus: python-tools $(VENV)/.prometheus-tools ## ruff and mypy on cont
 
 lint-node: node-tools ## tsc --noEmit (strict) and biome on the Node package, its tests, bench and example
 	cd $(NODE_CLIENT) && node scripts/build.mjs --lua-only && npx tsc --noEmit -p tsconfig.json && npx biome check . ../../examples/express-gateway
+
+# Prose within 200 characters a line (tables and code blocks exempt), so
+# that every document reads in a terminal and a diff; the benches wrap the
+# sections they write (bench/doc_section.py).
+lint-docs: ## every Markdown file's prose lines within 200 characters
+	python3 scripts/check-prose.py $$(git ls-files '*.md')
 
 # Every copy of the contract, as generated.
 lint-generated: ## every generated copy of contract/contract.json is up to date

@@ -187,7 +187,25 @@ const lines = [
   "",
   "Semantics differ: rate-limiter-flexible here is a fixed window (points per duration), rate-limit-redis a fixed window counter; this package is a token bucket (a smooth refill, no burst at the window's edge). @upstash/ratelimit speaks HTTP to Upstash's REST API, not the Redis protocol, so it can't run against this server and is not measured.",
 ];
-const section = lines.join("\n");
+/**
+ * Prose lines over 100 characters wrapped at 100, as bench/doc_section.py
+ * wraps the Python benches' sections (`make lint` refuses prose over 200);
+ * tables are left whole.
+ */
+function wrapProse(line, width = 100) {
+  if (line.length <= width || line.startsWith("|") || line.startsWith("#")) return [line];
+  const out = [];
+  let current = "";
+  for (const word of line.split(" ")) {
+    if (current && current.length + 1 + word.length > width) {
+      out.push(current);
+      current = word;
+    } else current = current ? `${current} ${word}` : word;
+  }
+  if (current) out.push(current);
+  return out;
+}
+const section = lines.flatMap((line) => wrapProse(line)).join("\n");
 console.log(section);
 
 function splice(path, begin, end, heading) {
