@@ -102,7 +102,7 @@ $(OPENRESTY_LIB): lua/tb.lua lua/gen_eval.py $(OPENRESTY)/gen_library.py
 run-nginx: openresty-deps $(OPENRESTY_LIB) ## the nginx gateway example on 127.0.0.1:8080 (NGINX_PORT=...), Redis at GATEWAY_REDIS_URL (`make run`'s by default)
 	bash examples/nginx-gateway/run.sh $(NGINX_PORT)
 
-contract: ## rewrite every copy of contract/contract.json (Rust, Lua, Python, Node)
+contract: ## rewrite every copy of contract/contract.json (Rust, Lua, Python, Node, OpenResty)
 	python3 contract/gen.py
 
 # ---- what a fresh machine needs ------------------------------------------------

@@ -52,7 +52,6 @@ from ._http import (
     client_address,
     refusal_of,
     trusted_networks,
-    unavailable,
 )
 from ._key_owners import claim
 from ._lease import Busy, Concurrency, Lease, check_int
@@ -239,13 +238,6 @@ def problem_response(decision: Union[MultiDecision, Lease], *, legacy_headers: b
     a 503 with Retry-After for a denial nothing counted (shed, or Redis
     failing under "closed"), never a 429 with "retry now" (_http.refusal_of)."""
     return _response(refusal_of(decision, legacy_headers=legacy_headers))
-
-
-def unavailable_response(decision: Union[MultiDecision, Lease, None] = None) -> JSONResponse:
-    """The 503 of a fail-closed limiter whose Redis could not answer, or of
-    a shed decision (this process too busy to get Redis's answer in time),
-    with Retry-After."""
-    return _response(unavailable(decision))
 
 
 def _response(answer: Refusal) -> JSONResponse:

@@ -24,10 +24,6 @@ local function invalid(field, name, values)
 end
 _M.invalid = invalid
 
-function _M.is_invalid(e)
-  return type(e) == "table" and getmetatable(e) == Invalid
-end
-
 -- [+-] (digits [. digits] | . digits) [(e|E) [+-] digits]: the grammar the
 -- module and the Lua library accept, checked piece by piece (Lua patterns
 -- have no alternation).
