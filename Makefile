@@ -75,12 +75,15 @@ FUZZ_SECONDS ?= 120
         bench bench-python bench-node bench-gateway bench-leases bench-failover charts bench-prometheus bench-nginx run-nginx \
         fuzz fuzz-smoke soak clean
 
+# Grouped under the `# ---- name ----` headings below, in file order.
 help: ## list these targets
-	@awk 'BEGIN { FS = ":.*## " } /^[a-z][a-z0-9-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk 'BEGIN { FS = ":.*## " } \
+	  /^# ---- / { h = $$0; sub(/^# ---- /, "", h); sub(/ -+$$/, "", h); printf "\n%s:\n", h } \
+	  /^[a-z][a-z0-9-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 # ---- build and run -------------------------------------------------------------
 
-build: build-deps $(EVAL_SCRIPT) ## build the module (target/release/libredis_tokenbucket.so) and the EVAL script
+build: build-deps $(EVAL_SCRIPT) $(OPENRESTY_LIB) ## build the module (target/release/libredis_tokenbucket.so), the EVAL script and the OpenResty library
 	cargo build --release
 
 run: run-deps build ## build, install redis-server if missing, run it with the module on 127.0.0.1:6379 (PORT=...)
