@@ -45,6 +45,9 @@ local MAX_LEASE_MS = 86400000
 local MAX_LEASE_ID_BYTES = 256
 local LEASE_TRACKED = 8
 local MAX_STORED_INTEGER = 9007199254740991
+local MAX_PERIOD_SECONDS = 10000000000
+local MAX_OFFSET_MINUTES = 1439
+local MAX_QUOTA_START = 9007199254
 -- What the lease functions store (contract.json's "stored"):
 --   integer: A stored integer is canonical decimal: 0, or digits with no leading zero; at most max_stored_integer.
 --   lease: A lease field: the id (1 to max_lease_id_bytes bytes) holds <expires_at_us>:<weight>, two stored integers, the weight 1 to max_lease_limit.
@@ -69,6 +72,11 @@ local function msg(name, g, vars)
       cost_negative = 'ERR cost must be >= 0{in_group}',
       cost_above_max = 'ERR cost must not exceed max, it could never pass{in_group}',
       cost_too_small = 'ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53{in_group}',
+      limit_out_of_range = 'ERR limit must be > 0 and <= 1e12',
+      cost_above_limit = 'ERR cost must not exceed limit, it could never pass',
+      quota_cost_too_small = 'ERR cost is too small to charge a quota of this limit: use 0 or at least limit/2^53',
+      bad_period = 'ERR period must be DAY, WEEK, MONTH, YEAR or whole seconds from 1 to 10000000000',
+      expected_offset = 'ERR syntax error at argument {position}: expected OFFSET',
       too_many_groups = 'ERR too many buckets: at most 10000 groups per call',
       duplicate_key = 'ERR duplicate key: group {group} repeats the key of group {first}',
       not_an_integer = 'ERR {arg} must be an integer',
@@ -80,6 +88,9 @@ local function msg(name, g, vars)
       bad_fields = 'ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}',
       bad_tokens = 'ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}',
       bad_ts = 'ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}',
+      quota_bad_fields = 'ERR key is not a quota: the hash must hold exactly the fields used and start',
+      quota_bad_used = 'ERR key is not a quota: field used is not a finite decimal number',
+      quota_bad_start = 'ERR key is not a quota: field start is not a period start in seconds',
       int_out_of_range = 'ERR {arg} must be >= {least} and <= {most}',
       weight_above_limit = 'ERR weight must not exceed limit, it could never fit',
       bad_id = 'ERR id must be 1 to 256 bytes',
@@ -101,7 +112,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+6c361a0d1018'
+local LIBRARY_VERSION = '0.1.0+181478ced73f'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).

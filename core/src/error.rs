@@ -19,6 +19,8 @@ pub enum Arg {
     Limit,
     LeaseMs,
     Weight,
+    /// A quota's UTC offset, in minutes.
+    Offset,
     /// TB.FAULT's step (test-hooks builds).
     Step,
     /// The module's load argument `cl-throttle`.
@@ -41,6 +43,7 @@ impl Arg {
             Arg::Limit => "limit",
             Arg::LeaseMs => "lease_ms",
             Arg::Weight => "weight",
+            Arg::Offset => "offset",
             Arg::Step => "step",
             Arg::ClThrottle => "cl-throttle",
             Arg::ModuleArgument => "a module argument",
@@ -55,6 +58,15 @@ pub enum StateError {
     Fields,
     Tokens,
     Ts,
+}
+
+/// Why a hash is not a quota.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuotaStateError {
+    /// Other fields than exactly `used` and `start`.
+    Fields,
+    Used,
+    Start,
 }
 
 /// A step of a write, as a failed write names it in its reply.
@@ -106,6 +118,18 @@ pub enum Error {
         group: usize,
         first: usize,
     },
+    /// A quota's limit outside `(0, MAX_CAPACITY]`.
+    LimitOutOfRange,
+    /// A quota's cost above its limit.
+    CostAboveLimit,
+    /// A positive quota cost too small to change what is used.
+    QuotaCostTooSmall,
+    /// A quota period that is neither a calendar unit nor whole seconds.
+    BadPeriod,
+    /// The argument at this position should be `OFFSET`.
+    ExpectedOffset(usize),
+    /// The key holds a hash that is not a quota.
+    NotAQuota(QuotaStateError),
     /// CL.THROTTLE: not an integer.
     NotAnInteger(Arg),
     /// CL.THROTTLE: below the argument's least value.
@@ -222,6 +246,18 @@ impl fmt::Display for Error {
             Error::DuplicateKey { group, first } => {
                 render(f, msg::DUPLICATE_KEY, &[("group", group), ("first", first)])
             }
+            Error::LimitOutOfRange => f.write_str(msg::LIMIT_OUT_OF_RANGE),
+            Error::CostAboveLimit => f.write_str(msg::COST_ABOVE_LIMIT),
+            Error::QuotaCostTooSmall => f.write_str(msg::QUOTA_COST_TOO_SMALL),
+            Error::BadPeriod => f.write_str(msg::BAD_PERIOD),
+            Error::ExpectedOffset(position) => {
+                render(f, msg::EXPECTED_OFFSET, &[("position", position)])
+            }
+            Error::NotAQuota(why) => f.write_str(match why {
+                QuotaStateError::Fields => msg::QUOTA_BAD_FIELDS,
+                QuotaStateError::Used => msg::QUOTA_BAD_USED,
+                QuotaStateError::Start => msg::QUOTA_BAD_START,
+            }),
             Error::NotAnInteger(arg) => render(f, msg::NOT_AN_INTEGER, &[("arg", &arg.name())]),
             Error::TooSmall(arg, least) => {
                 render(f, msg::TOO_SMALL, &[("arg", &arg.name()), ("least", least)])

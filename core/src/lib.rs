@@ -9,6 +9,8 @@
 //! * [`lease`]: concurrency leases (TB.ACQUIRE and friends);
 //! * [`state`]: the rule that reads a key as a bucket, and the decoding of
 //!   its `tokens`/`ts` hash;
+//! * [`quota`]: calendar quotas (TB.QUOTA and friends): budgets that
+//!   reset each day, week, month, year or fixed period;
 //! * [`number`]: decimals, parsed in the one strict grammar the above read
 //!   and written as the shortest text that reads back exactly;
 //! * [`error`]: the one error type, whose `Display` is the reply text;
@@ -27,4 +29,5 @@ pub mod error;
 pub mod eviction;
 pub mod lease;
 pub mod number;
+pub mod quota;
 pub mod state;
