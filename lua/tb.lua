@@ -112,7 +112,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+181478ced73f'
+local LIBRARY_VERSION = '0.1.0+a39d10d7b711'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -159,6 +159,23 @@ end
 -- function of the texts alone, so the memo never changes an answer.
 local last_max_s, last_rate_s, last_limits, last_cost_s, last_cost
 
+-- Whether a positive cost is too small to charge a bucket of this max (or
+-- a quota of this limit): subtracting it from max, or from the double just
+-- below max, rounds back to that balance (tb-core's charges_nothing).
+-- Above max / 2^52 every cost charges (the gap below max is at most
+-- max / 2^52), so the exponent work is for tiny costs only. Lua lacks
+-- nextafter: the double below max is max minus the gap found from max's
+-- exponent.
+local function charges_nothing(cost, max)
+  if not (cost * 4503599627370496 <= max and cost > 0) then return false end
+  local m, e = math.frexp(max) -- max = m * 2^e, 0.5 <= m < 1
+  local gap = math.ldexp(1, e - 53)
+  if m == 0.5 then gap = gap / 2 end -- below a power of two the gap halves
+  if gap < TINY then gap = TINY end -- subnormals: one step of 2^-1074
+  local below = max - gap
+  return max - cost == max or below - cost == below
+end
+
 -- max, rate and cost_s (when given) of a call or a group, checked in the
 -- module's order: the limits table and the cost (nil without cost_s), or
 -- nil and the error text. (The EVAL script answers consume and peek with
@@ -190,22 +207,7 @@ local function parse_limits(max_s, rate_s, cost_s, g)
   if cost < 0 then return nil, msg('cost_negative', g) end
   local max = l.max
   if cost > max then return nil, msg('cost_above_max', g) end
-  -- Whether a positive cost is too small to charge a bucket of this max:
-  -- subtracting it from max, or from the double just below max, rounds
-  -- back to that balance (tb-core's charges_nothing). Above max / 2^52
-  -- every cost charges (the gap below max is at most max / 2^52), so the
-  -- exponent work is for tiny costs only. Lua lacks nextafter: the double
-  -- below max is max minus the gap found from max's exponent.
-  if cost * 4503599627370496 <= max and cost > 0 then
-    local m, e = math.frexp(max) -- max = m * 2^e, 0.5 <= m < 1
-    local gap = math.ldexp(1, e - 53)
-    if m == 0.5 then gap = gap / 2 end -- below a power of two the gap halves
-    if gap < TINY then gap = TINY end -- subnormals: one step of 2^-1074
-    local below = max - gap
-    if max - cost == max or below - cost == below then
-      return nil, msg('cost_too_small', g)
-    end
-  end
+  if charges_nothing(cost, max) then return nil, msg('cost_too_small', g) end
   last_cost_s, last_cost = cost_s, cost
   return l, cost
 end
@@ -635,6 +637,230 @@ local function tb_cl_throttle(keys, args)
   return { limited and 1 or 0, call.limit, math.max(0, math.floor(tokens)),
     retry, math.ceil(r[4] / 1000) }
 end
+
+-- ---- calendar quotas (core/src/quota/, src/quotas.rs) ----------------------
+
+-- A quota is a budget of `limit` per period (a UTC day, ISO week, month,
+-- year or fixed run of seconds, shifted by OFFSET minutes), stored as a
+-- hash of `used` and `start` (the period's first second). Whole seconds
+-- and days are exact doubles here, and the calendar is tb-core's, step
+-- for step. Made on the first quota call, as the lease functions are.
+local QUOTAS
+
+local function quotas()
+  if QUOTAS then return QUOTAS end
+  local DAY_S = 86400
+
+  -- Floored division of integers (exact: `a % b` is floored in Lua).
+  local function fdiv(a, b) return (a - a % b) / b end
+
+  local function days_from_civil(y, m, d)
+    if m <= 2 then y = y - 1 end
+    local era = fdiv(y, 400)
+    local yoe = y - era * 400
+    local mp = m > 2 and m - 3 or m + 9
+    local doy = fdiv(153 * mp + 2, 5) + d - 1
+    local doe = yoe * 365 + fdiv(yoe, 4) - fdiv(yoe, 100) + doy
+    return era * 146097 + doe - 719468
+  end
+
+  local function civil_from_days(z)
+    z = z + 719468
+    local era = fdiv(z, 146097)
+    local doe = z - era * 146097
+    local yoe = fdiv(doe - fdiv(doe, 1460) + fdiv(doe, 36524) - fdiv(doe, 146096), 365)
+    local doy = doe - (365 * yoe + fdiv(yoe, 4) - fdiv(yoe, 100))
+    local mp = fdiv(5 * doy + 2, 153)
+    local m = mp < 10 and mp + 3 or mp - 9
+    local y = yoe + era * 400
+    if m <= 2 then y = y + 1 end
+    return y, m
+  end
+
+  -- The period holding the second t: its start and end, in seconds.
+  local function window(q, t)
+    local off, p = q.offset, q.period
+    local lt = t + off
+    local day = fdiv(lt, DAY_S)
+    local s, e
+    if type(p) == 'number' then
+      s = fdiv(lt, p) * p
+      e = s + p
+    elseif p == 'DAY' then
+      s, e = day * DAY_S, (day + 1) * DAY_S
+    elseif p == 'WEEK' then
+      -- The epoch was a Thursday: day 0 is 3 days after a Monday.
+      local monday = day - (day + 3) % 7
+      s, e = monday * DAY_S, (monday + 7) * DAY_S
+    else
+      local y, m = civil_from_days(day)
+      if p == 'MONTH' then
+        local ny, nm = y, m + 1
+        if m == 12 then ny, nm = y + 1, 1 end
+        s, e = days_from_civil(y, m, 1) * DAY_S, days_from_civil(ny, nm, 1) * DAY_S
+      else
+        s, e = days_from_civil(y, 1, 1) * DAY_S, days_from_civil(y + 1, 1, 1) * DAY_S
+      end
+    end
+    return s - off, e - off
+  end
+
+  local NAMED = { DAY = true, WEEK = true, MONTH = true, YEAR = true }
+
+  -- limit, period, [amount], [OFFSET minutes] in the module's order;
+  -- `adjust`: the amount is a required delta. Returns {limit, period,
+  -- offset} and the amount, or nil and the error text.
+  local function quota_args(keys, args, name, adjust)
+    local n = #args
+    local has_amount, offset_at
+    if n == 2 and not adjust then has_amount = false
+    elseif n == 3 then has_amount = true
+    elseif n == 4 and not adjust then has_amount, offset_at = false, 3
+    elseif n == 5 then has_amount, offset_at = true, 4
+    end
+    if #keys ~= 1 or has_amount == nil then return nil, msg('arity', nil, { command = name }) end
+    local limit = parse_decimal(args[1])
+    if not limit then return nil, msg('not_a_number', nil, { arg = 'limit' }) end
+    if not (limit > 0 and limit <= MAX_CAPACITY) then return nil, msg('limit_out_of_range') end
+    local period = string.upper(args[2])
+    if not NAMED[period] then
+      period = parse_i64(args[2])
+      if not period or period < 1 or period > MAX_PERIOD_SECONDS then return nil, msg('bad_period') end
+    end
+    local amount = 1
+    if has_amount and adjust then
+      amount = parse_decimal(args[3])
+      if not amount then return nil, msg('not_a_number', nil, { arg = 'delta' }) end
+    elseif has_amount then
+      amount = parse_decimal(args[3])
+      if not amount then return nil, msg('not_a_number', nil, { arg = 'cost' }) end
+      if amount < 0 then return nil, msg('cost_negative') end
+      if amount > limit then return nil, msg('cost_above_limit') end
+      if charges_nothing(amount, limit) then return nil, msg('quota_cost_too_small') end
+    elseif limit < 1 then
+      -- The default cost of 1 could never pass a limit this small.
+      return nil, msg('cost_above_limit')
+    end
+    local offset = 0
+    if offset_at then
+      -- The module's argument positions count the key as 1.
+      if string.upper(args[offset_at]) ~= 'OFFSET' then
+        return nil, msg('expected_offset', nil, { position = offset_at + 1 })
+      end
+      local minutes = parse_i64(args[offset_at + 1])
+      if not minutes then return nil, msg('not_an_integer', nil, { arg = 'offset' }) end
+      if minutes < -MAX_OFFSET_MINUTES or minutes > MAX_OFFSET_MINUTES then
+        return nil, msg('int_out_of_range', nil, { arg = 'offset', least = -MAX_OFFSET_MINUTES, most = MAX_OFFSET_MINUTES })
+      end
+      offset = minutes * 60
+    end
+    return { limit = limit, period = period, offset = offset }, amount
+  end
+
+  -- A key's quota: false if missing, else {used, start}; nil and the
+  -- message on error (as load reads a bucket).
+  local function load_quota(key)
+    local n = redis.pcall('HLEN', key) if n ~= 0 and type(n) == 'table' and not string.find(n.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(n) end error(n.err, 0) end
+    if n == 0 then return false end
+    if type(n) == 'table' then return nil, msg('wrongtype') end
+    if n ~= 2 then return nil, msg('quota_bad_fields') end
+    local f = redis.call('HMGET', key, 'used', 'start')
+    if not f[1] or not f[2] then return nil, msg('quota_bad_fields') end
+    local used = parse_decimal(f[1])
+    if not used then return nil, msg('quota_bad_used') end
+    local s = f[2]
+    if #s > 10 or not string.find(s, '^%d+$') or (#s > 1 and string.sub(s, 1, 1) == '0') or s * 1 > MAX_QUOTA_START then
+      return nil, msg('quota_bad_start')
+    end
+    return { used = used, start = s * 1 }
+  end
+
+  -- What is used now, and the period's start and end: an earlier
+  -- period's key counts as nothing used, a later one (the clock stepped
+  -- back) keeps its use until its period ends.
+  local function current(q, stored, sec)
+    local s, e = window(q, sec)
+    if stored then
+      local ks, ke = window(q, stored.start)
+      if ks >= s then
+        local used = stored.used
+        if used < 0 then used = 0 end
+        if used > 2 * q.limit then used = 2 * q.limit end
+        return used, ks, ke
+      end
+    end
+    return 0, s, e
+  end
+
+  -- The reply, and the write, of a call that leaves `used` in the period
+  -- [s, e); `waits`: the reply's retry is the time until e.
+  local function settle(key, q, stored, t, allowed, used, writes, waits, s, e)
+    local d = e - t.sec
+    local until_end = d * 1000 - fdiv(t.usec, 1000)
+    if d > MAX_WAIT_MS / 1000 then until_end = MAX_WAIT_MS end
+    if until_end < 0 then until_end = 0 end
+    if writes then
+      if used > 0 then
+        local text
+        if used % 1 == 0 and used < 9007199254740992 then text = string.format('%d', used) else text = string.format('%.17g', used) end
+        redis.call('HSET', key, 'used', text, 'start', string.format('%d', s))
+        redis.call('PEXPIREAT', key, string.format('%d', e * 1000))
+      elseif stored then
+        redis.call('DEL', key)
+      end
+    end
+    local left = q.limit - used
+    return { allowed and 1 or 0, left - left % 1, waits and until_end or 0, used > 0 and until_end or 0 }
+  end
+
+  local function now_sec()
+    local time = redis.call('TIME')
+    return { sec = time[1] * 1, usec = time[2] * 1 }
+  end
+
+  -- tb_quota and tb_qpeek: charge (or look at) cost; a denial, a cost of
+  -- 0 or a peek writes nothing.
+  local function consume(keys, args, name, charging)
+    local q, cost = quota_args(keys, args, name, false)
+    if not q then return redis.error_reply(cost) end
+    local t = now_sec()
+    local stored, err = load_quota(keys[1])
+    if stored == nil then return redis.error_reply(err) end
+    local used, s, e = current(q, stored, t.sec)
+    local allowed = q.limit - used >= cost
+    local writes = charging and allowed and cost > 0
+    if writes then used = used + cost end
+    return settle(keys[1], q, stored, t, allowed, used, writes, not allowed, s, e)
+  end
+
+  -- tb_qadjust: a refund (delta > 0) or a late charge, within [0, 2 limit]
+  -- used, in the current period; the retry is for a cost of 1 (or limit).
+  local function adjust(keys, args)
+    local q, delta = quota_args(keys, args, 'tb_qadjust', true)
+    if not q then return redis.error_reply(delta) end
+    local t = now_sec()
+    local stored, err = load_quota(keys[1])
+    if stored == nil then return redis.error_reply(err) end
+    local used, s, e = current(q, stored, t.sec)
+    used = used - delta
+    if used < 0 then used = 0 end
+    if used > 2 * q.limit then used = 2 * q.limit end
+    local one = q.limit < 1 and q.limit or 1
+    return settle(keys[1], q, stored, t, true, used, true, q.limit - used < one, s, e)
+  end
+
+  QUOTAS = {
+    quota = function(keys, args) return consume(keys, args, 'tb_quota', true) end,
+    qpeek = function(keys, args) return consume(keys, args, 'tb_qpeek', false) end,
+    qadjust = adjust,
+  }
+  return QUOTAS
+end
+
+local function tb_quota(keys, args) return (QUOTAS or quotas()).quota(keys, args) end
+-- Read-only (registered no-writes): a peek never writes.
+local function tb_qpeek(keys, args) return (QUOTAS or quotas()).qpeek(keys, args) end
+local function tb_qadjust(keys, args) return (QUOTAS or quotas()).qadjust(keys, args) end
 
 -- ---- concurrency leases (core/src/lease/, src/leases.rs) -----------------
 
@@ -1533,6 +1759,9 @@ local OPERATIONS = {
   'release', tb_release, 'allow-oom',
   'renew', tb_renew, 'allow-oom',
   'inflight', tb_inflight, 'no-writes',
+  'quota', tb_quota, '',
+  'qpeek', tb_qpeek, 'no-writes',
+  'qadjust', tb_qadjust, '',
 }
 -- <<< shared: end
 

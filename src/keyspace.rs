@@ -1,4 +1,4 @@
-//! Bucket and lease hashes in the keyspace (and the string a redis-cell key
+//! Bucket, quota and lease hashes in the keyspace (and the string a redis-cell key
 //! holds, which CL.THROTTLE reads and its next write replaces), and the
 //! replication of every write as effects (`HSET`, `HDEL`, `PEXPIREAT`,
 //! `DEL`).
@@ -13,10 +13,11 @@ use std::ffi::CStr;
 use std::sync::OnceLock;
 use tb_core::bucket::{Effect, Limits, Stored};
 use tb_core::cell;
-use tb_core::contract::{LEASE_SUMMARY_FIELD, TOKENS_FIELD, TS_FIELD};
+use tb_core::contract::{LEASE_SUMMARY_FIELD, START_FIELD, TOKENS_FIELD, TS_FIELD, USED_FIELD};
 use tb_core::error::{Error, Step};
 use tb_core::lease::{self, LeaseStore, ListField, ListRead, LIST_FIELD};
 use tb_core::number::{Text, Upper};
+use tb_core::quota::{self, QuotaFields};
 use tb_core::state::{self, BucketFields, KeyKind};
 
 /// The points of a write where a test can make the server's call fail
@@ -56,6 +57,9 @@ fn injected(fault: Fault) -> bool {
 
 /// The field names `tokens` and `ts`, made once at load.
 static FIELDS: OnceLock<[Interned; 2]> = OnceLock::new();
+
+/// A quota's field names `used` and `start`, made once at load.
+static QUOTA_FIELDS: OnceLock<[Interned; 2]> = OnceLock::new();
 
 /// A lease key's summary and list field names, made once at load.
 static SUMMARY: OnceLock<[Interned; 2]> = OnceLock::new();
@@ -102,8 +106,10 @@ pub fn init(load: &Load) -> Result<(), String> {
     let fields = [intern(TOKENS_FIELD)?, intern(TS_FIELD)?];
     let list = std::str::from_utf8(LIST_FIELD).map_err(|_| "the list field's name is not text")?;
     let summary = [intern(LEASE_SUMMARY_FIELD)?, intern(list)?];
+    let quota = [intern(USED_FIELD)?, intern(START_FIELD)?];
     // A second MODULE LOAD in the same process keeps the first strings.
     let _ = FIELDS.set(fields);
+    let _ = QUOTA_FIELDS.set(quota);
     let _ = SUMMARY.set(summary);
     Ok(())
 }
@@ -287,15 +293,7 @@ impl<'c> BucketKey<'c> {
     }
 
     fn delete(&mut self) -> Result<(), Step> {
-        let name = self.key.name();
-        if injected(Fault::Delete) || !self.key.delete() {
-            return Err(Step::Delete);
-        }
-        self.ctx.notify(false, c"del", &name);
-        if !self.replicate(c"DEL", &[&name]) {
-            return Err(Step::ReplicateDelete);
-        }
-        Ok(())
+        delete(self.ctx, &mut self.key)
     }
 
     #[inline]
@@ -330,15 +328,7 @@ impl<'c> LeaseKey<'c> {
     pub fn apply(&mut self, write: &lease::Write) -> Result<(), Step> {
         let (ctx, name) = (self.ctx, self.key.name());
         match write {
-            lease::Write::Delete => {
-                if injected(Fault::Delete) || !self.key.delete() {
-                    return Err(Step::Delete);
-                }
-                ctx.notify(false, c"del", &name);
-                if !replicate(ctx, c"DEL", &[&name]) {
-                    return Err(Step::ReplicateDelete);
-                }
-            }
+            lease::Write::Delete => delete(ctx, &mut self.key)?,
             lease::Write::Save {
                 expire_first,
                 own,
@@ -405,20 +395,8 @@ impl<'c> LeaseKey<'c> {
         Ok(())
     }
 
-    /// `PEXPIREAT key <ms>`.
     fn expire(&mut self, at_ms: i64) -> Result<(), Step> {
-        let (ctx, name) = (self.ctx, self.key.name());
-        let at = ctx
-            .string(Text::int(at_ms).as_bytes())
-            .ok_or(Step::Expire)?;
-        if injected(Fault::Expire) || !self.key.set_abs_expire(at_ms) {
-            return Err(Step::Expire);
-        }
-        ctx.notify(false, c"expire", &name);
-        if !replicate(ctx, c"PEXPIREAT", &[&name, &at]) {
-            return Err(Step::ReplicateExpire);
-        }
-        Ok(())
+        expire(self.ctx, &mut self.key, at_ms)
     }
 
     /// `HDEL key fields...`, as one effect.
@@ -509,6 +487,111 @@ impl ListRead for LazyList<'_, '_> {
             .as_ref()
             .map(|s| s.bytes())
     }
+}
+
+/// An open key that should hold a quota (TB.QUOTA and friends). Closed on
+/// drop.
+pub struct QuotaKey<'c> {
+    key: Key<'c>,
+    ctx: &'c Ctx,
+}
+
+/// A quota key's two fields, as `quota::load` reads them.
+struct UsedStart<'k, 'c>(&'k Key<'c>);
+
+impl QuotaFields for UsedStart<'_, '_> {
+    fn with_fields<R>(&self, f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R) -> R {
+        let Some([used, start]) = QUOTA_FIELDS.get() else {
+            return f(None, None);
+        };
+        let (used, start) = self.0.hash_get(used, start);
+        f(
+            used.as_ref().map(|s| s.bytes()),
+            start.as_ref().map(|s| s.bytes()),
+        )
+    }
+}
+
+impl<'c> QuotaKey<'c> {
+    /// Opens `name`, as `BucketKey::open` does (nothing is signalled
+    /// unless a write happens).
+    pub fn open(ctx: &'c Ctx, name: ArgString<'c>, write: bool) -> Self {
+        QuotaKey {
+            key: ctx.open_key(name, write),
+            ctx,
+        }
+    }
+
+    /// The stored quota, `None` for a missing key (nothing used).
+    pub fn load(&self) -> Result<Option<quota::Stored>, Error> {
+        quota::load(self.key.kind(), &UsedStart(&self.key))
+    }
+
+    /// Carries out a quota call's effect, and replicates it, as
+    /// `BucketKey::apply` does: `HSET key used <u> start <s>` then
+    /// `PEXPIREAT` at the period's end, or `DEL`.
+    pub fn apply(&mut self, effect: &quota::Effect) -> Result<(), Step> {
+        let (ctx, name) = (self.ctx, self.key.name());
+        match *effect {
+            quota::Effect::Nothing => return Ok(()),
+            quota::Effect::Delete => delete(ctx, &mut self.key)?,
+            quota::Effect::Save {
+                used,
+                start,
+                expire_at_ms,
+            } => {
+                let [used_field, start_field] = QUOTA_FIELDS.get().ok_or(Step::HashSet)?;
+                let text = |bytes: &[u8]| ctx.string(bytes).ok_or(Step::HashSet);
+                let used = text(Text::tokens(used).as_bytes())?;
+                let start = text(Text::int(start).as_bytes())?;
+                if injected(Fault::HashSet)
+                    || !self.key.hash_set(used_field, &used, start_field, &start)
+                {
+                    return Err(Step::HashSet);
+                }
+                ctx.notify(true, c"hset", &name);
+                if !replicate(
+                    ctx,
+                    c"HSET",
+                    &[&name, used_field, &used, start_field, &start],
+                ) {
+                    return Err(Step::ReplicateHashSet);
+                }
+                expire(ctx, &mut self.key, expire_at_ms)?;
+            }
+        }
+        ctx.signal_modified(&name);
+        Ok(())
+    }
+}
+
+/// `PEXPIREAT key <ms>`, and its replication.
+fn expire(ctx: &Ctx, key: &mut Key, at_ms: i64) -> Result<(), Step> {
+    let name = key.name();
+    let at = ctx
+        .string(Text::int(at_ms).as_bytes())
+        .ok_or(Step::Expire)?;
+    if injected(Fault::Expire) || !key.set_abs_expire(at_ms) {
+        return Err(Step::Expire);
+    }
+    ctx.notify(false, c"expire", &name);
+    if !replicate(ctx, c"PEXPIREAT", &[&name, &at]) {
+        return Err(Step::ReplicateExpire);
+    }
+    Ok(())
+}
+
+/// `DEL key`, and its replication.
+fn delete(ctx: &Ctx, key: &mut Key) -> Result<(), Step> {
+    let name = key.name();
+    if injected(Fault::Delete) || !key.delete() {
+        return Err(Step::Delete);
+    }
+    ctx.notify(false, c"del", &name);
+    if !replicate(ctx, c"DEL", &[&name]) {
+        return Err(Step::ReplicateDelete);
+    }
+    Ok(())
 }
 
 /// `Ctx::replicate`, of `effect(command)`.

@@ -28,6 +28,7 @@ mod hooks;
 mod keyspace;
 mod leases;
 mod options;
+mod quotas;
 mod registry;
 mod stats;
 mod version;

@@ -13,11 +13,13 @@
 use crate::commands;
 use crate::ffi::{handler, ArgDoc, ArgKind, Begin, CommandDef, Docs, KeySpec, RawHandler};
 use crate::leases;
+use crate::quotas;
 use crate::version::TEXT as SINCE;
 use std::ffi::CStr;
 use std::os::raw::c_int;
 use tb_core::contract::{
-    ACQUIRE, ADJUST, CL_THROTTLE, CONSUME, INFLIGHT, MCONSUME, PEEK, RELEASE, RENEW,
+    ACQUIRE, ADJUST, CL_THROTTLE, CONSUME, INFLIGHT, MCONSUME, PEEK, QADJUST, QPEEK, QUOTA,
+    RELEASE, RENEW,
 };
 
 const fn arg(name: &'static CStr, kind: ArgKind) -> ArgDoc {
@@ -51,6 +53,15 @@ const LIMIT: ArgDoc = arg(c"limit", ArgKind::Integer);
 const LEASE_MS: ArgDoc = arg(c"lease_ms", ArgKind::Integer);
 const ID: ArgDoc = arg(c"id", ArgKind::String);
 const WEIGHT: ArgDoc = arg(c"weight", ArgKind::Integer);
+/// A quota's budget per period, and the period: DAY, WEEK, MONTH, YEAR or
+/// whole seconds.
+const QUOTA_LIMIT: ArgDoc = arg(c"limit", ArgKind::Double);
+const QUOTA_PERIOD: ArgDoc = arg(c"period", ArgKind::String);
+const OFFSET: ArgDoc = ArgDoc {
+    token: Some(c"OFFSET"),
+    optional: true,
+    ..arg(c"minutes", ArgKind::Integer)
+};
 
 /// The one key, argument 1, read and updated (`read_only`: only read).
 const fn key_at_1(read_only: bool) -> KeySpec {
@@ -218,6 +229,12 @@ pub const COMMANDS: &[CommandDef] = &[
         c"Extends a live lease to lease_ms from now; replies [renewed, expires_in_ms]."), LEASES),
     costs(command(INFLIGHT, handler!(INFLIGHT, leases::inflight), READ, &[KEY],
         c"Replies the weight of the key's live leases."), LEASES),
+    command(QUOTA, handler!(QUOTA, quotas::quota), FAST_WRITE, &[KEY, QUOTA_LIMIT, QUOTA_PERIOD, optional(COST), OFFSET],
+        c"Charges cost (default 1) to a quota that resets each period (DAY, WEEK, MONTH, YEAR or seconds, at UTC plus OFFSET); replies [allowed, remaining, retry_after_ms, reset_after_ms]."),
+    command(QPEEK, handler!(QPEEK, quotas::qpeek), FAST_READ, &[KEY, QUOTA_LIMIT, QUOTA_PERIOD, optional(COST), OFFSET],
+        c"Replies what TB.QUOTA would, without charging or writing anything."),
+    command(QADJUST, handler!(QADJUST, quotas::qadjust), FAST_WRITE, &[KEY, QUOTA_LIMIT, QUOTA_PERIOD, DELTA, OFFSET],
+        c"Refunds (delta > 0) or charges (delta < 0, down to -limit remaining) a quota after the fact, in its current period."),
     #[cfg(feature = "test-hooks")]
     on_keys(command(TB_PANIC, handler!(TB_PANIC, crate::hooks::panic), READ, &[],
         c"Panics on purpose (test-hooks builds only)."), (0, 0, 0), &[]),

@@ -19,7 +19,7 @@ use testkit::{
 
 const SHARED_BEGIN: &str = "-- >>> shared: begin\n";
 /// The library's operations, in the order it lists them.
-const OPERATIONS: [&str; 9] = [
+const OPERATIONS: [&str; 12] = [
     "consume",
     "peek",
     "mconsume",
@@ -29,6 +29,9 @@ const OPERATIONS: [&str; 9] = [
     "release",
     "renew",
     "inflight",
+    "quota",
+    "qpeek",
+    "qadjust",
 ];
 const SHARED_END: &str = "-- <<< shared: end\n";
 
@@ -318,7 +321,10 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         help.contains("EVALSHA <sha> 1+N key bkey1..bkeyN acquire limit lease_ms id [weight]"),
         "{help}"
     );
-    assert!(help.contains("peek and inflight on Redis >= 7"), "{help}");
+    assert!(
+        help.contains("peek, inflight and qpeek on Redis >= 7"),
+        "{help}"
+    );
     assert!(!LIBRARY[LIBRARY.find(SHARED_END).unwrap()..].contains("'tb_consume'"));
 }
 
@@ -401,7 +407,7 @@ fn library_registers_its_functions_and_peek_is_read_only() {
     // writers have no flag (Redis refuses them under OOM, as deny-oom).
     for (f, expected) in &flags {
         let want: &[&str] = match f.as_str() {
-            "tb_peek" | "tb_inflight" | "tb_version" => &["no-writes"],
+            "tb_peek" | "tb_qpeek" | "tb_inflight" | "tb_version" => &["no-writes"],
             "tb_release" | "tb_renew" => &["allow-oom"],
             _ => &[],
         };

@@ -72,7 +72,7 @@ impl Target {
                     let mut c = redis::cmd("EVALSHA");
                     c.arg(&self.sha);
                     c
-                } else if case.command == "peek" || case.command == "inflight" {
+                } else if ["peek", "qpeek", "inflight"].contains(&case.command.as_str()) {
                     let mut c = redis::cmd("FCALL_RO");
                     c.arg(format!("tb_{}", case.command));
                     c
@@ -140,6 +140,25 @@ impl Target {
                         assert_eq!(&h["tokens"], tokens, "{ctx}: {key}");
                     }
                     assert_eq!(&h["ts"], ts, "{ctx}: {key}");
+                    self.check_expire_at(now, key, *expire_at_ms, ctx);
+                }
+                Some(After::Quota {
+                    used,
+                    start,
+                    expire_at_ms,
+                }) => {
+                    let h = hgetall(c, key);
+                    assert_eq!(
+                        h.keys().collect::<Vec<_>>(),
+                        ["start", "used"],
+                        "{ctx}: {key} {h:?}"
+                    );
+                    let bits = |s: &str| s.parse::<f64>().map(f64::to_bits).ok();
+                    assert_eq!(bits(&h["used"]), bits(used), "{ctx}: {key} {h:?}");
+                    if form == Form::Module {
+                        assert_eq!(&h["used"], used, "{ctx}: {key}");
+                    }
+                    assert_eq!(&h["start"], start, "{ctx}: {key}");
                     self.check_expire_at(now, key, *expire_at_ms, ctx);
                 }
                 Some(After::Leases {

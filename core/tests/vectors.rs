@@ -16,6 +16,7 @@ use tb_core::bucket::{consume_all, Effect, Outcome};
 use tb_core::error::{Error, StateError};
 use tb_core::lease::{self, Kind};
 use tb_core::number::Text;
+use tb_core::quota::{self, parse_qadjust, parse_quota};
 use testkit::vectors::{vectors, After, Before, Case};
 use testkit::write_leases;
 
@@ -31,6 +32,24 @@ fn save(after: &mut BTreeMap<String, After>, key: &str, o: &Outcome) {
         } => After::Bucket {
             tokens: String::from_utf8_lossy(Text::tokens(tokens).as_bytes()).into_owned(),
             ts: ts_us.to_string(),
+            expire_at_ms,
+        },
+    };
+    after.insert(key.to_string(), state);
+}
+
+/// `QuotaKey::apply`: a quota outcome's effect on the key.
+fn save_quota(after: &mut BTreeMap<String, After>, key: &str, o: &quota::Outcome) {
+    let state = match o.effect {
+        quota::Effect::Nothing => return,
+        quota::Effect::Delete => After::Same("absent".to_string()),
+        quota::Effect::Save {
+            used,
+            start,
+            expire_at_ms,
+        } => After::Quota {
+            used: String::from_utf8_lossy(Text::tokens(used).as_bytes()).into_owned(),
+            start: start.to_string(),
             expire_at_ms,
         },
     };
@@ -101,6 +120,25 @@ fn run(case: &Case, now: i64) -> Run {
                 reply.push(ints(o));
             }
             Ok((serde_json::Value::Array(reply), after))
+        }
+        "quota" | "qpeek" | "qadjust" => {
+            let adjust = case.command == "qadjust";
+            let call = if adjust {
+                parse_qadjust(argv.as_slice())
+            } else {
+                parse_quota(argv.as_slice())
+            }
+            .map_err(bad_args)?;
+            let key = &argv[1];
+            let stored = case.key(key).load_quota().map_err(|e| e.to_string())?;
+            let o = if adjust {
+                call.quota.adjust(stored, now, call.amount)
+            } else {
+                call.quota
+                    .consume(stored, now, call.amount, case.command == "quota")
+            };
+            save_quota(&mut after, key, &o);
+            Ok((serde_json::json!(o.reply()), after))
         }
         "acquire" | "release" | "renew" | "inflight" => run_lease(case, &argv, now, after, &memos),
         other => panic!("{}: unknown command {other}", case.name),
@@ -255,6 +293,20 @@ fn vectors_cover_every_error_message() {
         "ERR id must be 1 to 256 bytes",
         "ERR the key of group 2 is the lease key",
         "ERR key is not a lease key",
+        "wrong number of arguments for 'tb.quota'",
+        "wrong number of arguments for 'tb.qpeek'",
+        "wrong number of arguments for 'tb.qadjust'",
+        "ERR limit must be a finite decimal number",
+        "ERR limit must be > 0",
+        "ERR period must be DAY, WEEK, MONTH, YEAR",
+        "ERR cost must not exceed limit",
+        "ERR cost is too small to charge a quota",
+        "expected OFFSET",
+        "ERR offset must be an integer",
+        "ERR offset must be >= -1439 and <= 1439",
+        "ERR key is not a quota: the hash must hold exactly",
+        "ERR key is not a quota: field used",
+        "ERR key is not a quota: field start",
     ]
     .into_iter()
     .map(str::to_string)

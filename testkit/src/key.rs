@@ -6,12 +6,13 @@
 
 use std::collections::BTreeMap;
 use tb_core::bucket::Stored;
-use tb_core::contract::{TOKENS_FIELD, TS_FIELD};
+use tb_core::contract::{START_FIELD, TOKENS_FIELD, TS_FIELD, USED_FIELD};
 use tb_core::error::Error;
 use tb_core::lease::stored::{self, Header};
 use tb_core::lease::{
     Lease, LeaseStore, ListField, Part, Write, LIST_FIELD, SUMMARY_FIELD, TRACKED,
 };
+use tb_core::quota::{self, QuotaFields};
 use tb_core::state::{load, BucketFields, KeyKind};
 
 /// What a key holds: nothing, a hash (field → value), or another type.
@@ -35,6 +36,20 @@ impl<K: AsRef<[u8]>, V: AsRef<[u8]>> KeyView<'_, K, V> {
     /// none, as the commands reply it.
     pub fn load(&self) -> Result<Option<Stored>, Error> {
         load(self.kind(), self)
+    }
+
+    /// The quota (`None`: missing, nothing used), by `quota::load`.
+    pub fn load_quota(&self) -> Result<Option<quota::Stored>, Error> {
+        quota::load(self.kind(), self)
+    }
+}
+
+impl<K: AsRef<[u8]>, V: AsRef<[u8]>> QuotaFields for KeyView<'_, K, V> {
+    fn with_fields<R>(&self, f: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R) -> R {
+        f(
+            self.field(USED_FIELD.as_bytes()),
+            self.field(START_FIELD.as_bytes()),
+        )
     }
 }
 

@@ -15,8 +15,9 @@ pub struct Vectors {
 #[derive(Deserialize, Debug)]
 pub struct Case {
     pub name: String,
-    /// `consume`, `peek`, `adjust`, `mconsume`, or a lease command:
-    /// `acquire`, `release`, `renew`, `inflight`.
+    /// `consume`, `peek`, `adjust`, `mconsume`, a quota command (`quota`,
+    /// `qpeek`, `qadjust`), or a lease command: `acquire`, `release`,
+    /// `renew`, `inflight`.
     pub command: String,
     pub keys: Vec<String>,
     /// In the library's layout: the keys' arguments, in order.
@@ -48,6 +49,12 @@ pub enum After {
     Bucket {
         tokens: String,
         ts: String,
+        expire_at_ms: i64,
+    },
+    /// A quota key (TB.QUOTA and friends).
+    Quota {
+        used: String,
+        start: String,
         expire_at_ms: i64,
     },
     /// A lease key: every field (id → `<expires_at_us>:<weight>`).

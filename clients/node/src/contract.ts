@@ -44,7 +44,7 @@ export const COMMANDS = {
 } as const;
 
 /** The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION). */
-export const LIBRARY_VERSION = "0.1.0+181478ced73f";
+export const LIBRARY_VERSION = "0.1.0+a39d10d7b711";
 
 /** Error reply templates; message() fills in the {name} marks. */
 export const ERRORS = {

@@ -49,7 +49,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+181478ced73f"
+LIBRARY_VERSION = "0.1.0+a39d10d7b711"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {

@@ -46,7 +46,7 @@ _M.COMMANDS = {
 }
 
 -- The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-_M.LIBRARY_VERSION = '0.1.0+181478ced73f'
+_M.LIBRARY_VERSION = '0.1.0+a39d10d7b711'
 
 -- Error reply templates; message() fills in the {name} marks.
 _M.ERRORS = {

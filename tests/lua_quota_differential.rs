@@ -1,0 +1,204 @@
+//! The Lua library's quota functions against the module's quota commands,
+//! on one server with a fake clock: one seeded random sequence of
+//! TB.QUOTA, TB.QPEEK and TB.QADJUST on `m:` keys and tb_quota & co. on
+//! `l:` keys, with the clock stepped by µs to weeks (across midnights,
+//! month ends and leap days, and back across them), and now and then a
+//! random quota state planted on both sides. Replies, errors, stored
+//! hashes, expire times and the replication stream must be identical.
+//!
+//! Valkey 9.1 under libfaketime, as `lua_differential.rs`. Set
+//! `TB_DIFF_SEED` to replay another sequence.
+
+use redis::Value;
+use std::collections::BTreeMap;
+use testkit::{hgetall, int, load_library, run, FakeClock, ReplicationStream, Rng, Server};
+
+/// 2028-02-28T23:00:00Z, an hour before a leap day, in µs.
+const T0: i64 = 1_835_391_600_000_000;
+const OPS: usize = 3000;
+const KEYS: &[&str] = &["a", "b", "c"];
+const LIMITS: &[&str] = &["3", "10", "2.5", "1e6", "1e12", "7.25", "0.5"];
+const PERIODS: &[&str] = &["DAY", "week", "Month", "YEAR", "60", "3600", "86400", "7"];
+const AMOUNTS: &[&str] = &["1", "0", "2", "0.1", "3", "2.5", "0.5"];
+const OFFSETS: &[&str] = &["0", "60", "-300", "330", "1439", "-1439"];
+/// Arguments that are wrong, one of them now and then.
+const BAD: &[&str] = &[
+    "x",
+    "0",
+    "-1",
+    "1e-300",
+    "11",
+    "HOUR",
+    "10000000001",
+    "1440",
+    "1.5",
+    "",
+];
+
+/// A valid argument from `good`, or now and then a bad one.
+fn pick(rng: &mut Rng, good: &[&str]) -> String {
+    let list = if rng.chance(0.03) { BAD } else { good };
+    rng.pick(list).to_string()
+}
+
+fn seed() -> u64 {
+    std::env::var("TB_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x0C_A1E7_DA12_2028)
+}
+
+/// A call in the library's layout: its name, key and ARGV.
+fn random_call(rng: &mut Rng) -> (&'static str, String, Vec<String>) {
+    let name = *rng.pick(&["quota", "quota", "quota", "qpeek", "qadjust"]);
+    let key = rng.pick(KEYS).to_string();
+    let mut args = vec![pick(rng, LIMITS), pick(rng, PERIODS)];
+    if name == "qadjust" || rng.chance(0.7) {
+        let amount = pick(rng, AMOUNTS);
+        args.push(if name == "qadjust" && rng.chance(0.5) {
+            format!("-{amount}")
+        } else {
+            amount
+        });
+    }
+    if rng.chance(0.4) {
+        let word = if rng.chance(0.97) { "OFFSET" } else { "OFF" };
+        args.extend([word.to_string(), pick(rng, OFFSETS)]);
+    }
+    if rng.chance(0.01) {
+        args.push("1".to_string());
+    }
+    (name, key, args)
+}
+
+/// A clock step: mostly small, sometimes hours to weeks, now and then back.
+fn step(rng: &mut Rng) -> i64 {
+    match rng.below(100) {
+        0..=29 => 0,
+        30..=59 => rng.below(5_000_000) as i64,
+        60..=79 => rng.below(3_600_000_000) as i64,
+        80..=91 => rng.below(14 * 86_400_000_000) as i64,
+        _ => -(rng.below(86_400_000_000) as i64),
+    }
+}
+
+/// What a key holds, on either side: its hash and expire time.
+fn state(c: &mut redis::Connection, key: &str) -> (BTreeMap<String, String>, i64) {
+    (hgetall(c, key), int(c, "PEXPIRETIME", key))
+}
+
+/// The stream's commands on `prefix`-ed keys, the prefix taken off.
+fn ours(stream: Vec<Vec<String>>, prefix: &str) -> Vec<Vec<String>> {
+    stream
+        .into_iter()
+        .filter(|cmd| cmd.get(1).is_some_and(|k| k.starts_with(prefix)))
+        .map(|mut cmd| {
+            cmd[1] = cmd[1].trim_start_matches(prefix).to_string();
+            if cmd[0].eq_ignore_ascii_case("HSET") && cmd.len() == 6 {
+                // The module writes the shortest decimal, the library %.17g.
+                if let Ok(u) = cmd[3].parse::<f64>() {
+                    cmd[3] = format!("bits {:#x}", u.to_bits());
+                }
+            }
+            cmd
+        })
+        .collect()
+}
+
+#[test]
+fn random_quota_sequence_matches_the_module() {
+    let seed = seed();
+    let mut rng = Rng(seed);
+    let clock = FakeClock::new(T0);
+    let s = Server::with(clock.config());
+    let mut c = s.conn();
+    load_library(&mut c);
+    let mut now = T0;
+    let mut stream = ReplicationStream::attach_ticking(&s, || {
+        now += 1000;
+        clock.set(now);
+    });
+    let (mut admitted, mut denied, mut errors, mut back) = (0, 0, 0, 0);
+    for i in 0..OPS {
+        let dt = step(&mut rng);
+        back += usize::from(dt < 0);
+        now += dt;
+        clock.set(now);
+        if rng.chance(0.04) {
+            // A planted state: any period start near the clock, possibly
+            // ahead of it (a clock stepped back), or not canonical.
+            let key = rng.pick(KEYS);
+            let start = now / 1_000_000 + rng.below(200_000) as i64 - 100_000;
+            let start = if rng.chance(0.1) {
+                format!("0{start}")
+            } else {
+                start.to_string()
+            };
+            let used = rng
+                .pick(&["0", "1", "2.5", "-4", "30", "1e13", "nan"])
+                .to_string();
+            for p in ["m:", "l:"] {
+                let _: () = redis::cmd("HSET")
+                    .arg(format!("{p}{key}"))
+                    .arg(&["used", &used, "start", &start])
+                    .query(&mut c)
+                    .unwrap();
+            }
+        }
+        let (name, key, args) = random_call(&mut rng);
+        let ctx = format!(
+            "op {i} (seed {seed:#x}, T0{:+}us): {name} {key} {args:?}",
+            now - T0
+        );
+        // Expire both sides alike before the calls, then set the stream aside.
+        for p in ["m:", "l:"] {
+            int(&mut c, "EXISTS", format!("{p}{key}"));
+        }
+        stream.take(&mut c);
+        let by_module = run(
+            &mut c,
+            redis::cmd(&format!("TB.{}", name.to_uppercase()))
+                .arg(format!("m:{key}"))
+                .arg(&args),
+        );
+        let module_sent = ours(stream.take(&mut c), "m:");
+        let fcall = if name == "qpeek" { "FCALL_RO" } else { "FCALL" };
+        let by_library = run(
+            &mut c,
+            redis::cmd(fcall)
+                .arg(format!("tb_{name}"))
+                .arg(1)
+                .arg(format!("l:{key}"))
+                .arg(&args),
+        )
+        .map_err(|e| e.replace(&format!("'tb_{name}'"), &format!("'tb.{name}'")));
+        let library_sent = ours(stream.take(&mut c), "l:");
+        assert_eq!(by_library, by_module, "{ctx}");
+        assert_eq!(library_sent, module_sent, "replicated by {ctx}");
+        let (m, l) = (
+            state(&mut c, &format!("m:{key}")),
+            state(&mut c, &format!("l:{key}")),
+        );
+        let bits = |h: &BTreeMap<String, String>| {
+            h.get("used")
+                .and_then(|u| u.parse::<f64>().ok())
+                .map(f64::to_bits)
+        };
+        assert_eq!(bits(&l.0), bits(&m.0), "used after {ctx}");
+        assert_eq!(
+            (l.0.get("start"), l.1),
+            (m.0.get("start"), m.1),
+            "state after {ctx}"
+        );
+        match by_module {
+            Ok(Value::Array(r)) if r.first() == Some(&Value::Int(1)) => admitted += 1,
+            Ok(_) => denied += 1,
+            Err(_) => errors += 1,
+        }
+    }
+    // What the sequence exercised, so a dull generator fails the test.
+    assert!(
+        admitted > 300 && denied > 100 && errors > 300 && back > 100,
+        "{admitted} {denied} {errors} {back}"
+    );
+}
