@@ -29,6 +29,7 @@ CELL_DENIED_MIN = 1.2  # the same, denied
 BARE_MAX = 1.25  # tb_consume / the bare Lua recipe, whole-server instructions
 DENIED_MIN = 1.0  # a denied TB.CONSUME / HSET, ops/s
 FCALL_MIN = 4.0  # TB.CONSUME / FCALL tb_consume
+QUOTA_MAX = 1.05  # TB.QUOTA / TB.CONSUME, whole-server instructions
 BYTES_SLACK = 0.5  # allocator noise between runs, bytes per bucket
 
 CASES = [
@@ -67,6 +68,8 @@ INSTR_CASES = [
     ("bare", "FCALL bare_consume (bare recipe), random keys"),
     ("bareupdate", "FCALL bare_consume (bare recipe), 10,000 existing buckets"),
     ("bareeval", "EVALSHA of the bare recipe, random keys"),
+    ("quota", "TB.QUOTA (MONTH) admitted, random keys"),
+    ("quotaupdate", "TB.QUOTA (MONTH) admitted, 10,000 existing quotas"),
 ]
 
 # Side by side: (label, ours, theirs).
@@ -511,6 +514,7 @@ def targets_table(run):
     no_cell = "n/a" if cell_run(run) else CELL_NOT_RUN
     bare = "tb_consume / the bare recipe, whole-server instructions"
     fcall = "TB.CONSUME / FCALL tb_consume"
+    quota = "TB.QUOTA / TB.CONSUME, whole-server instructions"
     rows = [
         instr_row(
             run,
@@ -530,6 +534,8 @@ def targets_table(run):
         ),
         own_share_row(run, "consume", "new keys", OWN_SHARE_NEW_MAX),
         own_share_row(run, "update", "existing buckets", OWN_SHARE_UPDATE_MAX),
+        instr_row(run, f"{quota}, new keys", "quota", "consume", at_most(QUOTA_MAX)),
+        instr_row(run, f"{quota}, existing keys", "quotaupdate", "update", at_most(QUOTA_MAX)),
         instr_row(run, f"{bare}, FCALL", "fcall", "bare", at_most(BARE_MAX)),
         instr_row(run, f"{bare}, EVALSHA", "eval", "bareeval", at_most(BARE_MAX)),
         ops_row(

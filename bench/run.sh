@@ -297,11 +297,12 @@ fi
 # first, then random over them) and a drained hot key, for TB.CONSUME, for
 # redis-cell's CL.THROTTLE (BENCH_CELL_SO), for the Lua library's
 # tb_consume through FCALL and through EVALSHA, and for the bare recipe
-# (bench/bare.lua) through both.
+# (bench/bare.lua) through both; and TB.QUOTA (a monthly quota, the
+# calendar's longest step) on new and existing keys.
 INSTR_SERVERS=${BENCH_INSTR_SERVERS:-3}
 INSTR_CASES=(hset consume update denied)
 [ -n "$CELL_SO" ] && INSTR_CASES+=(cell cellupdate celldenied)
-INSTR_CASES+=(fcall fcallupdate bare bareupdate eval bareeval)
+INSTR_CASES+=(fcall fcallupdate bare bareupdate eval bareeval quota quotaupdate)
 FCALL_ARGS="1000000 0.001 1"
 # instr_case CASE setup|run COUNT: what CASE needs first, or its COUNT
 # measured commands.
@@ -311,6 +312,7 @@ instr_case() {
     hset) words=(HSET KEY tokens 1.5 ts 1764513600123456) ;;
     consume | update) words=(TB.CONSUME KEY $FCALL_ARGS) ;;
     denied) words=(TB.CONSUME KEY 1 0.0001 1) keys=$HOT ;;
+    quota | quotaupdate) words=(TB.QUOTA KEY 1000000 MONTH 1) ;;
     cell | cellupdate) words=(CL.THROTTLE KEY 999999 1 1000 1) ;;
     celldenied) words=(CL.THROTTLE KEY 0 1 10000 1) keys=$HOT ;;
     fcall | fcallupdate) words=(FCALL tb_consume 1 KEY $FCALL_ARGS) ;;
