@@ -77,6 +77,7 @@ local function msg(name, g, vars)
       quota_cost_too_small = 'ERR cost is too small to charge a quota of this limit: use 0 or at least limit/2^53',
       bad_period = 'ERR period must be DAY, WEEK, MONTH, YEAR or whole seconds from 1 to 10000000000',
       expected_offset = 'ERR syntax error at argument {position}: expected OFFSET',
+      expected_wait = 'ERR syntax error at argument {position}: expected WAIT',
       too_many_groups = 'ERR too many buckets: at most 10000 groups per call',
       duplicate_key = 'ERR duplicate key: group {group} repeats the key of group {first}',
       not_an_integer = 'ERR {arg} must be an integer',
@@ -112,7 +113,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+a39d10d7b711'
+local LIBRARY_VERSION = '0.1.0+d45ff98f3068'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -143,6 +144,23 @@ local function parse_decimal(s)
   -- leaves out "nan" and "inf", so v - v is 0 unless the text overflowed.
   local v = s * 1
   if v - v ~= 0 then return nil end
+  return v
+end
+
+-- An integer as Rust's i64 parser reads it: optional sign, digits, in
+-- range. Returns the number (a double: exact for every value the bounds
+-- let through) or nil.
+local function parse_i64(s)
+  local sign, digits = string.match(s, '^([+-]?)(%d+)$')
+  if not digits then return nil end
+  digits = string.match(digits, '^0*(%d.*)$')
+  if #digits > 19 then return nil end
+  if #digits == 19 then
+    local top = sign == '-' and '9223372036854775808' or '9223372036854775807'
+    if digits > top then return nil end
+  end
+  local v = tonumber(digits)
+  if sign == '-' then v = -v end
   return v
 end
 
@@ -415,21 +433,51 @@ end
 -- table.remove.)
 local function consume_or_peek(op, keys, args, i)
   local n = #args - i + 1
+  -- WAIT max_ms, last: a reservation (checked after the call it extends).
+  local wait = n == 4 or n == 5
+  if wait then n = n - 2 end
   if #keys ~= 1 or n < 2 or n > 3 then
     return redis.error_reply(msg('arity', nil, { command = 'tb_' .. op }))
   end
-  -- args[i + 2] is nil without a cost; on an error, cost is its text.
-  local l, cost = parse_limits(args[i], args[i + 1], args[i + 2])
+  -- args[i + 2] is nil without a cost (but with WAIT); on an error, cost
+  -- is its text.
+  local l, cost = parse_limits(args[i], args[i + 1], (n == 3 or not wait) and args[i + 2] or nil)
   if not l then return redis.error_reply(cost) end
   if not cost then
     -- The default cost of 1 could never pass a bucket this small.
     if l.max < 1 then return redis.error_reply(msg('cost_above_max')) end
     cost = 1
   end
+  local max_ms
+  if wait then
+    local at = i + n
+    if string.upper(args[at]) ~= 'WAIT' then
+      return redis.error_reply(msg('expected_wait', nil, { position = n + 2 }))
+    end
+    max_ms = parse_i64(args[at + 1])
+    if not max_ms then return redis.error_reply(msg('not_an_integer', nil, { arg = 'max_ms' })) end
+    if max_ms < 0 or max_ms > MAX_WAIT_MS then
+      return redis.error_reply(msg('int_out_of_range', nil, { arg = 'max_ms', least = 0, most = string.format('%d', MAX_WAIT_MS) }))
+    end
+  end
   local now = clock()
   local stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
   local cur = current_at(l, stored, now.hi, now.lo)
+  -- A reservation (tb-core's reserve): short of cost, the charge goes into
+  -- debt, no deeper than -max, if the balance it leaves is back at 0
+  -- within max_ms; the reply's retry is that wait.
+  if max_ms and cur < cost and cur - cost >= -l.max then
+    local tokens = cur - cost
+    now.tokens = tokens
+    local waits = ms_from(l, now, now, tokens, 0)
+    if waits <= max_ms then
+      local out = { 1, tokens - tokens % 1, waits, ms_from(l, now, now, tokens, l.max) }
+      if op == 'consume' then save(keys[1], stored, l, tokens, out[4], now) end
+      return out
+    end
+    now.tokens = false
+  end
   local out, tokens, writes = charge(l, stored, now, cur, cost, op == 'consume')
   if writes then save(keys[1], stored, l, tokens, out[4], now) end
   return out
@@ -528,23 +576,6 @@ local function tb_mconsume(keys, args)
 end
 
 -- ---- CL.THROTTLE (core/src/cell.rs) --------------------------------------
-
--- An integer as Rust's i64 parser reads it: optional sign, digits, in
--- range. Returns the number (a double: exact for every value the bounds
--- let through) or nil.
-local function parse_i64(s)
-  local sign, digits = string.match(s, '^([+-]?)(%d+)$')
-  if not digits then return nil end
-  digits = string.match(digits, '^0*(%d.*)$')
-  if #digits > 19 then return nil end
-  if #digits == 19 then
-    local top = sign == '-' and '9223372036854775808' or '9223372036854775807'
-    if digits > top then return nil end
-  end
-  local v = tonumber(digits)
-  if sign == '-' then v = -v end
-  return v
-end
 
 -- max_burst, count, period [, quantity], checked in the module's order.
 -- Returns {limits, limit, quantity} or nil and the error text.

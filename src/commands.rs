@@ -84,8 +84,9 @@ fn finish(
     Ok(())
 }
 
-/// `TB.CONSUME key max rate [cost]`. A denied call, or one with cost 0,
-/// writes and replicates nothing.
+/// `TB.CONSUME key max rate [cost] [WAIT max_ms]`. A denied call, or one
+/// with cost 0, writes and replicates nothing; with `WAIT`, a bucket short
+/// of `cost` may admit a reservation (`Limits::reserve`).
 #[inline(never)]
 pub fn consume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let (call, mut key, now, stored) = open_single(ctx, args, parse_consume, true)?;
@@ -96,7 +97,10 @@ pub fn consume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
             return finish(ctx, &mut key, &effect, &stats::ADMITTED, &fresh.reply());
         }
     }
-    let outcome = call.limits.consume(stored, now, call.amount);
+    let outcome = match call.wait_ms {
+        None => call.limits.consume(stored, now, call.amount),
+        Some(max_ms) => call.limits.reserve(stored, now, call.amount, max_ms, true),
+    };
     let counter = if outcome.allowed {
         &stats::ADMITTED
     } else {
@@ -105,12 +109,17 @@ pub fn consume(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     finish(ctx, &mut key, &outcome.effect, counter, &outcome.reply())
 }
 
-/// `TB.PEEK key max rate [cost]`: read-only, runs on replicas.
+/// `TB.PEEK key max rate [cost] [WAIT max_ms]`: read-only, runs on
+/// replicas.
 #[inline(never)]
 pub fn peek(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let (call, _key, now, stored) = open_single(ctx, args, parse_consume, false)?;
     stats::PEEKS.incr();
-    reply_outcome(ctx, &call.limits.peek(stored, now, call.amount));
+    let outcome = match call.wait_ms {
+        None => call.limits.peek(stored, now, call.amount),
+        Some(max_ms) => call.limits.reserve(stored, now, call.amount, max_ms, false),
+    };
+    reply_outcome(ctx, &outcome);
     Ok(())
 }
 

@@ -57,6 +57,12 @@ const WEIGHT: ArgDoc = arg(c"weight", ArgKind::Integer);
 /// whole seconds.
 const QUOTA_LIMIT: ArgDoc = arg(c"limit", ArgKind::Double);
 const QUOTA_PERIOD: ArgDoc = arg(c"period", ArgKind::String);
+/// A reservation's longest wait.
+const WAIT: ArgDoc = ArgDoc {
+    token: Some(c"WAIT"),
+    optional: true,
+    ..arg(c"max_ms", ArgKind::Integer)
+};
 const OFFSET: ArgDoc = ArgDoc {
     token: Some(c"OFFSET"),
     optional: true,
@@ -207,9 +213,9 @@ const LEASE_AND_BUCKETS: &[KeySpec] = &[
 /// key. The test hooks, in `test-hooks` builds only, have no key.
 #[rustfmt::skip]
 pub const COMMANDS: &[CommandDef] = &[
-    command(CONSUME, handler!(CONSUME, commands::consume), FAST_WRITE, &[KEY, MAX, RATE, optional(COST)],
-        c"Charges cost (default 1) to a token bucket if it holds that many tokens; replies [allowed, remaining, retry_after_ms, reset_after_ms]."),
-    command(PEEK, handler!(PEEK, commands::peek), FAST_READ, &[KEY, MAX, RATE, optional(COST)],
+    command(CONSUME, handler!(CONSUME, commands::consume), FAST_WRITE, &[KEY, MAX, RATE, optional(COST), WAIT],
+        c"Charges cost (default 1) to a token bucket if it holds that many tokens, or with WAIT reserves them within max_ms; replies [allowed, remaining, retry_after_ms, reset_after_ms]."),
+    command(PEEK, handler!(PEEK, commands::peek), FAST_READ, &[KEY, MAX, RATE, optional(COST), WAIT],
         c"Replies what TB.CONSUME would, without charging or writing anything."),
     costs(on_keys(command(MCONSUME, handler!(MCONSUME, commands::mconsume), WRITE, GROUPS,
         c"Charges several token buckets all-or-nothing; replies [allowed, retry_after_ms, bucket replies...]."),

@@ -238,6 +238,23 @@ fn random_op(rng: &mut Rng) -> Op {
     } else if let Some(c) = cost(rng, &max) {
         args.push(c);
     }
+    if kind != "adjust" && rng.chance(0.35) {
+        // A reservation: waits from none to past what the floor allows,
+        // now and then a bad keyword or time.
+        let max_ms = match rng.below(10) {
+            0 => rng.pick(&["-1", "1.5", "x", "100000000000001"]).to_string(),
+            1 => "0".to_string(),
+            2..=5 => rng.below(5_000).to_string(),
+            _ => rng.below(100_000_000).to_string(),
+        };
+        let word = *rng.pick(&["WAIT", "wait", "WAIT", "WAIT", "WAIT", "WAITS"]);
+        // A whole bucket's cost, often: the next call is short of it.
+        if rng.chance(0.7) {
+            args.truncate(2);
+            args.push(max);
+        }
+        args.extend([word.to_string(), max_ms]);
+    }
     Op {
         kind,
         keys: vec![key],
@@ -276,12 +293,12 @@ fn arity_op(rng: &mut Rng) -> Op {
         0 => Op {
             kind: "consume",
             keys: vec![key],
-            args: numbers(*rng.pick(&[0, 1, 4])),
+            args: numbers(*rng.pick(&[0, 1, 6])),
         },
         1 => Op {
             kind: "peek",
             keys: vec![key],
-            args: numbers(*rng.pick(&[0, 1, 4])),
+            args: numbers(*rng.pick(&[0, 1, 6])),
         },
         2 => Op {
             kind: "adjust",
@@ -538,6 +555,8 @@ struct Tally {
     cl_converted: usize,
     ops_on_future_ts: usize,
     too_small: usize,
+    /// Reservations admitted with a wait (`WAIT max_ms`).
+    reservations: usize,
     /// Calls that replicated something.
     replicated: usize,
 }
@@ -673,6 +692,12 @@ fn random_sequence_matches_the_module() {
                 if op.kind == "adjust" && matches!(r.get(1), Some(Value::Int(n)) if *n < 0) {
                     tally.debts += 1;
                 }
+                if op.kind != "adjust"
+                    && r.first() == Some(&Value::Int(1))
+                    && matches!(r.get(2), Some(Value::Int(n)) if *n > 0)
+                {
+                    tally.reservations += 1;
+                }
             }
             Ok(v) => panic!("unexpected reply {v:?} to {}", ctx()),
         }
@@ -751,6 +776,7 @@ fn random_sequence_matches_the_module() {
     assert!(tally.mconsume_denied > 20, "{tally:?}");
     assert!(tally.deletes > 20, "{tally:?}");
     assert!(tally.debts > 20, "{tally:?}");
+    assert!(tally.reservations > 20, "{tally:?}");
     assert!(tally.backwards > 20, "{tally:?}");
     assert!(tally.errors.len() >= 8, "{tally:?}");
     assert!(tally.planted_ahead > 50, "{tally:?}");

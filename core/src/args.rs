@@ -11,7 +11,9 @@
 //! `rate`, the fill-time bound, `cost`/`delta`), then duplicate keys.
 
 use crate::bucket::{Fresh, Limits};
-use crate::contract::{COMMANDS, CONSUME, MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE};
+use crate::contract::{
+    COMMANDS, CONSUME, MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_RATE, MAX_WAIT_MS,
+};
 use crate::error::{Arg, Error};
 use crate::number::parse_decimal;
 use std::cell::RefCell;
@@ -63,6 +65,8 @@ pub struct Single {
     /// TB.CONSUME's charge of a new key, worked out with the arguments
     /// (see `Limits::fresh`): the memo keeps it with them.
     pub fresh: Option<Fresh>,
+    /// `WAIT max_ms`: a reservation's longest wait (see `Limits::reserve`).
+    pub wait_ms: Option<i64>,
 }
 
 /// One validated TB.MCONSUME group.
@@ -249,11 +253,13 @@ pub(crate) fn group_cost(bytes: &[u8], limits: &Limits, g: Option<usize>) -> Res
     Ok(cost)
 }
 
-/// `TB.CONSUME key max rate [cost]` and `TB.PEEK`, same shape.
+/// `TB.CONSUME key max rate [cost] [WAIT max_ms]` and `TB.PEEK`, same
+/// shape. `WAIT` is a keyword, so that its time can't be taken for the
+/// cost.
 pub fn parse_consume(argv: &(impl Argv + ?Sized), memos: &Memos) -> Result<Single, Error> {
     let n = argv.count();
     if !(4..=5).contains(&n) {
-        return Err(Error::Arity(argv.command()));
+        return parse_reservation(argv, n, memos);
     }
     // The whole call's numbers at once: one look-up where most calls end.
     let cost = (n == 5).then(|| argv.arg(4));
@@ -282,6 +288,33 @@ fn validate_consume(argv: &(impl Argv + ?Sized), n: usize, memos: &Memos) -> Res
         limits,
         amount,
         fresh: limits.fresh(amount),
+        wait_ms: None,
+    })
+}
+
+/// `parse_consume` of a call with `WAIT max_ms` (6 or 7 arguments),
+/// checked left to right after the call it extends.
+fn parse_reservation(
+    argv: &(impl Argv + ?Sized),
+    n: usize,
+    memos: &Memos,
+) -> Result<Single, Error> {
+    if !(6..=7).contains(&n) {
+        return Err(Error::Arity(argv.command()));
+    }
+    let at = n - 2;
+    let single = validate_consume(argv, at, memos)?;
+    if !argv.arg(at).eq_ignore_ascii_case(b"WAIT") {
+        return Err(Error::ExpectedWait(at));
+    }
+    let max_ms =
+        crate::number::parse_i64(argv.arg(at + 1)).ok_or(Error::NotAnInteger(Arg::MaxMs))?;
+    if !(0..=MAX_WAIT_MS).contains(&max_ms) {
+        return Err(Error::IntOutOfRange(Arg::MaxMs, 0, MAX_WAIT_MS));
+    }
+    Ok(Single {
+        wait_ms: Some(max_ms),
+        ..single
     })
 }
 
@@ -296,6 +329,7 @@ pub fn parse_adjust(argv: &(impl Argv + ?Sized), memos: &Memos) -> Result<Single
         limits,
         amount,
         fresh: None,
+        wait_ms: None,
     })
 }
 
@@ -412,7 +446,19 @@ mod tests {
     fn errors_name_the_argument() {
         let cases = [
             (vec!["c", "k", "10"], Error::Arity(CONSUME)),
-            (vec!["c", "k", "10", "1", "1", "1"], Error::Arity(CONSUME)),
+            (vec!["c", "k", "10", "1", "1", "1"], Error::ExpectedWait(4)),
+            (
+                vec!["c", "k", "10", "1", "1", "1", "1", "1"],
+                Error::Arity(CONSUME),
+            ),
+            (
+                vec!["c", "k", "10", "1", "1", "WAIT", "-1"],
+                Error::IntOutOfRange(Arg::MaxMs, 0, MAX_WAIT_MS),
+            ),
+            (
+                vec!["c", "k", "10", "1", "WAIT", "1.5"],
+                Error::NotAnInteger(Arg::MaxMs),
+            ),
             (vec!["c", "k", "x", "1"], Error::NotANumber(Arg::Max, None)),
             (
                 vec!["c", "k", "nan", "1"],
@@ -590,6 +636,9 @@ mod tests {
             &["1", "10", "1"],
             &["100", "0.01"],
             &["10", "1", "1", "9"],
+            &["10", "1", "1", "WAIT", "9"],
+            &["10", "1", "wait", "0"],
+            &["10", "1", "WAIT", "x"],
             &["10"],
         ];
         let mut rng = testkit::Rng(0x0DDB_1A5E_5BAD_5EED);
@@ -603,7 +652,7 @@ mod tests {
             let expected = if (4..=5).contains(&n) {
                 validate_consume(a.as_slice(), n, &Memos::new())
             } else {
-                Err(Error::Arity(CONSUME))
+                parse_reservation(a.as_slice(), n, &Memos::new())
             };
             assert_eq!(parse_consume(a.as_slice(), &memos), expected, "{pick:?}");
         }

@@ -160,6 +160,46 @@ impl Limits {
         self.charge(stored, now_us, self.current(stored, now_us), cost, true)
     }
 
+    /// A reservation (`WAIT max_ms`): `consume`, but when the bucket is
+    /// short of `cost` and its refill would cover the charge within
+    /// `max_ms`, the call is admitted now, the charge goes into debt (no
+    /// deeper than `-max`, the floor of every balance), and
+    /// `retry_after_ms` is the wait before the caller may proceed: the time
+    /// until the balance the call leaves is back at 0. Each reservation
+    /// waits for the tokens of those before it, so callers are paced at the
+    /// rate, in arrival order. Past `max_ms`, or past the floor, it is the
+    /// denial `consume` gives. `charge` false: what it would answer (a
+    /// peek).
+    pub fn reserve(
+        &self,
+        stored: Option<Stored>,
+        now_us: i64,
+        cost: f64,
+        max_ms: i64,
+        charge: bool,
+    ) -> Outcome {
+        let current = self.current(stored, now_us);
+        let tokens = current - cost;
+        if current < cost && tokens >= -self.max {
+            let after = Some(Stored {
+                tokens,
+                ts_us: now_us,
+            });
+            if self.ms_from(after, now_us, tokens, 0.0) <= max_ms {
+                let outcome = self.settle(stored, now_us, true, tokens, true, Some(0.0));
+                return if charge {
+                    outcome
+                } else {
+                    Outcome {
+                        effect: Effect::Nothing,
+                        ..outcome
+                    }
+                };
+            }
+        }
+        self.charge(stored, now_us, current, cost, charge)
+    }
+
     /// A charge of `cost` against a missing bucket, worked out by
     /// `consume` itself, for `fresh_write`: `None` where that writes
     /// nothing (cost 0).
@@ -526,6 +566,35 @@ mod tests {
         assert_eq!(L10.consume(stored, NOW, 0.0).reply(), [1, 5, 0, 65_000]);
         // TB.ADJUST writes the bucket it changes, so its times start now.
         assert_eq!(L10.adjust(stored, NOW, -5.0).reply(), [1, 0, 1000, 10_000]);
+    }
+
+    #[test]
+    fn reservations_queue_at_the_rate_down_to_the_floor() {
+        // Empty, 1 token/s: each reservation waits for those before it.
+        let mut stored = at(0.0, NOW);
+        for k in 1..=10 {
+            let o = L10.reserve(stored, NOW, 1.0, 60_000, true);
+            assert_eq!(o.reply(), [1, -k, 1000 * k, 1000 * (10 + k)], "{k}");
+            stored = match o.effect {
+                Effect::Save { tokens, ts_us, .. } => Some(Stored { tokens, ts_us }),
+                other => panic!("{other:?}"),
+            };
+        }
+        // At -max the floor denies, as a plain call would, writing nothing.
+        let o = L10.reserve(stored, NOW, 1.0, 60_000, true);
+        assert_eq!(o.reply(), L10.consume(stored, NOW, 1.0).reply());
+        assert_eq!(o.effect, Effect::Nothing);
+        // A wait beyond max_ms is a denial too; a peek answers alike.
+        let short = at(0.0, NOW);
+        assert!(!L10.reserve(short, NOW, 3.0, 2_999, true).allowed);
+        let peek = L10.reserve(short, NOW, 3.0, 3_000, false);
+        assert_eq!(peek.reply(), [1, -3, 3000, 13_000]);
+        assert_eq!(peek.effect, Effect::Nothing);
+        // A bucket that has the tokens charges them as consume does.
+        assert_eq!(
+            L10.reserve(None, NOW, 1.0, 0, true),
+            L10.consume(None, NOW, 1.0)
+        );
     }
 
     #[test]

@@ -80,6 +80,7 @@ pub mod msg {
     pub const QUOTA_COST_TOO_SMALL: &str = "ERR cost is too small to charge a quota of this limit: use 0 or at least limit/2^53";
     pub const BAD_PERIOD: &str = "ERR period must be DAY, WEEK, MONTH, YEAR or whole seconds from 1 to 10000000000";
     pub const EXPECTED_OFFSET: &str = "ERR syntax error at argument {position}: expected OFFSET";
+    pub const EXPECTED_WAIT: &str = "ERR syntax error at argument {position}: expected WAIT";
     pub const TOO_MANY_GROUPS: &str = "ERR too many buckets: at most 10000 groups per call";
     pub const DUPLICATE_KEY: &str = "ERR duplicate key: group {group} repeats the key of group {first}";
     pub const NOT_AN_INTEGER: &str = "ERR {arg} must be an integer";

@@ -21,6 +21,8 @@ pub enum Arg {
     Weight,
     /// A quota's UTC offset, in minutes.
     Offset,
+    /// A reservation's longest wait (`WAIT max_ms`).
+    MaxMs,
     /// TB.FAULT's step (test-hooks builds).
     Step,
     /// The module's load argument `cl-throttle`.
@@ -44,6 +46,7 @@ impl Arg {
             Arg::LeaseMs => "lease_ms",
             Arg::Weight => "weight",
             Arg::Offset => "offset",
+            Arg::MaxMs => "max_ms",
             Arg::Step => "step",
             Arg::ClThrottle => "cl-throttle",
             Arg::ModuleArgument => "a module argument",
@@ -128,6 +131,8 @@ pub enum Error {
     BadPeriod,
     /// The argument at this position should be `OFFSET`.
     ExpectedOffset(usize),
+    /// The argument at this position should be `WAIT`.
+    ExpectedWait(usize),
     /// The key holds a hash that is not a quota.
     NotAQuota(QuotaStateError),
     /// CL.THROTTLE: not an integer.
@@ -252,6 +257,9 @@ impl fmt::Display for Error {
             Error::BadPeriod => f.write_str(msg::BAD_PERIOD),
             Error::ExpectedOffset(position) => {
                 render(f, msg::EXPECTED_OFFSET, &[("position", position)])
+            }
+            Error::ExpectedWait(position) => {
+                render(f, msg::EXPECTED_WAIT, &[("position", position)])
             }
             Error::NotAQuota(why) => f.write_str(match why {
                 QuotaStateError::Fields => msg::QUOTA_BAD_FIELDS,

@@ -95,9 +95,10 @@ fn run(case: &Case, now: i64) -> Run {
             let key = &argv[1];
             let l = call.limits;
             let stored = case.key(key).load().map_err(|e| e.to_string())?;
-            let o = match case.command.as_str() {
-                "peek" => l.peek(stored, now, call.amount),
-                "adjust" => l.adjust(stored, now, call.amount),
+            let o = match (case.command.as_str(), call.wait_ms) {
+                ("peek", None) => l.peek(stored, now, call.amount),
+                ("adjust", _) => l.adjust(stored, now, call.amount),
+                (op, Some(max_ms)) => l.reserve(stored, now, call.amount, max_ms, op == "consume"),
                 _ => l.consume(stored, now, call.amount),
             };
             save(&mut after, key, &o);
@@ -307,6 +308,9 @@ fn vectors_cover_every_error_message() {
         "ERR key is not a quota: the hash must hold exactly",
         "ERR key is not a quota: field used",
         "ERR key is not a quota: field start",
+        "expected WAIT",
+        "ERR max_ms must be an integer",
+        "ERR max_ms must be >= 0",
     ]
     .into_iter()
     .map(str::to_string)

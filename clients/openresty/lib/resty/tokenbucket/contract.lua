@@ -46,7 +46,7 @@ _M.COMMANDS = {
 }
 
 -- The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-_M.LIBRARY_VERSION = '0.1.0+a39d10d7b711'
+_M.LIBRARY_VERSION = '0.1.0+d45ff98f3068'
 
 -- Error reply templates; message() fills in the {name} marks.
 _M.ERRORS = {
@@ -64,6 +64,7 @@ _M.ERRORS = {
   quota_cost_too_small = 'ERR cost is too small to charge a quota of this limit: use 0 or at least limit/2^53',
   bad_period = 'ERR period must be DAY, WEEK, MONTH, YEAR or whole seconds from 1 to 10000000000',
   expected_offset = 'ERR syntax error at argument {position}: expected OFFSET',
+  expected_wait = 'ERR syntax error at argument {position}: expected WAIT',
   too_many_groups = 'ERR too many buckets: at most 10000 groups per call',
   duplicate_key = 'ERR duplicate key: group {group} repeats the key of group {first}',
   not_an_integer = 'ERR {arg} must be an integer',
