@@ -72,12 +72,13 @@ local function msg(name, g, vars)
       cost_negative = 'ERR cost must be >= 0{in_group}',
       cost_above_max = 'ERR cost must not exceed max, it could never pass{in_group}',
       cost_too_small = 'ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53{in_group}',
-      limit_out_of_range = 'ERR limit must be > 0 and <= 1e12',
-      cost_above_limit = 'ERR cost must not exceed limit, it could never pass',
-      quota_cost_too_small = 'ERR cost is too small to charge a quota of this limit: use 0 or at least limit/2^53',
-      bad_period = 'ERR period must be DAY, WEEK, MONTH, YEAR or whole seconds from 1 to 10000000000',
+      limit_out_of_range = 'ERR limit must be > 0 and <= 1e12{in_group}',
+      cost_above_limit = 'ERR cost must not exceed limit, it could never pass{in_group}',
+      quota_cost_too_small = 'ERR cost is too small to charge a quota of this limit: use 0 or at least limit/2^53{in_group}',
+      bad_period = 'ERR period must be DAY, WEEK, MONTH, YEAR or whole seconds from 1 to 10000000000{in_group}',
       expected_offset = 'ERR syntax error at argument {position}: expected OFFSET',
       expected_wait = 'ERR syntax error at argument {position}: expected WAIT',
+      expected_clause = 'ERR syntax error at argument {position}: expected BUCKET or QUOTA',
       too_many_groups = 'ERR too many buckets: at most 10000 groups per call',
       duplicate_key = 'ERR duplicate key: group {group} repeats the key of group {first}',
       not_an_integer = 'ERR {arg} must be an integer',
@@ -89,9 +90,9 @@ local function msg(name, g, vars)
       bad_fields = 'ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}',
       bad_tokens = 'ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}',
       bad_ts = 'ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}',
-      quota_bad_fields = 'ERR key is not a quota: the hash must hold exactly the fields used and start',
-      quota_bad_used = 'ERR key is not a quota: field used is not a finite decimal number',
-      quota_bad_start = 'ERR key is not a quota: field start is not a period start in seconds',
+      quota_bad_fields = 'ERR key is not a quota: the hash must hold exactly the fields used and start{in_group}',
+      quota_bad_used = 'ERR key is not a quota: field used is not a finite decimal number{in_group}',
+      quota_bad_start = 'ERR key is not a quota: field start is not a period start in seconds{in_group}',
       int_out_of_range = 'ERR {arg} must be >= {least} and <= {most}',
       weight_above_limit = 'ERR weight must not exceed limit, it could never fit',
       bad_id = 'ERR id must be 1 to 256 bytes',
@@ -113,7 +114,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+d45ff98f3068'
+local LIBRARY_VERSION = '0.1.0+a606ec187aa7'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -225,7 +226,8 @@ local function parse_limits(max_s, rate_s, cost_s, g)
   if cost < 0 then return nil, msg('cost_negative', g) end
   local max = l.max
   if cost > max then return nil, msg('cost_above_max', g) end
-  if charges_nothing(cost, max) then return nil, msg('cost_too_small', g) end
+  local tiny = charges_nothing(cost, max)
+  if tiny then return nil, msg('cost_too_small', g) end
   last_cost_s, last_cost = cost_s, cost
   return l, cost
 end
@@ -423,6 +425,20 @@ local function save(key, existed, l, tokens, reset, now)
   redis.call('PEXPIREAT', key, string.format('%d', now.hi * 100000 + (up - up % 1000) / 1000 + reset))
 end
 
+-- A reservation (tb-core's reserve): short of cost, the charge goes into
+-- debt, no deeper than -max, if the balance it leaves is back at 0 within
+-- max_ms. Returns the reply (its retry is that wait) and the balance to
+-- write, or nil where the call is a plain one's denial.
+local function reserve(l, now, cur, cost, max_ms)
+  local tokens = cur - cost
+  if not (cur < cost and tokens >= -l.max) then return nil end
+  -- The bucket written now: the clock table with its tokens (see charge).
+  now.tokens = tokens
+  local waits = ms_from(l, now, now, tokens, 0)
+  if waits > max_ms then return nil end
+  return { 1, tokens - tokens % 1, waits, ms_from(l, now, now, tokens, l.max) }, tokens
+end
+
 -- ---- the operations (src/commands.rs) -------------------------------------
 
 -- tb_consume and tb_peek, by `op` ('consume' charges, 'peek' looks):
@@ -454,29 +470,23 @@ local function consume_or_peek(op, keys, args, i)
     if string.upper(args[at]) ~= 'WAIT' then
       return redis.error_reply(msg('expected_wait', nil, { position = n + 2 }))
     end
-    max_ms = parse_i64(args[at + 1])
-    if not max_ms then return redis.error_reply(msg('not_an_integer', nil, { arg = 'max_ms' })) end
-    if max_ms < 0 or max_ms > MAX_WAIT_MS then
+    local ms = parse_i64(args[at + 1])
+    if not ms then return redis.error_reply(msg('not_an_integer', nil, { arg = 'max_ms' })) end
+    if ms < 0 or ms > MAX_WAIT_MS then
       return redis.error_reply(msg('int_out_of_range', nil, { arg = 'max_ms', least = 0, most = string.format('%d', MAX_WAIT_MS) }))
     end
+    max_ms = ms
   end
   local now = clock()
   local stored, err = load(keys[1])
   if stored == nil then return redis.error_reply(err) end
   local cur = current_at(l, stored, now.hi, now.lo)
-  -- A reservation (tb-core's reserve): short of cost, the charge goes into
-  -- debt, no deeper than -max, if the balance it leaves is back at 0
-  -- within max_ms; the reply's retry is that wait.
-  if max_ms and cur < cost and cur - cost >= -l.max then
-    local tokens = cur - cost
-    now.tokens = tokens
-    local waits = ms_from(l, now, now, tokens, 0)
-    if waits <= max_ms then
-      local out = { 1, tokens - tokens % 1, waits, ms_from(l, now, now, tokens, l.max) }
+  if max_ms then
+    local out, tokens = reserve(l, now, cur, cost, max_ms)
+    if out then
       if op == 'consume' then save(keys[1], stored, l, tokens, out[4], now) end
       return out
     end
-    now.tokens = false
   end
   local out, tokens, writes = charge(l, stored, now, cur, cost, op == 'consume')
   if writes then save(keys[1], stored, l, tokens, out[4], now) end
@@ -738,6 +748,42 @@ local function quotas()
 
   local NAMED = { DAY = true, WEEK = true, MONTH = true, YEAR = true }
 
+  -- limit, period and the cost's text (nil: the default 1; none at all
+  -- for `adjust`) of a call or of TB.CHARGE's clause g, in the module's
+  -- order: {limit, period, offset} and the cost, or nil and the error.
+  local function quota_numbers(limit_s, period_s, cost_s, g, adjust)
+    local limit = parse_decimal(limit_s)
+    if not limit then return nil, msg('not_a_number', g, { arg = 'limit' }) end
+    if not (limit > 0 and limit <= MAX_CAPACITY) then return nil, msg('limit_out_of_range', g) end
+    local period = string.upper(period_s)
+    if not NAMED[period] then
+      period = parse_i64(period_s)
+      if not period or period < 1 or period > MAX_PERIOD_SECONDS then return nil, msg('bad_period', g) end
+    end
+    local cost = 1
+    if cost_s then
+      cost = parse_decimal(cost_s)
+      if not cost then return nil, msg('not_a_number', g, { arg = 'cost' }) end
+      if cost < 0 then return nil, msg('cost_negative', g) end
+      if cost > limit then return nil, msg('cost_above_limit', g) end
+      if charges_nothing(cost, limit) then return nil, msg('quota_cost_too_small', g) end
+    elseif limit < 1 and not adjust then
+      -- The default cost of 1 could never pass a limit this small.
+      return nil, msg('cost_above_limit', g)
+    end
+    return { limit = limit, period = period, offset = 0 }, cost
+  end
+
+  -- OFFSET's minutes, as seconds ahead of UTC; nil and the error text.
+  local function offset_seconds(s)
+    local minutes = parse_i64(s)
+    if not minutes then return nil, msg('not_an_integer', nil, { arg = 'offset' }) end
+    if minutes < -MAX_OFFSET_MINUTES or minutes > MAX_OFFSET_MINUTES then
+      return nil, msg('int_out_of_range', nil, { arg = 'offset', least = -MAX_OFFSET_MINUTES, most = MAX_OFFSET_MINUTES })
+    end
+    return minutes * 60
+  end
+
   -- limit, period, [amount], [OFFSET minutes] in the module's order;
   -- `adjust`: the amount is a required delta. Returns {limit, period,
   -- offset} and the amount, or nil and the error text.
@@ -750,58 +796,38 @@ local function quotas()
     elseif n == 5 then has_amount, offset_at = true, 4
     end
     if #keys ~= 1 or has_amount == nil then return nil, msg('arity', nil, { command = name }) end
-    local limit = parse_decimal(args[1])
-    if not limit then return nil, msg('not_a_number', nil, { arg = 'limit' }) end
-    if not (limit > 0 and limit <= MAX_CAPACITY) then return nil, msg('limit_out_of_range') end
-    local period = string.upper(args[2])
-    if not NAMED[period] then
-      period = parse_i64(args[2])
-      if not period or period < 1 or period > MAX_PERIOD_SECONDS then return nil, msg('bad_period') end
-    end
-    local amount = 1
+    local q, amount = quota_numbers(args[1], args[2], (has_amount and not adjust) and args[3] or nil, nil, adjust)
+    if not q then return nil, amount end
     if has_amount and adjust then
       amount = parse_decimal(args[3])
       if not amount then return nil, msg('not_a_number', nil, { arg = 'delta' }) end
-    elseif has_amount then
-      amount = parse_decimal(args[3])
-      if not amount then return nil, msg('not_a_number', nil, { arg = 'cost' }) end
-      if amount < 0 then return nil, msg('cost_negative') end
-      if amount > limit then return nil, msg('cost_above_limit') end
-      if charges_nothing(amount, limit) then return nil, msg('quota_cost_too_small') end
-    elseif limit < 1 then
-      -- The default cost of 1 could never pass a limit this small.
-      return nil, msg('cost_above_limit')
     end
-    local offset = 0
     if offset_at then
       -- The module's argument positions count the key as 1.
       if string.upper(args[offset_at]) ~= 'OFFSET' then
         return nil, msg('expected_offset', nil, { position = offset_at + 1 })
       end
-      local minutes = parse_i64(args[offset_at + 1])
-      if not minutes then return nil, msg('not_an_integer', nil, { arg = 'offset' }) end
-      if minutes < -MAX_OFFSET_MINUTES or minutes > MAX_OFFSET_MINUTES then
-        return nil, msg('int_out_of_range', nil, { arg = 'offset', least = -MAX_OFFSET_MINUTES, most = MAX_OFFSET_MINUTES })
-      end
-      offset = minutes * 60
+      local err
+      q.offset, err = offset_seconds(args[offset_at + 1])
+      if not q.offset then return nil, err end
     end
-    return { limit = limit, period = period, offset = offset }, amount
+    return q, amount
   end
 
   -- A key's quota: false if missing, else {used, start}; nil and the
   -- message on error (as load reads a bucket).
-  local function load_quota(key)
+  local function load_quota(key, g)
     local n = redis.pcall('HLEN', key) if n ~= 0 and type(n) == 'table' and not string.find(n.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(n) end error(n.err, 0) end
     if n == 0 then return false end
     if type(n) == 'table' then return nil, msg('wrongtype') end
-    if n ~= 2 then return nil, msg('quota_bad_fields') end
+    if n ~= 2 then return nil, msg('quota_bad_fields', g) end
     local f = redis.call('HMGET', key, 'used', 'start')
-    if not f[1] or not f[2] then return nil, msg('quota_bad_fields') end
+    if not f[1] or not f[2] then return nil, msg('quota_bad_fields', g) end
     local used = parse_decimal(f[1])
-    if not used then return nil, msg('quota_bad_used') end
+    if not used then return nil, msg('quota_bad_used', g) end
     local s = f[2]
     if #s > 10 or not string.find(s, '^%d+$') or (#s > 1 and string.sub(s, 1, 1) == '0') or s * 1 > MAX_QUOTA_START then
-      return nil, msg('quota_bad_start')
+      return nil, msg('quota_bad_start', g)
     end
     return { used = used, start = s * 1 }
   end
@@ -849,19 +875,24 @@ local function quotas()
     return { sec = time[1] * 1, usec = time[2] * 1 }
   end
 
-  -- tb_quota and tb_qpeek: charge (or look at) cost; a denial, a cost of
-  -- 0 or a peek writes nothing.
+  -- A charge (or a look) of cost on the quota `stored` at key; a denial,
+  -- a cost of 0 or a look writes nothing.
+  local function outcome(key, q, stored, t, cost, charging)
+    local used, s, e = current(q, stored, t.sec)
+    local allowed = q.limit - used >= cost
+    local writes = charging and allowed and cost > 0
+    if writes then used = used + cost end
+    return settle(key, q, stored, t, allowed, used, writes, not allowed, s, e)
+  end
+
+  -- tb_quota and tb_qpeek.
   local function consume(keys, args, name, charging)
     local q, cost = quota_args(keys, args, name, false)
     if not q then return redis.error_reply(cost) end
     local t = now_sec()
     local stored, err = load_quota(keys[1])
     if stored == nil then return redis.error_reply(err) end
-    local used, s, e = current(q, stored, t.sec)
-    local allowed = q.limit - used >= cost
-    local writes = charging and allowed and cost > 0
-    if writes then used = used + cost end
-    return settle(keys[1], q, stored, t, allowed, used, writes, not allowed, s, e)
+    return outcome(keys[1], q, stored, t, cost, charging)
   end
 
   -- tb_qadjust: a refund (delta > 0) or a late charge, within [0, 2 limit]
@@ -884,6 +915,11 @@ local function quotas()
     quota = function(keys, args) return consume(keys, args, 'tb_quota', true) end,
     qpeek = function(keys, args) return consume(keys, args, 'tb_qpeek', false) end,
     qadjust = adjust,
+    -- For tb_charge's QUOTA clauses.
+    numbers = quota_numbers,
+    offset = offset_seconds,
+    load = load_quota,
+    outcome = outcome,
   }
   return QUOTAS
 end
@@ -892,6 +928,112 @@ local function tb_quota(keys, args) return (QUOTAS or quotas()).quota(keys, args
 -- Read-only (registered no-writes): a peek never writes.
 local function tb_qpeek(keys, args) return (QUOTAS or quotas()).qpeek(keys, args) end
 local function tb_qadjust(keys, args) return (QUOTAS or quotas()).qadjust(keys, args) end
+
+-- tb_charge: buckets and quotas all or nothing, one clause per key in
+-- order (ARGV: [WAIT max_ms] then BUCKET max rate cost | QUOTA limit
+-- period cost [OFFSET minutes] ...), as TB.CHARGE; the module's argument
+-- positions are ARGV's plus 1 + #KEYS. {allowed, retry_after_ms, key
+-- replies...}.
+local function tb_charge(keys, args)
+  local n, m = #keys, #args
+  local function arity() return arity_error('tb_charge') end
+  if n + m < 2 then return arity() end
+  if n < 1 then return redis.error_reply(msg('too_small', nil, { arg = 'numkeys', least = 1 })) end
+  if n > MAX_GROUPS then return redis.error_reply(msg('too_many_groups')) end
+  if m == 0 then return arity() end
+  local Q = QUOTAS or quotas()
+  local j, max_ms = 1, nil
+  if string.upper(args[1]) == 'WAIT' then
+    if m < 2 then return arity() end
+    max_ms = parse_i64(args[2])
+    if not max_ms then return redis.error_reply(msg('not_an_integer', nil, { arg = 'max_ms' })) end
+    if max_ms < 0 or max_ms > MAX_WAIT_MS then
+      return redis.error_reply(msg('int_out_of_range', nil, { arg = 'max_ms', least = 0, most = string.format('%d', MAX_WAIT_MS) }))
+    end
+    j = 3
+  end
+  local kinds, limits, costs = {}, {}, {}
+  for g = 1, n do
+    if j + 3 > m then return arity() end
+    local word, l, cost = string.upper(args[j])
+    if word == 'BUCKET' then
+      l, cost = parse_limits(args[j + 1], args[j + 2], args[j + 3], g)
+      if not l then return redis.error_reply(cost) end
+      j = j + 4
+    elseif word == 'QUOTA' then
+      l, cost = Q.numbers(args[j + 1], args[j + 2], args[j + 3], g)
+      if not l then return redis.error_reply(cost) end
+      j = j + 4
+      if j <= m and string.upper(args[j]) == 'OFFSET' then
+        if j + 1 > m then return arity() end
+        local err
+        l.offset, err = Q.offset(args[j + 1])
+        if not l.offset then return redis.error_reply(err) end
+        j = j + 2
+      end
+    else
+      return redis.error_reply(msg('expected_clause', nil, { position = 1 + n + j }))
+    end
+    kinds[g], limits[g], costs[g] = word, l, cost
+  end
+  if j ~= m + 1 then return arity() end
+  local first = {}
+  for g = 1, n do
+    local seen = first[keys[g]]
+    if seen then
+      return redis.error_reply(msg('duplicate_key', nil, { group = g, first = seen }))
+    end
+    first[keys[g]] = g
+  end
+  local now = clock()
+  local t = { sec = now.time[1] * 1, usec = now.time[2] * 1 }
+  -- Key by key, as the module does: a bad key stops the call before any
+  -- later key is read.
+  local stored, cur = {}, {}
+  for g = 1, n do
+    local s, err
+    if kinds[g] == 'BUCKET' then
+      s, err = load(keys[g], g)
+      if s == nil then return redis.error_reply(err) end
+      cur[g] = current_at(limits[g], s, now.hi, now.lo)
+    else
+      s, err = Q.load(keys[g], g)
+      if s == nil then return redis.error_reply(err) end
+    end
+    stored[g] = s
+  end
+  -- Each clause's answer, charging if `charging` (the reply, and for a
+  -- bucket the balance to write and whether it writes).
+  local function answer(g, charging)
+    local l, s, cost = limits[g], stored[g], costs[g]
+    if kinds[g] == 'QUOTA' then return Q.outcome(keys[g], l, s, t, cost, charging) end
+    if max_ms then
+      local r, tokens = reserve(l, now, cur[g], cost, max_ms)
+      if r then
+        if charging then save(keys[g], s, l, tokens, r[4], now) end
+        return r
+      end
+    end
+    local r, tokens, writes = charge(l, s, now, cur[g], cost, charging)
+    if writes then save(keys[g], s, l, tokens, r[4], now) end
+    return r
+  end
+  local out, all = { 0, 0 }, true
+  for g = 1, n do
+    out[g + 2] = answer(g, false)
+    if out[g + 2][1] == 0 then all = false end
+  end
+  if all then
+    for g = 1, n do out[g + 2] = answer(g, true) end
+  end
+  local retry = 0
+  for g = 1, n do
+    local r = out[g + 2]
+    if (all or r[1] == 0) and r[3] > retry then retry = r[3] end
+  end
+  out[1], out[2] = all and 1 or 0, retry
+  return out
+end
 
 -- ---- concurrency leases (core/src/lease/, src/leases.rs) -----------------
 
@@ -1793,6 +1935,7 @@ local OPERATIONS = {
   'quota', tb_quota, '',
   'qpeek', tb_qpeek, 'no-writes',
   'qadjust', tb_qadjust, '',
+  'charge', tb_charge, '',
 }
 -- <<< shared: end
 

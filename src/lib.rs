@@ -19,6 +19,7 @@
 //!   argument parsing, the stored text, the error type and the contract's
 //!   numbers and messages.
 
+mod charge;
 mod commands;
 mod eviction;
 mod ffi;

@@ -8,7 +8,7 @@ use crate::ffi::{log_warning, Args, Ctx};
 use crate::keyspace::QuotaKey;
 use crate::stats;
 use tb_core::error::Error;
-use tb_core::quota::{parse_qadjust, parse_quota, Outcome, QuotaCall};
+use tb_core::quota::{parse_qadjust, parse_quota, Effect, Outcome, QuotaCall};
 
 /// Opens the key of a parsed call, reads the clock and the quota, and
 /// gives the decision.
@@ -26,15 +26,21 @@ fn decide<'c>(
     Ok((key, decide(&call, stored, now)))
 }
 
-/// Writes the outcome's effect, then replies.
-fn finish(ctx: &Ctx, key: &mut QuotaKey, outcome: &Outcome) -> Result<(), Error> {
-    key.apply(&outcome.effect).map_err(|step| {
+/// Carries out `effect` on `key`; a step that fails is logged and becomes
+/// the call's error reply, as for buckets.
+pub fn apply(key: &mut QuotaKey, effect: &Effect) -> Result<(), Error> {
+    key.apply(effect).map_err(|step| {
         log_warning(&format!(
             "tb: a quota write failed at {}; the call replied an error instead of its outcome",
             step.name()
         ));
         Error::WriteFailed(step)
-    })?;
+    })
+}
+
+/// Writes the outcome's effect, then replies.
+fn finish(ctx: &Ctx, key: &mut QuotaKey, outcome: &Outcome) -> Result<(), Error> {
+    apply(key, &outcome.effect)?;
     reply_ints(ctx, &outcome.reply());
     Ok(())
 }

@@ -10,15 +10,16 @@
 //! read-write update for the writers, and TB.ACQUIRE's bucket keys after
 //! each `BUCKET`.
 
+use crate::charge;
 use crate::commands;
-use crate::ffi::{handler, ArgDoc, ArgKind, Begin, CommandDef, Docs, KeySpec, RawHandler};
+use crate::ffi::{handler, ArgDoc, ArgKind, Begin, CommandDef, Docs, Find, KeySpec, RawHandler};
 use crate::leases;
 use crate::quotas;
 use crate::version::TEXT as SINCE;
 use std::ffi::CStr;
 use std::os::raw::c_int;
 use tb_core::contract::{
-    ACQUIRE, ADJUST, CL_THROTTLE, CONSUME, INFLIGHT, MCONSUME, PEEK, QADJUST, QPEEK, QUOTA,
+    ACQUIRE, ADJUST, CHARGE, CL_THROTTLE, CONSUME, INFLIGHT, MCONSUME, PEEK, QADJUST, QPEEK, QUOTA,
     RELEASE, RENEW,
 };
 
@@ -74,8 +75,10 @@ const fn key_at_1(read_only: bool) -> KeySpec {
     KeySpec {
         read_only,
         begin: Begin::Index(1),
-        last_key: 0,
-        key_step: 1,
+        find: Find::Range {
+            last_key: 0,
+            key_step: 1,
+        },
     }
 }
 const READS_KEY: &[KeySpec] = &[key_at_1(true)];
@@ -178,8 +181,10 @@ const GROUPS: &[ArgDoc] = &[ArgDoc {
 const EVERY_FOURTH: &[KeySpec] = &[KeySpec {
     read_only: false,
     begin: Begin::Index(1),
-    last_key: -1,
-    key_step: 4,
+    find: Find::Range {
+        last_key: -1,
+        key_step: 4,
+    },
 }];
 
 /// TB.ACQUIRE's arguments, and its keys: the lease key, and the key after
@@ -203,10 +208,47 @@ const LEASE_AND_BUCKETS: &[KeySpec] = &[
     KeySpec {
         read_only: false,
         begin: Begin::Keyword(c"BUCKET", 5),
-        last_key: -1,
-        key_step: 5,
+        find: Find::Range {
+            last_key: -1,
+            key_step: 5,
+        },
     },
 ];
+
+/// TB.CHARGE's arguments, and its keys: `numkeys`, then that many keys.
+const CHARGE_ARGS: &[ArgDoc] = &[
+    arg(c"numkeys", ArgKind::Integer),
+    ArgDoc {
+        multiple: true,
+        ..KEY
+    },
+    WAIT,
+    ArgDoc {
+        multiple: true,
+        subargs: &[
+            ArgDoc {
+                token: Some(c"BUCKET"),
+                subargs: &[MAX, RATE, COST],
+                ..arg(c"bucket", ArgKind::Block)
+            },
+            ArgDoc {
+                token: Some(c"QUOTA"),
+                subargs: &[QUOTA_LIMIT, QUOTA_PERIOD, COST, OFFSET],
+                ..arg(c"quota", ArgKind::Block)
+            },
+        ],
+        ..arg(c"clause", ArgKind::OneOf)
+    },
+];
+const COUNTED_KEYS: &[KeySpec] = &[KeySpec {
+    read_only: false,
+    begin: Begin::Index(1),
+    find: Find::Counted {
+        count_at: 0,
+        first_key: 1,
+        key_step: 1,
+    },
+}];
 
 /// One command a row (two lines): its name and handler, access,
 /// arguments, summary, and where it differs from an O(1) command on one
@@ -241,6 +283,9 @@ pub const COMMANDS: &[CommandDef] = &[
         c"Replies what TB.QUOTA would, without charging or writing anything."),
     command(QADJUST, handler!(QADJUST, quotas::qadjust), FAST_WRITE, &[KEY, QUOTA_LIMIT, QUOTA_PERIOD, DELTA, OFFSET],
         c"Refunds (delta > 0) or charges (delta < 0, down to -limit remaining) a quota after the fact, in its current period."),
+    costs(on_keys(command(CHARGE, handler!(CHARGE, charge::charge), WRITE_FINDING_KEYS, CHARGE_ARGS,
+        c"Charges token buckets and quotas all-or-nothing, with WAIT reserving bucket tokens within max_ms; replies [allowed, retry_after_ms, key replies...]."),
+        (2, 2, 1), COUNTED_KEYS), c"O(N) where N is the number of keys"),
     #[cfg(feature = "test-hooks")]
     on_keys(command(TB_PANIC, handler!(TB_PANIC, crate::hooks::panic), READ, &[],
         c"Panics on purpose (test-hooks builds only)."), (0, 0, 0), &[]),

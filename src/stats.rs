@@ -22,13 +22,14 @@ impl Counter {
     }
 }
 
-/// Calls (TB.CONSUME, TB.MCONSUME or CL.THROTTLE) that were admitted.
+/// Calls (TB.CONSUME, TB.MCONSUME, TB.QUOTA, TB.CHARGE or CL.THROTTLE)
+/// that were admitted.
 pub static ADMITTED: Counter = Counter::new();
-/// Calls (TB.CONSUME, TB.MCONSUME or CL.THROTTLE) that were denied.
+/// The same calls, denied.
 pub static DENIED: Counter = Counter::new();
-/// TB.PEEK calls answered.
+/// TB.PEEK and TB.QPEEK calls answered.
 pub static PEEKS: Counter = Counter::new();
-/// TB.ADJUST calls applied.
+/// TB.ADJUST and TB.QADJUST calls applied.
 pub static ADJUSTS: Counter = Counter::new();
 /// Calls of any TB command that the module answered with an error.
 pub static ERRORS: Counter = Counter::new();

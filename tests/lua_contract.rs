@@ -19,7 +19,7 @@ use testkit::{
 
 const SHARED_BEGIN: &str = "-- >>> shared: begin\n";
 /// The library's operations, in the order it lists them.
-const OPERATIONS: [&str; 12] = [
+const OPERATIONS: [&str; 13] = [
     "consume",
     "peek",
     "mconsume",
@@ -32,6 +32,7 @@ const OPERATIONS: [&str; 12] = [
     "quota",
     "qpeek",
     "qadjust",
+    "charge",
 ];
 const SHARED_END: &str = "-- <<< shared: end\n";
 
@@ -218,12 +219,15 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     for (name, params) in [
         ("consume_or_peek", "op, keys, args, i"),
         ("parse_limits", "max_s, rate_s, cost_s, g"),
+        ("parse_i64", "s"),
         ("load", "key, g"),
+        ("reserve", "l, now, cur, cost, max_ms"),
         ("charge", "l, stored, now, cur, cost, charging"),
         ("save", "key, existed, l, tokens, reset, now"),
         ("clock", ""),
         ("parse_decimal", "s"),
         ("current_at", "l, stored, hi, lo"),
+        ("charges_nothing", "cost, max"),
     ] {
         let def = format!("local function {name}({params})\n");
         let start = head
@@ -250,7 +254,10 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     let script_head = &script[at..early_at];
     let inlined = [
         "parse_limits(",
+        "parse_i64(",
         "load(",
+        "reserve(",
+        "charges_nothing(",
         "charge(",
         "save(",
         "clock(",
@@ -278,7 +285,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         "redis.replicate_commands()",
         "if ARGV[1] == 'consume' or ARGV[1] == 'peek' then",
         "  local op, keys, args, i = ARGV[1], KEYS, ARGV, 2\n",
-        "  local max_s, rate_s, cost_s, g = args[i], args[i + 1], args[i + 2]\n",
+        "  local max_s, rate_s, cost_s, g = args[i], args[i + 1], (n == 3 or not wait) and args[i + 2] or nil\n",
         "  local key, g = keys[1]\n",
     ] {
         assert!(early.contains(needed), "{needed} in {early}");
@@ -304,7 +311,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
             .any(|l| l.split("--").next().unwrap_or("").contains("function")),
         "{early}"
     );
-    assert_eq!(early.matches("until true\n").count(), 10, "{early}");
+    assert_eq!(early.matches("until true\n").count(), 14, "{early}");
     let tail = &after[early_end + moved.len() + rest.len()..];
     assert!(tail.contains("redis.replicate_commands()"), "{tail}");
     assert!(tail.contains("OPERATIONS[i + 1](KEYS, ARGV)"), "{tail}");
@@ -529,7 +536,7 @@ fn bad_calls() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>, Strin
         (
             "tb_consume",
             vec!["k"],
-            vec!["10", "1", "1", "1"],
+            vec!["10", "1", "1", "1", "1", "1"],
             arity("tb_consume"),
         ),
         ("tb_peek", vec!["k"], vec![], arity("tb_peek")),

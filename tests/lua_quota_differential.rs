@@ -1,7 +1,7 @@
 //! The Lua library's quota functions against the module's quota commands,
 //! on one server with a fake clock: one seeded random sequence of
-//! TB.QUOTA, TB.QPEEK and TB.QADJUST on `m:` keys and tb_quota & co. on
-//! `l:` keys, with the clock stepped by µs to weeks (across midnights,
+//! TB.QUOTA, TB.QPEEK, TB.QADJUST and TB.CHARGE (quotas beside buckets,
+//! with and without WAIT) on `m:` keys and tb_quota & co. on `l:` keys, with the clock stepped by µs to weeks (across midnights,
 //! month ends and leap days, and back across them), and now and then a
 //! random quota state planted on both sides. Replies, errors, stored
 //! hashes, expire times and the replication stream must be identical.
@@ -17,6 +17,8 @@ use testkit::{hgetall, int, load_library, run, FakeClock, ReplicationStream, Rng
 const T0: i64 = 1_835_391_600_000_000;
 const OPS: usize = 3000;
 const KEYS: &[&str] = &["a", "b", "c"];
+/// Buckets, for TB.CHARGE's BUCKET clauses.
+const BUCKETS: &[&str] = &["x", "y"];
 const LIMITS: &[&str] = &["3", "10", "2.5", "1e6", "1e12", "7.25", "0.5"];
 const PERIODS: &[&str] = &["DAY", "week", "Month", "YEAR", "60", "3600", "86400", "7"];
 const AMOUNTS: &[&str] = &["1", "0", "2", "0.1", "3", "2.5", "0.5"];
@@ -48,8 +50,58 @@ fn seed() -> u64 {
         .unwrap_or(0x0C_A1E7_DA12_2028)
 }
 
-/// A call in the library's layout: its name, key and ARGV.
-fn random_call(rng: &mut Rng) -> (&'static str, String, Vec<String>) {
+/// A TB.CHARGE in the library's layout: 1 to 3 keys, quotas and buckets
+/// (now and then a bucket clause on a quota key), with or without WAIT.
+fn random_charge(rng: &mut Rng) -> (&'static str, Vec<String>, Vec<String>) {
+    let mut keys: Vec<String> = Vec::new();
+    let mut args = Vec::new();
+    if rng.chance(0.4) {
+        args.extend(["WAIT".to_string(), rng.below(20_000).to_string()]);
+    }
+    for _ in 0..1 + rng.below(3) {
+        let bucket = rng.chance(0.5);
+        let pool = if bucket != rng.chance(0.05) {
+            BUCKETS
+        } else {
+            KEYS
+        };
+        let key = rng.pick(pool).to_string();
+        if keys.contains(&key) && !rng.chance(0.1) {
+            continue;
+        }
+        keys.push(key);
+        if bucket {
+            let max = pick(rng, &["10", "3", "1e6", "2.5"]);
+            let rate = pick(rng, &["1", "0.5", "100", "0.01"]);
+            args.extend(["BUCKET".to_string(), max, rate, pick(rng, AMOUNTS)]);
+        } else {
+            args.extend([
+                "QUOTA".to_string(),
+                pick(rng, LIMITS),
+                pick(rng, PERIODS),
+                pick(rng, AMOUNTS),
+            ]);
+            if rng.chance(0.3) {
+                args.extend(["OFFSET".to_string(), pick(rng, OFFSETS)]);
+            }
+        }
+    }
+    (
+        if rng.chance(0.02) {
+            "charges"
+        } else {
+            "charge"
+        },
+        keys,
+        args,
+    )
+}
+
+/// A call in the library's layout: its name, keys and ARGV.
+fn random_call(rng: &mut Rng) -> (&'static str, Vec<String>, Vec<String>) {
+    if rng.chance(0.3) {
+        return random_charge(rng);
+    }
     let name = *rng.pick(&["quota", "quota", "quota", "qpeek", "qadjust"]);
     let key = rng.pick(KEYS).to_string();
     let mut args = vec![pick(rng, LIMITS), pick(rng, PERIODS)];
@@ -68,7 +120,7 @@ fn random_call(rng: &mut Rng) -> (&'static str, String, Vec<String>) {
     if rng.chance(0.01) {
         args.push("1".to_string());
     }
-    (name, key, args)
+    (name, vec![key], args)
 }
 
 /// A clock step: mostly small, sometimes hours to weeks, now and then back.
@@ -118,7 +170,7 @@ fn random_quota_sequence_matches_the_module() {
         now += 1000;
         clock.set(now);
     });
-    let (mut admitted, mut denied, mut errors, mut back) = (0, 0, 0, 0);
+    let (mut admitted, mut denied, mut errors, mut back, mut charged) = (0, 0, 0, 0, 0);
     for i in 0..OPS {
         let dt = step(&mut rng);
         back += usize::from(dt < 0);
@@ -145,51 +197,66 @@ fn random_quota_sequence_matches_the_module() {
                     .unwrap();
             }
         }
-        let (name, key, args) = random_call(&mut rng);
+        let (name, keys, args) = random_call(&mut rng);
         let ctx = format!(
-            "op {i} (seed {seed:#x}, T0{:+}us): {name} {key} {args:?}",
+            "op {i} (seed {seed:#x}, T0{:+}us): {name} {keys:?} {args:?}",
             now - T0
         );
         // Expire both sides alike before the calls, then set the stream aside.
-        for p in ["m:", "l:"] {
-            int(&mut c, "EXISTS", format!("{p}{key}"));
+        for key in &keys {
+            for p in ["m:", "l:"] {
+                int(&mut c, "EXISTS", format!("{p}{key}"));
+            }
         }
         stream.take(&mut c);
-        let by_module = run(
-            &mut c,
-            redis::cmd(&format!("TB.{}", name.to_uppercase()))
-                .arg(format!("m:{key}"))
-                .arg(&args),
-        );
+        let on = |p: &str| keys.iter().map(|k| format!("{p}{k}")).collect::<Vec<_>>();
+        let mut module = redis::cmd(&format!("TB.{}", name.to_uppercase()));
+        if name.starts_with("charge") {
+            module.arg(keys.len());
+        }
+        let by_module = run(&mut c, module.arg(on("m:")).arg(&args));
         let module_sent = ours(stream.take(&mut c), "m:");
         let fcall = if name == "qpeek" { "FCALL_RO" } else { "FCALL" };
         let by_library = run(
             &mut c,
             redis::cmd(fcall)
                 .arg(format!("tb_{name}"))
-                .arg(1)
-                .arg(format!("l:{key}"))
+                .arg(keys.len())
+                .arg(on("l:"))
                 .arg(&args),
         )
         .map_err(|e| e.replace(&format!("'tb_{name}'"), &format!("'tb.{name}'")));
         let library_sent = ours(stream.take(&mut c), "l:");
+        if name == "charges" {
+            // No such command, nor function: both refuse it.
+            assert!(by_module.is_err() && by_library.is_err(), "{ctx}");
+            continue;
+        }
         assert_eq!(by_library, by_module, "{ctx}");
         assert_eq!(library_sent, module_sent, "replicated by {ctx}");
-        let (m, l) = (
-            state(&mut c, &format!("m:{key}")),
-            state(&mut c, &format!("l:{key}")),
-        );
-        let bits = |h: &BTreeMap<String, String>| {
-            h.get("used")
-                .and_then(|u| u.parse::<f64>().ok())
-                .map(f64::to_bits)
-        };
-        assert_eq!(bits(&l.0), bits(&m.0), "used after {ctx}");
-        assert_eq!(
-            (l.0.get("start"), l.1),
-            (m.0.get("start"), m.1),
-            "state after {ctx}"
-        );
+        for key in &keys {
+            let (m, l) = (
+                state(&mut c, &format!("m:{key}")),
+                state(&mut c, &format!("l:{key}")),
+            );
+            // A bucket's tokens or a quota's used, as the double it spells.
+            let bits = |h: &BTreeMap<String, String>, f: &str| {
+                h.get(f)
+                    .and_then(|u| u.parse::<f64>().ok())
+                    .map(f64::to_bits)
+            };
+            for f in ["used", "tokens"] {
+                assert_eq!(bits(&l.0, f), bits(&m.0, f), "{f} of {key} after {ctx}");
+            }
+            let rest =
+                |h: &BTreeMap<String, String>| (h.get("start").cloned(), h.get("ts").cloned());
+            assert_eq!((rest(&l.0), l.1), (rest(&m.0), m.1), "{key} after {ctx}");
+        }
+        if name == "charge"
+            && matches!(&by_module, Ok(Value::Array(r)) if r.first() == Some(&Value::Int(1)))
+        {
+            charged += 1;
+        }
         match by_module {
             Ok(Value::Array(r)) if r.first() == Some(&Value::Int(1)) => admitted += 1,
             Ok(_) => denied += 1,
@@ -198,7 +265,7 @@ fn random_quota_sequence_matches_the_module() {
     }
     // What the sequence exercised, so a dull generator fails the test.
     assert!(
-        admitted > 300 && denied > 100 && errors > 300 && back > 100,
-        "{admitted} {denied} {errors} {back}"
+        admitted > 1000 && denied > 100 && errors > 100 && back > 100 && charged > 200,
+        "{admitted} {denied} {errors} {back} {charged}"
     );
 }

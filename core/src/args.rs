@@ -379,13 +379,22 @@ pub(crate) fn first_duplicate(
     argv: &(impl Argv + ?Sized),
     groups: &[Group],
 ) -> Option<(usize, usize)> {
-    let mut order: Vec<usize> = (0..groups.len()).collect();
+    first_duplicate_by(argv, groups.len(), |g| groups[g].key_index)
+}
+
+/// `first_duplicate` for `count` groups whose keys are at `key_index(g)`.
+pub(crate) fn first_duplicate_by(
+    argv: &(impl Argv + ?Sized),
+    count: usize,
+    key_index: impl Fn(usize) -> usize,
+) -> Option<(usize, usize)> {
+    let mut order: Vec<usize> = (0..count).collect();
     order.sort_by(|&a, &b| {
-        argv.arg(groups[a].key_index)
-            .cmp(argv.arg(groups[b].key_index))
+        argv.arg(key_index(a))
+            .cmp(argv.arg(key_index(b)))
             .then(a.cmp(&b))
     });
-    let key = |p: usize| argv.arg(groups[order[p]].key_index);
+    let key = |p: usize| argv.arg(key_index(order[p]));
     // In a run of equal keys (sorted by position) the second member is that
     // key's earliest repeat and the first member is its original.
     (1..order.len())

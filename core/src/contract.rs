@@ -45,7 +45,8 @@ pub const INFLIGHT: &CStr = c"tb.inflight";
 pub const QUOTA: &CStr = c"tb.quota";
 pub const QPEEK: &CStr = c"tb.qpeek";
 pub const QADJUST: &CStr = c"tb.qadjust";
-pub const COMMANDS: [&CStr; 12] = [CONSUME, PEEK, MCONSUME, ADJUST, CL_THROTTLE, ACQUIRE, RELEASE, RENEW, INFLIGHT, QUOTA, QPEEK, QADJUST];
+pub const CHARGE: &CStr = c"tb.charge";
+pub const COMMANDS: [&CStr; 13] = [CONSUME, PEEK, MCONSUME, ADJUST, CL_THROTTLE, ACQUIRE, RELEASE, RENEW, INFLIGHT, QUOTA, QPEEK, QADJUST, CHARGE];
 
 /// The grammar of what the lease commands store (contract.json's
 /// "stored"), which `crate::lease::stored` reads and writes:
@@ -75,12 +76,13 @@ pub mod msg {
     pub const COST_NEGATIVE: &str = "ERR cost must be >= 0{in_group}";
     pub const COST_ABOVE_MAX: &str = "ERR cost must not exceed max, it could never pass{in_group}";
     pub const COST_TOO_SMALL: &str = "ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53{in_group}";
-    pub const LIMIT_OUT_OF_RANGE: &str = "ERR limit must be > 0 and <= 1e12";
-    pub const COST_ABOVE_LIMIT: &str = "ERR cost must not exceed limit, it could never pass";
-    pub const QUOTA_COST_TOO_SMALL: &str = "ERR cost is too small to charge a quota of this limit: use 0 or at least limit/2^53";
-    pub const BAD_PERIOD: &str = "ERR period must be DAY, WEEK, MONTH, YEAR or whole seconds from 1 to 10000000000";
+    pub const LIMIT_OUT_OF_RANGE: &str = "ERR limit must be > 0 and <= 1e12{in_group}";
+    pub const COST_ABOVE_LIMIT: &str = "ERR cost must not exceed limit, it could never pass{in_group}";
+    pub const QUOTA_COST_TOO_SMALL: &str = "ERR cost is too small to charge a quota of this limit: use 0 or at least limit/2^53{in_group}";
+    pub const BAD_PERIOD: &str = "ERR period must be DAY, WEEK, MONTH, YEAR or whole seconds from 1 to 10000000000{in_group}";
     pub const EXPECTED_OFFSET: &str = "ERR syntax error at argument {position}: expected OFFSET";
     pub const EXPECTED_WAIT: &str = "ERR syntax error at argument {position}: expected WAIT";
+    pub const EXPECTED_CLAUSE: &str = "ERR syntax error at argument {position}: expected BUCKET or QUOTA";
     pub const TOO_MANY_GROUPS: &str = "ERR too many buckets: at most 10000 groups per call";
     pub const DUPLICATE_KEY: &str = "ERR duplicate key: group {group} repeats the key of group {first}";
     pub const NOT_AN_INTEGER: &str = "ERR {arg} must be an integer";
@@ -92,9 +94,9 @@ pub mod msg {
     pub const BAD_FIELDS: &str = "ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}";
     pub const BAD_TOKENS: &str = "ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}";
     pub const BAD_TS: &str = "ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}";
-    pub const QUOTA_BAD_FIELDS: &str = "ERR key is not a quota: the hash must hold exactly the fields used and start";
-    pub const QUOTA_BAD_USED: &str = "ERR key is not a quota: field used is not a finite decimal number";
-    pub const QUOTA_BAD_START: &str = "ERR key is not a quota: field start is not a period start in seconds";
+    pub const QUOTA_BAD_FIELDS: &str = "ERR key is not a quota: the hash must hold exactly the fields used and start{in_group}";
+    pub const QUOTA_BAD_USED: &str = "ERR key is not a quota: field used is not a finite decimal number{in_group}";
+    pub const QUOTA_BAD_START: &str = "ERR key is not a quota: field start is not a period start in seconds{in_group}";
     pub const INT_OUT_OF_RANGE: &str = "ERR {arg} must be >= {least} and <= {most}";
     pub const WEIGHT_ABOVE_LIMIT: &str = "ERR weight must not exceed limit, it could never fit";
     pub const BAD_ID: &str = "ERR id must be 1 to 256 bytes";

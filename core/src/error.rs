@@ -23,6 +23,8 @@ pub enum Arg {
     Offset,
     /// A reservation's longest wait (`WAIT max_ms`).
     MaxMs,
+    /// TB.CHARGE's count of keys.
+    Numkeys,
     /// TB.FAULT's step (test-hooks builds).
     Step,
     /// The module's load argument `cl-throttle`.
@@ -47,6 +49,7 @@ impl Arg {
             Arg::Weight => "weight",
             Arg::Offset => "offset",
             Arg::MaxMs => "max_ms",
+            Arg::Numkeys => "numkeys",
             Arg::Step => "step",
             Arg::ClThrottle => "cl-throttle",
             Arg::ModuleArgument => "a module argument",
@@ -122,19 +125,21 @@ pub enum Error {
         first: usize,
     },
     /// A quota's limit outside `(0, MAX_CAPACITY]`.
-    LimitOutOfRange,
+    LimitOutOfRange(Option<usize>),
     /// A quota's cost above its limit.
-    CostAboveLimit,
+    CostAboveLimit(Option<usize>),
     /// A positive quota cost too small to change what is used.
-    QuotaCostTooSmall,
+    QuotaCostTooSmall(Option<usize>),
     /// A quota period that is neither a calendar unit nor whole seconds.
-    BadPeriod,
+    BadPeriod(Option<usize>),
     /// The argument at this position should be `OFFSET`.
     ExpectedOffset(usize),
     /// The argument at this position should be `WAIT`.
     ExpectedWait(usize),
     /// The key holds a hash that is not a quota.
-    NotAQuota(QuotaStateError),
+    NotAQuota(QuotaStateError, Option<usize>),
+    /// TB.CHARGE: the argument at this position should start a clause.
+    ExpectedClause(usize),
     /// CL.THROTTLE: not an integer.
     NotAnInteger(Arg),
     /// CL.THROTTLE: below the argument's least value.
@@ -178,6 +183,7 @@ impl Error {
     pub fn in_group(self, group: usize) -> Error {
         match self {
             Error::NotABucket(why, _) => Error::NotABucket(why, Some(group)),
+            Error::NotAQuota(why, _) => Error::NotAQuota(why, Some(group)),
             other => other,
         }
     }
@@ -251,21 +257,33 @@ impl fmt::Display for Error {
             Error::DuplicateKey { group, first } => {
                 render(f, msg::DUPLICATE_KEY, &[("group", group), ("first", first)])
             }
-            Error::LimitOutOfRange => f.write_str(msg::LIMIT_OUT_OF_RANGE),
-            Error::CostAboveLimit => f.write_str(msg::COST_ABOVE_LIMIT),
-            Error::QuotaCostTooSmall => f.write_str(msg::QUOTA_COST_TOO_SMALL),
-            Error::BadPeriod => f.write_str(msg::BAD_PERIOD),
+            Error::LimitOutOfRange(group) => {
+                render(f, msg::LIMIT_OUT_OF_RANGE, &[("in_group", &g(group))])
+            }
+            Error::CostAboveLimit(group) => {
+                render(f, msg::COST_ABOVE_LIMIT, &[("in_group", &g(group))])
+            }
+            Error::QuotaCostTooSmall(group) => {
+                render(f, msg::QUOTA_COST_TOO_SMALL, &[("in_group", &g(group))])
+            }
+            Error::BadPeriod(group) => render(f, msg::BAD_PERIOD, &[("in_group", &g(group))]),
+            Error::ExpectedClause(position) => {
+                render(f, msg::EXPECTED_CLAUSE, &[("position", position)])
+            }
             Error::ExpectedOffset(position) => {
                 render(f, msg::EXPECTED_OFFSET, &[("position", position)])
             }
             Error::ExpectedWait(position) => {
                 render(f, msg::EXPECTED_WAIT, &[("position", position)])
             }
-            Error::NotAQuota(why) => f.write_str(match why {
-                QuotaStateError::Fields => msg::QUOTA_BAD_FIELDS,
-                QuotaStateError::Used => msg::QUOTA_BAD_USED,
-                QuotaStateError::Start => msg::QUOTA_BAD_START,
-            }),
+            Error::NotAQuota(why, group) => {
+                let template = match why {
+                    QuotaStateError::Fields => msg::QUOTA_BAD_FIELDS,
+                    QuotaStateError::Used => msg::QUOTA_BAD_USED,
+                    QuotaStateError::Start => msg::QUOTA_BAD_START,
+                };
+                render(f, template, &[("in_group", &g(group))])
+            }
             Error::NotAnInteger(arg) => render(f, msg::NOT_AN_INTEGER, &[("arg", &arg.name())]),
             Error::TooSmall(arg, least) => {
                 render(f, msg::TOO_SMALL, &[("arg", &arg.name()), ("least", least)])

@@ -3,6 +3,7 @@
 //! * [`bucket`]: refill, consume, peek, adjust and the reply times;
 //! * [`args`]: parsing and validation of the bucket commands' arguments
 //!   (the lease commands' are in `lease`, CL.THROTTLE's in `cell`);
+//! * [`charge`]: TB.CHARGE, buckets and quotas in one all-or-nothing call;
 //! * [`cell`]: CL.THROTTLE, redis-cell's command, on the same bucket;
 //! * [`eviction`]: whether a `maxmemory-policy` can evict the module's
 //!   keys, and the warning that says what that costs;
@@ -22,6 +23,7 @@
 pub mod args;
 pub mod bucket;
 pub mod cell;
+pub mod charge;
 // Generated (contract/gen.py), and kept as written.
 #[rustfmt::skip]
 pub mod contract;

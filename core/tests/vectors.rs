@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Memos};
 use tb_core::bucket::{consume_all, Effect, Outcome};
+use tb_core::charge::{self, parse_charge, Limit, State};
 use tb_core::error::{Error, StateError};
 use tb_core::lease::{self, Kind};
 use tb_core::number::Text;
@@ -22,7 +23,12 @@ use testkit::write_leases;
 
 /// `BucketKey::apply`: the outcome's effect on the key.
 fn save(after: &mut BTreeMap<String, After>, key: &str, o: &Outcome) {
-    let state = match o.effect {
+    save_effect(after, key, o.effect);
+}
+
+/// A bucket effect on the key.
+fn save_effect(after: &mut BTreeMap<String, After>, key: &str, effect: Effect) {
+    let state = match effect {
         Effect::Nothing => return,
         Effect::Delete => After::Same("absent".to_string()),
         Effect::Save {
@@ -40,7 +46,12 @@ fn save(after: &mut BTreeMap<String, After>, key: &str, o: &Outcome) {
 
 /// `QuotaKey::apply`: a quota outcome's effect on the key.
 fn save_quota(after: &mut BTreeMap<String, After>, key: &str, o: &quota::Outcome) {
-    let state = match o.effect {
+    save_quota_effect(after, key, o.effect);
+}
+
+/// A quota effect on the key.
+fn save_quota_effect(after: &mut BTreeMap<String, After>, key: &str, effect: quota::Effect) {
+    let state = match effect {
         quota::Effect::Nothing => return,
         quota::Effect::Delete => After::Same("absent".to_string()),
         quota::Effect::Save {
@@ -140,6 +151,29 @@ fn run(case: &Case, now: i64) -> Run {
             };
             save_quota(&mut after, key, &o);
             Ok((serde_json::json!(o.reply()), after))
+        }
+        "charge" => {
+            let call = parse_charge(argv.as_slice(), &memos).map_err(bad_args)?;
+            let mut states = Vec::new();
+            for (i, c) in call.clauses.iter().enumerate() {
+                let key = case.key(&argv[c.key_index]);
+                let in_group = |e: Error| e.in_group(i + 1).to_string();
+                states.push(match c.limit {
+                    Limit::Bucket(_) => State::Bucket(key.load().map_err(in_group)?),
+                    Limit::Quota(_) => State::Quota(key.load_quota().map_err(in_group)?),
+                });
+            }
+            let (all, retry, items) = charge::decide(&call, &states, now);
+            let mut reply = vec![serde_json::json!(i64::from(all)), serde_json::json!(retry)];
+            for (c, item) in call.clauses.iter().zip(&items) {
+                let key = &argv[c.key_index];
+                match item.effect {
+                    charge::Effect::Bucket(effect) => save_effect(&mut after, key, effect),
+                    charge::Effect::Quota(effect) => save_quota_effect(&mut after, key, effect),
+                }
+                reply.push(serde_json::json!(item.reply));
+            }
+            Ok((serde_json::Value::Array(reply), after))
         }
         "acquire" | "release" | "renew" | "inflight" => run_lease(case, &argv, now, after, &memos),
         other => panic!("{}: unknown command {other}", case.name),
@@ -311,6 +345,9 @@ fn vectors_cover_every_error_message() {
         "expected WAIT",
         "ERR max_ms must be an integer",
         "ERR max_ms must be >= 0",
+        "wrong number of arguments for 'tb.charge'",
+        "expected BUCKET or QUOTA",
+        "ERR numkeys must be >= 1",
     ]
     .into_iter()
     .map(str::to_string)

@@ -141,10 +141,22 @@ pub struct KeySpec {
     /// Read-only keys (TB.PEEK, TB.INFLIGHT); else read and updated.
     pub read_only: bool,
     pub begin: Begin,
-    /// From the beginning: the last key (-1: the last argument) and the
-    /// step between keys, as `COMMAND` shows a range.
-    pub last_key: c_int,
-    pub key_step: c_int,
+    pub find: Find,
+}
+
+/// Which arguments from a key spec's beginning are keys.
+pub enum Find {
+    /// The last key (-1: the last argument) and the step between keys, as
+    /// `COMMAND` shows a range.
+    Range { last_key: c_int, key_step: c_int },
+    /// The argument `count_at` from the beginning counts the keys, which
+    /// start `first_key` from the beginning, `key_step` apart (EVAL's
+    /// `numkeys`).
+    Counted {
+        count_at: c_int,
+        first_key: c_int,
+        key_step: c_int,
+    },
 }
 
 /// Where a key spec's keys begin.
@@ -175,6 +187,8 @@ pub enum ArgKind {
     Double,
     Integer,
     Block,
+    /// One of its subarguments (TB.CHARGE's BUCKET or QUOTA clause).
+    OneOf,
 }
 
 /// A command as `CreateCommand` takes it.
@@ -325,6 +339,7 @@ fn c_args(
                 ArgKind::Double => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
                 ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
                 ArgKind::Block => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+                ArgKind::OneOf => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF,
             };
             c.key_spec_index = match a.kind {
                 ArgKind::Key(spec) => spec,
@@ -392,10 +407,26 @@ fn set_command_info(command: *mut RedisModuleCommand, docs: &Docs) -> bool {
                 spec.bs.keyword.startfrom = from;
             }
         }
-        spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-        spec.fk.range.lastkey = ks.last_key;
-        spec.fk.range.keystep = ks.key_step;
-        spec.fk.range.limit = 0;
+        match ks.find {
+            Find::Range { last_key, key_step } => {
+                spec.find_keys_type =
+                    raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+                spec.fk.range.lastkey = last_key;
+                spec.fk.range.keystep = key_step;
+                spec.fk.range.limit = 0;
+            }
+            Find::Counted {
+                count_at,
+                first_key,
+                key_step,
+            } => {
+                spec.find_keys_type =
+                    raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
+                spec.fk.keynum.keynumidx = count_at;
+                spec.fk.keynum.firstkey = first_key;
+                spec.fk.keynum.keystep = key_step;
+            }
+        }
         specs.push(spec);
     }
     // SAFETY: the zeroed spec terminates the array.

@@ -38,7 +38,7 @@ pub use api::log_warning;
 pub use context::{Args, CommandLocal, Ctx, RawHandler};
 pub use info::Info;
 pub use key::Key;
-pub use load::{ArgDoc, ArgKind, Begin, CommandDef, Docs, KeySpec, Load};
+pub use load::{ArgDoc, ArgKind, Begin, CommandDef, Docs, Find, KeySpec, Load};
 pub use string::{ArgString, Interned, Kept, OwnedString, RString};
 pub use watch::Memory;
 

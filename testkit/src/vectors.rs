@@ -15,8 +15,8 @@ pub struct Vectors {
 #[derive(Deserialize, Debug)]
 pub struct Case {
     pub name: String,
-    /// `consume`, `peek`, `adjust`, `mconsume`, a quota command (`quota`,
-    /// `qpeek`, `qadjust`), or a lease command: `acquire`, `release`,
+    /// `consume`, `peek`, `adjust`, `mconsume`, `charge`, a quota command
+    /// (`quota`, `qpeek`, `qadjust`), or a lease command: `acquire`, `release`,
     /// `renew`, `inflight`.
     pub command: String,
     pub keys: Vec<String>,
@@ -92,10 +92,17 @@ impl Case {
 /// in the library's layout: each key followed by its arguments (TB.MCONSUME
 /// interleaves its keys with groups of three), arguments left over at the
 /// end. TB.ACQUIRE takes the lease key and its own arguments, then a
-/// `BUCKET bkey max rate cost` clause per further key.
+/// `BUCKET bkey max rate cost` clause per further key; TB.CHARGE takes
+/// `numkeys`, the keys, then ARGV.
 pub fn module_args(command: &str, keys: &[String], args: &[String]) -> Vec<String> {
     if command == "acquire" {
         return acquire_args(keys, args);
+    }
+    if command == "charge" {
+        // TB.CHARGE counts its keys first, as FCALL does.
+        let mut out = vec![keys.len().to_string()];
+        out.extend(keys.iter().chain(args).cloned());
+        return out;
     }
     let per_key = if command == "mconsume" { 3 } else { args.len() };
     let mut args = args.iter();

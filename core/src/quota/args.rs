@@ -19,16 +19,17 @@ pub struct QuotaCall {
     pub amount: f64,
 }
 
-fn limit(bytes: &[u8]) -> Result<f64, Error> {
-    let limit = parse_decimal(bytes).ok_or(Error::NotANumber(Arg::Limit, None))?;
+/// `limit`, in TB.CHARGE's clause `g` (from 1) or alone.
+pub(crate) fn limit(bytes: &[u8], g: Option<usize>) -> Result<f64, Error> {
+    let limit = parse_decimal(bytes).ok_or(Error::NotANumber(Arg::Limit, g))?;
     if !(limit > 0.0 && limit <= MAX_CAPACITY) {
-        return Err(Error::LimitOutOfRange);
+        return Err(Error::LimitOutOfRange(g));
     }
     Ok(limit)
 }
 
 /// DAY, WEEK, MONTH, YEAR (any case), or whole seconds.
-fn period(bytes: &[u8]) -> Result<Period, Error> {
+pub(crate) fn period(bytes: &[u8], g: Option<usize>) -> Result<Period, Error> {
     let named = [
         (&b"DAY"[..], Period::Day),
         (b"WEEK", Period::Week),
@@ -40,28 +41,28 @@ fn period(bytes: &[u8]) -> Result<Period, Error> {
     }
     match parse_i64(bytes) {
         Some(n) if (1..=MAX_PERIOD_SECONDS).contains(&n) => Ok(Period::Seconds(n)),
-        _ => Err(Error::BadPeriod),
+        _ => Err(Error::BadPeriod(g)),
     }
 }
 
-fn cost(bytes: &[u8], limit: f64) -> Result<f64, Error> {
-    let cost = parse_decimal(bytes).ok_or(Error::NotANumber(Arg::Cost, None))?;
+pub(crate) fn cost(bytes: &[u8], limit: f64, g: Option<usize>) -> Result<f64, Error> {
+    let cost = parse_decimal(bytes).ok_or(Error::NotANumber(Arg::Cost, g))?;
     if cost < 0.0 {
-        return Err(Error::CostNegative(None));
+        return Err(Error::CostNegative(g));
     }
     if cost > limit {
-        return Err(Error::CostAboveLimit);
+        return Err(Error::CostAboveLimit(g));
     }
     // Adding a cost this small to what is used near the limit changes
     // nothing, so the call would pass forever (as for a bucket's max).
     if charges_nothing(cost, limit) {
-        return Err(Error::QuotaCostTooSmall);
+        return Err(Error::QuotaCostTooSmall(g));
     }
     Ok(cost)
 }
 
 /// `OFFSET minutes` at `argv[at]`: seconds ahead of UTC.
-fn offset(argv: &(impl Argv + ?Sized), at: usize) -> Result<i64, Error> {
+pub(crate) fn offset(argv: &(impl Argv + ?Sized), at: usize) -> Result<i64, Error> {
     if !argv.arg(at).eq_ignore_ascii_case(b"OFFSET") {
         return Err(Error::ExpectedOffset(at));
     }
@@ -84,13 +85,13 @@ fn parse(argv: &(impl Argv + ?Sized), adjust: bool) -> Result<QuotaCall, Error> 
         (7, _) => (true, Some(5)),
         _ => return Err(Error::Arity(argv.command())),
     };
-    let limit = limit(argv.arg(2))?;
-    let period = period(argv.arg(3))?;
+    let limit = limit(argv.arg(2), None)?;
+    let period = period(argv.arg(3), None)?;
     let amount = match (has_amount, adjust) {
         (true, true) => parse_decimal(argv.arg(4)).ok_or(Error::NotANumber(Arg::Delta, None))?,
-        (true, false) => cost(argv.arg(4), limit)?,
+        (true, false) => cost(argv.arg(4), limit, None)?,
         // The default cost of 1 could never pass a limit this small.
-        (false, _) if limit < 1.0 => return Err(Error::CostAboveLimit),
+        (false, _) if limit < 1.0 => return Err(Error::CostAboveLimit(None)),
         (false, _) => 1.0,
     };
     let offset_s = offset_at
@@ -147,11 +148,17 @@ mod tests {
                 &["tb.quota", "k", "x", "DAY"],
                 Error::NotANumber(Arg::Limit, None),
             ),
-            (&["tb.quota", "k", "0", "DAY"], Error::LimitOutOfRange),
-            (&["tb.quota", "k", "5", "FORTNIGHT"], Error::BadPeriod),
-            (&["tb.quota", "k", "5", "0"], Error::BadPeriod),
-            (&["tb.quota", "k", "5", "DAY", "6"], Error::CostAboveLimit),
-            (&["tb.quota", "k", "0.5", "DAY"], Error::CostAboveLimit),
+            (&["tb.quota", "k", "0", "DAY"], Error::LimitOutOfRange(None)),
+            (&["tb.quota", "k", "5", "FORTNIGHT"], Error::BadPeriod(None)),
+            (&["tb.quota", "k", "5", "0"], Error::BadPeriod(None)),
+            (
+                &["tb.quota", "k", "5", "DAY", "6"],
+                Error::CostAboveLimit(None),
+            ),
+            (
+                &["tb.quota", "k", "0.5", "DAY"],
+                Error::CostAboveLimit(None),
+            ),
             (
                 &["tb.quota", "k", "5", "DAY", "1", "2"],
                 Error::ExpectedOffset(4),

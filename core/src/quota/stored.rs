@@ -20,8 +20,11 @@ pub fn load(kind: KeyKind, hash: &impl QuotaFields) -> Result<Option<Stored>, Er
     match kind {
         KeyKind::Missing => Ok(None),
         KeyKind::Other => Err(Error::WrongType),
-        KeyKind::Hash(2) => hash.with_fields(decode).map(Some).map_err(Error::NotAQuota),
-        KeyKind::Hash(_) => Err(Error::NotAQuota(QuotaStateError::Fields)),
+        KeyKind::Hash(2) => hash
+            .with_fields(decode)
+            .map(Some)
+            .map_err(|why| Error::NotAQuota(why, None)),
+        KeyKind::Hash(_) => Err(Error::NotAQuota(QuotaStateError::Fields, None)),
     }
 }
 

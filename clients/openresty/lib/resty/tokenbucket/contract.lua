@@ -43,10 +43,11 @@ _M.COMMANDS = {
   quota = 'tb.quota',
   qpeek = 'tb.qpeek',
   qadjust = 'tb.qadjust',
+  charge = 'tb.charge',
 }
 
 -- The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-_M.LIBRARY_VERSION = '0.1.0+d45ff98f3068'
+_M.LIBRARY_VERSION = '0.1.0+a606ec187aa7'
 
 -- Error reply templates; message() fills in the {name} marks.
 _M.ERRORS = {
@@ -59,12 +60,13 @@ _M.ERRORS = {
   cost_negative = 'ERR cost must be >= 0{in_group}',
   cost_above_max = 'ERR cost must not exceed max, it could never pass{in_group}',
   cost_too_small = 'ERR cost is too small to charge a bucket of this max: use 0 or at least max/2^53{in_group}',
-  limit_out_of_range = 'ERR limit must be > 0 and <= 1e12',
-  cost_above_limit = 'ERR cost must not exceed limit, it could never pass',
-  quota_cost_too_small = 'ERR cost is too small to charge a quota of this limit: use 0 or at least limit/2^53',
-  bad_period = 'ERR period must be DAY, WEEK, MONTH, YEAR or whole seconds from 1 to 10000000000',
+  limit_out_of_range = 'ERR limit must be > 0 and <= 1e12{in_group}',
+  cost_above_limit = 'ERR cost must not exceed limit, it could never pass{in_group}',
+  quota_cost_too_small = 'ERR cost is too small to charge a quota of this limit: use 0 or at least limit/2^53{in_group}',
+  bad_period = 'ERR period must be DAY, WEEK, MONTH, YEAR or whole seconds from 1 to 10000000000{in_group}',
   expected_offset = 'ERR syntax error at argument {position}: expected OFFSET',
   expected_wait = 'ERR syntax error at argument {position}: expected WAIT',
+  expected_clause = 'ERR syntax error at argument {position}: expected BUCKET or QUOTA',
   too_many_groups = 'ERR too many buckets: at most 10000 groups per call',
   duplicate_key = 'ERR duplicate key: group {group} repeats the key of group {first}',
   not_an_integer = 'ERR {arg} must be an integer',
@@ -76,9 +78,9 @@ _M.ERRORS = {
   bad_fields = 'ERR key is not a token bucket: the hash must hold exactly the fields tokens and ts{in_group}',
   bad_tokens = 'ERR key is not a token bucket: field tokens is not a finite decimal number{in_group}',
   bad_ts = 'ERR key is not a token bucket: field ts is not an integer of microseconds{in_group}',
-  quota_bad_fields = 'ERR key is not a quota: the hash must hold exactly the fields used and start',
-  quota_bad_used = 'ERR key is not a quota: field used is not a finite decimal number',
-  quota_bad_start = 'ERR key is not a quota: field start is not a period start in seconds',
+  quota_bad_fields = 'ERR key is not a quota: the hash must hold exactly the fields used and start{in_group}',
+  quota_bad_used = 'ERR key is not a quota: field used is not a finite decimal number{in_group}',
+  quota_bad_start = 'ERR key is not a quota: field start is not a period start in seconds{in_group}',
   int_out_of_range = 'ERR {arg} must be >= {least} and <= {most}',
   weight_above_limit = 'ERR weight must not exceed limit, it could never fit',
   bad_id = 'ERR id must be 1 to 256 bytes',
