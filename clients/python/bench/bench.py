@@ -64,7 +64,7 @@ def stub_limiter() -> Limiter:
     """A Limiter whose connection is a stub that always admits."""
     lim = Limiter(redis.Redis(), backend="module")
     reply = [1, 5, 0, 0]
-    lim._send = lambda command, timeout: reply  # what sends a plan's commands
+    lim._transport.send = lambda command, timeout: reply  # what sends a plan's commands
     return lim
 
 
@@ -150,7 +150,7 @@ def client_work() -> tuple[float, float]:
             return reply
 
         alim = tb_asyncio.Limiter(redis.asyncio.Redis(), backend="module")
-        alim._send = send
+        alim._transport.send = send
         start = time.perf_counter()
         for _ in range(n):
             await alim.consume("bench:k", BIG)

@@ -176,7 +176,7 @@ def all_connections_busy(lim: Any) -> Iterator[None]:
     """As if other threads' calls held every connection of a sync limiter
     (over a redis.Redis whose pool has `max_connections`): no slot of its
     gate, one per connection, is free until the block ends."""
-    conns = lim._conns
+    conns = lim._transport.conns
     assert conns is not None and conns.gate is not None, "a sync limiter over a pool with max_connections"
     gate = conns.gate
     taken = 0

@@ -122,7 +122,7 @@ def test_repeated_failures_are_counted_not_flooded(caplog: pytest.LogCaptureFixt
         assert lim.consume("k", B).degraded
     # One line now; the next line, a second or more later, counts the rest.
     assert len(caplog.records) == 1
-    lim._errors._last["open"] -= 2  # as if a second had passed
+    lim._policy.errors._last["open"] -= 2  # as if a second had passed
     lim.consume("k", B)
     assert len(caplog.records) == 2 and "4 more degraded answers" in caplog.records[1].getMessage()
     # Each policy has its own budget: a fail-closed answer is reported at once.

@@ -1,15 +1,15 @@
-"""The limiter: its state, the public calls' shared part (`Limiter` and
-`asyncio.Limiter` add the I/O and the signatures), each call made a Job
-(_requests: the checks, the commands, the denial cache), run under the
-failure policy (_policy: the breaker, shedding, the answers without
-Redis) on the backend the engine finds (_engine), and reported to the
-on_decision hook. How commands reach Redis is _transport. The Node
-package's twin is limiter.ts.
+"""The limiter: its state and the parts it owns. A call is made a Job by
+the requests (_requests: the checks, the commands, the denial cache, the
+leases held), whose plan runs on the backend the engine finds (_engine)
+under the failure policy (_policy: the breaker, shedding, the answers
+without Redis), its commands sent by the transport (_transport), and its
+answer reported to the on_decision hook. `Limiter` (_sync) and
+`asyncio.Limiter` add the public methods and drive the plan, blocking or
+awaited. The Node package's twin is limiter.ts.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import time
@@ -24,23 +24,23 @@ from ._breaker import Breaker
 from ._cache import DenialCache
 from ._cache import denial_cache as make_denial_cache
 from ._clients import check_client
-from ._commands import Command, Once, ToNode, Waited
 from ._engine import BackendName, Engine
 from ._events import DecisionEvent
 from ._keys import client_encoding
 from ._lease import Lease
-from ._policy import ErrorLog, FailurePolicy
+from ._policy import FailurePolicy
 from ._requests import (
     Job,
     LeaseRequest,
     ManyRequest,
     OneRequest,
     OnError,
+    Options,
     Requests,
     check_on_error,
     check_timeout,
-    lease_request,
 )
+from ._transport import AsyncTransport, SyncTransport
 
 log = logging.getLogger("redis_tokenbucket")
 
@@ -63,10 +63,16 @@ DEFAULT_WAIT_TIMEOUT = 0.05
 OnDecision = Callable[[DecisionEvent], None]
 
 
-class LimiterBase(Requests, FailurePolicy, Generic[C]):
-    """State and plans shared by `Limiter` and `asyncio.Limiter`; they add
-    only the I/O (`_run`, which runs a Job's plan through `_send`) and
-    the public methods' signatures."""
+class LimiterBase(Generic[C]):
+    """State shared by `Limiter` and `asyncio.Limiter`, and the parts it is
+    composed of: the engine (the backend and its commands), the requests
+    (each call checked and made a Job, its plan on the engine), the
+    failure policy (a Job run through the breaker, the answers without
+    Redis) and the transport (how commands reach Redis). The two limiters
+    add only the public methods and `_run`, which drives a Job's plan
+    under the policy through the transport, blocking or awaited."""
+
+    _transport_class: type[Union[SyncTransport, AsyncTransport]]
 
     def __init__(
         self,
@@ -82,37 +88,35 @@ class LimiterBase(Requests, FailurePolicy, Generic[C]):
         wait_replicas: int = 0,
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
     ) -> None:
-        # The asyncio Limiter's _run is a coroutine function: it awaits its client.
-        check_client(client, asyncio=inspect.iscoroutinefunction(getattr(self, "_run", None)))
+        check_client(client, asyncio=self._transport_class.asyncio)
         self.client = client
-        self._cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
-        self._encoding = client_encoding(client)  # how str keys reach Redis
-        self.wait_replicas, self.wait_timeout = check_wait(wait_replicas, wait_timeout, self._cluster)
+        cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
+        encoding = client_encoding(client)  # how str keys reach Redis
+        self.wait_replicas, self.wait_timeout = check_wait(wait_replicas, wait_timeout, cluster)
         wait = ("WAIT", self.wait_replicas, wait_ms(self.wait_timeout)) if self.wait_replicas else None
-        self._engine = Engine(backend, client if self._cluster else None, wait)
+        self._engine = Engine(backend, client if cluster else None, wait)
         self.timeout = check_timeout(timeout)
         self.on_error = check_on_error(on_error)
-        self.denial_cache: Optional[DenialCache] = make_denial_cache(denial_cache, self._encoding)
+        cache = make_denial_cache(denial_cache, encoding)
         if isinstance(breaker, Breaker):
-            self.breaker: Optional[Breaker] = breaker
+            chosen: Optional[Breaker] = breaker
         elif breaker is True or breaker is False:
-            self.breaker = Breaker() if breaker else None
+            chosen = Breaker() if breaker else None
         else:
             raise TypeError(f"breaker must be a Breaker, True (the default one) or False, got {breaker!r}")
         if not (isinstance(processes, int) and not isinstance(processes, bool) and processes >= 1):
             raise ValueError(f"processes must be an int >= 1, got {processes!r}")
-        self.processes = processes
         if self.on_error == "local":
             _local.require()
-        self._local: Optional[_local.LocalBuckets] = None
         self.on_decision = on_decision
-        # The leases this limiter holds, as (key, id) in the bytes Redis
-        # sees, with their weight: a retried acquire of a held id counts
-        # once, and its Lease knows its own weight is in `in_use`.
-        self._held: dict[tuple[bytes, bytes], int] = {}
-        self._errors = ErrorLog()
-        # Made once: the hot path calls it directly.
-        self._send = self._sender()
+        self._policy = FailurePolicy(self._engine, chosen, processes)
+        self._requests = Requests(client, self._engine, cluster, encoding, cache, self._policy.local_buckets)
+        self._transport = self._transport_class(client, self.timeout)
+
+    @property
+    def breaker(self) -> Optional[Breaker]:
+        """The circuit breaker (None without one)."""
+        return self._policy.breaker
 
     @property
     def breaker_state(self) -> str:
@@ -120,84 +124,34 @@ class LimiterBase(Requests, FailurePolicy, Generic[C]):
         return self.breaker.state if self.breaker is not None else "closed"
 
     @property
+    def processes(self) -> int:
+        """How many processes share each limit, for on_error="local"."""
+        return self._policy.processes
+
+    @property
+    def denial_cache(self) -> Optional[DenialCache]:
+        """The denial cache (None when off)."""
+        return self._requests.denial_cache
+
+    @property
     def leases_held(self) -> int:
         """How many leases this limiter holds now: acquired through it and
         not given back since. One counts from the acquire that takes it (a
         retried acquire of a held id counts once) until `release` is called
         for it, whatever the answer, or a renewal finds it lost."""
-        return len(self._held)
+        return len(self._requests.held)
 
     @property
     def backend(self) -> Optional[BackendName]:
         """The backend in use ("module", "functions" or "eval"); None until a call finds it."""
         return self._engine.backend
 
-    def _sender(self) -> Callable[[Command, Optional[float]], Any]:
-        """What sends a command a plan yields, with its timeout: the sync
-        and asyncio limiters each make theirs (_transport)."""
-        raise NotImplementedError
-
-    def _client_sender(self) -> Callable[[Command], Any]:
-        """The client's own execute_command, for clients the limiter keeps
-        no connections of (Cluster, fakeredis, ..., or timeout=None)."""
-        execute: Callable[..., Any] = self.client.execute_command
-
-        def send(command: Command) -> Any:
-            if isinstance(command, Once):
-                command = command.command
-            if isinstance(command, ToNode):
-                return execute(*command.args, target_nodes=command.node)
-            if isinstance(command, Waited):
-                return self._waited(command)
-            return execute(*command)
-
-        return send
-
-    def _waited(self, command: Waited) -> Any:
-        """A command with WAIT behind it, on a client the limiter keeps no
-        connections of: one pipeline, the sync and asyncio limiters each
-        their own."""
-        raise NotImplementedError
-
-    def _job_renew(self, lease: Lease, timeout: Optional[float]) -> Job[bool]:
-        req = lease_request("renew", lease)
-        options = self._options(timeout, "raise")
-        if lease.held != "redis" or not lease.acquired:
-            return Job(None, self._off_redis(req, lease), req, options)
-        return Job(self._plan_renew(req, lease), None, req, options)
-
-    def _job_release(self, lease: Lease, timeout: Optional[float]) -> Job[bool]:
-        req = lease_request("release", lease)
-        options = self._options(timeout, "raise")
-        if lease.acquired:
-            # Given back now, whatever the answer: a release Redis can't
-            # take leaves the lease to expire, and its holder holds it no more.
-            self._held.pop(self._lease_ident(req), None)
-        if lease.held != "redis" or not lease.acquired:
-            return Job(None, self._off_redis(req, lease), req, options)
-        return Job(self._plan_release(req, lease), None, req, options)
-
-    def _off_redis(self, req: LeaseRequest, lease: Lease) -> bool:
-        """Renewing or releasing a lease that holds no slot in Redis: a
-        denied one (nothing to do), one admitted by on_error="open" (no
-        slot anywhere: renewing keeps it, releasing ends it), or one of the
-        in-process fallback (on_error="local"), which answers for it."""
-        if not lease.acquired:
-            return False
-        if lease.held == "local":
-            reply = self._local_buckets().run_lease(req.op, req.key, req.head, ())
-            if req.op == "renew":
-                return self._renewed(req, lease, bool(reply[0]), int(reply[1]))
-            lease.released = True
-            return bool(reply[0])
-        if req.op == "renew":
-            if lease.released:
-                lease.lost = True  # one meaning for `lost`, in Redis or not
-                return False
-            return True
-        released = not lease.released
-        lease.released = True
-        return released
+    def _options(self, timeout: Optional[float], on_error: Optional[OnError]) -> Options:
+        """A call's timeout and policy: its own, else the limiter's."""
+        return (
+            self.timeout if timeout is None else check_timeout(timeout),
+            self.on_error if on_error is None else check_on_error(on_error),
+        )
 
     def _budget(self, job: Job[Any]) -> Optional[float]:
         timeout = job.timeout
@@ -213,8 +167,8 @@ class LimiterBase(Requests, FailurePolicy, Generic[C]):
         """Counts a lease an acquire took as held, and reports a decision
         to the on_decision hook (never raising into the call)."""
         req = job.req
-        if isinstance(req, LeaseRequest) and req.op == "acquire" and cast(Lease, result).acquired:
-            self._held[self._lease_ident(req)] = req.weight
+        if isinstance(req, LeaseRequest) and req.op == "acquire":
+            self._requests.took(req, cast(Lease, result))
         hook = self.on_decision
         if hook is None:
             return result

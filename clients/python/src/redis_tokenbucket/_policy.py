@@ -1,9 +1,10 @@
-"""The failure policy (docs/failure-model.md): how a Job's error is taken
-and what the call answers when Redis can't. An error is classified
-(_classify): a usage error is raised, local overload sheds (refused, never
-admitted, never counted), a Redis failure counts for the breaker and gets
-the call's policy: "raise", "open" (admitted, degraded), "closed"
-(denied, degraded), "local" (the process's own buckets, _local).
+"""The failure policy (docs/failure-model.md): how a Job runs through the
+breaker, and what the call answers when Redis can't. An error is
+classified (_classify): a usage error is raised, local overload sheds
+(refused, never admitted, never counted), a Redis failure counts for the
+breaker and gets the call's policy: "raise", "open" (admitted,
+degraded), "closed" (denied, degraded), "local" (the process's own
+buckets, _local).
 Releases and renewals of leases are sent whatever the breaker says and
 never count for it; an acquire that got no answer is followed by a
 best-effort release of its id. The Node package's twin is policy.ts;
@@ -16,13 +17,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any, Generic, NoReturn, Optional, TypeVar, cast
 
 from redis.exceptions import ResponseError
 
 from . import _local
-from ._breaker import Breaker
+from ._breaker import PROBE, SKIP, Breaker
 from ._classify import classify
 from ._decision import Decision, MultiDecision
 from ._engine import Engine, Plan
@@ -101,19 +103,49 @@ class ErrorLog:
 
 
 class FailurePolicy:
-    """What a Job's error means, and the answers without Redis. A mixin of
-    LimiterBase (_limiter), whose state it reads."""
+    """How a Job runs against Redis, through the breaker, and what it
+    answers when Redis can't: owned by the limiter (_limiter), with the
+    breaker, the in-process buckets of "local", and the error log."""
 
-    breaker: Optional[Breaker]
-    processes: int
-    _engine: Engine
-    _errors: ErrorLog
-    _local: Optional[LocalBuckets]
+    def __init__(self, engine: Engine, breaker: Optional[Breaker], processes: int) -> None:
+        self.engine = engine
+        self.breaker = breaker
+        self.processes = processes
+        self.errors = ErrorLog()
+        self._local: Optional[LocalBuckets] = None
+
+    def run(self, job: Job[T]) -> Plan[T]:
+        """The job's plan under the policy: a plan too, so that the sync and
+        asyncio limiters each drive it with their own I/O."""
+        plan = job.plan
+        assert plan is not None, "a job answered without a round trip has no plan to run"
+        if _upkeep(job):  # outside the breaker
+            try:
+                return (yield from plan)
+            except Exception as exc:
+                _upkeep_failed(exc, job)
+        breaker = self.breaker
+        mode = breaker.enter() if breaker is not None else 0
+        if mode == SKIP:
+            return self._open_circuit(job)
+        try:
+            result = yield from plan
+        except Exception as exc:
+            release = self._unanswered(job, exc)
+            if release is not None:
+                # Best effort: a release Redis can't take leaves the lease to
+                # expire within its lease_ms, as a crashed holder's would.
+                with suppress(Exception):
+                    yield from release
+            return self._failed(exc, job, mode == PROBE)
+        if breaker is not None and mode:
+            breaker.success(True)
+        return result
 
     def _failed(self, exc: Exception, job: Job[T], probe: bool) -> T:
-        """What an error of a call means (_transport.classify): a usage
-        error is raised, local overload sheds, a Redis failure counts for
-        the breaker and gets the job's policy."""
+        """What an error of a call means (_classify): a usage error is
+        raised, local overload sheds, a Redis failure counts for the
+        breaker and gets the job's policy."""
         kind = classify(exc)
         breaker = self.breaker
         if kind == "usage":
@@ -133,25 +165,12 @@ class FailurePolicy:
         """The job's answer while Redis is failing (`exc`), logged."""
         if job.on_error == "raise":
             raise exc
-        self._errors.report(exc, job.on_error, job.what)
+        self.errors.report(exc, job.on_error, job.what)
         if job.on_error == "local":
             job.source = "local"
-            return answers_of(job).local(self._local_buckets(), job.req)
+            return answers_of(job).local(self.local_buckets(), job.req)
         job.source = ""
         return answers_of(job).policy(job.req, job.on_error == "open")
-
-    def _upkeep(self, job: Job[Any]) -> bool:
-        """A lease's renewal or release: sent even while the breaker is open
-        (a stream that ends must free its slot at once, and Redis may well
-        be there), within its budget, and never counted for the breaker."""
-        req = job.req
-        return isinstance(req, LeaseRequest) and req.op in ("renew", "release")
-
-    def _upkeep_failed(self, exc: Exception, job: Job[Any]) -> NoReturn:
-        """A renewal's or release's error is raised: no policy answers for it."""
-        if classify(exc) == "shed" and not isinstance(exc, Shed):
-            raise Shed(f"too busy to get Redis's answer in time for {job.what}") from exc
-        raise exc
 
     def _unanswered(self, job: Job[Any], exc: Exception) -> Optional[Plan[Any]]:
         """The best-effort release of an acquire that got no answer (Redis
@@ -164,17 +183,33 @@ class FailurePolicy:
             return None
         if not isinstance(exc, Shed) and classify(exc) != "failure":
             return None
-        return self._engine.call("release", (), (req.key, (req.id,)))
+        return self.engine.call("release", (), (req.key, (req.id,)))
 
     def _open_circuit(self, job: Job[T]) -> T:
         """The breaker is open: the policy at once, no network."""
         exc = CircuitOpenError(f"Redis failed {self.breaker.failures if self.breaker else 0} times lately")
         return self._policy(job, exc)
 
-    def _local_buckets(self) -> LocalBuckets:
+    def local_buckets(self) -> LocalBuckets:
+        """The in-process buckets of on_error="local", made on first use."""
         if self._local is None:
             self._local = _local.LocalBuckets(self.processes)
         return self._local
+
+
+def _upkeep(job: Job[Any]) -> bool:
+    """A lease's renewal or release: sent even while the breaker is open
+    (a stream that ends must free its slot at once, and Redis may well
+    be there), within its budget, and never counted for the breaker."""
+    req = job.req
+    return isinstance(req, LeaseRequest) and req.op in ("renew", "release")
+
+
+def _upkeep_failed(exc: Exception, job: Job[Any]) -> NoReturn:
+    """A renewal's or release's error is raised: no policy answers for it."""
+    if classify(exc) == "shed" and not isinstance(exc, Shed):
+        raise Shed(f"too busy to get Redis's answer in time for {job.what}") from exc
+    raise exc
 
 
 def _degraded_one(req: OneRequest, allowed: bool) -> Decision:

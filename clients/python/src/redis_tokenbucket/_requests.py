@@ -1,14 +1,14 @@
 """Requests: every call's arguments checked before anything is sent (in
 the module's order, with its messages), made into a Job, and the Job's
 plan: the commands it sends (through the engine) and what it makes of
-their replies, the denial cache's part included. How a Job runs, and what
-it answers when Redis can't, is _policy. The Node package's twin is
-requests.ts.
+their replies, the denial cache's part and the leases held included. How
+a Job runs, and what it answers when Redis can't, is _policy. The Node
+package's twin is requests.ts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Generic, Literal, Optional, TypeVar, Union
 
@@ -21,12 +21,15 @@ from ._engine import Engine, Plan
 from ._errors import CrossSlotError
 from ._keys import check_key, key_bytes
 from ._lease import Concurrency, Held, Lease, check_id, new_id
+from ._local import LocalBuckets
 from ._scripts import Args, BucketOp, Group, Op
 
 T = TypeVar("T")
 
 OnError = Literal["raise", "open", "closed", "local"]
 ON_ERROR: tuple[OnError, ...] = ("raise", "open", "closed", "local")
+Options = tuple[Optional[float], OnError]
+"""A call's timeout and failure policy, the limiter's defaults filled in."""
 
 GroupIn = Union[tuple[KeyT, Bucket], tuple[KeyT, Bucket, float]]
 
@@ -91,7 +94,7 @@ class Job(Generic[T]):
         plan: Optional[Plan[T]],
         done: Optional[T],
         req: Union[OneRequest, ManyRequest, LeaseRequest, str],
-        options: tuple[Optional[float], OnError],
+        options: Options,
     ) -> None:
         self.plan, self.done, self.req = plan, done, req
         self.timeout, self.on_error = options
@@ -103,18 +106,30 @@ class Job(Generic[T]):
 
 
 class Requests:
-    """The limiter's requests: checked, made into Jobs, and their plans. A
-    mixin of LimiterBase (_limiter), whose state it reads, as redis-py's
-    command mixins read their client's."""
+    """The limiter's requests: checked, made into Jobs, and their plans on
+    the engine. Owned by the limiter (_limiter), with the denial cache and
+    the leases it holds."""
 
-    client: Any
-    timeout: Optional[float]
-    on_error: OnError
-    denial_cache: Optional[DenialCache]
-    _cluster: bool
-    _encoding: str
-    _engine: Engine
-    _held: dict[tuple[bytes, bytes], int]
+    def __init__(
+        self,
+        client: Any,
+        engine: Engine,
+        cluster: bool,
+        encoding: str,
+        denial_cache: Optional[DenialCache],
+        local: Callable[[], LocalBuckets],
+    ) -> None:
+        self.client = client  # for a Cluster's hash slots
+        self.engine = engine
+        self._cluster = cluster
+        self._encoding = encoding
+        self.denial_cache = denial_cache
+        # The in-process buckets (the policy's), for leases they hold.
+        self._local = local
+        # The leases this limiter holds, as (key, id) in the bytes Redis
+        # sees, with their weight: a retried acquire of a held id counts
+        # once, and its Lease knows its own weight is in `in_use`.
+        self.held: dict[tuple[bytes, bytes], int] = {}
 
     # ---- requests: checked before anything is sent -----------------------
 
@@ -181,65 +196,87 @@ class Requests:
         slot: int = self.client.keyslot(key)
         return slot
 
-    def _options(self, timeout: Optional[float], on_error: Optional[OnError]) -> tuple[Optional[float], OnError]:
-        return (
-            self.timeout if timeout is None else check_timeout(timeout),
-            self.on_error if on_error is None else check_on_error(on_error),
-        )
-
     # ---- jobs: what the public methods run --------------------------------
 
-    def _job_one(
-        self,
-        op: BucketOp,
-        key: KeyT,
-        bucket: Bucket,
-        amount: Any,
-        timeout: Optional[float],
-        on_error: Optional[OnError],
-    ) -> Job[Decision]:
+    def one(self, op: BucketOp, key: KeyT, bucket: Bucket, amount: Any, options: Options) -> Job[Decision]:
         req = self._check_one(op, key, bucket, amount)
-        options = self._options(timeout, on_error)
         if self.denial_cache is not None:
             cached = self._cached_one(req)
             if cached is not None:
                 return Job(None, cached, req, options)
         return Job(self._plan_one(req), None, req, options)
 
-    def _job_many(
-        self, groups: Iterable[GroupIn], atomic: Optional[bool], timeout: Optional[float], on_error: Optional[OnError]
-    ) -> Job[MultiDecision]:
+    def many(self, groups: Iterable[GroupIn], atomic: Optional[bool], options: Options) -> Job[MultiDecision]:
         req = self._check_many(groups, atomic)
-        options = self._options(timeout, on_error)
         cached = self._cached_many(req)
         if cached is not None:
             return Job(None, cached, req, options)
         return Job(self._plan_many(req), None, req, options)
 
-    def _job_detect(self, probe_key: KeyT, timeout: Optional[float]) -> Job[str]:
-        return Job(self._plan_detect(probe_key), None, "detect", self._options(timeout, "raise"))
+    def detect(self, probe_key: KeyT, options: Options) -> Job[str]:
+        return Job(self._plan_detect(probe_key), None, "detect", options)
 
-    def _job_reset(self, key: KeyT, timeout: Optional[float]) -> Job[bool]:
-        plan = self._plan_reset(check_key(key))
-        return Job(plan, None, "reset", self._options(timeout, "raise"))
+    def reset(self, key: KeyT, options: Options) -> Job[bool]:
+        return Job(self._plan_reset(check_key(key)), None, "reset", options)
 
-    def _job_acquire(
+    def acquire(
         self,
         key: KeyT,
         concurrency: Concurrency,
         weight: Any,
         buckets: Iterable[GroupIn],
         lease_id: Any,
-        timeout: Optional[float],
-        on_error: Optional[OnError],
+        options: Options,
     ) -> Job[Lease]:
         req = self._check_acquire(key, concurrency, weight, buckets, lease_id)
-        return Job(self._plan_acquire(req), None, req, self._options(timeout, on_error))
+        return Job(self._plan_acquire(req), None, req, options)
 
-    def _job_inflight(self, key: KeyT, timeout: Optional[float]) -> Job[int]:
-        key = check_key(key)
-        req = LeaseRequest("inflight", key, None, "", 1, (), ())
-        return Job(self._plan_inflight(req), None, req, self._options(timeout, "raise"))
+    def inflight(self, key: KeyT, options: Options) -> Job[int]:
+        req = LeaseRequest("inflight", check_key(key), None, "", 1, (), ())
+        return Job(self._plan_inflight(req), None, req, options)
+
+    def renew(self, lease: Lease, options: Options) -> Job[bool]:
+        req = lease_request("renew", lease)
+        if lease.held != "redis" or not lease.acquired:
+            return Job(None, self._off_redis(req, lease), req, options)
+        return Job(self._plan_renew(req, lease), None, req, options)
+
+    def release(self, lease: Lease, options: Options) -> Job[bool]:
+        req = lease_request("release", lease)
+        if lease.acquired:
+            # Given back now, whatever the answer: a release Redis can't
+            # take leaves the lease to expire, and its holder holds it no more.
+            self.held.pop(self._lease_ident(req), None)
+        if lease.held != "redis" or not lease.acquired:
+            return Job(None, self._off_redis(req, lease), req, options)
+        return Job(self._plan_release(req, lease), None, req, options)
+
+    def took(self, req: LeaseRequest, lease: Lease) -> None:
+        """An acquire's answer: a lease it took is held."""
+        if req.op == "acquire" and lease.acquired:
+            self.held[self._lease_ident(req)] = req.weight
+
+    def _off_redis(self, req: LeaseRequest, lease: Lease) -> bool:
+        """Renewing or releasing a lease that holds no slot in Redis: a
+        denied one (nothing to do), one admitted by on_error="open" (no
+        slot anywhere: renewing keeps it, releasing ends it), or one of the
+        in-process fallback (on_error="local"), which answers for it."""
+        if not lease.acquired:
+            return False
+        if lease.held == "local":
+            reply = self._local().run_lease(req.op, req.key, req.head, ())
+            if req.op == "renew":
+                return self._renewed(req, lease, bool(reply[0]), int(reply[1]))
+            lease.released = True
+            return bool(reply[0])
+        if req.op == "renew":
+            if lease.released:
+                lease.lost = True  # one meaning for `lost`, in Redis or not
+                return False
+            return True
+        released = not lease.released
+        lease.released = True
+        return released
 
     # ---- plans -----------------------------------------------------------
 
@@ -262,7 +299,7 @@ class Requests:
         # Before anything is sent: a denial's deadline counts from here.
         ticket = cache.sent(req.op, (req.key,)) if cache is not None else None
         try:
-            reply = yield from self._engine.call(req.op, ((req.key, req.bucket, req.amount),))
+            reply = yield from self.engine.call(req.op, ((req.key, req.bucket, req.amount),))
         except BaseException:
             if ticket is not None:
                 ticket.failed()
@@ -281,7 +318,7 @@ class Requests:
             if req.each:
                 result = yield from self._plan_each(req.groups)
             else:
-                allowed, retry_ms, *replies = yield from self._engine.call("mconsume", req.groups)
+                allowed, retry_ms, *replies = yield from self.engine.call("mconsume", req.groups)
                 decisions = tuple(Decision.from_reply(r, *g) for r, g in zip(replies, req.groups, strict=True))
                 result = MultiDecision(bool(allowed), int(retry_ms), decisions)
         except BaseException:
@@ -302,7 +339,7 @@ class Requests:
         refund, the charge stays."""
         charged: list[Decision] = []
         for i, (key, bucket, cost) in enumerate(groups):
-            reply = yield from self._engine.call("consume", ((key, bucket, cost),))
+            reply = yield from self.engine.call("consume", ((key, bucket, cost),))
             decision = Decision.from_reply(reply, key, bucket, cost)
             if decision.allowed:
                 charged.append(decision)
@@ -310,14 +347,14 @@ class Requests:
             refunded = []
             for c in charged:
                 if c.cost > 0:
-                    reply = yield from self._engine.call("adjust", ((c.key, c.bucket, c.cost),))
+                    reply = yield from self.engine.call("adjust", ((c.key, c.bucket, c.cost),))
                     # It could pay on its own, as TB.MCONSUME would report it;
                     # ADJUST's retry time (for cost 1) means nothing here.
                     c = replace(Decision.from_reply(reply, c.key, c.bucket, c.cost), retry_after_ms=0)
                 refunded.append(c)
             rest = []
             for key, bucket, cost in groups[i + 1 :]:
-                reply = yield from self._engine.call("peek", ((key, bucket, cost),))
+                reply = yield from self.engine.call("peek", ((key, bucket, cost),))
                 rest.append(Decision.from_reply(reply, key, bucket, cost))
             decisions = (*refunded, decision, *rest)
             return MultiDecision(False, max(d.retry_after_ms for d in decisions), decisions, atomic=False)
@@ -345,9 +382,9 @@ class Requests:
         # at any time).
         ticket = cache.sent("acquire", [k for k, _, _ in req.groups]) if cache is not None and req.groups else None
         # A re-acquire of a lease this limiter holds: its weight is in in_use.
-        own = self._held.get(self._lease_ident(req), 0)
+        own = self.held.get(self._lease_ident(req), 0)
         try:
-            reply = yield from self._engine.call("acquire", req.groups, (req.key, req.head))
+            reply = yield from self.engine.call("acquire", req.groups, (req.key, req.head))
         except BaseException:
             if ticket is not None:
                 ticket.failed()
@@ -359,7 +396,7 @@ class Requests:
         return lease
 
     def _plan_renew(self, req: LeaseRequest, lease: Lease) -> Plan[bool]:
-        renewed, expires_ms = yield from self._engine.call("renew", (), (req.key, req.head))
+        renewed, expires_ms = yield from self.engine.call("renew", (), (req.key, req.head))
         return self._renewed(req, lease, bool(renewed), int(expires_ms))
 
     def _renewed(self, req: LeaseRequest, lease: Lease, renewed: bool, expires_ms: int) -> bool:
@@ -367,21 +404,21 @@ class Requests:
             lease.expires_in_ms = expires_ms
         else:
             lease.lost = True  # expired, or released by another: no longer held
-            self._held.pop(self._lease_ident(req), None)
+            self.held.pop(self._lease_ident(req), None)
         return renewed
 
     def _plan_release(self, req: LeaseRequest, lease: Lease) -> Plan[bool]:
-        released, _ = yield from self._engine.call("release", (), (req.key, req.head))
+        released, _ = yield from self.engine.call("release", (), (req.key, req.head))
         lease.released = True
         return bool(released)
 
     def _plan_inflight(self, req: LeaseRequest) -> Plan[int]:
-        in_use = yield from self._engine.call("inflight", (), (req.key, ()))
+        in_use = yield from self.engine.call("inflight", (), (req.key, ()))
         return int(in_use)
 
     def _plan_detect(self, probe_key: KeyT) -> Plan[str]:
-        yield from self._engine.call("peek", ((probe_key, _PROBE, 1.0),))
-        return self._engine.backend or ""
+        yield from self.engine.call("peek", ((probe_key, _PROBE, 1.0),))
+        return self.engine.backend or ""
 
     def _lease_ident(self, req: LeaseRequest) -> tuple[bytes, bytes]:
         return key_bytes(req.key, self._encoding), key_bytes(req.id, self._encoding)

@@ -4,24 +4,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from contextlib import suppress
 from types import TracebackType
 from typing import Any, Optional, TypeVar, Union, cast
 
 from redis import Redis
 from redis.cluster import RedisCluster
 
-from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
-from ._commands import Command, Waited, waited_reply
+from ._commands import Command
 from ._decision import Decision, MultiDecision
 from ._engine import Plan
-from ._errors import LimiterError
 from ._hold import Hold
 from ._lease import Concurrency, Lease
 from ._limiter import LimiterBase
 from ._requests import PROBE_KEY, GroupIn, Job, OnError
-from ._transport import SyncConnections, sync_connections
+from ._transport import SyncTransport
 
 T = TypeVar("T")
 
@@ -82,7 +79,8 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     (or ``with``) closes the limiter's own connections, not the client.
     """
 
-    _conns: Optional[SyncConnections] = None
+    _transport_class = SyncTransport
+    _transport: SyncTransport
 
     def consume(
         self,
@@ -94,7 +92,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """Charges `cost` tokens if the bucket holds them (TB.CONSUME)."""
-        return self._run(self._job_one("consume", key, bucket, cost, timeout, on_error))
+        return self._run(self._requests.one("consume", key, bucket, cost, self._options(timeout, on_error)))
 
     def peek(
         self,
@@ -106,7 +104,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """What `consume` would answer, without charging (TB.PEEK)."""
-        return self._run(self._job_one("peek", key, bucket, cost, timeout, on_error))
+        return self._run(self._requests.one("peek", key, bucket, cost, self._options(timeout, on_error)))
 
     def adjust(
         self,
@@ -119,7 +117,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     ) -> Decision:
         """Refunds (delta > 0) or charges without asking (delta < 0, down
         to a debt of -max) (TB.ADJUST)."""
-        return self._run(self._job_one("adjust", key, bucket, delta, timeout, on_error))
+        return self._run(self._requests.one("adjust", key, bucket, delta, self._options(timeout, on_error)))
 
     def consume_many(
         self,
@@ -137,7 +135,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         not atomic. ``atomic=True`` raises CrossSlotError instead;
         ``atomic=False`` always goes bucket by bucket.
         """
-        return self._run(self._job_many(groups, atomic, timeout, on_error))
+        return self._run(self._requests.many(groups, atomic, self._options(timeout, on_error)))
 
     def acquire(
         self,
@@ -156,22 +154,24 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         names the lease (a new UUID by default); acquiring a live id again
         renews it. The Lease says whether it was acquired, and when to
         retry if not."""
-        return self._run(self._job_acquire(key, concurrency, weight, buckets, id, timeout, on_error))
+        return self._run(
+            self._requests.acquire(key, concurrency, weight, buckets, id, self._options(timeout, on_error))
+        )
 
     def renew(self, lease: Lease, *, timeout: Optional[float] = None) -> bool:
         """Extends the lease to `lease_ms` from now (TB.RENEW). False, and
         `lease.lost` set, when it expired or was released: it is never
         taken again (acquire again instead). Redis errors raise."""
-        return self._run(self._job_renew(lease, timeout))
+        return self._run(self._requests.renew(lease, self._options(timeout, "raise")))
 
     def release(self, lease: Lease, *, timeout: Optional[float] = None) -> bool:
         """Gives the slot back (TB.RELEASE): True if the lease was live;
         releasing again is harmless. Redis errors raise."""
-        return self._run(self._job_release(lease, timeout))
+        return self._run(self._requests.release(lease, self._options(timeout, "raise")))
 
     def in_flight(self, key: KeyT, *, timeout: Optional[float] = None) -> int:
         """The weight of the key's live leases (TB.INFLIGHT, read-only)."""
-        return self._run(self._job_inflight(key, timeout))
+        return self._run(self._requests.inflight(key, self._options(timeout, "raise")))
 
     def hold(
         self,
@@ -202,19 +202,17 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         """Deletes the bucket at `key` (DEL: whatever the key holds), so it
         is full again, and drops any denial the cache holds for it. True if
         there was a key to delete. Redis errors raise, whatever `on_error`."""
-        return self._run(self._job_reset(key, timeout))
+        return self._run(self._requests.reset(key, self._options(timeout, "raise")))
 
     def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
         """Finds the backend now with a read-only TB.PEEK of `probe_key`
         (readiness checks); raises if Redis can't serve any."""
-        return self._run(self._job_detect(probe_key, timeout))
+        return self._run(self._requests.detect(probe_key, self._options(timeout, "raise")))
 
     def close(self) -> None:
         """Closes the limiter's own connections (not the client, which is
         yours); later calls raise LimiterError."""
-        self._send = _closed
-        if self._conns is not None:
-            self._conns.close()
+        self._transport.close()
 
     def __enter__(self) -> Limiter:
         return self
@@ -224,47 +222,9 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     ) -> None:
         self.close()
 
-    def _sender(self) -> Callable[[Command, Optional[float]], Any]:
-        self._conns = sync_connections(self.client, self.timeout)
-        if self._conns is not None:
-            return self._conns.call
-        execute = self._client_sender()
-        return lambda command, timeout: execute(command)
-
-    def _waited(self, command: Waited) -> Any:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.execute_command(*command.command)
-        pipe.execute_command(*command.wait)
-        return waited_reply(pipe.execute(raise_on_error=False))
-
     def _run(self, job: Job[T]) -> T:
         started = time.perf_counter()
         if job.plan is None:
             return self._settled(job, cast(T, job.done), started)  # answered without a round trip
-        if self._upkeep(job):  # outside the breaker
-            try:
-                result = drive(job.plan, self._send, self._budget(job))
-            except Exception as exc:
-                self._upkeep_failed(exc, job)
-            return self._settled(job, result, started)
-        breaker = self.breaker
-        mode = breaker.enter() if breaker is not None else 0
-        if mode == SKIP:
-            return self._settled(job, self._open_circuit(job), started)
-        try:
-            result = drive(job.plan, self._send, self._budget(job))
-        except Exception as exc:
-            release = self._unanswered(job, exc)
-            if release is not None:
-                # Best effort: a release Redis can't take leaves the lease to
-                # expire within its lease_ms, as a crashed holder's would.
-                with suppress(Exception):
-                    drive(release, self._send, self._budget(job))
-            return self._settled(job, self._failed(exc, job, mode == PROBE), started)
-        if breaker is not None and mode:
-            breaker.success(True)
+        result = drive(self._policy.run(job), self._transport.send, self._budget(job))
         return self._settled(job, result, started)
-
-
-def _closed(command: Command, timeout: Optional[float]) -> Any:
-    raise LimiterError("the limiter is closed")

@@ -20,8 +20,9 @@ commands packed by `_pack`), so that:
   pool's `max_connections` of them), the asyncio limiter's one shared
   connection (when it is not up within the budget).
 
-The sync limiter's connections are in `_sync_transport`, the asyncio
-one's shared, auto-pipelined connection in `_async_transport`. Other
+The limiter owns one transport (`SyncTransport`, `AsyncTransport`): the
+sync limiter's connections are in `_sync_transport`, the asyncio one's
+shared, auto-pipelined connection in `_async_transport`. Other
 clients (Cluster, Sentinel, fakeredis, a custom pool) go through their
 own ``execute_command``: their own timeouts and retries apply, and the
 asyncio limiter bounds the call (`bounded`).
@@ -30,6 +31,7 @@ asyncio limiter bounds the call (`bounded`).
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from typing import Any, Optional
 
 import redis
@@ -40,7 +42,8 @@ from redis.retry import Retry
 
 from ._async_transport import AsyncConnections, bounded
 from ._classify import Kind, classify
-from ._errors import Shed
+from ._commands import Command, Once, ToNode, Waited, waited_reply
+from ._errors import LimiterError, Shed
 from ._sync_transport import SyncConnections
 
 # redis-py 7.1+ names the client to the server with a DriverInfo.
@@ -128,11 +131,109 @@ def async_connections(client: Any, timeout: Optional[float]) -> Optional[AsyncCo
     return AsyncConnections(lambda: pool.connection_class(**settings), timeout)
 
 
+Send = Callable[[Command, Optional[float]], Any]
+"""Sends one command a plan yields, within its timeout (seconds, or None)."""
+
+
+class SyncTransport:
+    """How the sync limiter's commands reach Redis: its own connections
+    over a plain ``redis.Redis`` (`SyncConnections`), else the client's
+    own ``execute_command``. `send` is what a plan's commands go through."""
+
+    asyncio = False
+
+    def __init__(self, client: Any, timeout: Optional[float]) -> None:
+        self.client = client
+        self.conns = sync_connections(client, timeout)
+        self.send: Send = self.conns.call if self.conns is not None else self._via_client()
+
+    def _via_client(self) -> Send:
+        execute = client_sender(self.client, self._waited)
+        return lambda command, timeout: execute(command)
+
+    def _waited(self, command: Waited) -> Any:
+        return waited_reply(wait_pipeline(self.client, command))
+
+    def close(self) -> None:
+        """Closes the limiter's own connections; later sends raise."""
+        self.send = _closed
+        if self.conns is not None:
+            self.conns.close()
+
+
+class AsyncTransport:
+    """How the asyncio limiter's commands reach Redis: its one shared
+    connection over a plain ``redis.asyncio.Redis`` (`AsyncConnections`),
+    else the client's own ``execute_command`` under the budget (`bounded`)."""
+
+    asyncio = True
+
+    def __init__(self, client: Any, timeout: Optional[float]) -> None:
+        self.client = client
+        self.conns = async_connections(client, timeout)
+        self.send: Send = self.conns.call if self.conns is not None else self._via_client()
+
+    def _via_client(self) -> Send:
+        execute = client_sender(self.client, self._waited)
+
+        def send(command: Command, timeout: Optional[float]) -> Any:
+            if timeout is None:
+                return execute(command)
+            return bounded(execute(command), timeout)
+
+        return send
+
+    async def _waited(self, command: Waited) -> Any:
+        return waited_reply(await wait_pipeline(self.client, command))
+
+    async def aclose(self) -> None:
+        """Closes the limiter's own connection; later sends raise."""
+        self.send = _aclosed
+        if self.conns is not None:
+            await self.conns.aclose()
+
+
+def wait_pipeline(client: Any, command: Waited) -> Any:
+    """A command with WAIT behind it, in one pipeline of the client's: its
+    replies (awaitable on an asyncio client), errors among them."""
+    pipe = client.pipeline(transaction=False)
+    pipe.execute_command(*command.command)
+    pipe.execute_command(*command.wait)
+    return pipe.execute(raise_on_error=False)
+
+
+def client_sender(client: Any, waited: Callable[[Waited], Any]) -> Callable[[Command], Any]:
+    """The client's own execute_command, for clients the limiter keeps
+    no connections of (Cluster, fakeredis, ..., or timeout=None)."""
+    execute: Callable[..., Any] = client.execute_command
+
+    def send(command: Command) -> Any:
+        if isinstance(command, Once):
+            command = command.command
+        if isinstance(command, ToNode):
+            return execute(*command.args, target_nodes=command.node)
+        if isinstance(command, Waited):
+            return waited(command)
+        return execute(*command)
+
+    return send
+
+
+def _closed(command: Command, timeout: Optional[float]) -> Any:
+    raise LimiterError("the limiter is closed")
+
+
+async def _aclosed(command: Command, timeout: Optional[float]) -> Any:
+    raise LimiterError("the limiter is closed")
+
+
 __all__ = [
     "AsyncConnections",
+    "AsyncTransport",
     "Kind",
     "Shed",
     "SyncConnections",
+    "SyncTransport",
     "async_connections",
     "bounded",
     "classify",

@@ -8,24 +8,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from contextlib import suppress
 from types import TracebackType
 from typing import Any, Optional, TypeVar, Union, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from ._breaker import PROBE, SKIP
 from ._bucket import Bucket, KeyT
-from ._commands import Command, Waited, waited_reply
+from ._commands import Command
 from ._decision import Decision, MultiDecision
 from ._engine import Plan
-from ._errors import LimiterError
 from ._hold import AsyncHold
 from ._lease import Concurrency, Lease
 from ._limiter import LimiterBase
 from ._requests import PROBE_KEY, GroupIn, Job, OnError
-from ._transport import AsyncConnections, async_connections, bounded
+from ._transport import AsyncTransport
 
 __all__ = ["Limiter"]
 
@@ -57,7 +54,8 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     bounds the client's whole call. ``aclose()`` (or ``async with``) closes
     the limiter's own connections."""
 
-    _conns: Optional[AsyncConnections] = None
+    _transport_class = AsyncTransport
+    _transport: AsyncTransport
 
     async def consume(
         self,
@@ -69,7 +67,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """Charges `cost` tokens if the bucket holds them (TB.CONSUME)."""
-        return await self._run(self._job_one("consume", key, bucket, cost, timeout, on_error))
+        return await self._run(self._requests.one("consume", key, bucket, cost, self._options(timeout, on_error)))
 
     async def peek(
         self,
@@ -81,7 +79,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """What `consume` would answer, without charging (TB.PEEK)."""
-        return await self._run(self._job_one("peek", key, bucket, cost, timeout, on_error))
+        return await self._run(self._requests.one("peek", key, bucket, cost, self._options(timeout, on_error)))
 
     async def adjust(
         self,
@@ -94,7 +92,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     ) -> Decision:
         """Refunds (delta > 0) or charges without asking (delta < 0, down
         to a debt of -max) (TB.ADJUST)."""
-        return await self._run(self._job_one("adjust", key, bucket, delta, timeout, on_error))
+        return await self._run(self._requests.one("adjust", key, bucket, delta, self._options(timeout, on_error)))
 
     async def consume_many(
         self,
@@ -106,7 +104,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     ) -> MultiDecision:
         """Charges every `(key, bucket, cost)` or none (TB.MCONSUME); see
         ``redis_tokenbucket.Limiter.consume_many`` for Cluster slots."""
-        return await self._run(self._job_many(groups, atomic, timeout, on_error))
+        return await self._run(self._requests.many(groups, atomic, self._options(timeout, on_error)))
 
     async def acquire(
         self,
@@ -121,20 +119,22 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     ) -> Lease:
         """Takes `weight` of the key's slots, with `buckets` charged in the
         same decision (TB.ACQUIRE); see ``redis_tokenbucket.Limiter.acquire``."""
-        return await self._run(self._job_acquire(key, concurrency, weight, buckets, id, timeout, on_error))
+        return await self._run(
+            self._requests.acquire(key, concurrency, weight, buckets, id, self._options(timeout, on_error))
+        )
 
     async def renew(self, lease: Lease, *, timeout: Optional[float] = None) -> bool:
         """Extends the lease to `lease_ms` from now (TB.RENEW); False, and
         `lease.lost` set, when it is gone."""
-        return await self._run(self._job_renew(lease, timeout))
+        return await self._run(self._requests.renew(lease, self._options(timeout, "raise")))
 
     async def release(self, lease: Lease, *, timeout: Optional[float] = None) -> bool:
         """Gives the slot back (TB.RELEASE): True if the lease was live."""
-        return await self._run(self._job_release(lease, timeout))
+        return await self._run(self._requests.release(lease, self._options(timeout, "raise")))
 
     async def in_flight(self, key: KeyT, *, timeout: Optional[float] = None) -> int:
         """The weight of the key's live leases (TB.INFLIGHT, read-only)."""
-        return await self._run(self._job_inflight(key, timeout))
+        return await self._run(self._requests.inflight(key, self._options(timeout, "raise")))
 
     def hold(
         self,
@@ -163,19 +163,17 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         """Deletes the bucket at `key` (DEL: whatever the key holds), so it
         is full again, and drops any denial the cache holds for it. True if
         there was a key to delete. Redis errors raise, whatever `on_error`."""
-        return await self._run(self._job_reset(key, timeout))
+        return await self._run(self._requests.reset(key, self._options(timeout, "raise")))
 
     async def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
         """Finds the backend now with a read-only TB.PEEK of `probe_key`
         (readiness checks); raises if Redis can't serve any."""
-        return await self._run(self._job_detect(probe_key, timeout))
+        return await self._run(self._requests.detect(probe_key, self._options(timeout, "raise")))
 
     async def aclose(self) -> None:
         """Closes the limiter's own connections (not the client, which is
         yours); later calls raise LimiterError."""
-        self._send = _closed
-        if self._conns is not None:
-            await self._conns.aclose()
+        await self._transport.aclose()
 
     async def __aenter__(self) -> Limiter:
         return self
@@ -185,53 +183,9 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     ) -> None:
         await self.aclose()
 
-    def _sender(self) -> Callable[[Command, Optional[float]], Any]:
-        self._conns = async_connections(self.client, self.timeout)
-        if self._conns is not None:
-            return self._conns.call
-        execute = self._client_sender()
-
-        def send(command: Command, timeout: Optional[float]) -> Any:
-            if timeout is None:
-                return execute(command)
-            return bounded(execute(command), timeout)
-
-        return send
-
-    async def _waited(self, command: Waited) -> Any:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.execute_command(*command.command)
-        pipe.execute_command(*command.wait)
-        return waited_reply(await pipe.execute(raise_on_error=False))
-
     async def _run(self, job: Job[T]) -> T:
         started = time.perf_counter()
         if job.plan is None:
             return self._settled(job, cast(T, job.done), started)  # answered without a round trip
-        if self._upkeep(job):  # outside the breaker
-            try:
-                result = await drive(job.plan, self._send, self._budget(job))
-            except Exception as exc:
-                self._upkeep_failed(exc, job)
-            return self._settled(job, result, started)
-        breaker = self.breaker
-        mode = breaker.enter() if breaker is not None else 0
-        if mode == SKIP:
-            return self._settled(job, self._open_circuit(job), started)
-        try:
-            result = await drive(job.plan, self._send, self._budget(job))
-        except Exception as exc:
-            release = self._unanswered(job, exc)
-            if release is not None:
-                # Best effort: a release Redis can't take leaves the lease to
-                # expire within its lease_ms, as a crashed holder's would.
-                with suppress(Exception):
-                    await drive(release, self._send, self._budget(job))
-            return self._settled(job, self._failed(exc, job, mode == PROBE), started)
-        if breaker is not None and mode:
-            breaker.success(True)
+        result = await drive(self._policy.run(job), self._transport.send, self._budget(job))
         return self._settled(job, result, started)
-
-
-async def _closed(command: Command, timeout: Optional[float]) -> Any:
-    raise LimiterError("the limiter is closed")
