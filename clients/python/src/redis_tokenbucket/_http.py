@@ -1,6 +1,9 @@
 """What the HTTP helpers share, whatever the framework (docs/failure-model.md,
-HTTP answers), written once: the answer to a refused request, the client's
-address behind trusted proxies, and the fields of stacked limiters merged.
+HTTP answers), written once: the rules (a bucket, or a slot held until the
+response is sent, per identity) and what they charge a request, the
+leases a request holds until its last byte, the answer to a refused
+request, the client's address behind trusted proxies, and the fields of
+stacked limiters merged.
 
     admitted                 the route's status, RateLimit and RateLimit-Policy
     denied by a bucket       429, the fields, Retry-After, a problem+json body
@@ -9,19 +12,31 @@ address behind trusted proxies, and the fields of stacked limiters merged.
     degraded, "open"         the route's status, no fields
     degraded, "local"        the route's, or 429 with Retry-After from the local bucket
 
-`fastapi` adapts it to Starlette. The Node package's twin is http.ts.
+`fastapi` adapts it to Starlette and FastAPI (re-exporting `Rule` and
+`ConcurrencyRule`). The Node package's twin is http.ts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import ipaddress
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Optional, Protocol, TypeVar, Union
 
+from ._bucket import Bucket, check_cost
 from ._decision import MultiDecision
-from ._lease import Lease
+from ._hold import AsyncHold, background
+from ._key_owners import claim
+from ._lease import Concurrency, Lease, check_int
 from .headers import rate_limit_headers
+
+if TYPE_CHECKING:
+    from .asyncio import Limiter
+
+log = logging.getLogger("redis_tokenbucket")
 
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 PROBLEM_JSON = "application/problem+json"
@@ -161,3 +176,201 @@ def add_fields(chosen: Fields, fields: dict[str, str]) -> None:
                 chosen["X-RateLimit-Limit"] = fields.get("X-RateLimit-Limit", chosen.get("X-RateLimit-Limit") or "")
         elif key != "x-ratelimit-limit":  # goes with its remaining, above
             chosen[name] = value
+
+
+# ---- rules: what a request is charged, and the slots it holds ------------------------
+
+# The framework's request: a rule only hands it to its functions.
+RequestT = TypeVar("RequestT")
+
+KeyFunc = Callable[[RequestT], Union[Optional[str], Awaitable[Optional[str]]]]
+"""The request's identity for one rule, or None to skip the rule."""
+
+BucketFunc = Callable[[RequestT], Union[Bucket, Awaitable[Bucket]]]
+"""The bucket for this request (the caller's tier, say)."""
+
+ConcurrencyFunc = Callable[[RequestT], Union[Concurrency, Awaitable[Concurrency]]]
+"""The Concurrency for this request (the caller's tier, say)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One bucket per identity: requests are charged `cost` against the
+    bucket at `prefix:name:identity`, the identity being what `key`
+    returns. The bucket's name names the policy in the headers and in
+    `violated-policies`.
+
+    `bucket` may be a function of the request (sync or async) returning the
+    Bucket for it, for limits that depend on the caller::
+
+        TIERS = {"free": Bucket(10, 0.17, name="user"), "pro": Bucket(100, 2, name="user")}
+        Rule(lambda request: TIERS[request.state.tier], user_id())
+
+    Buckets of one rule that share a name share the key, so a caller who
+    changes tier keeps the balance it has (a higher max adds no tokens at
+    once). `cost` may be a function of the request too.
+    """
+
+    bucket: Union[Bucket, BucketFunc[Any]]
+    key: KeyFunc[Any]
+    cost: Union[float, Callable[[Any], float]] = 1
+    prefix: str = "rl"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bucket, Bucket):
+            _check_named(self.bucket)
+            if not callable(self.cost):
+                check_cost(self.cost, self.bucket)
+        elif not callable(self.bucket):
+            raise TypeError(f"a Rule's bucket is a Bucket or a function of the request, got {self.bucket!r}")
+
+    async def bucket_for(self, request: Any) -> Bucket:
+        """The rule's bucket for this request."""
+        if isinstance(self.bucket, Bucket):
+            return self.bucket
+        return _check_named(await of_request(self.bucket, request, Bucket, "a Rule's bucket function"))
+
+    async def group(self, request: Any) -> Optional[tuple[str, Bucket, float]]:
+        identity = await of_request(self.key, request)
+        if identity is None:
+            return None
+        bucket = await self.bucket_for(request)
+        cost = self.cost(request) if callable(self.cost) else self.cost
+        return (f"{self.prefix}:{bucket.name}:{identity}", bucket, cost)
+
+    def claim(self, limiter: Limiter, bucket: Optional[Bucket] = None) -> None:
+        """Claims this rule's keys on the limiter (`_key_owners`): its
+        bucket's, or `bucket`, one its function returned."""
+        if isinstance(self.bucket, Bucket):
+            claim(limiter, self, self.prefix, str(self.bucket.name), ("bucket", self.bucket.max, self.bucket.rate))
+        elif bucket is not None:
+            claim(limiter, self, self.prefix, str(bucket.name), None)
+
+
+async def groups_of(limiter: Limiter, rules: Sequence[Rule], request: Any) -> list[tuple[str, Bucket, float]]:
+    """The (key, bucket, cost) of each rule that applies to the request;
+    the buckets rules' functions return claim their keys on first use."""
+    groups = []
+    for rule in rules:
+        group = await rule.group(request)
+        if group is not None:
+            if not isinstance(rule.bucket, Bucket):
+                rule.claim(limiter, group[1])
+            groups.append(group)
+    return groups
+
+
+async def of_request(func: Callable[[Any], Any], request: Any, kind: Any = object, what: str = "") -> Any:
+    """What a rule's function (sync or async) answers for this request,
+    which must be a `kind`."""
+    value = func(request)
+    if inspect.isawaitable(value):
+        value = await value
+    if not isinstance(value, kind):
+        raise TypeError(f"{what} must return a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _check_named(bucket: Bucket) -> Bucket:
+    if bucket.name is None:
+        raise ValueError("a Rule's bucket needs a name: Bucket(max, rate, name='user')")
+    return bucket
+
+
+@dataclass(frozen=True)
+class ConcurrencyRule:
+    """At most `concurrency.limit` requests in flight per identity: each
+    request takes `weight` slots of the lease key `prefix:name:identity`,
+    the identity being what `key` returns (None skips the rule), and holds
+    them until the last byte of its response is sent, or its client is gone.
+
+    `concurrency` may be a function of the request (sync or async)
+    returning the Concurrency for it (the caller's tier, say); `weight` may
+    be a function of the request too. The Concurrency's name names the
+    policy in the headers and in `violated-policies`::
+
+        STREAMS = {"free": Concurrency(2, 30_000, name="streams"), "pro": Concurrency(8, 30_000, name="streams")}
+        ConcurrencyRule(lambda request: STREAMS[request.state.tier], user_id())
+    """
+
+    concurrency: Union[Concurrency, ConcurrencyFunc[Any]]
+    key: KeyFunc[Any]
+    weight: Union[int, Callable[[Any], int]] = 1
+    prefix: str = "rl"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.concurrency, Concurrency):
+            _check_concurrency_named(self.concurrency)
+            if not callable(self.weight):
+                self.concurrency.check_weight(self.weight)
+        elif not callable(self.concurrency):
+            kind = f"got {self.concurrency!r}"
+            raise TypeError(f"a ConcurrencyRule's concurrency is a Concurrency or a function of the request, {kind}")
+        elif not callable(self.weight):
+            check_int(self.weight, "weight", 1)
+
+    async def concurrency_for(self, request: Any) -> Concurrency:
+        """The rule's Concurrency for this request."""
+        if isinstance(self.concurrency, Concurrency):
+            return self.concurrency
+        what = "a ConcurrencyRule's concurrency function"
+        return _check_concurrency_named(await of_request(self.concurrency, request, Concurrency, what))
+
+    def claim(self, limiter: Limiter, concurrency: Optional[Concurrency] = None) -> None:
+        """Claims this rule's lease keys on the limiter (`_key_owners`)."""
+        if isinstance(self.concurrency, Concurrency):
+            c = self.concurrency
+            claim(limiter, self, self.prefix, str(c.name), ("lease", c.limit, c.lease_ms))
+        elif concurrency is not None:
+            claim(limiter, self, self.prefix, str(concurrency.name), None)
+
+    async def slot(self, request: Any) -> Optional[tuple[str, Concurrency, int]]:
+        """(lease key, Concurrency, weight) for this request, or None."""
+        identity = await of_request(self.key, request)
+        if identity is None:
+            return None
+        concurrency = await self.concurrency_for(request)
+        weight = self.weight(request) if callable(self.weight) else self.weight
+        return (f"{self.prefix}:{concurrency.name}:{identity}", concurrency, weight)
+
+
+def _check_concurrency_named(concurrency: Concurrency) -> Concurrency:
+    if concurrency.name is None:
+        raise ValueError("a ConcurrencyRule's Concurrency needs a name: Concurrency(8, 30_000, name='streams')")
+    return concurrency
+
+
+# ---- holding leases until the last byte -----------------------------------------
+
+Then = Callable[[], Awaitable[None]]
+
+
+class Holds:
+    """The leases a request holds until its response's last byte: each an
+    entered `hold`, renewing; `end()` releases them all (once), then runs
+    what was to follow each release."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[AsyncHold, Optional[Then]]] = []
+        self._ending: Optional[asyncio.Future[Any]] = None
+
+    def add(self, hold: AsyncHold, then: Optional[Then] = None) -> None:
+        self._held.append((hold, then))
+        if self._ending is not None:  # the response is over already
+            background(self._release([(hold, then)]))
+
+    def end(self) -> Optional[asyncio.Future[Any]]:
+        """Starts giving the slots back, at once, without waiting for it."""
+        if self._ending is None and self._held:
+            self._ending = background(self._release(list(self._held)))
+        return self._ending
+
+    @staticmethod
+    async def _release(held: list[tuple[AsyncHold, Optional[Then]]]) -> None:
+        for hold, then in held:
+            await hold.__aexit__(None, None, None)
+            if then is not None:
+                try:
+                    await then()
+                except Exception:
+                    log.exception("the function to run after the response's lease was released raised")

@@ -27,11 +27,9 @@ Redis's word (shed under overload, or Redis failing under the policy
 # on a callable instance.
 import asyncio
 import hashlib
-import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Optional, Union
 
 from starlette.datastructures import MutableHeaders
@@ -40,21 +38,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._bucket import Bucket, check_cost
+from . import _http
 from ._decision import MultiDecision
-from ._hold import AsyncHold, background
+from ._hold import AsyncHold
 from ._http import (
     PROBLEM_JSON,
     QUOTA_EXCEEDED,
+    ConcurrencyRule,
+    Holds,
     IPNetwork,
     Refusal,
+    Rule,
+    Then,
     add_fields,
     client_address,
+    groups_of,
     refusal_of,
     trusted_networks,
 )
-from ._key_owners import claim
-from ._lease import Busy, Concurrency, Lease, check_int
+from ._lease import Busy, Concurrency, Lease
 from ._requests import OnError
 from .asyncio import Limiter
 from .headers import rate_limit_headers
@@ -81,13 +83,13 @@ __all__ = [
 ]
 
 
-KeyFunc = Callable[[Request], Union[Optional[str], Awaitable[Optional[str]]]]
+KeyFunc = _http.KeyFunc[Request]
 """The request's identity for one rule, or None to skip the rule."""
 
-BucketFunc = Callable[[Request], Union[Bucket, Awaitable[Bucket]]]
+BucketFunc = _http.BucketFunc[Request]
 """The bucket for this request (the caller's tier, say)."""
 
-ConcurrencyFunc = Callable[[Request], Union[Concurrency, Awaitable[Concurrency]]]
+ConcurrencyFunc = _http.ConcurrencyFunc[Request]
 """The Concurrency for this request (the caller's tier, say)."""
 
 # Where install(app)'s middleware leaves the dependency the fields to send,
@@ -146,90 +148,6 @@ def client_ip(trusted_proxies: Iterable[Union[str, IPNetwork]] = ()) -> KeyFunc:
 
 
 # ---- rules and answers ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One bucket per identity: requests are charged `cost` against the
-    bucket at `prefix:name:identity`, the identity being what `key`
-    returns. The bucket's name names the policy in the headers and in
-    `violated-policies`.
-
-    `bucket` may be a function of the request (sync or async) returning the
-    Bucket for it, for limits that depend on the caller::
-
-        TIERS = {"free": Bucket(10, 0.17, name="user"), "pro": Bucket(100, 2, name="user")}
-        Rule(lambda request: TIERS[request.state.tier], user_id())
-
-    Buckets of one rule that share a name share the key, so a caller who
-    changes tier keeps the balance it has (a higher max adds no tokens at
-    once). `cost` may be a function of the request too.
-    """
-
-    bucket: Union[Bucket, BucketFunc]
-    key: KeyFunc
-    cost: Union[float, Callable[[Request], float]] = 1
-    prefix: str = "rl"
-
-    def __post_init__(self) -> None:
-        if isinstance(self.bucket, Bucket):
-            _check_named(self.bucket)
-            if not callable(self.cost):
-                check_cost(self.cost, self.bucket)
-        elif not callable(self.bucket):
-            raise TypeError(f"a Rule's bucket is a Bucket or a function of the request, got {self.bucket!r}")
-
-    async def bucket_for(self, request: Request) -> Bucket:
-        """The rule's bucket for this request."""
-        if isinstance(self.bucket, Bucket):
-            return self.bucket
-        return _check_named(await _of_request(self.bucket, request, Bucket, "a Rule's bucket function"))
-
-    async def group(self, request: Request) -> Optional[tuple[str, Bucket, float]]:
-        identity = await _of_request(self.key, request)
-        if identity is None:
-            return None
-        bucket = await self.bucket_for(request)
-        cost = self.cost(request) if callable(self.cost) else self.cost
-        return (f"{self.prefix}:{bucket.name}:{identity}", bucket, cost)
-
-    def claim(self, limiter: Limiter, bucket: Optional[Bucket] = None) -> None:
-        """Claims this rule's keys on the limiter (`_key_owners`): its
-        bucket's, or `bucket`, one its function returned."""
-        if isinstance(self.bucket, Bucket):
-            claim(limiter, self, self.prefix, str(self.bucket.name), ("bucket", self.bucket.max, self.bucket.rate))
-        elif bucket is not None:
-            claim(limiter, self, self.prefix, str(bucket.name), None)
-
-
-async def _groups(limiter: Limiter, rules: Sequence[Rule], request: Request) -> list[tuple[str, Bucket, float]]:
-    """The (key, bucket, cost) of each rule that applies to the request;
-    the buckets rules' functions return claim their keys on first use."""
-    groups = []
-    for rule in rules:
-        group = await rule.group(request)
-        if group is not None:
-            if not isinstance(rule.bucket, Bucket):
-                rule.claim(limiter, group[1])
-            groups.append(group)
-    return groups
-
-
-async def _of_request(func: Callable[[Request], Any], request: Request, kind: Any = object, what: str = "") -> Any:
-    """What a rule's function (sync or async) answers for this request,
-    which must be a `kind`."""
-    value = func(request)
-    if inspect.isawaitable(value):
-        value = await value
-    if not isinstance(value, kind):
-        raise TypeError(f"{what} must return a {kind.__name__}, got {type(value).__name__}")
-    return value
-
-
-def _check_named(bucket: Bucket) -> Bucket:
-    if bucket.name is None:
-        raise ValueError("a Rule's bucket needs a name: Bucket(max, rate, name='user')")
-    return bucket
 
 
 def problem_response(decision: Union[MultiDecision, Lease], *, legacy_headers: bool = False) -> JSONResponse:
@@ -292,7 +210,7 @@ class RateLimitHeaders:
         # Filled by the dependencies: shared by any copy of the scope made further in.
         headers: dict[str, str] = {}
         scope[_HEADERS_SCOPE_KEY] = headers
-        holds = scope[_HOLDS_SCOPE_KEY] = _Holds()
+        holds = scope[_HOLDS_SCOPE_KEY] = Holds()
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start" and headers:
@@ -311,41 +229,7 @@ def _merge_fields(message: Message, fields: dict[str, str]) -> None:
 # ---- holding leases until the last byte -----------------------------------------
 
 
-Then = Callable[[], Awaitable[None]]
-
-
-class _Holds:
-    """The leases a request holds until its response's last byte: each an
-    entered `hold`, renewing; `end()` releases them all (once), then runs
-    what was to follow each release."""
-
-    def __init__(self) -> None:
-        self._held: list[tuple[AsyncHold, Optional[Then]]] = []
-        self._ending: Optional[asyncio.Future[Any]] = None
-
-    def add(self, hold: AsyncHold, then: Optional[Then] = None) -> None:
-        self._held.append((hold, then))
-        if self._ending is not None:  # the response is over already
-            background(self._release([(hold, then)]))
-
-    def end(self) -> Optional[asyncio.Future[Any]]:
-        """Starts giving the slots back, at once, without waiting for it."""
-        if self._ending is None and self._held:
-            self._ending = background(self._release(list(self._held)))
-        return self._ending
-
-    @staticmethod
-    async def _release(held: list[tuple[AsyncHold, Optional[Then]]]) -> None:
-        for hold, then in held:
-            await hold.__aexit__(None, None, None)
-            if then is not None:
-                try:
-                    await then()
-                except Exception:
-                    log.exception("the function to run after the response's lease was released raised")
-
-
-async def _run_holding(app: ASGIApp, scope: Scope, receive: Receive, send: Send, holds: _Holds) -> None:
+async def _run_holding(app: ASGIApp, scope: Scope, receive: Receive, send: Send, holds: Holds) -> None:
     """Runs the app; its leases are released when the last byte of the
     response is sent, when the server reports the client gone (an
     http.disconnect, a send that fails), or when the app ends, whichever is
@@ -384,7 +268,7 @@ async def hold_until_sent(request: Request, limiter: Limiter, lease: Lease, then
     `then()` awaited after the release (to settle a budget, say). Needs
     `install(app)`. `Busy` if the lease was not acquired."""
     holds = request.scope.get(_HOLDS_SCOPE_KEY)
-    if not isinstance(holds, _Holds):
+    if not isinstance(holds, Holds):
         raise RuntimeError(_NEEDS_INSTALL)
     hold = limiter.keep(lease)
     await hold.__aenter__()
@@ -428,7 +312,7 @@ class RateLimit:
 
     async def check(self, request: Request) -> Optional[MultiDecision]:
         """Charges the request; None when no rule applies to it."""
-        groups = await _groups(self.limiter, self.rules, request)
+        groups = await groups_of(self.limiter, self.rules, request)
         if not groups:
             return None
         return await self.limiter.consume_many(groups, atomic=self.atomic, timeout=self.timeout, on_error=self.on_error)
@@ -528,69 +412,6 @@ class RateLimitMiddleware:
 # ---- concurrency: slots held while a response is sent ------------------------------
 
 
-@dataclass(frozen=True)
-class ConcurrencyRule:
-    """At most `concurrency.limit` requests in flight per identity: each
-    request takes `weight` slots of the lease key `prefix:name:identity`,
-    the identity being what `key` returns (None skips the rule), and holds
-    them until the last byte of its response is sent, or its client is gone.
-
-    `concurrency` may be a function of the request (sync or async)
-    returning the Concurrency for it (the caller's tier, say); `weight` may
-    be a function of the request too. The Concurrency's name names the
-    policy in the headers and in `violated-policies`::
-
-        STREAMS = {"free": Concurrency(2, 30_000, name="streams"), "pro": Concurrency(8, 30_000, name="streams")}
-        ConcurrencyRule(lambda request: STREAMS[request.state.tier], user_id())
-    """
-
-    concurrency: Union[Concurrency, ConcurrencyFunc]
-    key: KeyFunc
-    weight: Union[int, Callable[[Request], int]] = 1
-    prefix: str = "rl"
-
-    def __post_init__(self) -> None:
-        if isinstance(self.concurrency, Concurrency):
-            _check_concurrency_named(self.concurrency)
-            if not callable(self.weight):
-                self.concurrency.check_weight(self.weight)
-        elif not callable(self.concurrency):
-            kind = f"got {self.concurrency!r}"
-            raise TypeError(f"a ConcurrencyRule's concurrency is a Concurrency or a function of the request, {kind}")
-        elif not callable(self.weight):
-            check_int(self.weight, "weight", 1)
-
-    async def concurrency_for(self, request: Request) -> Concurrency:
-        """The rule's Concurrency for this request."""
-        if isinstance(self.concurrency, Concurrency):
-            return self.concurrency
-        what = "a ConcurrencyRule's concurrency function"
-        return _check_concurrency_named(await _of_request(self.concurrency, request, Concurrency, what))
-
-    def claim(self, limiter: Limiter, concurrency: Optional[Concurrency] = None) -> None:
-        """Claims this rule's lease keys on the limiter (`_key_owners`)."""
-        if isinstance(self.concurrency, Concurrency):
-            c = self.concurrency
-            claim(limiter, self, self.prefix, str(c.name), ("lease", c.limit, c.lease_ms))
-        elif concurrency is not None:
-            claim(limiter, self, self.prefix, str(concurrency.name), None)
-
-    async def slot(self, request: Request) -> Optional[tuple[str, Concurrency, int]]:
-        """(lease key, Concurrency, weight) for this request, or None."""
-        identity = await _of_request(self.key, request)
-        if identity is None:
-            return None
-        concurrency = await self.concurrency_for(request)
-        weight = self.weight(request) if callable(self.weight) else self.weight
-        return (f"{self.prefix}:{concurrency.name}:{identity}", concurrency, weight)
-
-
-def _check_concurrency_named(concurrency: Concurrency) -> Concurrency:
-    if concurrency.name is None:
-        raise ValueError("a ConcurrencyRule's Concurrency needs a name: Concurrency(8, 30_000, name='streams')")
-    return concurrency
-
-
 class ConcurrencyLimit:
     """A dependency that holds a slot of `rule` for each request until the
     last byte of its response is sent (a StreamingResponse's too: until the
@@ -636,7 +457,7 @@ class ConcurrencyLimit:
         key, concurrency, weight = slot
         if not isinstance(self.rule.concurrency, Concurrency):
             self.rule.claim(self.limiter, concurrency)
-        groups = await _groups(self.limiter, self.rules, request)
+        groups = await groups_of(self.limiter, self.rules, request)
         hold = self.limiter.hold(
             key, concurrency, weight, groups, timeout=self.timeout, on_error=self.on_error
         )  # fmt: skip
@@ -656,7 +477,7 @@ class ConcurrencyLimit:
 
     async def __call__(self, request: Request) -> Optional[Lease]:
         holds = request.scope.get(_HOLDS_SCOPE_KEY)
-        if not isinstance(holds, _Holds):
+        if not isinstance(holds, Holds):
             raise RuntimeError(_NEEDS_INSTALL)
         held = await self.hold(request)
         if held is None:
@@ -714,7 +535,7 @@ class ConcurrencyMiddleware:
             assert refusal is not None
             await refusal(scope, receive, send)
             return
-        holds = _Holds()
+        holds = Holds()
         holds.add(hold)
         headers = self.limit.headers(lease)
 
