@@ -24,17 +24,15 @@ import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol, TypeVar, Union
+from typing import Any, Optional, Protocol, TypeVar, Union
 
 from ._bucket import Bucket, check_cost
 from ._decision import MultiDecision
 from ._hold import AsyncHold, background
 from ._key_owners import claim
 from ._lease import Concurrency, Lease, check_int
+from .asyncio import Limiter
 from .headers import rate_limit_headers
-
-if TYPE_CHECKING:
-    from .asyncio import Limiter
 
 log = logging.getLogger("redis_tokenbucket")
 

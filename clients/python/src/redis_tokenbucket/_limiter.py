@@ -118,6 +118,10 @@ class LimiterBase(Generic[C]):
         """The circuit breaker (None without one)."""
         return self._policy.breaker
 
+    @breaker.setter
+    def breaker(self, breaker: Optional[Breaker]) -> None:
+        self._policy.breaker = breaker
+
     @property
     def breaker_state(self) -> str:
         """ "closed", "open" or "half_open" ("closed" without a breaker)."""
@@ -128,10 +132,18 @@ class LimiterBase(Generic[C]):
         """How many processes share each limit, for on_error="local"."""
         return self._policy.processes
 
+    @processes.setter
+    def processes(self, processes: int) -> None:
+        self._policy.processes = processes
+
     @property
     def denial_cache(self) -> Optional[DenialCache]:
         """The denial cache (None when off)."""
         return self._requests.denial_cache
+
+    @denial_cache.setter
+    def denial_cache(self, cache: Optional[DenialCache]) -> None:
+        self._requests.denial_cache = cache
 
     @property
     def leases_held(self) -> int:

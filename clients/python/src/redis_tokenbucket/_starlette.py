@@ -5,8 +5,8 @@ the framework-neutral part is `_http`. The Node package's twins are
 express.ts and fastify.ts.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`, as in `fastapi`: the classes
+# here are exported from there, and keep their annotations as objects.
 import asyncio
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
