@@ -1,6 +1,6 @@
 local h = require "helpers"
 local headers = require "resty.tokenbucket.headers"
-local replies = require "resty.tokenbucket.replies"
+local decision_mod = require "resty.tokenbucket.decision"
 local bucket = require("resty.tokenbucket.bucket").bucket
 local concurrency = require("resty.tokenbucket.bucket").concurrency
 
@@ -9,7 +9,7 @@ local USER = bucket({ max = 10, rate = 0.17, name = "user" })
 local IP = bucket({ max = 600, rate = 30, name = "ip" })
 
 local function many(allowed, retry, b1, b2)
-  return replies.many({ allowed, retry, b1, b2 }, { { "u", USER, 1 }, { "i", IP, 1 } })
+  return decision_mod.many({ allowed, retry, b1, b2 }, { { "u", USER, 1 }, { "i", IP, 1 } })
 end
 
 function T.admitted_fields()
@@ -57,7 +57,7 @@ end
 function T.a_busy_lease_names_its_concurrency_in_concurrent_requests()
   local req = { id = "x", key = "s", concurrency = concurrency({ limit = 2, lease_ms = 30000, name = "streams" }),
     weight = 1, groups = { { "u", USER, 1 } } }
-  local lease = replies.lease({ 0, 2, 29500, 0, { 1, 9, 0, 5883 } }, req, false)
+  local lease = decision_mod.lease({ 0, 2, 29500, 0, { 1, 9, 0, 5883 } }, req, false)
   local r = headers.refusal(lease, true)
   h.eq(r.status, 429)
   h.eq(r.headers, {
@@ -68,13 +68,13 @@ function T.a_busy_lease_names_its_concurrency_in_concurrent_requests()
     ["Retry-After"] = "30",
   })
   h.eq(r.body["violated-policies"], { "streams" })
-  local ok = replies.lease({ 1, 1, 0, 30000, { 1, 9, 0, 5883 } }, req, false)
+  local ok = decision_mod.lease({ 1, 1, 0, 30000, { 1, 9, 0, 5883 } }, req, false)
   h.eq(headers.rate_limit(ok)["RateLimit"], '"streams";r=1, "user";r=9;t=6')
 end
 
 function T.names_are_sf_strings()
   local b = bucket({ max = 1, rate = 1, name = 'a"b\\c' })
-  local d = replies.one({ 1, 0, 0, 1000 }, { "k", b, 1 })
+  local d = decision_mod.one({ 1, 0, 0, 1000 }, { "k", b, 1 })
   h.eq(headers.rate_limit(d)["RateLimit-Policy"], '"a\\"b\\\\c";q=1;w=1')
 end
 

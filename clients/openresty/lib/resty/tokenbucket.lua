@@ -23,11 +23,11 @@
 local classify_mod = require "resty.tokenbucket.classify"
 local headers = require "resty.tokenbucket.headers"
 local json = require "resty.tokenbucket.json"
-local keeper_mod = require "resty.tokenbucket.keeper"
+local hold_mod = require "resty.tokenbucket.hold"
 local limiter_mod = require "resty.tokenbucket.limiter"
 local logonce = require "resty.tokenbucket.logonce"
 local memdict = require "resty.tokenbucket.memdict"
-local redis_mod = require "resty.tokenbucket.redis"
+local transport_mod = require "resty.tokenbucket.transport"
 local rules_mod = require "resty.tokenbucket.rules"
 local slot = require "resty.tokenbucket.slot"
 
@@ -50,7 +50,7 @@ local function now()
   return ngx.now()
 end
 
--- The seconds of a lua-nginx timer, as the keeper takes it.
+-- The seconds of a lua-nginx timer, as hold.lua takes it.
 local function timer_at(delay, fn)
   return ngx.timer.at(delay, function(premature) fn(premature) end)
 end
@@ -73,7 +73,7 @@ function _M.new(config)
   else
     dict = memdict.new(now) -- each worker its own breaker
   end
-  local transport = redis_mod.new({
+  local transport = transport_mod.new({
     url = config.redis,
     pool_size = config.pool_size,
     backlog = config.backlog,
@@ -108,7 +108,7 @@ function _M.new(config)
     notes = notes,
     legacy = config.legacy_headers == true,
     on_refusal = config.on_refusal,
-    keeper = keeper_mod.new({ limiter = limiter, clock = now, timer_at = timer_at, logonce = notes }),
+    holds = hold_mod.new({ limiter = limiter, clock = now, timer_at = timer_at, logonce = notes }),
   }, Edge)
   if config.rules ~= nil or config.concurrency ~= nil then self.rules = rules_mod.new(config) end
   return self
@@ -190,7 +190,7 @@ function Edge:hold(lease, after)
     handles = {}
     ctx.tokenbucket_leases = handles
   end
-  handles[#handles + 1] = self.keeper:hold(lease, ctx, after)
+  handles[#handles + 1] = self.holds:hold(lease, ctx, after)
 end
 
 -- log_by_lua: the request is over (sent, aborted, or its upstream failed):
@@ -198,7 +198,7 @@ end
 function Edge:log()
   local handles = ngx.ctx.tokenbucket_leases
   if handles == nil then return end
-  for i = 1, #handles do self.keeper:done(handles[i]) end
+  for i = 1, #handles do self.holds:done(handles[i]) end
   ngx.ctx.tokenbucket_leases = nil
 end
 

@@ -20,7 +20,7 @@ local bucket = require "resty.tokenbucket.bucket"
 local classify = require "resty.tokenbucket.classify"
 local headers = require "resty.tokenbucket.headers"
 local json = require "resty.tokenbucket.json"
-local replies = require "resty.tokenbucket.replies"
+local decision_mod = require "resty.tokenbucket.decision"
 local rules = require "resty.tokenbucket.rules"
 local auth = require "gateway.auth"
 local config = require "gateway.config"
@@ -137,7 +137,7 @@ function Gateway:enforce(ctx, on_error, extra)
     atomic = self.settings.cluster_mode and false or nil })
   if decision == nil then return self:failed(err) end
   if decision.shed then
-    return reply(503, { error = "overloaded" }, { ["Retry-After"] = tostring(replies.whole_seconds(decision.retry_after_ms)) })
+    return reply(503, { error = "overloaded" }, { ["Retry-After"] = tostring(decision_mod.whole_seconds(decision.retry_after_ms)) })
   end
   if decision.degraded then
     if not decision.allowed then
@@ -147,9 +147,9 @@ function Gateway:enforce(ctx, on_error, extra)
   end
   local fields = headers.rate_limit(decision, true)
   if not decision.allowed then
-    local tightest = replies.tightest(decision.decisions)
+    local tightest = decision_mod.tightest(decision.decisions)
     return reply(429, { error = "rate_limited", dimension = tightest.bucket.name,
-      retry_after = replies.whole_seconds(decision.retry_after_ms) }, fields)
+      retry_after = decision_mod.whole_seconds(decision.retry_after_ms) }, fields)
   end
   set_fields(fields)
   return decision
@@ -206,21 +206,21 @@ end
 -- A streamed chat's answer when its lease was not acquired.
 local function refuse_lease(lease)
   if lease.shed then
-    return reply(503, { error = "overloaded" }, { ["Retry-After"] = tostring(replies.whole_seconds(lease.retry_after_ms)) })
+    return reply(503, { error = "overloaded" }, { ["Retry-After"] = tostring(decision_mod.whole_seconds(lease.retry_after_ms)) })
   end
   if lease.degraded then
     return reply(503, { error = "rate_limiter_unavailable" }, { ["Retry-After"] = "1" })
   end
   local dimension = "streams"
-  if not replies.busy(lease) then
+  if not decision_mod.busy(lease) then
     local worst
-    for _, d in ipairs(replies.denied_by(lease)) do
+    for _, d in ipairs(decision_mod.denied_by(lease)) do
       if worst == nil or d.retry_after_ms > worst.retry_after_ms then worst = d end
     end
     dimension = worst.bucket.name
   end
   return reply(429, { error = "rate_limited", dimension = dimension,
-    retry_after = replies.whole_seconds(lease.retry_after_ms) }, headers.rate_limit(lease, true))
+    retry_after = decision_mod.whole_seconds(lease.retry_after_ms) }, headers.rate_limit(lease, true))
 end
 
 -- One of the user's `streams` slots, with every bucket of the request and
@@ -266,9 +266,9 @@ function Gateway:enforce_refusal(decision)
   if decision.degraded then
     return reply(503, { error = "rate_limiter_unavailable" }, { ["Retry-After"] = "1" })
   end
-  local tightest = replies.tightest(decision.decisions)
+  local tightest = decision_mod.tightest(decision.decisions)
   return reply(429, { error = "rate_limited", dimension = tightest.bucket.name,
-    retry_after = replies.whole_seconds(decision.retry_after_ms) }, headers.rate_limit(decision, true))
+    retry_after = decision_mod.whole_seconds(decision.retry_after_ms) }, headers.rate_limit(decision, true))
 end
 
 -- POST /v1/chat (and /v1/chat/completions), access phase: reserves

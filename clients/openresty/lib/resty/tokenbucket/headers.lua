@@ -22,10 +22,10 @@
 -- "concurrent-requests": `"streams";q=8;qu="concurrent-requests"` and
 -- `"streams";r=6` (with `;t=` only when no slot is free). Plain Lua.
 
-local replies = require "resty.tokenbucket.replies"
+local decision_mod = require "resty.tokenbucket.decision"
 
 local floor, ceil, max, concat = math.floor, math.ceil, math.max, table.concat
-local whole_seconds = replies.whole_seconds
+local whole_seconds = decision_mod.whole_seconds
 
 local _M = {}
 
@@ -58,19 +58,19 @@ function _M.rate_limit(decision, legacy)
   if decision.concurrency then
     local c = decision.concurrency
     local name = sf_string(c.name or "default")
-    local busy = replies.busy(decision)
-    local remaining = replies.remaining(decision)
+    local busy = decision_mod.busy(decision)
+    local remaining = decision_mod.remaining(decision)
     policy[1] = name .. ";q=" .. c.limit .. ';qu="concurrent-requests"'
     current[1] = name .. ";r=" .. remaining .. (busy and (";t=" .. whole_seconds(decision.retry_after_ms)) or "")
     decisions, allowed = decision.decisions, decision.acquired
     if busy or #decisions == 0 then
       limit, left = c.limit, remaining
     else
-      limit, left = legacy_of(replies.tightest(decisions))
+      limit, left = legacy_of(decision_mod.tightest(decisions))
     end
   elseif decision.decisions then
     decisions, allowed = decision.decisions, decision.allowed
-    limit, left = legacy_of(replies.tightest(decisions))
+    limit, left = legacy_of(decision_mod.tightest(decisions))
   else
     decisions, allowed = { decision }, decision.allowed
     limit, left = legacy_of(decision)
@@ -79,7 +79,7 @@ function _M.rate_limit(decision, legacy)
     local d = decisions[i]
     local name = sf_string(d.bucket.name or "default")
     policy[#policy + 1] = name .. ";q=" .. quota(d.bucket) .. ";w=" .. ceil(d.bucket.max / d.bucket.rate)
-    current[#current + 1] = name .. ";r=" .. max(d.remaining, 0) .. ";t=" .. whole_seconds(replies.wait_ms(d))
+    current[#current + 1] = name .. ";r=" .. max(d.remaining, 0) .. ";t=" .. whole_seconds(decision_mod.wait_ms(d))
   end
   out["RateLimit-Policy"] = concat(policy, ", ")
   out["RateLimit"] = concat(current, ", ")
@@ -116,10 +116,10 @@ function _M.refusal(decision, legacy)
     }
   end
   local violated = {}
-  local denied = replies.denied_by(decision)
+  local denied = decision_mod.denied_by(decision)
   -- A lease denied for want of a slot (or with no bucket to blame) names
   -- its Concurrency first.
-  if lease and (replies.busy(decision) or #denied == 0) then
+  if lease and (decision_mod.busy(decision) or #denied == 0) then
     violated[1] = decision.concurrency.name or "default"
   end
   for i = 1, #denied do violated[#violated + 1] = denied[i].bucket.name or "default" end

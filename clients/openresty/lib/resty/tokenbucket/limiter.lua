@@ -24,7 +24,7 @@
 --   node_of(key), slot_of(key)                          Cluster routing (optional)
 --   clock() -> seconds                                  for the cache, breaker, latency
 --   wallclock() -> seconds since the epoch              for on_error = "local"
--- resty.tokenbucket wires them to nginx (redis.lua, ngx.now).
+-- resty.tokenbucket wires them to nginx (transport.lua, ngx.now).
 
 local bucket_mod = require "resty.tokenbucket.bucket"
 local breaker_mod = require "resty.tokenbucket.breaker"
@@ -35,7 +35,7 @@ local engine_mod = require "resty.tokenbucket.engine"
 local local_mod = require "resty.tokenbucket.local"
 local logonce = require "resty.tokenbucket.logonce"
 local memdict = require "resty.tokenbucket.memdict"
-local replies = require "resty.tokenbucket.replies"
+local decision_mod = require "resty.tokenbucket.decision"
 
 local type, pcall, setmetatable, tostring, max = type, pcall, setmetatable, tostring, math.max
 local classify, describe = classify_mod.classify, classify_mod.describe
@@ -196,7 +196,7 @@ end
 -- ---- answers without Redis ------------------------------------------------------
 
 local function made_up(group, allowed, retry_ms, flag)
-  local d = replies.decision({ allowed and 1 or 0, 0, retry_ms, 0 }, group[1], group[2], group[3])
+  local d = decision_mod.decision({ allowed and 1 or 0, 0, retry_ms, 0 }, group[1], group[2], group[3])
   d[flag] = true
   return d
 end
@@ -213,7 +213,7 @@ local ONE = {
   ["local"] = function(lb, req)
     local reply = lb:run(req.op, { req.group })
     if reply == nil then return made_up(req.group, false, 0, "degraded") end -- above this worker's share
-    local d = replies.one(reply, req.group, req.op)
+    local d = decision_mod.one(reply, req.group, req.op)
     d.degraded = true
     return d
   end,
@@ -222,19 +222,19 @@ local ONE = {
 local MANY
 MANY = {
   policy = function(req, allowed)
-    local m = replies.multi(allowed, 0, made_up_all(req.groups, allowed, 0, "degraded"), not req.each)
+    local m = decision_mod.multi(allowed, 0, made_up_all(req.groups, allowed, 0, "degraded"), not req.each)
     m.degraded = true
     return m
   end,
   shed = function(req)
-    local m = replies.multi(false, _M.SHED_RETRY_MS, made_up_all(req.groups, false, _M.SHED_RETRY_MS, "shed"),
+    local m = decision_mod.multi(false, _M.SHED_RETRY_MS, made_up_all(req.groups, false, _M.SHED_RETRY_MS, "shed"),
       not req.each)
     m.shed = true
     return m
   end,
   ["local"] = function(lb, req)
     local reply = lb:run("mconsume", req.groups)
-    local m = reply and replies.many(reply, req.groups)
+    local m = reply and decision_mod.many(reply, req.groups)
     if m == nil then return MANY.policy(req, false) end
     m.atomic = not req.each
     m.degraded = true
@@ -274,7 +274,7 @@ LEASE = {
   end,
   ["local"] = function(lb, req)
     local reply = lb:run_lease("acquire", req.key, req.head, req.groups)
-    local lease = reply and replies.lease(reply, req, true)
+    local lease = reply and decision_mod.lease(reply, req, true)
     if lease == nil then return LEASE.policy(req, false) end -- a weight above this worker's share
     -- What it was decided against: this worker's share.
     lease.concurrency = bucket_mod.concurrency({ limit = local_mod.share_limit(req.concurrency.limit, lb.processes),
@@ -436,7 +436,7 @@ local function plan_one(self, send, req)
   if cache then ticket = cache:sent(req.op, { req.group[1] }) end
   local reply, err = self.engine:call(send, req.op, { req.group })
   local d
-  if reply ~= nil then d, err = replies.one(reply, req.group, req.op) end
+  if reply ~= nil then d, err = decision_mod.one(reply, req.group, req.op) end
   if d == nil then
     if ticket then cache:failed(ticket) end
     return nil, err
@@ -457,7 +457,7 @@ local function plan_each(self, send, groups)
     local g = groups[i]
     local reply, err = self.engine:call(send, "consume", { g })
     if reply == nil then return nil, err end
-    local d, serr = replies.one(reply, g, "consume")
+    local d, serr = decision_mod.one(reply, g, "consume")
     if d == nil then return nil, serr end
     if not d.allowed then
       local decisions = {}
@@ -467,7 +467,7 @@ local function plan_each(self, send, groups)
           local cg = { c.key, c.bucket, c.cost }
           local r, rerr = self.engine:call(send, "adjust", { cg })
           if r == nil then return nil, rerr end
-          local refunded, ferr = replies.one(r, cg, "consume")
+          local refunded, ferr = decision_mod.one(r, cg, "consume")
           if refunded == nil then return nil, ferr end
           -- It could pay on its own, as TB.MCONSUME would report it.
           refunded.allowed, refunded.retry_after_ms = true, 0
@@ -480,16 +480,16 @@ local function plan_each(self, send, groups)
       for j = i + 1, #groups do
         local r, perr = self.engine:call(send, "peek", { groups[j] })
         if r == nil then return nil, perr end
-        local p, pserr = replies.one(r, groups[j], "peek")
+        local p, pserr = decision_mod.one(r, groups[j], "peek")
         if p == nil then return nil, pserr end
         decisions[#decisions + 1] = p
       end
       for j = 1, #decisions do retry = max(retry, decisions[j].retry_after_ms) end
-      return replies.multi(false, retry, decisions, false)
+      return decision_mod.multi(false, retry, decisions, false)
     end
     charged[#charged + 1] = d
   end
-  return replies.multi(true, 0, charged, false)
+  return decision_mod.multi(true, 0, charged, false)
 end
 
 local function plan_many(self, send, req)
@@ -501,7 +501,7 @@ local function plan_many(self, send, req)
   else
     local reply
     reply, err = self.engine:call(send, "mconsume", req.groups)
-    if reply ~= nil then result, err = replies.many(reply, req.groups) end
+    if reply ~= nil then result, err = decision_mod.many(reply, req.groups) end
   end
   if result == nil then
     if ticket then cache:failed(ticket) end
@@ -519,7 +519,7 @@ local function plan_acquire(self, send, req)
   if cache and #req.groups > 0 then ticket = cache:sent("acquire", req.keys) end
   local reply, err = self.engine:call(send, "acquire", req.groups, { req.key, req.head })
   local lease
-  if reply ~= nil then lease, err = replies.lease(reply, req, false) end
+  if reply ~= nil then lease, err = decision_mod.lease(reply, req, false) end
   if lease == nil then
     if ticket then cache:failed(ticket) end
     return nil, err
@@ -531,8 +531,8 @@ end
 local function plan_lease_op(self, send, req)
   local reply, err = self.engine:call(send, req.op, {}, { req.key, req.head })
   if reply == nil then return nil, err end
-  if req.op == "inflight" then return replies.count(reply) end
-  return replies.pair(reply, req.op == "renew" and "TB.RENEW" or "TB.RELEASE")
+  if req.op == "inflight" then return decision_mod.count(reply) end
+  return decision_mod.pair(reply, req.op == "renew" and "TB.RENEW" or "TB.RELEASE")
 end
 
 local function plan_detect(self, send, req)
@@ -626,7 +626,7 @@ local function many(self, groups, opts)
     end
     local hit = cache:lookup(keys, buckets, costs)
     if hit then
-      local m = replies.multi(false, hit.retry_after_ms, hit.decisions, not each)
+      local m = decision_mod.multi(false, hit.retry_after_ms, hit.decisions, not each)
       m.cached = true
       j.done = m
     end

@@ -1,5 +1,5 @@
 local h = require "helpers"
-local keeper = require "resty.tokenbucket.keeper"
+local hold = require "resty.tokenbucket.hold"
 local limiter = require "resty.tokenbucket.limiter"
 local logonce = require "resty.tokenbucket.logonce"
 local memdict = require "resty.tokenbucket.memdict"
@@ -8,7 +8,7 @@ local concurrency = require("resty.tokenbucket.bucket").concurrency
 local T = {}
 local C = concurrency({ limit = 2, lease_ms = 3000, name = "streams" })
 
--- A keeper over a fake Redis, with timers the test fires by hand.
+-- A hold over a fake Redis, with timers the test fires by hand.
 local function make()
   local clock = h.clock(100)
   local s = h.server({ wallclock = function() return 1764513600 + clock.at end })
@@ -18,7 +18,7 @@ local function make()
   local lim = limiter.new({ send = s.send, clock = clock, log = log, on_error = "closed",
     new_id = function() n = n + 1; return "id-" .. n end })
   local timers = {}
-  local k = keeper.new({
+  local k = hold.new({
     limiter = lim, clock = clock, logonce = logonce.new(memdict.new(clock), log),
     timer_at = function(delay, fn)
       timers[#timers + 1] = { at = clock.at + delay, fn = fn }
