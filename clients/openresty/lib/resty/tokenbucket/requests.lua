@@ -1,0 +1,346 @@
+-- Requests: every call's arguments checked before anything is sent (in
+-- the module's order, with its messages), made into a job, and the job's
+-- plan: the commands it sends (through the engine) and what it makes of
+-- their replies, the denial cache's part included. How a job runs, and
+-- what it answers when Redis can't, is policy.lua. The Python package's
+-- twin is _requests.py, the Node package's requests.ts.
+--
+-- `ctx` is the limiter (limiter.lua): its engine, cache, slot_of,
+-- new_id and default timeout_ms and on_error. A job is
+--   {plan = fn(ctx, send, req), answers = "one" | "many" | "lease" | "none",
+--    req = ..., timeout_ms, on_error, done = an answer known without Redis}
+-- where `answers` names policy.lua's answers without Redis.
+
+local bucket_mod = require "resty.tokenbucket.bucket"
+local contract = require "resty.tokenbucket.contract"
+local decision_mod = require "resty.tokenbucket.decision"
+
+local type, pcall, tostring, max = type, pcall, tostring, math.max
+
+local _M = {}
+
+local ON_ERROR = { raise = true, open = true, closed = true, ["local"] = true }
+
+function _M.check_on_error(value)
+  if not ON_ERROR[value] then
+    error({ usage = "on_error must be one of raise, open, closed, local, got " .. tostring(value) }, 0)
+  end
+  return value
+end
+local check_on_error = _M.check_on_error
+
+function _M.check_timeout(value)
+  if value == false then return false end
+  if type(value) ~= "number" or not (value > 0 and value < 1e12) then
+    error({ usage = "timeout_ms must be a number > 0 (or false for the transport's own)" }, 0)
+  end
+  return value
+end
+local check_timeout = _M.check_timeout
+
+-- ---- checks ---------------------------------------------------------------------
+
+-- Buckets given as {key, bucket} or {key, bucket, cost}, checked in the
+-- module's order: their count, then each left to right, then duplicates.
+local function check_groups(given, lease_key)
+  if type(given) ~= "table" then error({ usage = "groups must be a list of {key, bucket, cost}" }, 0) end
+  if #given > contract.MAX_GROUPS then error(bucket_mod.invalid("groups", "too_many_groups"), 0) end
+  local out = {}
+  for i = 1, #given do
+    local g = given[i]
+    if type(g) ~= "table" then error({ usage = "group " .. i .. ": expected {key, bucket, cost}" }, 0) end
+    local key = bucket_mod.check_key(g[1], i)
+    local b = bucket_mod.bucket(g[2], i)
+    local cost = g[3]
+    if cost == nil then cost = 1 end
+    out[i] = { key, b, bucket_mod.check_cost(cost, b, i) }
+  end
+  local seen = {}
+  for i = 1, #out do
+    local key = out[i][1]
+    if lease_key ~= nil and key == lease_key then
+      error(bucket_mod.invalid("buckets", "bucket_is_lease_key", { group = i }), 0)
+    end
+  end
+  for i = 1, #out do
+    local key = out[i][1]
+    if seen[key] then error(bucket_mod.invalid("key", "duplicate_key", { group = i, first = seen[key] }), 0) end
+    seen[key] = i
+  end
+  return out
+end
+
+local function spans_slots(ctx, keys)
+  local slot_of = ctx.slot_of
+  if slot_of == nil or #keys < 2 then return false end
+  local first = slot_of(keys[1])
+  for i = 2, #keys do
+    if slot_of(keys[i]) ~= first then return true end
+  end
+  return false
+end
+
+local function options(ctx, opts)
+  local timeout, on_error = ctx.timeout_ms, ctx.on_error
+  if opts then
+    if opts.timeout_ms ~= nil then timeout = check_timeout(opts.timeout_ms) end
+    if opts.on_error ~= nil then on_error = check_on_error(opts.on_error) end
+  end
+  return timeout, on_error
+end
+
+local function job(plan, answers, req, timeout, on_error)
+  return { plan = plan, answers = answers, req = req, timeout_ms = timeout, on_error = on_error }
+end
+
+-- An acquire that got no answer may have taken its slot all the same (a
+-- timeout after the write, a connection lost with the command on it, a
+-- reply late while Redis answered the worker's others): its id is
+-- released, best effort (a release Redis can't take leaves the lease to
+-- expire, as a crashed holder's).
+function _M.release_unanswered(ctx, send, req)
+  pcall(ctx.engine.call, ctx.engine, send, "release", {}, { req.key, { req.id } })
+end
+
+-- ---- plans: the I/O of each operation ---------------------------------------------
+
+local function names_of(groups, first)
+  local names = {}
+  if first ~= nil then names[1] = first end
+  for i = 1, #groups do names[#names + 1] = groups[i][2].name or "" end
+  local text = table.concat(names, ",")
+  return (text:gsub("^,+", ""):gsub(",+$", ""))
+end
+
+local function plan_one(ctx, send, req)
+  local cache, ticket = ctx.cache
+  if cache then ticket = cache:sent(req.op, { req.group[1] }) end
+  local reply, err = ctx.engine:call(send, req.op, { req.group })
+  local d
+  if reply ~= nil then d, err = decision_mod.one(reply, req.group, req.op) end
+  if d == nil then
+    if ticket then cache:failed(ticket) end
+    return nil, err
+  end
+  if ticket then cache:answered(ticket, d.allowed, d.retry_after_ms, { d }) end
+  return d
+end
+
+-- All-or-nothing without TB.MCONSUME, for keys in several Cluster slots:
+-- charge bucket by bucket in order; when one denies, refund those already
+-- charged and peek at the rest, so the answer is the one TB.MCONSUME would
+-- give. Not atomic: until the refunds land, the refunded tokens are
+-- missing; and if Redis fails between a charge and its refund, the charge
+-- stays.
+local function plan_each(ctx, send, groups)
+  local charged = {}
+  for i = 1, #groups do
+    local g = groups[i]
+    local reply, err = ctx.engine:call(send, "consume", { g })
+    if reply == nil then return nil, err end
+    local d, serr = decision_mod.one(reply, g, "consume")
+    if d == nil then return nil, serr end
+    if not d.allowed then
+      local decisions = {}
+      for j = 1, #charged do
+        local c = charged[j]
+        if c.cost > 0 then
+          local cg = { c.key, c.bucket, c.cost }
+          local r, rerr = ctx.engine:call(send, "adjust", { cg })
+          if r == nil then return nil, rerr end
+          local refunded, ferr = decision_mod.one(r, cg, "consume")
+          if refunded == nil then return nil, ferr end
+          -- It could pay on its own, as TB.MCONSUME would report it.
+          refunded.allowed, refunded.retry_after_ms = true, 0
+          c = refunded
+        end
+        decisions[#decisions + 1] = c
+      end
+      decisions[#decisions + 1] = d
+      local retry = d.retry_after_ms
+      for j = i + 1, #groups do
+        local r, perr = ctx.engine:call(send, "peek", { groups[j] })
+        if r == nil then return nil, perr end
+        local p, pserr = decision_mod.one(r, groups[j], "peek")
+        if p == nil then return nil, pserr end
+        decisions[#decisions + 1] = p
+      end
+      for j = 1, #decisions do retry = max(retry, decisions[j].retry_after_ms) end
+      return decision_mod.multi(false, retry, decisions, false)
+    end
+    charged[#charged + 1] = d
+  end
+  return decision_mod.multi(true, 0, charged, false)
+end
+
+local function plan_many(ctx, send, req)
+  local cache, ticket = ctx.cache
+  if cache then ticket = cache:sent(req.each and "each" or "mconsume", req.keys) end
+  local result, err
+  if req.each then
+    result, err = plan_each(ctx, send, req.groups)
+  else
+    local reply
+    reply, err = ctx.engine:call(send, "mconsume", req.groups)
+    if reply ~= nil then result, err = decision_mod.many(reply, req.groups) end
+  end
+  if result == nil then
+    if ticket then cache:failed(ticket) end
+    return nil, err
+  end
+  if ticket then cache:answered(ticket, result.allowed, result.retry_after_ms, result.decisions) end
+  return result
+end
+
+local function plan_acquire(ctx, send, req)
+  -- The buckets it charges: cached denials of them are forgotten. An
+  -- acquire's own denial is never cached (a release can free a slot at any
+  -- time).
+  local cache, ticket = ctx.cache
+  if cache and #req.groups > 0 then ticket = cache:sent("acquire", req.keys) end
+  local reply, err = ctx.engine:call(send, "acquire", req.groups, { req.key, req.head })
+  local lease
+  if reply ~= nil then lease, err = decision_mod.lease(reply, req, false) end
+  if lease == nil then
+    if ticket then cache:failed(ticket) end
+    return nil, err
+  end
+  if ticket then cache:answered(ticket, lease.acquired, lease.retry_after_ms, lease.decisions) end
+  return lease
+end
+
+local function plan_lease_op(ctx, send, req)
+  local reply, err = ctx.engine:call(send, req.op, {}, { req.key, req.head })
+  if reply == nil then return nil, err end
+  if req.op == "inflight" then return decision_mod.count(reply) end
+  return decision_mod.pair(reply, req.op == "renew" and "TB.RENEW" or "TB.RELEASE")
+end
+
+local function plan_detect(ctx, send, req)
+  local reply, err = ctx.engine:call(send, "peek", { req.group })
+  if reply == nil then return nil, err end
+  return ctx.engine.backend or ""
+end
+
+local function plan_reset(ctx, send, req)
+  local cache, ticket = ctx.cache
+  if cache then ticket = cache:sent("reset", { req.key }) end
+  -- No key is a full bucket.
+  local reply, err = send({ "DEL", req.key }, req.key)
+  if reply == nil then
+    if ticket then cache:failed(ticket) end
+    return nil, err
+  end
+  if ticket then cache:answered(ticket, true, 0, {}) end
+  return reply == 1
+end
+
+-- ---- jobs: each call's arguments checked and made a job -----------------------------
+
+-- consume, peek or adjust of one bucket; a denial the cache knows is done.
+function _M.one(ctx, op, key, bucket, amount, opts)
+  local timeout, on_error = options(ctx, opts)
+  key = bucket_mod.check_key(key)
+  local b = bucket_mod.bucket(bucket)
+  if amount == nil then amount = 1 end
+  local value = op == "adjust" and bucket_mod.check_delta(amount) or bucket_mod.check_cost(amount, b)
+  local req = { op = op, group = { key, b, value }, names = b.name or "", what = op .. " " .. key }
+  local j = job(plan_one, "one", req, timeout, on_error)
+  local cache = ctx.cache
+  if cache and op ~= "adjust" then
+    local hit = cache:lookup({ key }, { b }, { value })
+    if hit then j.done = hit.decisions[1] end
+  end
+  return j
+end
+
+-- consume_many: all or nothing, or bucket by bucket across Cluster slots.
+function _M.many(ctx, groups, opts)
+  local timeout, on_error = options(ctx, opts)
+  if type(groups) == "table" and #groups == 0 then
+    error({ usage = "consume_many needs at least one {key, bucket, cost}" }, 0)
+  end
+  local checked_groups = check_groups(groups)
+  local keys = {}
+  for i = 1, #checked_groups do keys[i] = checked_groups[i][1] end
+  local atomic = opts and opts.atomic
+  local split = spans_slots(ctx, keys)
+  if split and atomic then
+    error({ usage = "atomic consume_many needs every key in one Cluster hash slot: put the shared part in a "
+      .. "hash tag ({...})", cross_slot = true }, 0)
+  end
+  local each = split or atomic == false
+  local req = { op = "mconsume", event_op = "consume_many", groups = checked_groups, keys = keys, each = each,
+    names = names_of(checked_groups), what = "consume_many " .. table.concat(keys, ", ") }
+  local j = job(plan_many, "many", req, timeout, on_error)
+  local cache = ctx.cache
+  if cache then
+    local buckets, costs = {}, {}
+    for i = 1, #checked_groups do
+      buckets[i], costs[i] = checked_groups[i][2], checked_groups[i][3]
+    end
+    local hit = cache:lookup(keys, buckets, costs)
+    if hit then
+      local m = decision_mod.multi(false, hit.retry_after_ms, hit.decisions, not each)
+      m.cached = true
+      j.done = m
+    end
+  end
+  return j
+end
+
+-- A lease's acquire, with the buckets it charges in the same call.
+function _M.acquire(ctx, key, concurrency, opts)
+  opts = opts or {}
+  local timeout, on_error = options(ctx, opts)
+  key = bucket_mod.check_key(key)
+  local c = bucket_mod.concurrency(concurrency)
+  local id = opts.id
+  if id == nil then id = ctx.new_id() end
+  bucket_mod.check_id(id)
+  local weight = c:check_weight(opts.weight or 1)
+  local groups = check_groups(opts.buckets or {}, key)
+  local keys = {}
+  for i = 1, #groups do keys[i] = groups[i][1] end
+  if #groups > 0 then
+    local all = { key }
+    for i = 1, #keys do all[i + 1] = keys[i] end
+    if spans_slots(ctx, all) then
+      error({ usage = "acquire needs the lease key and its buckets in one Cluster hash slot: put the shared "
+        .. "part in a hash tag ({...})", cross_slot = true }, 0)
+    end
+  end
+  local head = { tostring(c.limit), tostring(c.lease_ms), id, tostring(weight) }
+  local req = { op = "acquire", key = key, concurrency = c, id = id, weight = weight, groups = groups, keys = keys,
+    head = head, names = names_of(groups, c.name or ""), what = "acquire " .. key }
+  return job(plan_acquire, "lease", req, timeout, on_error)
+end
+
+-- A lease's renew or release: no policy answers for it, nor the breaker.
+function _M.upkeep(ctx, op, lease, opts)
+  local timeout = options(ctx, opts)
+  local head
+  if op == "renew" then head = { lease.id, tostring(lease.concurrency.lease_ms) } else head = { lease.id } end
+  local req = { op = op, key = lease.key, head = head, what = op .. " " .. lease.key }
+  local j = job(plan_lease_op, "none", req, timeout, "raise")
+  j.upkeep = true
+  return j, head
+end
+
+-- The lease key's live weight; the backend probe; a bucket's key deleted.
+function _M.inflight(ctx, key, opts)
+  local req = { op = "inflight", key = key, head = {}, what = "in_flight " .. key }
+  return job(plan_lease_op, "none", req, (options(ctx, opts)), "raise")
+end
+
+function _M.detect(ctx, probe_key, opts)
+  local probe = bucket_mod.bucket({ max = 1, rate = 1 })
+  local req = { op = "peek", group = { probe_key, probe, 1 }, what = "detect" }
+  return job(plan_detect, "none", req, (options(ctx, opts)), "raise")
+end
+
+function _M.reset(ctx, key, opts)
+  return job(plan_reset, "none", { op = "reset", key = key, what = "reset " .. key }, (options(ctx, opts)), "raise")
+end
+
+return _M
