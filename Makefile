@@ -170,7 +170,7 @@ check: lint-generated node-tools $(NODE_CLIENT)/test/node_modules/.package-lock.
 	cargo test -q -p tb-core --lib
 	cd $(NODE_CLIENT) && npm run -s build >/dev/null
 	cd $(NODE_CLIENT)/test && TB_NODE_DIST=$(CURDIR)/$(NODE_CLIENT)/dist/esm node --test spec.test.mjs
-	cd $(OPENRESTY) && luajit t/run.lua
+	cd $(OPENRESTY) && luajit test/luajit/run.lua
 	@# The Python package from its source, its Lua files beside it as a wheel has them.
 	rm -rf target/python-spec && mkdir -p target/python-spec && cp -r $(PY_CLIENT)/src/redis_tokenbucket target/python-spec/ \
 	  && mkdir target/python-spec/redis_tokenbucket/lua && cp lua/tb.lua $(EVAL_SCRIPT) target/python-spec/redis_tokenbucket/lua/
@@ -207,8 +207,8 @@ test-node: deps venv build python-wheel node-tools ## the Node package, packed a
 
 # Two pytest runs: each suite has a conftest of its own.
 test-openresty: deps openresty-deps venv build $(OPENRESTY_LIB) ## the OpenResty module: unit tests under LuaJIT, then real nginx (2 workers) on Redis 7.0 with the module and the library; the nginx gateway example
-	cd $(OPENRESTY) && luajit t/run.lua
-	$(VENV)/bin/pytest -q -p no:cacheprovider $(OPENRESTY)/tests
+	cd $(OPENRESTY) && luajit test/luajit/run.lua
+	$(VENV)/bin/pytest -q -p no:cacheprovider $(OPENRESTY)/test/nginx
 	$(VENV)/bin/pytest -q -p no:cacheprovider examples/nginx-gateway/tests
 
 # The live test runs the Python package (from this checkout) with the example's hook.

@@ -42,7 +42,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parent
 ROOT = EXAMPLE.parents[1]
-sys.path.append(str(ROOT / "clients" / "openresty" / "tests"))
+sys.path.append(str(ROOT / "clients" / "openresty" / "test" / "nginx"))
 sys.path.append(str(ROOT / "clients" / "python" / "tests"))
 sys.path.append(str(ROOT / "bench"))
 from doc_section import write_section  # noqa: E402

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.append(str(ROOT / "clients" / "openresty" / "tests"))
+sys.path.append(str(ROOT / "clients" / "openresty" / "test" / "nginx"))
 sys.path.append(str(ROOT / "clients" / "python" / "tests"))
 from nginxkit import Gateway  # noqa: E402
 from tbservers import Server  # noqa: E402

@@ -4,7 +4,7 @@ port, never as the system service, stopped afterwards.
 
 `Nginx` runs a configuration made here (the module's tests);
 `Gateway` runs examples/nginx-gateway/run.sh as a user would. Both are
-shared by clients/openresty/tests, examples/nginx-gateway/tests and
+shared by clients/openresty/test/nginx, examples/nginx-gateway/tests and
 examples/nginx-gateway/bench (which put this directory on sys.path).
 """
 
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 LIB = ROOT / "clients" / "openresty" / "lib"
 GATEWAY = ROOT / "examples" / "nginx-gateway"
 NGINX = os.environ.get("NGINX") or shutil.which("nginx") or "/usr/sbin/nginx"

@@ -15,7 +15,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.append(str(HERE))
-sys.path.append(str(HERE.parents[1] / "python" / "tests"))
+sys.path.append(str(HERE.parents[2] / "python" / "tests"))
 from nginxkit import Nginx, Response, request  # noqa: E402
 
 # `server` (Redis 7.0 with the module, and without it) and `r`, shared.

@@ -1,13 +1,13 @@
 -- Runs the unit tests under plain LuaJIT, without nginx:
---   luajit t/run.lua [t/test_x.lua ...]   (from clients/openresty; all by default)
+--   luajit test/luajit/run.lua [test/luajit/test_x.lua ...]   (from clients/openresty; all by default)
 -- Each test file returns a table of name -> function; a test fails by
 -- raising. Exits 1 when any failed.
 
-package.path = "lib/?.lua;t/?.lua;" .. package.path
+package.path = "lib/?.lua;test/luajit/?.lua;" .. package.path
 
 local files = { ... }
 if #files == 0 then
-  local p = io.popen("ls t/test_*.lua")
+  local p = io.popen("ls test/luajit/test_*.lua")
   for line in p:lines() do files[#files + 1] = line end
   p:close()
 end
