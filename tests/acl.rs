@@ -5,12 +5,16 @@
 use testkit::{consume, error_of, info_field, peek, snapshot, Server};
 
 /// The bucket commands, which the users below may run.
-const BUCKET_COMMANDS: [&str; 5] = [
+const BUCKET_COMMANDS: [&str; 9] = [
     "tb.consume",
     "tb.peek",
     "tb.mconsume",
     "tb.adjust",
     "cl.throttle",
+    "tb.quota",
+    "tb.qpeek",
+    "tb.qadjust",
+    "tb.charge",
 ];
 
 #[test]
@@ -25,8 +29,36 @@ fn key_patterns_cover_every_tb_command_and_every_mconsume_key() {
 
     assert_eq!(consume(&mut c, "rl:ok", "10", "0.01", "1")[0], 1);
     let before = snapshot(&mut admin);
-    let denied: [&[&str]; 7] = [
+    let denied: [&[&str]; 12] = [
         &["TB.CONSUME", "secret:new", "10", "1"],
+        &["TB.QUOTA", "secret:q", "10", "DAY"],
+        &["TB.QPEEK", "secret:q", "10", "DAY"],
+        &["TB.QADJUST", "secret:q", "10", "DAY", "1"],
+        &[
+            "TB.CHARGE",
+            "2",
+            "rl:ok",
+            "secret:q",
+            "BUCKET",
+            "10",
+            "0.01",
+            "1",
+            "QUOTA",
+            "5",
+            "DAY",
+            "1",
+        ],
+        &[
+            "TB.CHARGE",
+            "1",
+            "secret:x",
+            "WAIT",
+            "10",
+            "BUCKET",
+            "10",
+            "1",
+            "1",
+        ],
         &["CL.THROTTLE", "secret:bucket", "9", "1", "1"],
         &["TB.PEEK", "secret:bucket", "10", "1"],
         &["TB.ADJUST", "secret:bucket", "10", "1", "5"],
@@ -76,8 +108,16 @@ fn read_only_key_permission_allows_peek_and_nothing_else() {
     let before = snapshot(&mut admin);
 
     assert_eq!(peek(&mut reader, "rl:k", "10", "1", "1")[..2], [1, 7]);
-    let writes: [&[&str]; 4] = [
+    let q: Vec<i64> = redis::cmd("TB.QPEEK")
+        .arg(&["rl:q", "10", "DAY"])
+        .query(&mut reader)
+        .unwrap();
+    assert_eq!(q, [1, 10, 0, 0]);
+    let writes: [&[&str]; 7] = [
         &["TB.CONSUME", "rl:k", "10", "1"],
+        &["TB.QUOTA", "rl:q", "10", "DAY"],
+        &["TB.QADJUST", "rl:q", "10", "DAY", "-1"],
+        &["TB.CHARGE", "1", "rl:q", "QUOTA", "10", "DAY", "1"],
         &["TB.ADJUST", "rl:k", "10", "1", "1"],
         &["TB.MCONSUME", "rl:k", "10", "1", "1"],
         &["CL.THROTTLE", "rl:k", "9", "1", "1"],
@@ -134,6 +174,9 @@ fn acl_categories_where_the_server_supports_them() {
         "tb.mconsume",
         "tb.adjust",
         "cl.throttle",
+        "tb.quota",
+        "tb.qadjust",
+        "tb.charge",
         "tb.acquire",
         "tb.release",
         "tb.renew",
@@ -141,14 +184,22 @@ fn acl_categories_where_the_server_supports_them() {
         assert!(write.contains(&cmd.to_string()), "{cmd} in @write");
         assert!(!read.contains(&cmd.to_string()), "{cmd} not in @read");
     }
-    for cmd in ["tb.peek", "tb.inflight"] {
+    for cmd in ["tb.peek", "tb.qpeek", "tb.inflight"] {
         assert!(read.contains(&cmd.to_string()), "{cmd} in @read");
         assert!(!write.contains(&cmd.to_string()), "{cmd} not in @write");
     }
-    for cmd in ["tb.consume", "tb.peek", "tb.adjust", "cl.throttle"] {
+    for cmd in [
+        "tb.consume",
+        "tb.peek",
+        "tb.adjust",
+        "cl.throttle",
+        "tb.quota",
+        "tb.qpeek",
+        "tb.qadjust",
+    ] {
         assert!(fast.contains(&cmd.to_string()), "{cmd} in @fast");
     }
-    for cmd in ["tb.mconsume", "tb.acquire"] {
+    for cmd in ["tb.mconsume", "tb.charge", "tb.acquire"] {
         assert!(
             !fast.contains(&cmd.to_string()),
             "{cmd}: up to 10,000 keys is not fast"

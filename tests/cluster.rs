@@ -71,7 +71,54 @@ fn cluster_spreads_buckets_routes_mconsume_and_survives_failover() {
         assert!(err.starts_with("CROSSSLOT"), "{err}");
     }
 
-    // Manual failover of every shard: no bucket lost, none reset to full.
+    // TB.CHARGE (a bucket beside a quota) and quotas route by their keys:
+    // its counted keys are declared exactly, so a hash tag works and keys
+    // in different slots get CROSSSLOT, as for MCONSUME.
+    let r: redis::Value = redis::cmd("TB.CHARGE")
+        .arg(&[
+            "2",
+            "rl:{u42}:min",
+            "rl:{u42}:month",
+            "BUCKET",
+            "10",
+            "0.01",
+            "1",
+        ])
+        .arg(&["QUOTA", "1000", "1000000000", "7"])
+        .query(&mut cc)
+        .expect("same-slot TB.CHARGE");
+    let redis::Value::Array(items) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(items[0], redis::Value::Int(1));
+    for i in 0..50 {
+        let q: Vec<i64> = redis::cmd("TB.QUOTA")
+            .arg(&[format!("q:user:{i}").as_str(), "10", "1000000000", "3"])
+            .query(&mut cc)
+            .expect("TB.QUOTA through the cluster");
+        assert_eq!(q, [1, 7, 0, q[3]]);
+    }
+    for node in &cluster.nodes {
+        let err = error_of(
+            &mut node.conn(),
+            redis::cmd("TB.CHARGE").arg(&[
+                "2",
+                "rl:user:1",
+                "rl:user:2",
+                "BUCKET",
+                "10",
+                "1",
+                "1",
+                "QUOTA",
+                "5",
+                "DAY",
+                "1",
+            ]),
+        );
+        assert!(err.starts_with("CROSSSLOT"), "{err}");
+    }
+
+    // Manual failover of every shard: no bucket or quota lost, none reset.
     let before: BTreeMap<_, _> = primaries
         .iter()
         .flat_map(|p| snapshot(&mut p.conn()))

@@ -27,6 +27,25 @@ fn some_buckets(c: &mut redis::Connection) {
         .arg(&["rl:{t}:a", "5", "0.01", "2", "rl:{t}:b", "5", "0.01", "3"])
         .query(c)
         .unwrap();
+    // Quotas, a mixed call and a reservation (periods of 31 years: none
+    // ends during the test).
+    for i in 0..10 {
+        let _: Vec<i64> = redis::cmd("TB.QUOTA")
+            .arg(&[&format!("q:{i}"), "1000", "1000000000", "12.5"])
+            .query(c)
+            .unwrap();
+    }
+    let _: redis::Value = redis::cmd("TB.CHARGE")
+        .arg(&[
+            "2", "rl:{t}:c", "q:{t}", "WAIT", "100000", "BUCKET", "5", "0.01", "5",
+        ])
+        .arg(&["QUOTA", "10", "1000000000", "3"])
+        .query(c)
+        .unwrap();
+    let _: Vec<i64> = redis::cmd("TB.CONSUME")
+        .arg(&["rl:{t}:c", "5", "0.01", "2", "WAIT", "1000000"])
+        .query(c)
+        .unwrap();
 }
 
 #[test]
@@ -35,7 +54,7 @@ fn aof_restores_identical_state_after_kill_9() {
     let mut c = s.conn();
     some_buckets(&mut c);
     let before = snapshot(&mut c);
-    assert_eq!(before.len(), 202);
+    assert_eq!(before.len(), 214);
     drop(c);
     s.kill9();
     s.restart_with(aof());

@@ -1,5 +1,6 @@
-//! Effects replication: after thousands of mixed calls a replica, with or
-//! without the module, holds the primary's exact hashes and expire times.
+//! Effects replication: after thousands of mixed calls (buckets, quotas,
+//! TB.CHARGE and reservations) a replica, with or without the module,
+//! holds the primary's exact hashes and expire times.
 
 use testkit::{
     bucket_delete, bucket_write, hgetall, info_field, run, server_time_us, snapshot, start_replica,
@@ -15,7 +16,25 @@ fn mixed_traffic(c: &mut redis::Connection, seed: u64, calls: usize) {
         // Slow refill: no bucket can come within seconds of full (and expire)
         // while the two datasets are being compared.
         let rate = *rng.pick(&["0.001", "0.002", "0.005"]);
-        let r: redis::RedisResult<redis::Value> = match rng.next() % 6 {
+        // Quotas on keys of their own, in fixed periods of 31 years: none
+        // ends while the datasets are compared.
+        let q = format!("q:{}", rng.next() % 20);
+        let q = q.as_str();
+        let period = "1000000000";
+        let r: redis::RedisResult<redis::Value> = match rng.next() % 10 {
+            6 => redis::cmd("TB.QUOTA")
+                .arg(&[q, "100", period, *rng.pick(&["1", "0", "7.5"])])
+                .query(c),
+            7 => redis::cmd("TB.QADJUST")
+                .arg(&[q, "100", period, *rng.pick(&["-3", "1.5", "400"])])
+                .query(c),
+            8 => redis::cmd("TB.CHARGE")
+                .arg(&["2", k.as_str(), q, "WAIT", "5000", "BUCKET", max, rate, "1"])
+                .arg(&["QUOTA", "100", period, "1"])
+                .query(c),
+            9 => redis::cmd("TB.CONSUME")
+                .arg(&[k.as_str(), max, rate, "2", "WAIT", "60000"])
+                .query(c),
             0 => redis::cmd("TB.PEEK").arg(&[k.as_str(), max, rate]).query(c),
             1 => redis::cmd("TB.ADJUST")
                 .arg(&[
