@@ -114,7 +114,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+a606ec187aa7'
+local LIBRARY_VERSION = '0.1.0+c76459dd23be'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -428,14 +428,18 @@ end
 -- A reservation (tb-core's reserve): short of cost, the charge goes into
 -- debt, no deeper than -max, if the balance it leaves is back at 0 within
 -- max_ms. Returns the reply (its retry is that wait) and the balance to
--- write, or nil where the call is a plain one's denial.
-local function reserve(l, now, cur, cost, max_ms)
+-- write, or nil where the call is a plain one's denial. Not charging (a
+-- peek), the reply has the bucket as it stands (`stored`, balance cur).
+local function reserve(l, stored, now, cur, cost, max_ms, charging)
   local tokens = cur - cost
   if not (cur < cost and tokens >= -l.max) then return nil end
   -- The bucket written now: the clock table with its tokens (see charge).
   now.tokens = tokens
   local waits = ms_from(l, now, now, tokens, 0)
   if waits > max_ms then return nil end
+  if not charging then
+    return { 1, cur - cur % 1, waits, ms_from(l, stored, now, cur, l.max) }, cur
+  end
   return { 1, tokens - tokens % 1, waits, ms_from(l, now, now, tokens, l.max) }, tokens
 end
 
@@ -482,9 +486,10 @@ local function consume_or_peek(op, keys, args, i)
   if stored == nil then return redis.error_reply(err) end
   local cur = current_at(l, stored, now.hi, now.lo)
   if max_ms then
-    local out, tokens = reserve(l, now, cur, cost, max_ms)
+    local charging = op == 'consume'
+    local out, tokens = reserve(l, stored, now, cur, cost, max_ms, charging)
     if out then
-      if op == 'consume' then save(keys[1], stored, l, tokens, out[4], now) end
+      if charging then save(keys[1], stored, l, tokens, out[4], now) end
       return out
     end
   end
@@ -1008,7 +1013,7 @@ local function tb_charge(keys, args)
     local l, s, cost = limits[g], stored[g], costs[g]
     if kinds[g] == 'QUOTA' then return Q.outcome(keys[g], l, s, t, cost, charging) end
     if max_ms then
-      local r, tokens = reserve(l, now, cur[g], cost, max_ms)
+      local r, tokens = reserve(l, s, now, cur[g], cost, max_ms, charging)
       if r then
         if charging then save(keys[g], s, l, tokens, r[4], now) end
         return r

@@ -221,7 +221,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         ("parse_limits", "max_s, rate_s, cost_s, g"),
         ("parse_i64", "s"),
         ("load", "key, g"),
-        ("reserve", "l, now, cur, cost, max_ms"),
+        ("reserve", "l, stored, now, cur, cost, max_ms, charging"),
         ("charge", "l, stored, now, cur, cost, charging"),
         ("save", "key, existed, l, tokens, reset, now"),
         ("clock", ""),

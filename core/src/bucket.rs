@@ -168,8 +168,9 @@ impl Limits {
     /// until the balance the call leaves is back at 0. Each reservation
     /// waits for the tokens of those before it, so callers are paced at the
     /// rate, in arrival order. Past `max_ms`, or past the floor, it is the
-    /// denial `consume` gives. `charge` false: what it would answer (a
-    /// peek).
+    /// denial `consume` gives. `charge` false: a peek, which says whether
+    /// the reservation would be admitted and its wait, the balance as it
+    /// stands (as `peek` does), and writes nothing.
     pub fn reserve(
         &self,
         stored: Option<Stored>,
@@ -185,15 +186,15 @@ impl Limits {
                 tokens,
                 ts_us: now_us,
             });
-            if self.ms_from(after, now_us, tokens, 0.0) <= max_ms {
-                let outcome = self.settle(stored, now_us, true, tokens, true, Some(0.0));
-                return if charge {
-                    outcome
-                } else {
-                    Outcome {
-                        effect: Effect::Nothing,
-                        ..outcome
-                    }
+            let wait = self.ms_from(after, now_us, tokens, 0.0);
+            if wait <= max_ms {
+                if charge {
+                    return self.settle(stored, now_us, true, tokens, true, Some(0.0));
+                }
+                // A peek: admitted, its wait, and the bucket as it stands.
+                return Outcome {
+                    retry_after_ms: wait,
+                    ..self.settle(stored, now_us, true, current, false, None)
                 };
             }
         }
@@ -588,7 +589,7 @@ mod tests {
         let short = at(0.0, NOW);
         assert!(!L10.reserve(short, NOW, 3.0, 2_999, true).allowed);
         let peek = L10.reserve(short, NOW, 3.0, 3_000, false);
-        assert_eq!(peek.reply(), [1, -3, 3000, 13_000]);
+        assert_eq!(peek.reply(), [1, 0, 3000, 10_000]);
         assert_eq!(peek.effect, Effect::Nothing);
         // A bucket that has the tokens charges them as consume does.
         assert_eq!(

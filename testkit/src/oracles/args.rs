@@ -91,18 +91,36 @@ fn reference_cost(cost: &[u8], max: f64, g: Option<usize>) -> Result<f64, Error>
     Ok(cost)
 }
 
-/// What TB.CONSUME/TB.PEEK must answer: `(limits, cost)` or the first error.
-pub fn reference_consume(argv: &[&[u8]]) -> Result<(Limits, f64), Error> {
-    if argv.len() != 4 && argv.len() != 5 {
+/// What TB.CONSUME/TB.PEEK must answer: `(limits, cost, WAIT's max_ms)`
+/// or the first error. `WAIT max_ms` comes last, after the cost if any.
+pub fn reference_consume(argv: &[&[u8]]) -> Result<(Limits, f64, Option<i64>), Error> {
+    let n = argv.len();
+    if !(4..=7).contains(&n) {
         return Err(Error::Arity(argv.command()));
     }
+    let waits = n >= 6;
+    let cost_at = if waits { n - 3 } else { n - 1 };
     let l = reference_limits(argv[2], argv[3], None)?;
-    let cost = match argv.get(4) {
-        Some(c) => reference_cost(c, l.max, None)?,
-        None if l.max < 1.0 => return Err(Error::CostAboveMax(None)),
-        None => 1.0,
+    let cost = match cost_at {
+        4 => reference_cost(argv[4], l.max, None)?,
+        _ if l.max < 1.0 => return Err(Error::CostAboveMax(None)),
+        _ => 1.0,
     };
-    Ok((l, cost))
+    if !waits {
+        return Ok((l, cost, None));
+    }
+    if !argv[n - 2].eq_ignore_ascii_case(b"WAIT") {
+        return Err(Error::ExpectedWait(n - 2));
+    }
+    let most = tb_core::contract::MAX_WAIT_MS;
+    let ms: i64 = std::str::from_utf8(argv[n - 1])
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or(Error::NotAnInteger(Arg::MaxMs))?;
+    if !(0..=most).contains(&ms) {
+        return Err(Error::IntOutOfRange(Arg::MaxMs, 0, most));
+    }
+    Ok((l, cost, Some(ms)))
 }
 
 pub fn reference_adjust(argv: &[&[u8]]) -> Result<(Limits, f64), Error> {
@@ -181,7 +199,11 @@ fn check_args_with(argv: &[&[u8]], memos: &Memos) {
         Command::Consume => {
             let got = parse_consume(argv, memos);
             let want = reference_consume(argv);
-            assert_eq!(got.map(|s| (s.limits, s.amount)), want, "{argv:?}");
+            assert_eq!(
+                got.map(|s| (s.limits, s.amount, s.wait_ms)),
+                want,
+                "{argv:?}"
+            );
             if let Ok(s) = got {
                 assert_limits_in_bounds(&s.limits);
                 assert_cost_in_bounds(s.amount, &s.limits);

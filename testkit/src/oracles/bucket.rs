@@ -235,6 +235,8 @@ fn exercise(l: &Limits, tokens: f64, cost: f64, delta: f64, now: i64, ts: i64) {
         l.peek(stored, now, cost),
         l.adjust(stored, now, delta),
         l.consume(None, now, cost),
+        l.reserve(stored, now, cost, now, true),
+        l.reserve(stored, now, cost, i64::MAX, false),
     ] {
         let _ = (o.reply(), Limits::expire_at_ms(now, o.reset_after_ms));
     }
@@ -295,6 +297,7 @@ pub fn check_bucket(case: &BucketCase) {
             (o.allowed, current.to_bits(), Effect::Nothing)
         );
         check_outcome(&l, stored, now, Some(cost), &p);
+        check_reservations(&l, stored, now, cost, &o);
         // All-or-nothing over two buckets: a short one charges nobody.
         let other = Some(Stored {
             tokens: l.clamp(case.delta),
@@ -318,6 +321,52 @@ pub fn check_bucket(case: &BucketCase) {
         assert_eq!(o.tokens, l.clamp(current + case.delta));
     }
     check_schedule(&l, stored, now, &case.steps);
+}
+
+/// A reservation (`WAIT max_ms`) for every kind of `max_ms`: a bucket that
+/// holds `cost` charges as `consume` (`plain`); a short one admits into
+/// debt, never below `-max`, with the exact wait until the balance it
+/// leaves is back at 0, within `max_ms`; anything else is `plain`'s
+/// denial. A peek gives the same verdict and wait, the balance as it
+/// stands, and writes nothing.
+fn check_reservations(l: &Limits, stored: Option<Stored>, now: i64, cost: f64, plain: &Outcome) {
+    let current = l.current(stored, now);
+    let fill_ms = (2000.0 * l.max / l.rate).ceil() as i64;
+    for max_ms in [
+        0,
+        1,
+        999,
+        fill_ms / 3,
+        fill_ms,
+        tb_core::contract::MAX_WAIT_MS,
+    ] {
+        let r = l.reserve(stored, now, cost, max_ms, true);
+        let p = l.reserve(stored, now, cost, max_ms, false);
+        let plain_peek = l.peek(stored, now, cost);
+        if current >= cost || !r.allowed {
+            assert_eq!(
+                &r, plain,
+                "{l:?} {cost:e} {max_ms}: not the plain call's answer"
+            );
+            assert_eq!(p, plain_peek, "{l:?} {cost:e} {max_ms}: not the plain peek");
+            continue;
+        }
+        // The peek: admitted with the same wait, the bucket as it stands.
+        assert_eq!(
+            p,
+            Outcome {
+                allowed: true,
+                retry_after_ms: r.retry_after_ms,
+                ..plain_peek
+            },
+            "a peek of a reservation"
+        );
+        assert_eq!(r.tokens.to_bits(), (current - cost).to_bits(), "{l:?}");
+        assert!(r.tokens >= -l.max, "{l:?}: below the floor");
+        assert!(r.retry_after_ms <= max_ms, "{l:?}: waits past max_ms");
+        assert!(matches!(r.effect, Effect::Save { .. }), "{r:?}");
+        check_outcome(l, stored, now, Some(0.0), &r);
+    }
 }
 
 /// Runs `steps` through load → compute → store as the module does, with

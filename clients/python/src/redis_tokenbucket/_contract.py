@@ -50,7 +50,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+a606ec187aa7"
+LIBRARY_VERSION = "0.1.0+c76459dd23be"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
