@@ -30,6 +30,9 @@ BARE_MAX = 1.25  # tb_consume / the bare Lua recipe, whole-server instructions
 DENIED_MIN = 1.0  # a denied TB.CONSUME / HSET, ops/s
 FCALL_MIN = 4.0  # TB.CONSUME / FCALL tb_consume
 QUOTA_MAX = 1.05  # TB.QUOTA / TB.CONSUME, whole-server instructions
+# A reservation / an admitted TB.CONSUME on an existing bucket: its one more
+# search (the wait) costs a few hundred instructions of some 19,000.
+RESERVE_MAX = 1.05
 BYTES_SLACK = 0.5  # allocator noise between runs, bytes per bucket
 
 CASES = [
@@ -70,6 +73,7 @@ INSTR_CASES = [
     ("bareeval", "EVALSHA of the bare recipe, random keys"),
     ("quota", "TB.QUOTA (MONTH) admitted, random keys"),
     ("quotaupdate", "TB.QUOTA (MONTH) admitted, 10,000 existing quotas"),
+    ("reserve", "TB.CONSUME WAIT, a reservation on a hot key"),
 ]
 
 # Side by side: (label, ours, theirs).
@@ -536,6 +540,13 @@ def targets_table(run):
         own_share_row(run, "update", "existing buckets", OWN_SHARE_UPDATE_MAX),
         instr_row(run, f"{quota}, new keys", "quota", "consume", at_most(QUOTA_MAX)),
         instr_row(run, f"{quota}, existing keys", "quotaupdate", "update", at_most(QUOTA_MAX)),
+        instr_row(
+            run,
+            "TB.CONSUME WAIT reservation / TB.CONSUME admitted, whole-server instructions",
+            "reserve",
+            "update",
+            at_most(RESERVE_MAX),
+        ),
         instr_row(run, f"{bare}, FCALL", "fcall", "bare", at_most(BARE_MAX)),
         instr_row(run, f"{bare}, EVALSHA", "eval", "bareeval", at_most(BARE_MAX)),
         ops_row(

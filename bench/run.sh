@@ -298,11 +298,12 @@ fi
 # redis-cell's CL.THROTTLE (BENCH_CELL_SO), for the Lua library's
 # tb_consume through FCALL and through EVALSHA, and for the bare recipe
 # (bench/bare.lua) through both; and TB.QUOTA (a monthly quota, the
-# calendar's longest step) on new and existing keys.
+# calendar's longest step) on new and existing keys; and a reservation
+# (TB.CONSUME ... WAIT) on a hot key.
 INSTR_SERVERS=${BENCH_INSTR_SERVERS:-3}
 INSTR_CASES=(hset consume update denied)
 [ -n "$CELL_SO" ] && INSTR_CASES+=(cell cellupdate celldenied)
-INSTR_CASES+=(fcall fcallupdate bare bareupdate eval bareeval quota quotaupdate)
+INSTR_CASES+=(fcall fcallupdate bare bareupdate eval bareeval quota quotaupdate reserve)
 FCALL_ARGS="1000000 0.001 1"
 # instr_case CASE setup|run COUNT: what CASE needs first, or its COUNT
 # measured commands.
@@ -313,6 +314,9 @@ instr_case() {
     consume | update) words=(TB.CONSUME KEY $FCALL_ARGS) ;;
     denied) words=(TB.CONSUME KEY 1 0.0001 1) keys=$HOT ;;
     quota | quotaupdate) words=(TB.QUOTA KEY 1000000 MONTH 1) ;;
+    # A drained hot bucket that refills too slowly to matter: every call a
+    # reservation, deeper in debt (the floor is far).
+    reserve) words=(TB.CONSUME KEY 1e12 0.001 1 WAIT 100000000000000) keys=$HOT ;;
     cell | cellupdate) words=(CL.THROTTLE KEY 999999 1 1000 1) ;;
     celldenied) words=(CL.THROTTLE KEY 0 1 10000 1) keys=$HOT ;;
     fcall | fcallupdate) words=(FCALL tb_consume 1 KEY $FCALL_ARGS) ;;
@@ -330,6 +334,8 @@ instr_case() {
     fi
     if [[ $case == *update ]]; then
       pipe_in cmd 10000 "$keys" -- "${words[@]}"
+    elif [[ $case == reserve ]]; then
+      pipe_in cmd 1 "$keys" -- TB.CONSUME KEY 1e12 0.001 1e12
     elif [[ $keys == "$HOT" ]]; then
       # Drain the hot bucket (it holds 1).
       pipe_in cmd 1 "$keys" -- "${words[@]}"
