@@ -316,7 +316,7 @@ instr_case() {
     quota | quotaupdate) words=(TB.QUOTA KEY 1000000 MONTH 1) ;;
     # A drained hot bucket that refills too slowly to matter: every call a
     # reservation, deeper in debt (the floor is far).
-    reserve) words=(TB.CONSUME KEY 1e12 0.001 1 WAIT 100000000000000) keys=$HOT ;;
+    reserve) words=(TB.CONSUME KEY 1e6 0.001 1 WAIT 100000000000000) keys=$HOT ;;
     cell | cellupdate) words=(CL.THROTTLE KEY 999999 1 1000 1) ;;
     celldenied) words=(CL.THROTTLE KEY 0 1 10000 1) keys=$HOT ;;
     fcall | fcallupdate) words=(FCALL tb_consume 1 KEY $FCALL_ARGS) ;;
@@ -335,7 +335,7 @@ instr_case() {
     if [[ $case == *update ]]; then
       pipe_in cmd 10000 "$keys" -- "${words[@]}"
     elif [[ $case == reserve ]]; then
-      pipe_in cmd 1 "$keys" -- TB.CONSUME KEY 1e12 0.001 1e12
+      pipe_in cmd 1 "$keys" -- TB.CONSUME KEY 1e6 0.001 1e6
     elif [[ $keys == "$HOT" ]]; then
       # Drain the hot bucket (it holds 1).
       pipe_in cmd 1 "$keys" -- "${words[@]}"

@@ -182,18 +182,15 @@ impl Limits {
         let current = self.current(stored, now_us);
         let tokens = current - cost;
         if current < cost && tokens >= -self.max {
-            let after = Some(Stored {
-                tokens,
-                ts_us: now_us,
-            });
-            let wait = self.ms_from(after, now_us, tokens, 0.0);
-            if wait <= max_ms {
+            // The write's outcome: its retry is the wait (to a balance of 0).
+            let reserved = self.settle(stored, now_us, true, tokens, true, Some(0.0));
+            if reserved.retry_after_ms <= max_ms {
                 if charge {
-                    return self.settle(stored, now_us, true, tokens, true, Some(0.0));
+                    return reserved;
                 }
                 // A peek: admitted, its wait, and the bucket as it stands.
                 return Outcome {
-                    retry_after_ms: wait,
+                    retry_after_ms: reserved.retry_after_ms,
                     ..self.settle(stored, now_us, true, current, false, None)
                 };
             }
