@@ -97,6 +97,7 @@ local function msg(name, g, vars)
       weight_above_limit = 'ERR weight must not exceed limit, it could never fit',
       bad_id = 'ERR id must be 1 to 256 bytes',
       expected_bucket = 'ERR syntax error at argument {position}: expected BUCKET',
+      expected_weight = 'ERR syntax error at argument {position}: expected weight or BUCKET',
       bucket_is_lease_key = 'ERR the key of group {group} is the lease key',
       not_a_lease_key = 'ERR key is not a lease key: each field must hold <expires_at_us>:<weight>',
       write_failed = 'ERR tb could not write the key: {step} failed, see the server log',
@@ -114,7 +115,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+c76459dd23be'
+local LIBRARY_VERSION = '0.1.0+c63325e807df'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).

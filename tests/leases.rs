@@ -344,6 +344,22 @@ fn argument_errors_name_the_argument() {
             "ERR weight must be >= 1",
         ),
         (
+            // A word where the weight or BUCKET may stand names both.
+            &[
+                "TB.ACQUIRE",
+                "k",
+                "2",
+                "1000",
+                "id",
+                "BUCKETS",
+                "x",
+                "1",
+                "1",
+                "1",
+            ][..],
+            "ERR syntax error at argument 5: expected weight or BUCKET",
+        ),
+        (
             &[
                 "TB.ACQUIRE",
                 "k",

@@ -159,6 +159,9 @@ pub enum Error {
     /// TB.ACQUIRE: the argument at this position should start a `BUCKET`
     /// clause.
     ExpectedBucket(usize),
+    /// TB.ACQUIRE: a word (not a number) where the weight or `BUCKET` may
+    /// stand, at this position.
+    ExpectedWeight(usize),
     /// TB.ACQUIRE: this `BUCKET` clause names the lease key.
     BucketIsLeaseKey(usize),
     /// The key holds a hash that is not a set of leases.
@@ -300,6 +303,9 @@ impl fmt::Display for Error {
             Error::BadId => f.write_str(msg::BAD_ID),
             Error::ExpectedBucket(position) => {
                 render(f, msg::EXPECTED_BUCKET, &[("position", position)])
+            }
+            Error::ExpectedWeight(position) => {
+                render(f, msg::EXPECTED_WEIGHT, &[("position", position)])
             }
             Error::BucketIsLeaseKey(group) => {
                 render(f, msg::BUCKET_IS_LEASE_KEY, &[("group", group)])

@@ -5,7 +5,7 @@
 use crate::args::{first_duplicate, parse_groups, Argv, Group, Memos};
 use crate::contract::{MAX_GROUPS, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_LEASE_MS};
 use crate::error::{Arg, Error};
-use crate::number::parse_i64;
+use crate::number::{parse_decimal, parse_i64};
 
 /// A validated TB.ACQUIRE: the lease key is `argv[1]`, the id `argv[4]`.
 #[derive(Clone, Debug, PartialEq)]
@@ -58,7 +58,15 @@ pub fn parse_acquire(argv: &(impl Argv + ?Sized), memos: &Memos) -> Result<Acqui
     let mut first = 5;
     let mut weight = 1;
     if n > 5 && !argv.arg(5).eq_ignore_ascii_case(b"BUCKET") {
-        weight = parse_i64(argv.arg(5)).ok_or(Error::NotAnInteger(Arg::Weight))?;
+        weight = match parse_i64(argv.arg(5)) {
+            Some(w) => w,
+            // A number that is no integer is a bad weight; a word may have
+            // been meant for either (`BUCKETS`), so the error names both.
+            None if parse_decimal(argv.arg(5)).is_some() => {
+                return Err(Error::NotAnInteger(Arg::Weight))
+            }
+            None => return Err(Error::ExpectedWeight(5)),
+        };
         if weight < 1 {
             return Err(Error::TooSmall(Arg::Weight, 1));
         }
@@ -199,7 +207,9 @@ mod tests {
             (vec!["tb.acquire", "k", "8", "0", "id"], Error::IntOutOfRange(Arg::LeaseMs, 1, MAX_LEASE_MS)),
             (vec!["tb.acquire", "k", "8", "86400001", "id"], Error::IntOutOfRange(Arg::LeaseMs, 1, MAX_LEASE_MS)),
             (vec!["tb.acquire", "k", "8", "1", ""], Error::BadId),
-            (vec!["tb.acquire", "k", "8", "1", "id", "x"], Error::NotAnInteger(Arg::Weight)),
+            (vec!["tb.acquire", "k", "8", "1", "id", "x"], Error::ExpectedWeight(5)),
+            (vec!["tb.acquire", "k", "8", "1", "id", "1.5"], Error::NotAnInteger(Arg::Weight)),
+            (vec!["tb.acquire", "k", "8", "1", "id", "BUCKETS", "b", "1", "1", "1"], Error::ExpectedWeight(5)),
             (vec!["tb.acquire", "k", "8", "1", "id", "0"], Error::TooSmall(Arg::Weight, 1)),
             (vec!["tb.acquire", "k", "8", "1", "id", "9"], Error::WeightAboveLimit),
             (vec!["tb.acquire", "k", "8", "1", "id", "1", "BUCKET", "b", "1"], Error::Arity(ACQUIRE)),
