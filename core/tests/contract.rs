@@ -7,7 +7,7 @@
 use serde_json::Value;
 use std::collections::BTreeMap;
 use tb_core::contract::{self, msg};
-use tb_core::error::{Arg, Error, StateError, Step};
+use tb_core::error::{Arg, Error, QuotaStateError, StateError, Step};
 
 fn contract_json() -> Value {
     let path = testkit::root().join("contract/contract.json");
@@ -232,6 +232,61 @@ fn every_reply_is_a_template_of_the_file_filled_in() {
             fill(&t["internal"], &[("what", "no key argument")]),
         ),
         (Error::Panic, "panic", t["panic"].clone()),
+        (
+            Error::LimitOutOfRange(None),
+            "limit_out_of_range",
+            fill(&t["limit_out_of_range"], &[("in_group", "")]),
+        ),
+        (
+            Error::CostAboveLimit(Some(2)),
+            "cost_above_limit",
+            fill(&t["cost_above_limit"], &[("in_group", &group("2"))]),
+        ),
+        (
+            Error::QuotaCostTooSmall(None),
+            "quota_cost_too_small",
+            fill(&t["quota_cost_too_small"], &[("in_group", "")]),
+        ),
+        (
+            Error::BadPeriod(Some(1)),
+            "bad_period",
+            fill(&t["bad_period"], &[("in_group", &group("1"))]),
+        ),
+        (
+            Error::ExpectedOffset(4),
+            "expected_offset",
+            fill(&t["expected_offset"], &[("position", "4")]),
+        ),
+        (
+            Error::ExpectedWait(5),
+            "expected_wait",
+            fill(&t["expected_wait"], &[("position", "5")]),
+        ),
+        (
+            Error::ExpectedClause(3),
+            "expected_clause",
+            fill(&t["expected_clause"], &[("position", "3")]),
+        ),
+        (
+            Error::ExpectedWeight(5),
+            "expected_weight",
+            fill(&t["expected_weight"], &[("position", "5")]),
+        ),
+        (
+            Error::NotAQuota(QuotaStateError::Fields, Some(2)),
+            "quota_bad_fields",
+            fill(&t["quota_bad_fields"], &[("in_group", &group("2"))]),
+        ),
+        (
+            Error::NotAQuota(QuotaStateError::Used, None),
+            "quota_bad_used",
+            fill(&t["quota_bad_used"], &[("in_group", "")]),
+        ),
+        (
+            Error::NotAQuota(QuotaStateError::Start, None),
+            "quota_bad_start",
+            fill(&t["quota_bad_start"], &[("in_group", "")]),
+        ),
     ];
     let mut used = vec!["group"];
     for (error, template, want) in &cases {
