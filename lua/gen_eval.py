@@ -167,7 +167,7 @@ EARLY_CALL = "  return consume_or_peek(ARGV[1], KEYS, ARGV, 2)\n"
 # upvalues. A call of one of them in a function left above the line runs
 # in place too (ms_from's of current_at), so no closure captures it. What
 # stays above the line: msg, and ms_from (a loop, called twice).
-EARLY_INLINE = ("consume_or_peek", "parse_limits", "parse_i64", "load", "reserve", "charge", "save", "clock", "parse_decimal", "current_at", "charges_nothing")
+EARLY_INLINE = ("consume_or_peek", "parse_limits", "parse_i64", "load", "two_fields", "reserve", "charge", "save", "clock", "parse_decimal", "current_at", "charges_nothing")
 
 NAME = re.compile(r"(?<![.\w])[A-Za-z_]\w*")
 # Lua's keywords, which NAME also finds.

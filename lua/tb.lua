@@ -115,7 +115,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+c63325e807df'
+local LIBRARY_VERSION = '0.1.0+c0e40101de28'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -365,9 +365,11 @@ local function clock()
   return { hi = (sec - sec % 100) / 100, lo = (sec % 100) * 1000000 + t[2] * 1, time = t, tokens = false }
 end
 
--- A key's bucket: false if the key is missing, else {tokens, hi, lo}. On
--- error nil and the message (state errors carry the group in TB.MCONSUME).
-local function load(key, g)
+-- The one rule that reads a key as a hash of exactly the fields a and b
+-- (a bucket's, a quota's): false if the key is missing, else the two
+-- values; on error nil and the message (`bad`, for other fields, carries
+-- the group g).
+local function two_fields(key, a, b, bad, g)
   -- HLEN answers all but one of the questions in one call: 0 for a missing
   -- key (a hash is never empty), WRONGTYPE for anything but a hash, and
   -- the field count. Any other error is raised, from this same line, as
@@ -376,9 +378,17 @@ local function load(key, g)
   local n = redis.pcall('HLEN', key) if n ~= 0 and type(n) == 'table' and not string.find(n.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(n) end error(n.err, 0) end
   if n == 0 then return false end
   if type(n) == 'table' then return nil, msg('wrongtype') end
-  if n ~= 2 then return nil, msg('bad_fields', g) end
-  local f = redis.call('HMGET', key, 'tokens', 'ts')
-  if not f[1] or not f[2] then return nil, msg('bad_fields', g) end
+  if n ~= 2 then return nil, msg(bad, g) end
+  local f = redis.call('HMGET', key, a, b)
+  if not f[1] or not f[2] then return nil, msg(bad, g) end
+  return f
+end
+
+-- A key's bucket: false if the key is missing, else {tokens, hi, lo}. On
+-- error nil and the message (state errors carry the group in TB.MCONSUME).
+local function load(key, g)
+  local f, err = two_fields(key, 'tokens', 'ts', 'bad_fields', g)
+  if not f then return f, err end
   local tokens = parse_decimal(f[1])
   if not tokens then return nil, msg('bad_tokens', g) end
   -- ts: an optionally negative integer of at most 16 digits, as two exact
@@ -823,12 +833,8 @@ local function quotas()
   -- A key's quota: false if missing, else {used, start}; nil and the
   -- message on error (as load reads a bucket).
   local function load_quota(key, g)
-    local n = redis.pcall('HLEN', key) if n ~= 0 and type(n) == 'table' and not string.find(n.err, '^WRONGTYPE') then if redis.REDIS_VERSION_NUM then error(n) end error(n.err, 0) end
-    if n == 0 then return false end
-    if type(n) == 'table' then return nil, msg('wrongtype') end
-    if n ~= 2 then return nil, msg('quota_bad_fields', g) end
-    local f = redis.call('HMGET', key, 'used', 'start')
-    if not f[1] or not f[2] then return nil, msg('quota_bad_fields', g) end
+    local f, err = two_fields(key, 'used', 'start', 'quota_bad_fields', g)
+    if not f then return f, err end
     local used = parse_decimal(f[1])
     if not used then return nil, msg('quota_bad_used', g) end
     local s = f[2]

@@ -53,7 +53,32 @@ fn argument_errors_name_the_argument_and_write_nothing() {
     let delta_nan = "delta must be a finite decimal number";
     let cases: Vec<(Vec<&[u8]>, &str)> = vec![
         (words(b"TB.CONSUME k 10"), arity),
-        (words(b"TB.CONSUME k 10 1 1 1"), arity),
+        (words(b"TB.CONSUME k 10 1 1 1 1 1"), arity),
+        (
+            words(b"TB.CONSUME k 10 1 1 1"),
+            "syntax error at argument 4: expected WAIT",
+        ),
+        (
+            words(b"TB.CONSUME k 10 1 1 WAIT x"),
+            "max_ms must be an integer",
+        ),
+        (
+            words(b"TB.QUOTA k 10 FORTNIGHT"),
+            "period must be DAY, WEEK, MONTH, YEAR",
+        ),
+        (
+            words(b"TB.QUOTA k 10 DAY 1 2"),
+            "syntax error at argument 4: expected OFFSET",
+        ),
+        (words(b"TB.QADJUST k 10 DAY"), arity),
+        (
+            words(b"TB.CHARGE 1 k BUCKETS 1 1 1"),
+            "expected BUCKET or QUOTA",
+        ),
+        (
+            words(b"TB.CHARGE 1 k QUOTA 0 DAY 1"),
+            "limit must be > 0 and <= 1e12 (group 1)",
+        ),
         (words(b"TB.PEEK k"), arity),
         (words(b"TB.ADJUST k 10 1"), arity),
         (words(b"TB.MCONSUME k 10 1"), arity),

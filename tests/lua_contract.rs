@@ -221,6 +221,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         ("parse_limits", "max_s, rate_s, cost_s, g"),
         ("parse_i64", "s"),
         ("load", "key, g"),
+        ("two_fields", "key, a, b, bad, g"),
         ("reserve", "l, stored, now, cur, cost, max_ms, charging"),
         ("charge", "l, stored, now, cur, cost, charging"),
         ("save", "key, existed, l, tokens, reset, now"),
@@ -256,6 +257,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
         "parse_limits(",
         "parse_i64(",
         "load(",
+        "two_fields(",
         "reserve(",
         "charges_nothing(",
         "charge(",
@@ -311,7 +313,7 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
             .any(|l| l.split("--").next().unwrap_or("").contains("function")),
         "{early}"
     );
-    assert_eq!(early.matches("until true\n").count(), 14, "{early}");
+    assert_eq!(early.matches("until true\n").count(), 15, "{early}");
     let tail = &after[early_end + moved.len() + rest.len()..];
     assert!(tail.contains("redis.replicate_commands()"), "{tail}");
     assert!(tail.contains("OPERATIONS[i + 1](KEYS, ARGV)"), "{tail}");

@@ -33,14 +33,30 @@ pub trait BucketFields {
 /// must hold exactly the two fields, and both must decode. Only a hash of
 /// two fields is read.
 pub fn load(kind: KeyKind, hash: &impl BucketFields) -> Result<Option<Stored>, Error> {
+    two_fields(
+        kind,
+        || {
+            hash.with_fields(decode)
+                .map_err(|why| Error::NotABucket(why, None))
+        },
+        Error::NotABucket(StateError::Fields, None),
+    )
+}
+
+/// The rule of a key that must be a hash of exactly two fields (a
+/// bucket's, a quota's): missing is `None`, anything but a hash is
+/// WRONGTYPE, a hash of another size is `bad_fields`, and a hash of two
+/// is what `decode` makes of it.
+pub fn two_fields<T>(
+    kind: KeyKind,
+    decode: impl FnOnce() -> Result<T, Error>,
+    bad_fields: Error,
+) -> Result<Option<T>, Error> {
     match kind {
         KeyKind::Missing => Ok(None),
         KeyKind::Other => Err(Error::WrongType),
-        KeyKind::Hash(2) => hash
-            .with_fields(decode)
-            .map(Some)
-            .map_err(|why| Error::NotABucket(why, None)),
-        KeyKind::Hash(_) => Err(Error::NotABucket(StateError::Fields, None)),
+        KeyKind::Hash(2) => decode().map(Some),
+        KeyKind::Hash(_) => Err(bad_fields),
     }
 }
 

@@ -7,7 +7,7 @@ use super::budget::Stored;
 use crate::contract::MAX_QUOTA_START;
 use crate::error::{Error, QuotaStateError};
 use crate::number::{parse_decimal, parse_i64};
-use crate::state::KeyKind;
+use crate::state::{self, KeyKind};
 
 /// A hash whose two quota fields can be read (a key in Redis, a test's map).
 pub trait QuotaFields {
@@ -17,15 +17,14 @@ pub trait QuotaFields {
 
 /// Reads a key as a quota (`None`: missing, nothing used).
 pub fn load(kind: KeyKind, hash: &impl QuotaFields) -> Result<Option<Stored>, Error> {
-    match kind {
-        KeyKind::Missing => Ok(None),
-        KeyKind::Other => Err(Error::WrongType),
-        KeyKind::Hash(2) => hash
-            .with_fields(decode)
-            .map(Some)
-            .map_err(|why| Error::NotAQuota(why, None)),
-        KeyKind::Hash(_) => Err(Error::NotAQuota(QuotaStateError::Fields, None)),
-    }
+    state::two_fields(
+        kind,
+        || {
+            hash.with_fields(decode)
+                .map_err(|why| Error::NotAQuota(why, None))
+        },
+        Error::NotAQuota(QuotaStateError::Fields, None),
+    )
 }
 
 /// Decodes the two fields of a quota hash.

@@ -50,7 +50,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+c63325e807df"
+LIBRARY_VERSION = "0.1.0+c0e40101de28"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
