@@ -115,7 +115,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+c0e40101de28'
+local LIBRARY_VERSION = '0.1.0+5ebe74cf3dc8'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -1767,6 +1767,11 @@ local function leases()
     local weight = 1
     if first == 5 then
       weight = parse_i64(args[4])
+      -- A word may have been meant for the module's BUCKET (its argument
+      -- 5), so it names both, as the module does; a decimal is a bad weight.
+      if weight == nil and parse_decimal(args[4]) == nil then
+        return nil, msg('expected_weight', nil, { position = 5 })
+      end
       if weight == nil then return nil, msg('not_an_integer', nil, { arg = 'weight' }) end
       if weight < 1 then return nil, msg('too_small', nil, { arg = 'weight', least = 1 }) end
       if weight > limit then return nil, msg('weight_above_limit') end

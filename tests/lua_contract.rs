@@ -725,7 +725,14 @@ fn bad_lease_calls() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>,
         ("tb_acquire", vec!["l"], vec!["2", "86400001", "id"], lease_ms.clone()),
         ("tb_acquire", vec!["l"], vec!["2", "1000", ""], bad_id.clone()),
         ("tb_acquire", vec!["l"], vec!["2", "1000", long_id], bad_id.clone()),
-        ("tb_acquire", vec!["l"], vec!["2", "1000", "id", "one"], not_int("weight")),
+        // A word there names the module's BUCKET too; a decimal is a bad weight.
+        (
+            "tb_acquire",
+            vec!["l"],
+            vec!["2", "1000", "id", "one"],
+            "ERR syntax error at argument 5: expected weight or BUCKET".into(),
+        ),
+        ("tb_acquire", vec!["l"], vec!["2", "1000", "id", "1.5"], not_int("weight")),
         ("tb_acquire", vec!["l"], vec!["2", "1000", "id", "-1"], "ERR weight must be >= 1".into()),
         (
             "tb_acquire",

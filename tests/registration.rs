@@ -248,10 +248,45 @@ fn command_docs_describe_every_command() {
             arg(last, "double", optional),
         ]
     };
+    // TB.CONSUME and TB.PEEK's optional WAIT max_ms.
+    let waits = || [bucket("cost", true), vec![arg("max_ms", "integer", true)]].concat();
+    // key limit period, the last argument, then OFFSET minutes.
+    let quota = |last: &str, optional: bool| {
+        vec![
+            arg("key", "key", false),
+            arg("limit", "double", false),
+            arg("period", "string", false),
+            arg(last, "double", optional),
+            arg("minutes", "integer", true),
+        ]
+    };
     let expected = [
-        ("tb.consume", bucket("cost", true)),
-        ("tb.peek", bucket("cost", true)),
+        ("tb.consume", waits()),
+        ("tb.peek", waits()),
         ("tb.adjust", bucket("delta", false)),
+        ("tb.quota", quota("cost", true)),
+        ("tb.qpeek", quota("cost", true)),
+        ("tb.qadjust", quota("delta", false)),
+        (
+            "tb.charge",
+            vec![
+                arg("numkeys", "integer", false),
+                arg("key", "key", false),
+                arg("max_ms", "integer", true),
+                // One clause per key: BUCKET max rate cost or QUOTA limit
+                // period cost [OFFSET minutes].
+                arg("clause", "oneof", false),
+                arg("bucket", "block", false),
+                arg("max", "double", false),
+                arg("rate", "double", false),
+                arg("cost", "double", false),
+                arg("quota", "block", false),
+                arg("limit", "double", false),
+                arg("period", "string", false),
+                arg("cost", "double", false),
+                arg("minutes", "integer", true),
+            ],
+        ),
         (
             "tb.mconsume",
             [vec![arg("bucket", "block", false)], bucket("cost", false)].concat(),
