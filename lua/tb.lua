@@ -3,8 +3,8 @@
 redis-tokenbucket, Lua fallback: the TB.* contract as a Redis Functions
 library, for servers that cannot load the module (managed Redis/Valkey).
 
-  FCALL    tb_consume  1 key max rate [cost]
-  FCALL_RO tb_peek     1 key max rate [cost]
+  FCALL    tb_consume  1 key max rate [cost] [WAIT max_ms]
+  FCALL_RO tb_peek     1 key max rate [cost] [WAIT max_ms]
   FCALL    tb_mconsume N key1..keyN max1 rate1 cost1 ... maxN rateN costN
   FCALL    tb_adjust   1 key max rate delta
   FCALL    tb_cl_throttle 1 key max_burst count period [quantity]
@@ -13,6 +13,12 @@ library, for servers that cannot load the module (managed Redis/Valkey).
   FCALL    tb_release  1 key id
   FCALL    tb_renew    1 key id lease_ms
   FCALL_RO tb_inflight 1 key
+  FCALL    tb_quota    1 key limit period [cost] [OFFSET minutes]
+  FCALL_RO tb_qpeek    1 key limit period [cost] [OFFSET minutes]
+  FCALL    tb_qadjust  1 key limit period delta [OFFSET minutes]
+  FCALL    tb_charge   N key1..keyN [WAIT max_ms] clause1 ... clauseN
+                       (BUCKET max rate cost | QUOTA limit period cost
+                       [OFFSET minutes], one per key, in order)
   FCALL_RO tb_version  0       (the library's version)
 
 tb_acquire is TB.ACQUIRE with its BUCKET clauses as further keys: the lease
@@ -115,7 +121,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+5ebe74cf3dc8'
+local LIBRARY_VERSION = '0.1.0+3a89a0a0b12d'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).

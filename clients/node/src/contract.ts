@@ -45,7 +45,7 @@ export const COMMANDS = {
 } as const;
 
 /** The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION). */
-export const LIBRARY_VERSION = "0.1.0+5ebe74cf3dc8";
+export const LIBRARY_VERSION = "0.1.0+3a89a0a0b12d";
 
 /** Error reply templates; message() fills in the {name} marks. */
 export const ERRORS = {

@@ -50,7 +50,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+5ebe74cf3dc8"
+LIBRARY_VERSION = "0.1.0+3a89a0a0b12d"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
