@@ -20,7 +20,7 @@ from tbasgi import CLIENT_IP_CASES, TRUSTED_PROXIES, PeerFromHeader
 from tbservers import free_port
 
 import redis_tokenbucket.asyncio as tb_asyncio
-from redis_tokenbucket import Bucket, Decision, MultiDecision
+from redis_tokenbucket import Bucket, Decision, MultiDecision, Quota
 from redis_tokenbucket.fastapi import (
     QUOTA_EXCEEDED,
     RateLimit,
@@ -291,11 +291,11 @@ def test_a_rules_bucket_function_must_return_a_named_bucket(module_target: Targe
     for path, bucket in [("/tuple", lambda r: (10, 1)), ("/unnamed", lambda r: Bucket(10, 1))]:
         app.get(path, dependencies=[Depends(RateLimit(limiter, Rule(bucket, api_key())))])(ok)
     with TestClient(app, raise_server_exceptions=True) as client:
-        with pytest.raises(TypeError, match="must return a Bucket, got tuple"):
+        with pytest.raises(TypeError, match="must return a Bucket or a Quota, got tuple"):
             client.get("/tuple", headers={"X-API-Key": "k"})
         with pytest.raises(ValueError, match="needs a name"):
             client.get("/unnamed", headers={"X-API-Key": "k"})
-    with pytest.raises(TypeError, match="a Rule's bucket is a Bucket or a function"):
+    with pytest.raises(TypeError, match="a Rule's bucket is a Bucket, a Quota or a function"):
         Rule((10, 1), api_key())  # type: ignore[arg-type]
 
 
@@ -327,3 +327,62 @@ def test_a_shed_call_is_a_503_with_retry_after(how: str):
     assert res.status_code == 503 and res.headers["Retry-After"] == "3"
     assert res.json()["detail"] == "The server is overloaded."
     assert "RateLimit" not in res.headers
+
+
+@contextmanager
+def paced_app(port: int, how: str, rules: list[Rule], max_delay: float) -> Iterator[tuple[TestClient, list[float]]]:
+    """/v1/models limited by `rules` with `max_delay`; the limiter's sleeps
+    are recorded (and still slept)."""
+    app = FastAPI()
+    install(app)
+    limiter = tb_asyncio.Limiter(redis.asyncio.Redis(port=port))
+    slept: list[float] = []
+    sleep = limiter.sleep
+
+    async def recorded(seconds: float) -> None:
+        slept.append(seconds)
+        await sleep(seconds)
+
+    limiter.sleep = recorded  # type: ignore[method-assign]
+    limited: list[Any] = []
+    if how == "middleware":
+        app.add_middleware(RateLimitMiddleware, limiter=limiter, rules=rules, max_delay=max_delay)
+    else:
+        limited = [Depends(RateLimit(limiter, *rules, max_delay=max_delay))]
+
+    @app.get("/v1/models", dependencies=limited)
+    async def models() -> dict[str, list[str]]:
+        return {"data": ["stub"]}
+
+    with TestClient(PeerFromHeader(app)) as client:
+        yield client, slept
+
+
+@pytest.mark.parametrize("how", ["dependency", "middleware"])
+def test_a_request_over_the_burst_waits_within_max_delay(module_target: Target, how: str) -> None:
+    # A burst of 1, a token each 100 ms: each request after the first waits
+    # its turn, up to 100 ms, and passes.
+    rule = Rule(Bucket(1, 10, name="paced"), api_key())
+    with paced_app(module_target.server.port, how, [rule], max_delay=0.15) as (client, slept):
+        statuses = [client.get("/v1/models", headers={"X-API-Key": "k"}).status_code for _ in range(3)]
+        assert statuses == [200, 200, 200]
+        assert len(slept) == 2 and all(0.05 < s <= 0.1 for s in slept), slept
+    # A wait longer than max_delay is a refusal, as without it.
+    rule = Rule(Bucket(1, 10, name="strict"), api_key())
+    with paced_app(module_target.server.port, how, [rule], max_delay=0.05) as (client, slept):
+        statuses = [client.get("/v1/models", headers={"X-API-Key": "k"}).status_code for _ in range(2)]
+        assert statuses == [200, 429] and slept == []
+
+
+@pytest.mark.parametrize("how", ["dependency", "middleware"])
+def test_a_quota_rule_refuses_past_its_limit_and_names_its_period(module_target: Target, how: str) -> None:
+    rule = Rule(Quota(2, "day", name="daily"), api_key())
+    with paced_app(module_target.server.port, how, [rule], max_delay=1) as (client, slept):
+        ok = client.get("/v1/models", headers={"X-API-Key": "k"})
+        assert ok.status_code == 200
+        assert ok.headers["RateLimit-Policy"] == '"daily";q=2;w=86400'
+        client.get("/v1/models", headers={"X-API-Key": "k"})
+        denied = client.get("/v1/models", headers={"X-API-Key": "k"})
+        # A quota never reserves: past its limit, the wait is until the reset.
+        assert denied.status_code == 429 and slept == []
+        assert 0 < int(denied.headers["Retry-After"]) <= 86400

@@ -23,7 +23,7 @@ import redis.exceptions
 from redis.connection import DefaultParser
 
 import redis_tokenbucket.asyncio as tb_asyncio
-from redis_tokenbucket import Breaker, Bucket, CircuitOpenError, Concurrency, Decision, DenialCache, Limiter
+from redis_tokenbucket import Breaker, Bucket, CircuitOpenError, Concurrency, Decision, DenialCache, Limiter, Quota
 from redis_tokenbucket._breaker import CALL, PROBE, SKIP
 from redis_tokenbucket._classify import classify
 from redis_tokenbucket._errors import NoBackendError, Shed
@@ -263,6 +263,7 @@ FIELDS = {
     "expires_in_ms",
     "held",
     "lost",
+    "delay_ms",
 }
 
 
@@ -295,7 +296,9 @@ def command_text(args: tuple[Any, ...]) -> str:
     w = words_of(args)
     name = w[0].upper()
     if name in ("TB.CONSUME", "TB.PEEK", "TB.ADJUST", "TB.INFLIGHT"):
-        return f"{name} {w[1]}"
+        return " ".join([name, w[1], *w[5:]])  # and WAIT ms
+    if name in ("TB.QUOTA", "TB.QPEEK", "TB.QADJUST"):
+        return " ".join([name, w[1], w[3], *w[5:]])  # the period, and OFFSET m
     if name == "TB.MCONSUME":
         return " ".join([name, *w[1::4]])
     if name == "TB.ACQUIRE":
@@ -303,13 +306,27 @@ def command_text(args: tuple[Any, ...]) -> str:
     if name in ("TB.RELEASE", "TB.RENEW"):
         return f"{name} {w[1]} {w[2]}"
     if name in ("FCALL", "FCALL_RO"):
-        return f"{name} {w[1]} {w[3]}" if int(w[2]) > 0 else f"{name} {w[1]}"
+        return (
+            " ".join([name, w[1], w[3], *single(w[1].removeprefix("tb_"), w[4:])])
+            if int(w[2]) > 0
+            else f"{name} {w[1]}"
+        )
     if name in ("EVALSHA", "EVAL"):
         n = int(w[2])
-        return f"{name} {w[3 + n]} {w[3]}"
+        return " ".join([name, w[3 + n], w[3], *(single(w[3 + n], w[4 + n :]) if n == 1 else [])])
     if name == "FUNCTION":
         return f"FUNCTION {w[1].upper()}"
     return " ".join([name, *w[1:]])
+
+
+def single(op: str, argv: list[str]) -> list[str]:
+    """The words after the key that tell a one-key call apart: a
+    reservation's WAIT ms, a quota's period and OFFSET m."""
+    if op in ("consume", "peek", "adjust"):
+        return argv[3:]
+    if op in ("quota", "qpeek", "qadjust"):
+        return [argv[1], *argv[3:]]
+    return []
 
 
 def matches(expected: str, text: str, bound: dict[str, str], bind: bool) -> bool:
@@ -523,9 +540,17 @@ def limiter_options(s: dict[str, Any], clock: Clock) -> dict[str, Any]:
 
 
 CALL_FIELDS = {
-    "call", "key", "bucket", "cost", "delta", "groups", "concurrency", "id", "weight", "buckets", "lease",
-    "on_error", "redis", "expect", "as",
+    "call", "key", "bucket", "quota", "cost", "delta", "groups", "concurrency", "id", "weight", "buckets", "lease",
+    "on_error", "max_wait_ms", "redis", "expect", "as",
 }  # fmt: skip
+
+
+def rule_of(step: dict[str, Any]) -> Any:
+    """The step's bucket, or its quota."""
+    if "quota" in step:
+        q = step["quota"]
+        return Quota(q["limit"], q["period"], q.get("offset", 0), q.get("name"))
+    return bucket_of(step["bucket"])
 
 
 def call_of(lim: Any, step: dict[str, Any], leases: dict[str, Any]) -> Callable[[], Any]:
@@ -538,10 +563,13 @@ def call_of(lim: Any, step: dict[str, Any], leases: dict[str, Any]) -> Callable[
     def group(g: list[Any]) -> tuple[Any, ...]:
         return (g[0], bucket_of(g[1]), *g[2:])
 
-    if op in ("consume", "peek"):
-        return lambda: getattr(lim, op)(step["key"], bucket_of(step["bucket"]), step.get("cost", 1), **options)
+    if "max_wait_ms" in step:
+        options["max_wait"] = step["max_wait_ms"] / 1000
+    if op in ("consume", "peek", "wait"):
+        # The rule is built inside the call: one its client refuses is the call's usage error.
+        return lambda: getattr(lim, op)(step["key"], rule_of(step), step.get("cost", 1), **options)
     if op == "adjust":
-        return lambda: lim.adjust(step["key"], bucket_of(step["bucket"]), step["delta"], **options)
+        return lambda: lim.adjust(step["key"], rule_of(step), step["delta"], **options)
     if op == "consume_many":
         return lambda: lim.consume_many([group(g) for g in step["groups"]], **options)
     if op == "acquire":
@@ -568,10 +596,32 @@ def kind_of(error: BaseException) -> str:
 Outcome = tuple[Any, Optional[BaseException]]
 
 
-def judge(outcome: Outcome, step: dict[str, Any], leases: dict[str, Any], where: str) -> None:
+class Sleeps:
+    """The limiter's sleep, faked: each sleep advances the fake clock, and
+    a call's total is its `slept_ms`."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock, self.ms = clock, 0
+
+    def record(self, seconds: float) -> None:
+        ms = round(seconds * 1000)
+        self.clock.ms += ms
+        self.ms += ms
+
+    async def record_async(self, seconds: float) -> None:
+        self.record(seconds)
+
+    def take(self) -> int:
+        ms, self.ms = self.ms, 0
+        return ms
+
+
+def judge(outcome: Outcome, step: dict[str, Any], leases: dict[str, Any], where: str, slept_ms: int = 0) -> None:
     """Compares a call's outcome with `expect`; keeps a lease under `as`."""
     value, error = outcome
     want = dict(step.get("expect") or {})
+    if "slept_ms" in want:
+        assert slept_ms == want.pop("slept_ms"), f"{where}: slept {slept_ms} ms"
     if "raises" in want:
         assert error is not None, f"{where}: expected it to raise ({want['raises']}), got {value!r}"
         assert kind_of(error) == want["raises"], f"{where}: raised {type(error).__name__}: {error}"
@@ -614,6 +664,8 @@ def run_sync_limiter(s: dict[str, Any]) -> None:
     clock = Clock()
     script = Script()
     lim = Limiter(FakeRedis(script), **limiter_options(s, clock))  # type: ignore[arg-type]
+    sleeps = Sleeps(clock)
+    lim.sleep = sleeps.record  # type: ignore[method-assign]
     leases: dict[str, Any] = {}
     for i, step in enumerate(s["steps"], 1):
         where = f"step {i}"
@@ -628,7 +680,7 @@ def run_sync_limiter(s: dict[str, Any]) -> None:
         except Exception as exc:
             outcome = (None, exc)
         script.end(active, where)
-        judge(outcome, step, leases, where)
+        judge(outcome, step, leases, where, sleeps.take())
 
 
 async def outcome_of(call: Callable[[], Any]) -> Outcome:
@@ -657,6 +709,8 @@ async def run_async_limiter(s: dict[str, Any]) -> None:
     clock = Clock()
     script = Script()
     lim = tb_asyncio.Limiter(FakeAsyncRedis(script), **limiter_options(s, clock))  # type: ignore[arg-type]
+    sleeps = Sleeps(clock)
+    lim.sleep = sleeps.record_async  # type: ignore[method-assign]
     leases: dict[str, Any] = {}
     started: dict[str, tuple[Active, dict[str, Any], asyncio.Task[Outcome]]] = {}
     for i, step in enumerate(s["steps"], 1):
@@ -667,7 +721,7 @@ async def run_async_limiter(s: dict[str, Any]) -> None:
             active = script.begin(step)
             outcome = await outcome_of(call_of(lim, step, leases))
             script.end(active, where)
-            judge(outcome, step, leases, where)
+            judge(outcome, step, leases, where, sleeps.take())
         elif "start" in step:
             call = {k: v for k, v in step.items() if k != "start"} | {"call": step["start"]}
             active = script.begin(call)

@@ -21,6 +21,7 @@ from ._errors import CircuitOpenError, CrossSlotError, LimiterError, NoBackendEr
 from ._events import DecisionEvent
 from ._keys import hash_tagged
 from ._lease import Busy, Concurrency, Lease
+from ._quota import Quota, Rule
 from ._requests import OnError
 from ._sync import Limiter
 from .headers import rate_limit_headers
@@ -44,7 +45,9 @@ __all__ = [
     "MultiDecision",
     "NoBackendError",
     "OnError",
+    "Quota",
     "ReplicasBehind",
+    "Rule",
     "hash_tagged",
     "rate_limit_headers",
 ]

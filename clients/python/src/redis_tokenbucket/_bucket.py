@@ -9,7 +9,7 @@ import numbers
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from ._contract import MAX_CAPACITY, MAX_FILL_SECONDS, MAX_RATE, message
 from ._keys import KeyT as KeyT  # where the other modules have always imported it from
@@ -120,8 +120,13 @@ class Bucket:
     max: float
     rate: float
     name: Optional[str] = None
-    # The arguments as sent, encoded once.
+    # The arguments as sent, encoded once (a Quota also has some after the
+    # amount: its OFFSET).
     _limit_args: tuple[str, str] = field(init=False, repr=False, compare=False)
+    _after_args: ClassVar[tuple[str, ...]] = ()
+    # What the denial cache tells rules apart by (the name passes nothing).
+    _ident: tuple[Any, ...] = field(init=False, repr=False, compare=False)
+    kind: ClassVar[str] = "bucket"
 
     def __post_init__(self) -> None:
         max_ = number(self.max, "max")
@@ -137,6 +142,7 @@ class Bucket:
         object.__setattr__(self, "max", max_)
         object.__setattr__(self, "rate", rate)
         object.__setattr__(self, "_limit_args", (encode(max_), encode(rate)))
+        object.__setattr__(self, "_ident", (max_, rate))
 
     @property
     def fill_seconds(self) -> float:

@@ -16,11 +16,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
-from ._bucket import Bucket
 from ._decision import Decision
 from ._keys import KeyT, key_bytes
+from ._quota import Rule
 
 Ids = tuple[bytes, ...]
 
@@ -37,7 +37,7 @@ release can free a slot at any time)."""
 class _Entry:
     at: float  # clock() when the request was sent
     until: float  # clock() at which it may pass
-    limits: tuple[tuple[float, float], ...]
+    limits: tuple[tuple[Any, ...], ...]
     costs: tuple[float, ...]
     decisions: tuple[Decision, ...]
 
@@ -109,7 +109,7 @@ class DenialCache:
         encoding = self.encoding or "utf-8"
         return tuple(key_bytes(k, encoding) for k in keys)
 
-    def lookup(self, keys: Sequence[KeyT], buckets: Sequence[Bucket], costs: Sequence[float]) -> Optional[CachedDenial]:
+    def lookup(self, keys: Sequence[KeyT], buckets: Sequence[Rule], costs: Sequence[float]) -> Optional[CachedDenial]:
         """The cached denial for this request, aged to now; None to ask Redis."""
         found = self._find(self._ids(keys), _limits(buckets), costs)
         if found is None:
@@ -125,18 +125,18 @@ class DenialCache:
             tuple(_aged(d, elapsed_ms) for d in entry.decisions),
         )
 
-    def lookup_one(self, key: KeyT, bucket: Bucket, cost: float) -> Optional[Decision]:
+    def lookup_one(self, key: KeyT, bucket: Rule, cost: float) -> Optional[Decision]:
         """`lookup` of a one-bucket request, as its aged Decision: the path a
         client in a retry loop takes on every try, so no tuple is built
         that one key doesn't need."""
-        found = self._find((key_bytes(key, self.encoding or "utf-8"),), ((bucket.max, bucket.rate),), (cost,))
+        found = self._find((key_bytes(key, self.encoding or "utf-8"),), (bucket._ident,), (cost,))
         if found is None:
             return None
         entry, now = found
         return _aged(entry.decisions[0], round((now - entry.at) * 1000, 3))
 
     def _find(
-        self, ids: Ids, limits: tuple[tuple[float, float], ...], costs: Sequence[float]
+        self, ids: Ids, limits: tuple[tuple[Any, ...], ...], costs: Sequence[float]
     ) -> Optional[tuple[_Entry, float]]:
         """The live entry that answers this request, and the clock's reading."""
         with self._lock:
@@ -282,9 +282,10 @@ def _written(ticket: Ticket, allowed: bool, decisions: Sequence[Decision]) -> Se
     return ()
 
 
-def _limits(buckets: Sequence[Bucket]) -> tuple[tuple[float, float], ...]:
-    # The policy name doesn't change what passes.
-    return tuple((b.max, b.rate) for b in buckets)
+def _limits(buckets: Sequence[Rule]) -> tuple[tuple[Any, ...], ...]:
+    # The policy name doesn't change what passes; a quota never matches a
+    # bucket of the same numbers.
+    return tuple(b._ident for b in buckets)
 
 
 def _aged(d: Decision, elapsed_ms: float) -> Decision:

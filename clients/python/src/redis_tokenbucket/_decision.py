@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._bucket import Bucket, KeyT
+from ._keys import KeyT
+from ._quota import Rule
 
 
 def whole_seconds(ms: int) -> int:
@@ -25,8 +26,9 @@ class _RetryAfter:
 
 @dataclass(frozen=True)
 class Decision(_RetryAfter):
-    """One bucket's answer: TB.CONSUME's `[allowed, remaining,
-    retry_after_ms, reset_after_ms]` with the call that produced it.
+    """One bucket's (or quota's) answer: TB.CONSUME's `[allowed, remaining,
+    retry_after_ms, reset_after_ms]` with the call that produced it;
+    `bucket` is the rule charged, a Bucket or a Quota.
 
     `degraded` marks an answer made up by the failure policy because Redis
     failed (`allowed` is then the policy's: open or closed with numbers 0,
@@ -37,8 +39,11 @@ class Decision(_RetryAfter):
 
     For `adjust`, `cost` holds the delta, and `allowed` and
     `retry_after_ms` are about the next request of cost 1 (or `max`, if
-    smaller): whether it would pass now, else when it will. So
-    `retry_after_ms` is 0 whenever `allowed` is True, on every call.
+    smaller): whether it would pass now, else when it will.
+
+    `retry_after_ms` is 0 whenever `allowed` is True, but for a
+    reservation (`max_wait`): admitted, it is the wait before the caller
+    may proceed, `delay_ms`.
     """
 
     allowed: bool
@@ -46,11 +51,17 @@ class Decision(_RetryAfter):
     retry_after_ms: int
     reset_after_ms: int
     key: KeyT
-    bucket: Bucket
+    bucket: Rule
     cost: float
     degraded: bool = False
     cached: bool = False
     shed: bool = False
+
+    @property
+    def delay_ms(self) -> int:
+        """An admitted reservation's wait before the caller may proceed;
+        0 for every other call."""
+        return self.retry_after_ms if self.allowed else 0
 
     @property
     def wait_ms(self) -> int:
@@ -59,7 +70,7 @@ class Decision(_RetryAfter):
         return self.reset_after_ms if self.allowed else self.retry_after_ms
 
     @classmethod
-    def from_reply(cls, reply: Sequence[int], key: KeyT, bucket: Bucket, cost: float) -> Decision:
+    def from_reply(cls, reply: Sequence[int], key: KeyT, bucket: Rule, cost: float) -> Decision:
         allowed, remaining, retry_ms, reset_ms = reply
         # What the generated __init__ does, in one step instead of one
         # object.__setattr__ per field: this runs on every call.
@@ -79,7 +90,7 @@ class Decision(_RetryAfter):
         return d
 
     @classmethod
-    def from_adjust(cls, reply: Sequence[int], key: KeyT, bucket: Bucket, delta: float) -> Decision:
+    def from_adjust(cls, reply: Sequence[int], key: KeyT, bucket: Rule, delta: float) -> Decision:
         """TB.ADJUST's reply, whose `allowed` is always 1 and whose retry
         time is for a request of cost 1 (or `max`): admitted is what that
         request would be."""
@@ -105,6 +116,12 @@ class MultiDecision(_RetryAfter):
     degraded: bool = False
     cached: bool = False
     shed: bool = False
+
+    @property
+    def delay_ms(self) -> int:
+        """With `max_wait`, the wait before proceeding when admitted (the
+        longest of the reservations); 0 otherwise."""
+        return self.retry_after_ms if self.allowed else 0
 
     @property
     def denied_by(self) -> tuple[Decision, ...]:

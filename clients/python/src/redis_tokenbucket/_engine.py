@@ -35,6 +35,7 @@ from ._scripts import (
     library_source,
     library_version,
     module_args,
+    wire_op,
 )
 
 log = logging.getLogger("redis_tokenbucket")
@@ -47,7 +48,7 @@ Plan = Generator[Command, Any, T]
 BackendName = Literal["module", "functions", "eval"]
 BACKENDS: tuple[BackendName, ...] = ("module", "functions", "eval")
 # The operations that can take a token or a slot: WAIT goes behind them.
-WRITES = frozenset({"consume", "mconsume", "acquire"})
+WRITES = frozenset({"consume", "mconsume", "acquire", "quota", "charge"})
 
 
 def refused(exc: BaseException) -> bool:
@@ -93,13 +94,16 @@ class Engine:
         self._library_checked = False
         self._library_checking = False
 
-    def call(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None) -> Plan[Any]:
+    def call(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None, after: Args = ()) -> Plan[Any]:
         """Sends `op` on its groups (a lease operation: on its key and head,
-        with the groups as its buckets) and returns the reply."""
+        with the groups as its buckets; a quota's operation for a quota),
+        `after` behind them (WAIT max_ms), and returns the reply."""
+        if lease is None:
+            op = wire_op(op, groups, after)
         backend = self.backend
         if backend is not None:
             try:
-                return (yield from self._send(backend, op, groups, lease))
+                return (yield from self._send(backend, op, groups, lease, after))
             except _Unavailable as gone:
                 if self.forced:
                     raise NoBackendError([(backend, gone.cause)]) from gone.cause
@@ -108,14 +112,14 @@ class Engine:
                 # The node found next (after a failover) may hold another
                 # library, or none: check it again there.
                 self._library_checked = False
-        return (yield from self._detect(op, groups, lease))
+        return (yield from self._detect(op, groups, lease, after))
 
-    def _detect(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
+    def _detect(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead], after: Args) -> Plan[Any]:
         # The call itself is the probe: a refusal means nothing ran.
         failures: list[tuple[str, BaseException]] = []
         for name in BACKENDS:
             try:
-                reply = yield from self._send(name, op, groups, lease)
+                reply = yield from self._send(name, op, groups, lease, after)
             except _Unavailable as exc:
                 failures.append((name, exc.cause))
                 continue
@@ -127,24 +131,28 @@ class Engine:
             return reply
         raise NoBackendError(failures)
 
-    def _send(self, backend: BackendName, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
-        if op == "adjust" and groups[0][2] > 0:
+    def _send(
+        self, backend: BackendName, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead], after: Args
+    ) -> Plan[Any]:
+        if op in ("adjust", "qadjust") and groups[0][2] > 0:
             # A refund: run twice, it would mint. The transport sends it
             # again only where it provably never reached Redis.
-            return (yield from _once(self._send_as(backend, op, groups, lease)))
-        return (yield from self._send_as(backend, op, groups, lease))
+            return (yield from _once(self._send_as(backend, op, groups, lease, after)))
+        return (yield from self._send_as(backend, op, groups, lease, after))
 
-    def _send_as(self, backend: BackendName, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
+    def _send_as(
+        self, backend: BackendName, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead], after: Args
+    ) -> Plan[Any]:
         if backend == "module":
             try:
-                return (yield from self._sent(op, module_args(op, groups, lease)))
+                return (yield from self._sent(op, module_args(op, groups, lease, after)))
             except Exception as exc:
                 if refused(exc):
                     raise _Unavailable(backend, exc) from exc
                 raise
         if backend == "functions":
-            return (yield from self._fcall(op, groups, lease))
-        return (yield from self._eval(op, eval_args(op, groups, lease)))
+            return (yield from self._fcall(op, groups, lease, after))
+        return (yield from self._eval(op, eval_args(op, groups, lease, after)))
 
     def _sent(self, op: Op, args: Args) -> Plan[Any]:
         """Sends an operation's command; with WAIT pipelined behind it when
@@ -161,15 +169,15 @@ class Engine:
             )
         return reply
 
-    def _fcall(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead]) -> Plan[Any]:
+    def _fcall(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead], after: Args) -> Plan[Any]:
         if self._library_checking:
             # Another call is checking or loading the library right now: a
             # burst of first calls (or of calls after FUNCTION FLUSH) must
             # not each load it, since every FUNCTION LOAD compiles it while
             # Redis waits. The EVAL script needs no loading and answers the
             # same.
-            return (yield from self._eval(op, eval_args(op, groups, lease)))
-        args = fcall_args(op, groups, lease)
+            return (yield from self._eval(op, eval_args(op, groups, lease, after)))
+        args = fcall_args(op, groups, lease, after)
         key = lease[0] if lease is not None else groups[0][0]
         if not self._library_checked:
             self._library_checking = True

@@ -26,11 +26,14 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, TypeVar, Union
 
-from ._bucket import Bucket, check_cost
+from ._bucket import Bucket
 from ._decision import MultiDecision
 from ._hold import AsyncHold, background
 from ._key_owners import claim
 from ._lease import Concurrency, Lease, check_int
+from ._quota import Quota
+from ._quota import Rule as BucketOrQuota
+from ._requests import check_amount
 from .asyncio import Limiter
 from .headers import rate_limit_headers
 
@@ -184,8 +187,8 @@ RequestT = TypeVar("RequestT")
 KeyFunc = Callable[[RequestT], Union[Optional[str], Awaitable[Optional[str]]]]
 """The request's identity for one rule, or None to skip the rule."""
 
-BucketFunc = Callable[[RequestT], Union[Bucket, Awaitable[Bucket]]]
-"""The bucket for this request (the caller's tier, say)."""
+BucketFunc = Callable[[RequestT], Union[BucketOrQuota, Awaitable[BucketOrQuota]]]
+"""The bucket (or quota) for this request (the caller's tier, say)."""
 
 ConcurrencyFunc = Callable[[RequestT], Union[Concurrency, Awaitable[Concurrency]]]
 """The Concurrency for this request (the caller's tier, say)."""
@@ -209,26 +212,26 @@ class Rule:
     once). `cost` may be a function of the request too.
     """
 
-    bucket: Union[Bucket, BucketFunc[Any]]
+    bucket: Union[BucketOrQuota, BucketFunc[Any]]
     key: KeyFunc[Any]
     cost: Union[float, Callable[[Any], float]] = 1
     prefix: str = "rl"
 
     def __post_init__(self) -> None:
-        if isinstance(self.bucket, Bucket):
+        if isinstance(self.bucket, (Bucket, Quota)):
             _check_named(self.bucket)
             if not callable(self.cost):
-                check_cost(self.cost, self.bucket)
+                check_amount(self.cost, self.bucket)
         elif not callable(self.bucket):
-            raise TypeError(f"a Rule's bucket is a Bucket or a function of the request, got {self.bucket!r}")
+            raise TypeError(f"a Rule's bucket is a Bucket, a Quota or a function of the request, got {self.bucket!r}")
 
-    async def bucket_for(self, request: Any) -> Bucket:
-        """The rule's bucket for this request."""
-        if isinstance(self.bucket, Bucket):
+    async def bucket_for(self, request: Any) -> BucketOrQuota:
+        """The rule's bucket (or quota) for this request."""
+        if isinstance(self.bucket, (Bucket, Quota)):
             return self.bucket
-        return _check_named(await of_request(self.bucket, request, Bucket, "a Rule's bucket function"))
+        return _check_named(await of_request(self.bucket, request, (Bucket, Quota), "a Rule's bucket function"))
 
-    async def group(self, request: Any) -> Optional[tuple[str, Bucket, float]]:
+    async def group(self, request: Any) -> Optional[tuple[str, BucketOrQuota, float]]:
         identity = await of_request(self.key, request)
         if identity is None:
             return None
@@ -236,23 +239,26 @@ class Rule:
         cost = self.cost(request) if callable(self.cost) else self.cost
         return (f"{self.prefix}:{bucket.name}:{identity}", bucket, cost)
 
-    def claim(self, limiter: Limiter, bucket: Optional[Bucket] = None) -> None:
+    def claim(self, limiter: Limiter, bucket: Optional[BucketOrQuota] = None) -> None:
         """Claims this rule's keys on the limiter (`_key_owners`): its
         bucket's, or `bucket`, one its function returned."""
-        if isinstance(self.bucket, Bucket):
-            claim(limiter, self, self.prefix, str(self.bucket.name), ("bucket", self.bucket.max, self.bucket.rate))
+        b = self.bucket
+        if isinstance(b, Quota):
+            claim(limiter, self, self.prefix, str(b.name), ("quota", b.limit, b.period, b.offset))
+        elif isinstance(b, Bucket):
+            claim(limiter, self, self.prefix, str(b.name), ("bucket", b.max, b.rate))
         elif bucket is not None:
             claim(limiter, self, self.prefix, str(bucket.name), None)
 
 
-async def groups_of(limiter: Limiter, rules: Sequence[Rule], request: Any) -> list[tuple[str, Bucket, float]]:
+async def groups_of(limiter: Limiter, rules: Sequence[Rule], request: Any) -> list[tuple[str, BucketOrQuota, float]]:
     """The (key, bucket, cost) of each rule that applies to the request;
     the buckets rules' functions return claim their keys on first use."""
     groups = []
     for rule in rules:
         group = await rule.group(request)
         if group is not None:
-            if not isinstance(rule.bucket, Bucket):
+            if not isinstance(rule.bucket, (Bucket, Quota)):
                 rule.claim(limiter, group[1])
             groups.append(group)
     return groups
@@ -265,13 +271,14 @@ async def of_request(func: Callable[[Any], Any], request: Any, kind: Any = objec
     if inspect.isawaitable(value):
         value = await value
     if not isinstance(value, kind):
-        raise TypeError(f"{what} must return a {kind.__name__}, got {type(value).__name__}")
+        kinds = " or a ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise TypeError(f"{what} must return a {kinds}, got {type(value).__name__}")
     return value
 
 
-def _check_named(bucket: Bucket) -> Bucket:
+def _check_named(bucket: BucketOrQuota) -> BucketOrQuota:
     if bucket.name is None:
-        raise ValueError("a Rule's bucket needs a name: Bucket(max, rate, name='user')")
+        raise ValueError("a Rule's bucket needs a name: Bucket(max, rate, name='user'), Quota(limit, period, name=...)")
     return bucket
 
 

@@ -20,8 +20,9 @@ import weakref
 from typing import Any, NamedTuple, Optional
 
 Limits = Optional[tuple[Any, ...]]
-"""A static rule's ("bucket", max, rate) or ("lease", limit, lease_ms);
-None for a rule whose limits are a function of the request."""
+"""A static rule's ("bucket", max, rate), ("quota", limit, period, offset)
+or ("lease", limit, lease_ms); None for a rule whose limits are a
+function of the request."""
 
 
 class _Owner(NamedTuple):
@@ -52,5 +53,7 @@ def claim(limiter: Any, rule: Any, prefix: str, name: str, limits: Limits) -> No
 def _describe(owner: _Owner) -> str:
     if owner.limits is None:
         return "one whose limit is a function of the request"
-    kind, a, b = owner.limits
+    kind, a, b, *more = owner.limits
+    if kind == "quota":
+        return f"Quota(limit={a:g}, period={b!r}, offset={more[0]})"
     return f"Bucket(max={a:g}, rate={b:g})" if kind == "bucket" else f"Concurrency(limit={a}, lease_ms={b})"

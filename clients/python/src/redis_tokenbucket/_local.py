@@ -28,7 +28,8 @@ from redis.exceptions import ResponseError
 
 from ._bucket import Bucket
 from ._keys import KeyT
-from ._scripts import Args, Group, Op, library_source
+from ._quota import Quota, Rule
+from ._scripts import Args, Group, Op, fcall_args, library_source, wire_op
 
 try:  # Redis runs Lua 5.1; lupa ships it next to newer ones.
     from lupa.lua51 import LuaRuntime  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -39,17 +40,6 @@ except ImportError:  # an older lupa, or none
         LuaRuntime = None
 
 MISSING = 'on_error="local" needs lupa: pip install "redis-tokenbucket[local]"'
-
-_FUNCTIONS: dict[Op, bytes] = {
-    "consume": b"tb_consume",
-    "peek": b"tb_peek",
-    "adjust": b"tb_adjust",
-    "mconsume": b"tb_mconsume",
-    "acquire": b"tb_acquire",
-    "release": b"tb_release",
-    "renew": b"tb_renew",
-    "inflight": b"tb_inflight",
-}
 
 # The library's entry points, registered as Redis would (redis.register_function).
 _PRELUDE = """
@@ -81,11 +71,13 @@ def require() -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def share(bucket: Bucket, processes: int) -> Bucket:
-    """This process's part of a bucket."""
+def share(rule: Rule, processes: int) -> Rule:
+    """This process's part of a bucket or a quota."""
     if processes == 1:
-        return bucket
-    return Bucket(bucket.max / processes, bucket.rate / processes, bucket.name)
+        return rule
+    if isinstance(rule, Quota):
+        return Quota(rule.limit / processes, rule.period, rule.offset, rule.name)
+    return Bucket(rule.max / processes, rule.rate / processes, rule.name)
 
 
 def share_limit(limit: int, processes: int) -> int:
@@ -110,16 +102,18 @@ class LocalBuckets:
         if source.startswith(b"#!"):  # the shebang line is Redis's, not Lua's
             source = source.split(b"\n", 1)[1]
         self._lua.execute(source)
-        self._functions = {op: functions[name] for op, name in _FUNCTIONS.items()}
+        self._functions = functions
 
-    def run(self, op: Op, groups: Sequence[Group]) -> Any:
-        """What FCALL tb_<op> would answer for `groups`, here; buckets are
-        this process's share. A cost that can't fit a share is a denial."""
+    def run(self, op: Op, groups: Sequence[Group], after: Args = ()) -> Any:
+        """What the FCALL of `op` would answer for `groups` (a quota's
+        function for a quota), here; rules are this process's share. A
+        cost that can't fit a share is a denial."""
         local = [(k, share(b, self.processes), c) for k, b, c in groups]
-        keys = [k.encode() if isinstance(k, str) else bytes(k) for k, _, _ in local]
-        args = [a.encode() for _, b, c in local for a in (*b._limit_args, repr(c))]
+        # FCALL's own arguments: the keys, then ARGV.
+        _, function, n, *rest = fcall_args(wire_op(op, local, after), local, None, after)
+        keys, args = [_bytes(a) for a in rest[:n]], [_bytes(a) for a in rest[n:]]
         with self._lock:
-            reply = self._functions[op](self._lua.table_from(keys), self._lua.table_from(args))
+            reply = self._functions[function.encode()](self._lua.table_from(keys), self._lua.table_from(args))
             return _python(reply)
 
     def run_lease(self, op: Op, key: KeyT, head: Args, groups: Sequence[Group]) -> Any:
@@ -129,10 +123,10 @@ class LocalBuckets:
         if op == "acquire":
             head = (str(share_limit(int(head[0]), self.processes)), *head[1:])
         local = [(k, share(b, self.processes), c) for k, b, c in groups]
-        keys = [_bytes(k) for k in (key, *(k for k, _, _ in local))]
-        args = [_bytes(a) for a in head] + [a.encode() for _, b, c in local for a in (*b._limit_args, repr(c))]
+        _, function, n, *rest = fcall_args(op, local, (key, head))
+        keys, args = [_bytes(a) for a in rest[:n]], [_bytes(a) for a in rest[n:]]
         with self._lock:
-            reply = self._functions[op](self._lua.table_from(keys), self._lua.table_from(args))
+            reply = self._functions[function.encode()](self._lua.table_from(keys), self._lua.table_from(args))
             return _python(reply)
 
     def __len__(self) -> int:

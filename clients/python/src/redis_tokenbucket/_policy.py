@@ -232,7 +232,7 @@ def _shed_many(req: ManyRequest) -> MultiDecision:
 
 def _local_one(local: _local.LocalBuckets, req: OneRequest) -> Decision:
     try:
-        reply = local.run(req.op, ((req.key, req.bucket, req.amount),))
+        reply = local.run(req.op, ((req.key, req.bucket, req.amount),), req.after)
     except ResponseError:  # a cost above this process's share of max: it can't pass here
         return _degraded_one(req, False)
     allowed, remaining, retry_ms, reset_ms = reply
@@ -241,7 +241,7 @@ def _local_one(local: _local.LocalBuckets, req: OneRequest) -> Decision:
 
 def _local_many(local: _local.LocalBuckets, req: ManyRequest) -> MultiDecision:
     try:
-        allowed, retry_ms, *replies = local.run("mconsume", req.groups)
+        allowed, retry_ms, *replies = local.run("mconsume", req.groups, req.after)
     except ResponseError:
         return _degraded_many(req, False)
     decisions = tuple(

@@ -8,6 +8,7 @@ package's twin is requests.ts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Generic, Literal, Optional, TypeVar, Union
@@ -15,13 +16,14 @@ from typing import Any, Generic, Literal, Optional, TypeVar, Union
 from ._bucket import Bucket, InvalidArgument, KeyT, check_cost, check_delta, invalid
 from ._cache import DenialCache
 from ._commands import Once
-from ._contract import MAX_GROUPS
+from ._contract import MAX_GROUPS, MAX_WAIT_MS
 from ._decision import Decision, MultiDecision
 from ._engine import Engine, Plan
 from ._errors import CrossSlotError
 from ._keys import check_key, key_bytes
 from ._lease import Concurrency, Held, Lease, check_id, new_id
 from ._local import LocalBuckets
+from ._quota import Quota, Rule, check_quota_cost
 from ._scripts import Args, BucketOp, Group, Op
 
 T = TypeVar("T")
@@ -31,7 +33,7 @@ ON_ERROR: tuple[OnError, ...] = ("raise", "open", "closed", "local")
 Options = tuple[Optional[float], OnError]
 """A call's timeout and failure policy, the limiter's defaults filled in."""
 
-GroupIn = Union[tuple[KeyT, Bucket], tuple[KeyT, Bucket, float]]
+GroupIn = Union[tuple[KeyT, Rule], tuple[KeyT, Rule, float]]
 
 # The probe `detect()` peeks at; under `rl:` like the usual buckets, so an
 # ACL key pattern such as `~rl:*` covers it.
@@ -44,18 +46,22 @@ _PROBE = Bucket(1, 1)
 
 
 class OneRequest:
-    __slots__ = ("amount", "bucket", "key", "op")
+    """A call on one rule; `after` is what follows its arguments (`WAIT
+    max_ms`, a reservation), empty for most."""
 
-    def __init__(self, op: BucketOp, key: KeyT, bucket: Bucket, amount: float) -> None:
-        self.op, self.key, self.bucket, self.amount = op, key, bucket, amount
+    __slots__ = ("after", "amount", "bucket", "key", "op")
+
+    def __init__(self, op: BucketOp, key: KeyT, bucket: Rule, amount: float, after: Args = ()) -> None:
+        self.op, self.key, self.bucket, self.amount, self.after = op, key, bucket, amount, after
 
 
 class ManyRequest:
-    __slots__ = ("each", "groups")
+    __slots__ = ("after", "each", "groups")
 
-    def __init__(self, groups: tuple[Group, ...], each: bool) -> None:
+    def __init__(self, groups: tuple[Group, ...], each: bool, after: Args = ()) -> None:
         self.groups = groups
         self.each = each  # bucket by bucket instead of one MCONSUME
+        self.after = after
 
 
 class LeaseRequest:
@@ -133,13 +139,16 @@ class Requests:
 
     # ---- requests: checked before anything is sent -----------------------
 
-    def _check_one(self, op: BucketOp, key: KeyT, bucket: Bucket, amount: Any) -> OneRequest:
+    def _check_one(self, op: BucketOp, key: KeyT, bucket: Rule, amount: Any, max_wait: Optional[float]) -> OneRequest:
         key = check_key(key)
-        check_bucket(bucket)
-        value = check_delta(amount) if op == "adjust" else check_cost(amount, bucket)
-        return OneRequest(op, key, bucket, value)
+        check_rule(bucket)
+        value = check_delta(amount) if op == "adjust" else check_amount(amount, bucket)
+        after = reservation(max_wait, (bucket,))
+        return OneRequest(op, key, bucket, value, after)
 
-    def _check_many(self, groups: Iterable[GroupIn], atomic: Optional[bool]) -> ManyRequest:
+    def _check_many(
+        self, groups: Iterable[GroupIn], atomic: Optional[bool], max_wait: Optional[float] = None
+    ) -> ManyRequest:
         # The module's order: the group count, each group left to right,
         # then duplicate keys; the first error wins.
         given = list(groups)
@@ -154,7 +163,8 @@ class Requests:
                 f"atomic consume_many needs every key in one Cluster hash slot, got {slots}; "
                 "put the shared part in a hash tag (redis_tokenbucket.hash_tagged) or pass atomic=None"
             )
-        return ManyRequest(tuple(checked), each=split or atomic is False)
+        after = reservation(max_wait, [r for _, r, _ in checked], many=True)
+        return ManyRequest(tuple(checked), each=split or atomic is False, after=after)
 
     def _check_duplicates(self, groups: Sequence[Group], lease_key: Optional[KeyT] = None) -> None:
         """The module's last checks: a bucket on the lease key, then a key
@@ -181,7 +191,7 @@ class Requests:
             raise TypeError(f"expected a Concurrency, got {type(concurrency).__name__}")
         lease_id = new_id() if lease_id is None else check_id(lease_id, self._encoding)
         weight = concurrency.check_weight(weight)
-        groups = check_groups(list(buckets))
+        groups = check_groups(list(buckets), quotas=False)
         self._check_duplicates(groups, key)
         if self._cluster and groups and len({self._slot(k) for k in (key, *(k for k, _, _ in groups))}) > 1:
             slots = ", ".join(f"{k!r}: {self._slot(k)}" for k in (key, *(k for k, _, _ in groups)))
@@ -198,16 +208,20 @@ class Requests:
 
     # ---- jobs: what the public methods run --------------------------------
 
-    def one(self, op: BucketOp, key: KeyT, bucket: Bucket, amount: Any, options: Options) -> Job[Decision]:
-        req = self._check_one(op, key, bucket, amount)
-        if self.denial_cache is not None:
+    def one(
+        self, op: BucketOp, key: KeyT, bucket: Rule, amount: Any, options: Options, max_wait: Optional[float] = None
+    ) -> Job[Decision]:
+        req = self._check_one(op, key, bucket, amount, max_wait)
+        if self.denial_cache is not None and not req.after:
             cached = self._cached_one(req)
             if cached is not None:
                 return Job(None, cached, req, options)
         return Job(self._plan_one(req), None, req, options)
 
-    def many(self, groups: Iterable[GroupIn], atomic: Optional[bool], options: Options) -> Job[MultiDecision]:
-        req = self._check_many(groups, atomic)
+    def many(
+        self, groups: Iterable[GroupIn], atomic: Optional[bool], options: Options, max_wait: Optional[float] = None
+    ) -> Job[MultiDecision]:
+        req = self._check_many(groups, atomic, max_wait)
         cached = self._cached_many(req)
         if cached is not None:
             return Job(None, cached, req, options)
@@ -286,7 +300,7 @@ class Requests:
         return self.denial_cache.lookup_one(req.key, req.bucket, req.amount)
 
     def _cached_many(self, req: ManyRequest) -> Optional[MultiDecision]:
-        if self.denial_cache is None:
+        if self.denial_cache is None or req.after:
             return None
         keys = tuple(k for k, _, _ in req.groups)
         hit = self.denial_cache.lookup(keys, [b for _, b, _ in req.groups], [c for _, _, c in req.groups])
@@ -295,11 +309,13 @@ class Requests:
         return MultiDecision(False, hit.retry_after_ms, hit.decisions, atomic=not req.each, cached=True)
 
     def _plan_one(self, req: OneRequest) -> Plan[Decision]:
-        cache = self.denial_cache
+        # A reservation is kept out of the denial cache: a plain denial says
+        # nothing of it, nor its denial of a plain call.
+        cache = self.denial_cache if not req.after else None
         # Before anything is sent: a denial's deadline counts from here.
         ticket = cache.sent(req.op, (req.key,)) if cache is not None else None
         try:
-            reply = yield from self.engine.call(req.op, ((req.key, req.bucket, req.amount),))
+            reply = yield from self.engine.call(req.op, ((req.key, req.bucket, req.amount),), None, req.after)
         except BaseException:
             if ticket is not None:
                 ticket.failed()
@@ -311,14 +327,14 @@ class Requests:
         return decision
 
     def _plan_many(self, req: ManyRequest) -> Plan[MultiDecision]:
-        cache = self.denial_cache
+        cache = self.denial_cache if not req.after else None
         keys = [k for k, _, _ in req.groups]
         ticket = cache.sent("each" if req.each else "mconsume", keys) if cache is not None else None
         try:
             if req.each:
-                result = yield from self._plan_each(req.groups)
+                result = yield from self._plan_each(req.groups, req.after)
             else:
-                allowed, retry_ms, *replies = yield from self.engine.call("mconsume", req.groups)
+                allowed, retry_ms, *replies = yield from self.engine.call("mconsume", req.groups, None, req.after)
                 decisions = tuple(Decision.from_reply(r, *g) for r, g in zip(replies, req.groups, strict=True))
                 result = MultiDecision(bool(allowed), int(retry_ms), decisions)
         except BaseException:
@@ -329,7 +345,7 @@ class Requests:
             ticket.answered(result.allowed, result.retry_after_ms, result.decisions)
         return result
 
-    def _plan_each(self, groups: Sequence[Group]) -> Plan[MultiDecision]:
+    def _plan_each(self, groups: Sequence[Group], after: Args = ()) -> Plan[MultiDecision]:
         """All-or-nothing without TB.MCONSUME, for keys in several Cluster
         slots: charge bucket by bucket in order; when one denies, refund
         those already charged and peek at the rest, so the answer is the
@@ -339,7 +355,9 @@ class Requests:
         refund, the charge stays."""
         charged: list[Decision] = []
         for i, (key, bucket, cost) in enumerate(groups):
-            reply = yield from self.engine.call("consume", ((key, bucket, cost),))
+            # A wait reserves bucket tokens; a quota never waits.
+            wait = after if bucket.kind == "bucket" else ()
+            reply = yield from self.engine.call("consume", ((key, bucket, cost),), None, wait)
             decision = Decision.from_reply(reply, key, bucket, cost)
             if decision.allowed:
                 charged.append(decision)
@@ -358,7 +376,7 @@ class Requests:
                 rest.append(Decision.from_reply(reply, key, bucket, cost))
             decisions = (*refunded, decision, *rest)
             return MultiDecision(False, max(d.retry_after_ms for d in decisions), decisions, atomic=False)
-        return MultiDecision(True, 0, tuple(charged), atomic=False)
+        return MultiDecision(True, max(d.retry_after_ms for d in charged), tuple(charged), atomic=False)
 
     def _plan_reset(self, key: KeyT) -> Plan[bool]:
         cache = self.denial_cache
@@ -438,19 +456,23 @@ def lease_from_reply(reply: Sequence[Any], req: LeaseRequest, degraded: bool) ->
     )  # fmt: skip
 
 
-def check_groups(given: list[Any]) -> list[Group]:
-    """Buckets given as (key, bucket) or (key, bucket, cost), checked in the
-    module's order: their count, then each left to right."""
+def check_groups(given: list[Any], quotas: bool = True) -> list[Group]:
+    """Rules given as (key, rule) or (key, rule, cost), checked in the
+    module's order: their count, then each left to right; `quotas` False
+    where only buckets may go (an acquire's)."""
     if len(given) > MAX_GROUPS:
         raise invalid("groups", "too_many_groups")
     checked: list[Group] = []
     for i, group in enumerate(given, 1):
         key, bucket, *cost = group
         key = check_key(key, i)
-        check_bucket(bucket, i)
+        if quotas:
+            check_rule(bucket, i)
+        else:
+            check_bucket(bucket, i)
         if len(cost) > 1:
             raise ValueError(f"group {i}: expected (key, bucket) or (key, bucket, cost)")
-        checked.append((key, bucket, check_cost(cost[0] if cost else 1, bucket, i)))
+        checked.append((key, bucket, check_amount(cost[0] if cost else 1, bucket, i)))
     return checked
 
 
@@ -465,6 +487,39 @@ def check_bucket(bucket: Any, group: Optional[int] = None) -> None:
     if not isinstance(bucket, Bucket):
         where = "" if group is None else f" (group {group})"
         raise TypeError(f"expected a Bucket{where}, got {type(bucket).__name__}")
+
+
+def check_rule(rule: Any, group: Optional[int] = None) -> None:
+    if not isinstance(rule, (Bucket, Quota)):
+        where = "" if group is None else f" (group {group})"
+        raise TypeError(f"expected a Bucket or a Quota{where}, got {type(rule).__name__}")
+
+
+def check_amount(cost: Any, rule: Rule, group: Optional[int] = None) -> float:
+    """A cost for a bucket or a quota, with the module's checks for each."""
+    if isinstance(rule, Quota):
+        return check_quota_cost(cost, rule, group)
+    return check_cost(cost, rule, group)
+
+
+# The longest wait, in seconds: the module's max_ms.
+MAX_WAIT = MAX_WAIT_MS / 1000
+
+
+def reservation(max_wait: Any, rules: Sequence[Rule], many: bool = False) -> Args:
+    """`WAIT max_ms` for a wait of `max_wait` seconds (floored to the ms:
+    never longer than asked), or nothing for None. Only buckets reserve:
+    a quota alone with a wait is an error, where TB.CHARGE waits for the
+    buckets beside it."""
+    if max_wait is None:
+        return ()
+    number = isinstance(max_wait, (int, float)) and not isinstance(max_wait, bool)
+    if not (number and 0 <= max_wait <= MAX_WAIT):
+        raise InvalidArgument("max_wait", f"max_wait must be >= 0 and <= {MAX_WAIT:g} seconds, or None")
+    if not many and all(r.kind == "quota" for r in rules):
+        raise InvalidArgument("max_wait", "max_wait is for buckets: a quota never reserves, it resets")
+    # Rounded to the µs first: 1.001 s is 1001 ms, whatever the float.
+    return ("WAIT", str(math.floor(round(max_wait * 1000, 3))))
 
 
 def check_timeout(timeout: Optional[float]) -> Optional[float]:

@@ -21,14 +21,44 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal, Optional
 
-from ._bucket import Bucket, KeyT, encode
+from ._bucket import KeyT, encode
+from ._quota import Rule
 
 BucketOp = Literal["consume", "peek", "adjust", "mconsume"]
+QuotaOp = Literal["quota", "qpeek", "qadjust", "charge"]
 LeaseOp = Literal["acquire", "release", "renew", "inflight"]
-Op = Literal[BucketOp, LeaseOp]
+Op = Literal[BucketOp, QuotaOp, LeaseOp]
 Args = tuple[Any, ...]
-Group = tuple[KeyT, Bucket, float]
-"""(key, bucket, cost or delta), checked."""
+Group = tuple[KeyT, Rule, float]
+"""(key, bucket or quota, cost or delta), checked."""
+
+# A call names the bucket operation; a quota is charged by its own
+# command, and several rules of which one is a quota by TB.CHARGE.
+_QUOTA_OPS: dict[str, QuotaOp] = {"consume": "quota", "peek": "qpeek", "adjust": "qadjust", "mconsume": "charge"}
+
+
+def wire_op(op: Op, groups: Sequence[Group], after: Args = ()) -> Op:
+    """The operation sent for `op` on `groups`: a quota's own for a
+    quota, TB.CHARGE for several rules with a quota among them or a wait."""
+    if op == "mconsume":
+        return "charge" if after or any(r.kind == "quota" for _, r, _ in groups) else op
+    if len(groups) == 1 and groups[0][1].kind == "quota":
+        return _QUOTA_OPS.get(op, op)
+    return op
+
+
+def _rule_args(rule: Rule, amount: float) -> tuple[str, ...]:
+    """A rule's arguments after its key: `max rate amount`, or a quota's
+    `limit period amount [OFFSET m]`."""
+    return (*rule._limit_args, encode(amount), *rule._after_args)
+
+
+def _clause(rule: Rule, amount: float) -> tuple[str, ...]:
+    """A TB.CHARGE clause: BUCKET max rate cost, or QUOTA limit period cost
+    [OFFSET m]."""
+    return ("QUOTA" if rule.kind == "quota" else "BUCKET", *_rule_args(rule, amount))
+
+
 LeaseHead = tuple[KeyT, Args]
 """A lease operation's key and the arguments before its buckets: `limit
 lease_ms id weight` (acquire), `id` (release), `id lease_ms` (renew), none
@@ -45,18 +75,28 @@ COMMANDS: dict[Op, str] = {
     "release": "TB.RELEASE",
     "renew": "TB.RENEW",
     "inflight": "TB.INFLIGHT",
+    "quota": "TB.QUOTA",
+    "qpeek": "TB.QPEEK",
+    "qadjust": "TB.QADJUST",
+    "charge": "TB.CHARGE",
 }
 
 
-def module_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None) -> Args:
-    """TB.<OP> key max rate amount [key max rate amount ...], or for a lease
+def module_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None, after: Args = ()) -> Args:
+    """TB.<OP> key max rate amount [key max rate amount ...] (a quota's
+    `key limit period amount [OFFSET m]`), then `after` (WAIT max_ms); for
+    TB.CHARGE numkeys key... [WAIT max_ms] clause...; for a lease
     operation TB.<OP> key head... [BUCKET bkey max rate cost ...]"""
     if lease is not None:
         key, head = lease
         return (COMMANDS[op], key, *head, *(a for k, b, n in groups for a in ("BUCKET", k, *b._limit_args, encode(n))))
+    if op == "charge":
+        return (COMMANDS[op], len(groups), *_keys(groups), *after, *_clauses(groups))
     if len(groups) == 1:  # the common case, without the generator
-        key, bucket, amount = groups[0]
-        return (COMMANDS[op], key, *bucket._limit_args, encode(amount))
+        key, rule, amount = groups[0]
+        if not after and not rule._after_args:
+            return (COMMANDS[op], key, *rule._limit_args, encode(amount))
+        return (COMMANDS[op], key, *_rule_args(rule, amount), *after)
     return (COMMANDS[op], *(a for k, b, n in groups for a in (k, *b._limit_args, encode(n))))
 
 
@@ -77,18 +117,23 @@ FUNCTIONS: dict[Op, tuple[str, str]] = {
     "release": ("FCALL", "tb_release"),
     "renew": ("FCALL", "tb_renew"),
     "inflight": ("FCALL_RO", "tb_inflight"),
+    "quota": ("FCALL", "tb_quota"),
+    "qpeek": ("FCALL_RO", "tb_qpeek"),
+    "qadjust": ("FCALL", "tb_qadjust"),
+    "charge": ("FCALL", "tb_charge"),
 }
 
 
-def fcall_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None) -> Args:
-    """FCALL tb_<op> numkeys key... max rate amount ...; for a lease
+def fcall_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None, after: Args = ()) -> Args:
+    """FCALL tb_<op> numkeys key... max rate amount ... [WAIT max_ms];
+    tb_charge's numkeys key... [WAIT max_ms] clause...; for a lease
     operation the lease key comes first, then the bucket keys, then its
     head, then max rate cost per bucket (lua/tb.lua's form)."""
     command, function = FUNCTIONS[op]
     if lease is not None:
         key, head = lease
         return (command, function, 1 + len(groups), key, *_keys(groups), *head, *_limits(groups))
-    return (command, function, len(groups), *_keys(groups), *_limits(groups))
+    return (command, function, len(groups), *_keys(groups), *_arguments(op, groups, after))
 
 
 # Lua takes keys and arguments apart: every key first, then one
@@ -103,12 +148,26 @@ def _limits(groups: Sequence[Group]) -> list[str]:
     return [a for _, b, n in groups for a in (*b._limit_args, encode(n))]
 
 
+def _clauses(groups: Sequence[Group]) -> list[str]:
+    return [a for _, r, n in groups for a in _clause(r, n)]
+
+
+def _arguments(op: Op, groups: Sequence[Group], after: Args) -> list[Any]:
+    """ARGV of a bucket or quota operation: each group's rule and amount,
+    `after` behind them (tb_charge's WAIT goes first, then its clauses)."""
+    if op == "charge":
+        return [*after, *_clauses(groups)]
+    if len(groups) == 1:
+        return [*_rule_args(groups[0][1], groups[0][2]), *after]
+    return _limits(groups)
+
+
 # ---- the EVAL script (lua/gen_eval.py) ------------------------------------
 
 EVAL_FILE = "tb-eval.lua"
 
 
-def eval_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None) -> Args:
+def eval_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None, after: Args = ()) -> Args:
     """What follows `EVALSHA <sha>` (or `EVAL <source>`): numkeys key...
     <op> max rate amount ..., the operation named as in FCALL tb_<op>
     (consume, peek, adjust, mconsume, acquire, ...), then what that
@@ -117,7 +176,7 @@ def eval_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None
     if lease is not None:
         key, head = lease
         return (1 + len(groups), key, *_keys(groups), op, *head, *_limits(groups))
-    return (len(groups), *_keys(groups), op, *_limits(groups))
+    return (len(groups), *_keys(groups), op, *_arguments(op, groups, after))
 
 
 @dataclass(frozen=True)

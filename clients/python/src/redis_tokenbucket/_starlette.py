@@ -203,6 +203,7 @@ class RateLimitBase:
         timeout: Optional[float] = None,
         atomic: Optional[bool] = None,
         legacy_headers: bool = False,
+        max_delay: Optional[float] = None,
     ) -> None:
         if not rules:
             raise ValueError("RateLimit needs at least one Rule")
@@ -214,13 +215,21 @@ class RateLimitBase:
         self.timeout = timeout
         self.atomic = atomic
         self.legacy_headers = legacy_headers
+        self.max_delay = max_delay
 
     async def check(self, request: Request) -> Optional[MultiDecision]:
-        """Charges the request; None when no rule applies to it."""
+        """Charges the request; None when no rule applies to it. With
+        `max_delay` (seconds), a request the buckets can serve within it
+        is admitted and delayed by its reservation's wait, not refused."""
         groups = await groups_of(self.limiter, self.rules, request)
         if not groups:
             return None
-        return await self.limiter.consume_many(groups, atomic=self.atomic, timeout=self.timeout, on_error=self.on_error)
+        decision = await self.limiter.consume_many(
+            groups, atomic=self.atomic, max_wait=self.max_delay, timeout=self.timeout, on_error=self.on_error
+        )
+        if decision.delay_ms > 0 and not decision.degraded:
+            await self.limiter.sleep(decision.delay_ms / 1000)
+        return decision
 
     def answer(self, decision: MultiDecision) -> Optional[JSONResponse]:
         """The refusal to send, or None to let the request through."""
@@ -312,10 +321,17 @@ class RateLimitMiddleware:
         atomic: Optional[bool] = None,
         legacy_headers: bool = False,
         exempt: Optional[Callable[[Request], bool]] = None,
+        max_delay: Optional[float] = None,
     ) -> None:
         self.app = app
         self.limit = RateLimitBase(
-            limiter, *rules, on_error=on_error, timeout=timeout, atomic=atomic, legacy_headers=legacy_headers
+            limiter,
+            *rules,
+            on_error=on_error,
+            timeout=timeout,
+            atomic=atomic,
+            legacy_headers=legacy_headers,
+            max_delay=max_delay,
         )
         self.exempt = exempt
 

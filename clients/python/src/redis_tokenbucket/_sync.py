@@ -17,6 +17,7 @@ from ._engine import Plan
 from ._hold import Hold
 from ._lease import Concurrency, Lease
 from ._limiter import LimiterBase
+from ._quota import Rule
 from ._requests import PROBE_KEY, GroupIn, Job, OnError
 from ._transport import SyncTransport
 
@@ -81,53 +82,89 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
 
     _transport_class = SyncTransport
     _transport: SyncTransport
+    # What `wait` sleeps with: replace it to pace on your own clock.
+    sleep: Callable[[float], None] = staticmethod(time.sleep)
 
     def consume(
         self,
         key: KeyT,
-        bucket: Bucket,
+        bucket: Rule,
         cost: float = 1,
         *,
+        max_wait: Optional[float] = None,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
     ) -> Decision:
-        """Charges `cost` tokens if the bucket holds them (TB.CONSUME)."""
-        return self._run(self._requests.one("consume", key, bucket, cost, self._options(timeout, on_error)))
+        """Charges `cost` tokens if the bucket holds them (TB.CONSUME), or
+        `cost` of a Quota's period if it has them left (TB.QUOTA).
+
+        `max_wait` (seconds, buckets only) reserves: a bucket that would
+        hold the tokens within `max_wait` admits now, in debt, and the
+        Decision's `delay_ms` is the wait before proceeding (TB.CONSUME
+        ... WAIT max_ms); `wait()` sleeps it for you."""
+        options = self._options(timeout, on_error)
+        return self._run(self._requests.one("consume", key, bucket, cost, options, max_wait))
 
     def peek(
         self,
         key: KeyT,
-        bucket: Bucket,
+        bucket: Rule,
         cost: float = 1,
         *,
+        max_wait: Optional[float] = None,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
     ) -> Decision:
-        """What `consume` would answer, without charging (TB.PEEK)."""
-        return self._run(self._requests.one("peek", key, bucket, cost, self._options(timeout, on_error)))
+        """What `consume` would answer, without charging (TB.PEEK, TB.QPEEK)."""
+        options = self._options(timeout, on_error)
+        return self._run(self._requests.one("peek", key, bucket, cost, options, max_wait))
 
     def adjust(
         self,
         key: KeyT,
-        bucket: Bucket,
+        bucket: Rule,
         delta: float,
         *,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """Refunds (delta > 0) or charges without asking (delta < 0, down
-        to a debt of -max) (TB.ADJUST)."""
+        to a debt of -max) (TB.ADJUST); for a Quota, within its current
+        period, down to -limit left (TB.QADJUST)."""
         return self._run(self._requests.one("adjust", key, bucket, delta, self._options(timeout, on_error)))
+
+    def wait(
+        self,
+        key: KeyT,
+        bucket: Bucket,
+        cost: float = 1,
+        *,
+        max_wait: float,
+        timeout: Optional[float] = None,
+        on_error: Optional[OnError] = None,
+    ) -> Decision:
+        """Reserves `cost` tokens within `max_wait` seconds (`consume` with
+        `max_wait`) and sleeps the reservation's `delay_ms` before
+        returning its Decision. A denial (the tokens are further off than
+        `max_wait`) returns at once: never a retry loop. Sleeps with
+        `self.sleep` (time.sleep)."""
+        d = self.consume(key, bucket, cost, max_wait=max_wait, timeout=timeout, on_error=on_error)
+        if d.delay_ms > 0 and not d.degraded:
+            self.sleep(d.delay_ms / 1000)
+        return d
 
     def consume_many(
         self,
         groups: Iterable[GroupIn],
         *,
         atomic: Optional[bool] = None,
+        max_wait: Optional[float] = None,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
     ) -> MultiDecision:
-        """Charges every `(key, bucket, cost)` or none (TB.MCONSUME).
+        """Charges every `(key, rule, cost)` or none (TB.MCONSUME; TB.CHARGE
+        when a rule is a Quota, or with `max_wait`, which reserves the
+        buckets' tokens as `consume` does).
 
         On a Redis Cluster with keys in several slots, one call can't reach
         them all, so by default (``atomic=None``) the buckets are charged
@@ -135,7 +172,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         not atomic. ``atomic=True`` raises CrossSlotError instead;
         ``atomic=False`` always goes bucket by bucket.
         """
-        return self._run(self._requests.many(groups, atomic, self._options(timeout, on_error)))
+        return self._run(self._requests.many(groups, atomic, self._options(timeout, on_error), max_wait))
 
     def acquire(
         self,

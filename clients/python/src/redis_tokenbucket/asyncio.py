@@ -6,8 +6,9 @@ same plans (``_requests``), only the I/O differs.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, Optional, TypeVar, Union, cast
 
@@ -21,6 +22,7 @@ from ._engine import Plan
 from ._hold import AsyncHold
 from ._lease import Concurrency, Lease
 from ._limiter import LimiterBase
+from ._quota import Rule
 from ._requests import PROBE_KEY, GroupIn, Job, OnError
 from ._transport import AsyncTransport
 
@@ -56,55 +58,84 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
 
     _transport_class = AsyncTransport
     _transport: AsyncTransport
+    # What `wait` sleeps with: replace it to pace on your own clock.
+    sleep: Callable[[float], Awaitable[None]] = staticmethod(asyncio.sleep)
 
     async def consume(
         self,
         key: KeyT,
-        bucket: Bucket,
+        bucket: Rule,
         cost: float = 1,
         *,
+        max_wait: Optional[float] = None,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
     ) -> Decision:
-        """Charges `cost` tokens if the bucket holds them (TB.CONSUME)."""
-        return await self._run(self._requests.one("consume", key, bucket, cost, self._options(timeout, on_error)))
+        """Charges `cost` tokens if the bucket holds them (TB.CONSUME), or
+        of a Quota's period (TB.QUOTA); `max_wait` reserves, as in
+        ``redis_tokenbucket.Limiter.consume``."""
+        options = self._options(timeout, on_error)
+        return await self._run(self._requests.one("consume", key, bucket, cost, options, max_wait))
 
     async def peek(
         self,
         key: KeyT,
-        bucket: Bucket,
+        bucket: Rule,
         cost: float = 1,
         *,
+        max_wait: Optional[float] = None,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
     ) -> Decision:
-        """What `consume` would answer, without charging (TB.PEEK)."""
-        return await self._run(self._requests.one("peek", key, bucket, cost, self._options(timeout, on_error)))
+        """What `consume` would answer, without charging (TB.PEEK, TB.QPEEK)."""
+        options = self._options(timeout, on_error)
+        return await self._run(self._requests.one("peek", key, bucket, cost, options, max_wait))
 
     async def adjust(
         self,
         key: KeyT,
-        bucket: Bucket,
+        bucket: Rule,
         delta: float,
         *,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
     ) -> Decision:
         """Refunds (delta > 0) or charges without asking (delta < 0, down
-        to a debt of -max) (TB.ADJUST)."""
+        to a debt of -max) (TB.ADJUST; TB.QADJUST for a Quota)."""
         return await self._run(self._requests.one("adjust", key, bucket, delta, self._options(timeout, on_error)))
+
+    async def wait(
+        self,
+        key: KeyT,
+        bucket: Bucket,
+        cost: float = 1,
+        *,
+        max_wait: float,
+        timeout: Optional[float] = None,
+        on_error: Optional[OnError] = None,
+    ) -> Decision:
+        """Reserves `cost` tokens within `max_wait` seconds and awaits the
+        reservation's `delay_ms` (with `self.sleep`, asyncio.sleep) before
+        returning its Decision; a denial returns at once."""
+        d = await self.consume(key, bucket, cost, max_wait=max_wait, timeout=timeout, on_error=on_error)
+        if d.delay_ms > 0 and not d.degraded:
+            await self.sleep(d.delay_ms / 1000)
+        return d
 
     async def consume_many(
         self,
         groups: Iterable[GroupIn],
         *,
         atomic: Optional[bool] = None,
+        max_wait: Optional[float] = None,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
     ) -> MultiDecision:
-        """Charges every `(key, bucket, cost)` or none (TB.MCONSUME); see
+        """Charges every `(key, rule, cost)` or none (TB.MCONSUME, or
+        TB.CHARGE with a Quota or `max_wait`); see
         ``redis_tokenbucket.Limiter.consume_many`` for Cluster slots."""
-        return await self._run(self._requests.many(groups, atomic, self._options(timeout, on_error)))
+        options = self._options(timeout, on_error)
+        return await self._run(self._requests.many(groups, atomic, options, max_wait))
 
     async def acquire(
         self,

@@ -23,16 +23,25 @@ A Lease's Concurrency is a policy of the draft's quota unit
 
 `q` is the limit, `r` the slots left after the call, and `t` (only when
 no slot is free) the seconds until one is, rounded up.
+
+A Quota's policy is named after its period unless it has a name ("day",
+"month", "3600s"): `q` is its limit, `w` the length of the current
+period (a month's or year's own number of days), `t` the seconds until
+it resets::
+
+    RateLimit-Policy: "month";q=1000000;w=2678400
+    RateLimit: "month";r=999000;t=86400
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Union
 
-from ._bucket import Bucket
 from ._decision import Decision, MultiDecision, whole_seconds
 from ._lease import Lease
+from ._quota import Quota, Rule
 
 __all__ = ["rate_limit_headers"]
 
@@ -42,9 +51,10 @@ def _sf_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def quota(bucket: Bucket) -> int:
-    """A bucket's burst in whole tokens, as the fields state it: rounded
-    down, but never 0 (a bucket of max 0.5 still admits costs up to 0.5)."""
+def quota(bucket: Rule) -> int:
+    """A bucket's burst (a quota's limit) in whole tokens, as the fields
+    state it: rounded down, but never 0 (a bucket of max 0.5 still admits
+    costs up to 0.5)."""
     return max(1, math.floor(bucket.max))
 
 
@@ -76,8 +86,14 @@ def rate_limit_headers(decision: Union[Decision, MultiDecision, Lease], *, legac
         decisions, allowed = (decision,), decision.allowed
         limit_remaining = _legacy(decision)
     for d in decisions:
-        name = _sf_string(d.bucket.name or "default")
-        policy.append(f"{name};q={quota(d.bucket)};w={math.ceil(d.bucket.max / d.bucket.rate)}")
+        rule = d.bucket
+        if isinstance(rule, Quota):
+            name = _sf_string(rule.name or rule.label)
+            window = rule.period_seconds(time.time() + d.reset_after_ms / 1000)
+        else:
+            name = _sf_string(rule.name or "default")
+            window = math.ceil(rule.max / rule.rate)
+        policy.append(f"{name};q={quota(rule)};w={window}")
         current.append(f"{name};r={max(d.remaining, 0)};t={whole_seconds(d.wait_ms)}")
     headers = {"RateLimit-Policy": ", ".join(policy), "RateLimit": ", ".join(current)}
     if legacy:
