@@ -53,9 +53,9 @@ class ChatRequest(BaseModel):
 
 
 def request_rules(limits: Limits) -> tuple[Rule, ...]:
-    """The request's buckets: user and key when authenticated (a rule whose
-    identity is None is skipped), IP always (an unauthenticated flood still
-    costs its IP). The user and key buckets' sizes are the caller's tier,
+    """The request's buckets: user and key when authenticated (optional
+    rules: without a principal they are skipped, and the routes that need
+    one answer 401), IP always (an unauthenticated flood still costs its IP). The user and key buckets' sizes are the caller's tier,
     chosen per request. Raw API keys never get here: the key bucket is named
     after the key's SHA-256."""
 
@@ -63,8 +63,8 @@ def request_rules(limits: Limits) -> tuple[Rule, ...]:
         return limits.for_tier(request.state.tier)
 
     return (
-        Rule(lambda request: tier(request).user.named("user"), user_id()),
-        Rule(lambda request: tier(request).key.named("key"), user_id("key_id")),
+        Rule(lambda request: tier(request).user.named("user"), user_id(), optional=True),
+        Rule(lambda request: tier(request).key.named("key"), user_id("key_id"), optional=True),
         Rule(limits.ip.named("ip"), lambda request: request.state.client_ip),
     )
 

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import pytest
 import redis.asyncio
 from conftest import SLOW, Target
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.testclient import TestClient
 from starlette.requests import Request as StarletteRequest
@@ -93,9 +93,10 @@ def test_admitted_then_refused_with_a_problem(target: Target, how: str):
 
 
 def test_keys_in_redis(module_target: Target):
-    with serve(module_target.server.port, "middleware", [KEY, IP]) as client:
+    optional_key = Rule(KEY.bucket, api_key(), optional=True)
+    with serve(module_target.server.port, "middleware", [optional_key, IP]) as client:
         client.get("/v1/models", headers={"X-API-Key": "secret-key", "X-Test-Peer": "198.51.100.9"})
-        # Anonymous: the key rule is skipped, the IP one still applies.
+        # Anonymous: the optional key rule is skipped, the IP one still applies.
         anon = client.get("/v1/models", headers={"X-Test-Peer": "198.51.100.9"})
         assert anon.headers["RateLimit-Policy"] == '"ip";q=5;w=5000'
     with module_target.admin() as admin:
@@ -386,3 +387,39 @@ def test_a_quota_rule_refuses_past_its_limit_and_names_its_period(module_target:
         # A quota never reserves: past its limit, the wait is until the reset.
         assert denied.status_code == 429 and slept == []
         assert 0 < int(denied.headers["Retry-After"]) <= 86400
+
+
+@pytest.mark.parametrize("how", ["dependency", "middleware"])
+def test_a_missing_identity_is_a_400_unless_the_rule_is_optional_or_falls_back(module_target: Target, how: str):
+    # Leaving out X-API-Key must not escape the per-key limit.
+    with serve(module_target.server.port, how, [KEY, IP]) as client:
+        missing = client.get("/v1/models", headers={"X-Test-Peer": "198.51.100.9"})
+        assert missing.status_code == 400 and missing.headers["content-type"] == "application/problem+json"
+        assert missing.json()["detail"] == "The key key is missing."
+        assert "RateLimit" not in missing.headers
+    with module_target.admin() as admin:
+        assert admin.keys("*") == []  # refused before anything was sent
+    # A fallback identity: callers without a key are limited by their address.
+    keyed_or_ip = Rule(Bucket(1, SLOW, name="caller"), api_key(), fallback=client_ip())
+    with serve(module_target.server.port, how, [keyed_or_ip]) as client:
+        first = client.get("/v1/models", headers={"X-Test-Peer": "198.51.100.7"})
+        second = client.get("/v1/models", headers={"X-Test-Peer": "198.51.100.7"})
+        assert (first.status_code, second.status_code) == (200, 429)
+    with module_target.admin() as admin:
+        assert admin.keys("rl:caller:*") == ["rl:caller:198.51.100.7"]
+    # Optional and every rule skipped: admitted, no fields, the skip visible.
+    seen: list[Any] = []
+    app = FastAPI()
+    install(app)
+    limiter = tb_asyncio.Limiter(redis.asyncio.Redis(port=module_target.server.port))
+    limit = RateLimit(limiter, Rule(Bucket(1, SLOW, name="anon"), api_key(), optional=True))
+
+    @app.get("/v1/models")
+    async def models(request: Request, response: Response) -> dict[str, bool]:
+        seen.append(await limit(request, response))
+        return {"ok": True}
+
+    with TestClient(app) as client:
+        ok = client.get("/v1/models")
+        assert ok.status_code == 200 and "RateLimit-Policy" not in ok.headers
+    assert seen[0].allowed and seen[0].decisions == () and seen[0].skipped == ("anon",)

@@ -141,8 +141,10 @@ def test_the_slot_is_held_until_the_last_byte(module_target: Target, how: str):
         with pytest.raises(RuntimeError, match="the route failed"):
             client.get("/v1/fail", headers={"X-API-Key": "k1"})
         assert in_flight(module_target) == 0
-        # No API key: the rule does not apply.
-        assert client.get("/v1/plain").status_code == 200
+        # No API key: refused before anything is sent, never let through unlimited.
+        missing = client.get("/v1/plain")
+        assert missing.status_code == 400 and missing.json()["detail"] == "The streams key is missing."
+        assert in_flight(module_target) == 0
 
 
 def test_a_denial_is_a_429_with_the_concurrent_requests_policy(module_target: Target):

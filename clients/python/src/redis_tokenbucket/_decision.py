@@ -113,6 +113,8 @@ class MultiDecision(_RetryAfter):
     retry_after_ms: int
     decisions: tuple[Decision, ...]
     atomic: bool = True
+    # The optional HTTP rules skipped for a request with no identity.
+    skipped: tuple[str, ...] = ()
     degraded: bool = False
     cached: bool = False
     shed: bool = False

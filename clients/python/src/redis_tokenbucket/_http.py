@@ -82,6 +82,39 @@ def refusal_of(decision: Union[MultiDecision, Lease], *, legacy_headers: bool = 
     return Refusal(429, headers, body)
 
 
+class MissingIdentity(Exception):
+    """A rule found no identity for the request (its key function, and its
+    `fallback`, returned None) and is not `optional`: the request is
+    refused with a 400 (`refusal`), never let through unlimited. Raised
+    before anything is sent to Redis."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"rule {name}: missing (its key function)")
+        self.name = name
+
+    @property
+    def refusal(self) -> Refusal:
+        body = {
+            "type": "about:blank",
+            "title": "Bad Request",
+            "status": 400,
+            "detail": f"The {self.name} key is missing.",
+        }
+        return Refusal(400, {}, body)
+
+
+async def identity_of(rule: Any, request: Any, name: Callable[[], Awaitable[str]]) -> Optional[str]:
+    """A rule's identity for the request: its key function's, else its
+    fallback's; None when both miss and the rule is optional (skipped),
+    MissingIdentity when it is not. `name` gives the policy's name."""
+    identity = await of_request(rule.key, request)
+    if identity is None and rule.fallback is not None:
+        identity = await of_request(rule.fallback, request)
+    if identity is None and not rule.optional:
+        raise MissingIdentity(await name())
+    return None if identity is None else str(identity)
+
+
 def counted(decision: Union[MultiDecision, Lease]) -> bool:
     """Whether a bucket (or a lease's slots) decided it: not shed, not the
     failure policy's answer (a degraded denial without a wait)."""
@@ -185,7 +218,9 @@ def add_fields(chosen: Fields, fields: dict[str, str]) -> None:
 RequestT = TypeVar("RequestT")
 
 KeyFunc = Callable[[RequestT], Union[Optional[str], Awaitable[Optional[str]]]]
-"""The request's identity for one rule, or None to skip the rule."""
+"""The request's identity for one rule, or None when it has none (the
+rule's `fallback` is asked next; then the request is refused with a 400,
+unless the rule is `optional`)."""
 
 BucketFunc = Callable[[RequestT], Union[BucketOrQuota, Awaitable[BucketOrQuota]]]
 """The bucket (or quota) for this request (the caller's tier, say)."""
@@ -200,6 +235,12 @@ class Rule:
     bucket at `prefix:name:identity`, the identity being what `key`
     returns. The bucket's name names the policy in the headers and in
     `violated-policies`.
+
+    A request with no identity (`key` returns None) is asked `fallback`
+    (another key function: `client_ip()`, say); with neither, it is
+    refused with a 400, so that leaving out a header never escapes a
+    limit, unless the rule is `optional`: then it is skipped, and the
+    MultiDecision names it in `skipped`.
 
     `bucket` may be a function of the request (sync or async) returning the
     Bucket for it, for limits that depend on the caller::
@@ -216,6 +257,8 @@ class Rule:
     key: KeyFunc[Any]
     cost: Union[float, Callable[[Any], float]] = 1
     prefix: str = "rl"
+    optional: bool = False
+    fallback: Optional[KeyFunc[Any]] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.bucket, (Bucket, Quota)):
@@ -232,12 +275,16 @@ class Rule:
         return _check_named(await of_request(self.bucket, request, (Bucket, Quota), "a Rule's bucket function"))
 
     async def group(self, request: Any) -> Optional[tuple[str, BucketOrQuota, float]]:
-        identity = await of_request(self.key, request)
+        identity = await identity_of(self, request, lambda: self.name_for(request))
         if identity is None:
             return None
         bucket = await self.bucket_for(request)
         cost = self.cost(request) if callable(self.cost) else self.cost
         return (f"{self.prefix}:{bucket.name}:{identity}", bucket, cost)
+
+    async def name_for(self, request: Any) -> str:
+        """The policy's name for this request, for a refusal or a skip."""
+        return await _name_of(self.bucket, lambda: self.bucket_for(request))
 
     def claim(self, limiter: Limiter, bucket: Optional[BucketOrQuota] = None) -> None:
         """Claims this rule's keys on the limiter (`_key_owners`): its
@@ -251,17 +298,22 @@ class Rule:
             claim(limiter, self, self.prefix, str(bucket.name), None)
 
 
-async def groups_of(limiter: Limiter, rules: Sequence[Rule], request: Any) -> list[tuple[str, BucketOrQuota, float]]:
-    """The (key, bucket, cost) of each rule that applies to the request;
+async def groups_of(
+    limiter: Limiter, rules: Sequence[Rule], request: Any
+) -> tuple[list[tuple[str, BucketOrQuota, float]], tuple[str, ...]]:
+    """The (key, bucket, cost) of each rule that applies to the request,
+    and the names of the optional ones skipped for want of an identity;
     the buckets rules' functions return claim their keys on first use."""
-    groups = []
+    groups, skipped = [], []
     for rule in rules:
         group = await rule.group(request)
-        if group is not None:
-            if not isinstance(rule.bucket, (Bucket, Quota)):
-                rule.claim(limiter, group[1])
-            groups.append(group)
-    return groups
+        if group is None:
+            skipped.append(await rule.name_for(request))
+            continue
+        if not isinstance(rule.bucket, (Bucket, Quota)):
+            rule.claim(limiter, group[1])
+        groups.append(group)
+    return groups, tuple(skipped)
 
 
 async def of_request(func: Callable[[Any], Any], request: Any, kind: Any = object, what: str = "") -> Any:
@@ -276,6 +328,18 @@ async def of_request(func: Callable[[Any], Any], request: Any, kind: Any = objec
     return value
 
 
+async def _name_of(limit: Any, made: Callable[[], Awaitable[Any]]) -> str:
+    """A rule's name: its limit's, or that of the limit its function makes.
+    A request with no identity may lack what the function reads too (the
+    tier its authentication sets): then the rule is "the rate limit"."""
+    if not callable(limit):
+        return str(limit.name)
+    try:
+        return str((await made()).name)
+    except Exception:  # the function's own failure: this request has no limit to name
+        return "rate limit"
+
+
 def _check_named(bucket: BucketOrQuota) -> BucketOrQuota:
     if bucket.name is None:
         raise ValueError("a Rule's bucket needs a name: Bucket(max, rate, name='user'), Quota(limit, period, name=...)")
@@ -286,8 +350,9 @@ def _check_named(bucket: BucketOrQuota) -> BucketOrQuota:
 class ConcurrencyRule:
     """At most `concurrency.limit` requests in flight per identity: each
     request takes `weight` slots of the lease key `prefix:name:identity`,
-    the identity being what `key` returns (None skips the rule), and holds
-    them until the last byte of its response is sent, or its client is gone.
+    the identity being what `key` returns (else `fallback`'s; with neither,
+    a 400, or the rule skipped if `optional`), and holds them until the
+    last byte of its response is sent, or its client is gone.
 
     `concurrency` may be a function of the request (sync or async)
     returning the Concurrency for it (the caller's tier, say); `weight` may
@@ -302,6 +367,8 @@ class ConcurrencyRule:
     key: KeyFunc[Any]
     weight: Union[int, Callable[[Any], int]] = 1
     prefix: str = "rl"
+    optional: bool = False
+    fallback: Optional[KeyFunc[Any]] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, Concurrency):
@@ -321,6 +388,10 @@ class ConcurrencyRule:
         what = "a ConcurrencyRule's concurrency function"
         return _check_concurrency_named(await of_request(self.concurrency, request, Concurrency, what))
 
+    async def name_for(self, request: Any) -> str:
+        """The policy's name for this request, for a refusal or a skip."""
+        return await _name_of(self.concurrency, lambda: self.concurrency_for(request))
+
     def claim(self, limiter: Limiter, concurrency: Optional[Concurrency] = None) -> None:
         """Claims this rule's lease keys on the limiter (`_key_owners`)."""
         if isinstance(self.concurrency, Concurrency):
@@ -331,7 +402,7 @@ class ConcurrencyRule:
 
     async def slot(self, request: Any) -> Optional[tuple[str, Concurrency, int]]:
         """(lease key, Concurrency, weight) for this request, or None."""
-        identity = await of_request(self.key, request)
+        identity = await identity_of(self, request, lambda: self.name_for(request))
         if identity is None:
             return None
         concurrency = await self.concurrency_for(request)

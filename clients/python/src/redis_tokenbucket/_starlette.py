@@ -10,6 +10,7 @@ express.ts and fastify.ts.
 import asyncio
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Optional, Union
 
 from starlette.datastructures import MutableHeaders
@@ -25,6 +26,7 @@ from ._http import (
     ConcurrencyRule,
     Holds,
     IPNetwork,
+    MissingIdentity,
     Refusal,
     Rule,
     add_fields,
@@ -108,10 +110,10 @@ def problem_response(decision: Union[MultiDecision, Lease], *, legacy_headers: b
     Retry-After and a problem+json body naming the policies that refused;
     a 503 with Retry-After for a denial nothing counted (shed, or Redis
     failing under "closed"), never a 429 with "retry now" (_http.refusal_of)."""
-    return _response(refusal_of(decision, legacy_headers=legacy_headers))
+    return refusal_response(refusal_of(decision, legacy_headers=legacy_headers))
 
 
-def _response(answer: Refusal) -> JSONResponse:
+def refusal_response(answer: Refusal) -> JSONResponse:
     return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers, media_type=PROBLEM_JSON)
 
 
@@ -217,19 +219,21 @@ class RateLimitBase:
         self.legacy_headers = legacy_headers
         self.max_delay = max_delay
 
-    async def check(self, request: Request) -> Optional[MultiDecision]:
-        """Charges the request; None when no rule applies to it. With
-        `max_delay` (seconds), a request the buckets can serve within it
-        is admitted and delayed by its reservation's wait, not refused."""
-        groups = await groups_of(self.limiter, self.rules, request)
+    async def check(self, request: Request) -> MultiDecision:
+        """Charges the request (no decisions, and the rules in `skipped`,
+        when every rule is optional and has no identity; MissingIdentity
+        when a rule that is not has none). With `max_delay` (seconds), a
+        request the buckets can serve within it is admitted and delayed by
+        its reservation's wait, not refused."""
+        groups, skipped = await groups_of(self.limiter, self.rules, request)
         if not groups:
-            return None
+            return MultiDecision(True, 0, (), skipped=skipped)
         decision = await self.limiter.consume_many(
             groups, atomic=self.atomic, max_wait=self.max_delay, timeout=self.timeout, on_error=self.on_error
         )
         if decision.delay_ms > 0 and not decision.degraded:
             await self.limiter.sleep(decision.delay_ms / 1000)
-        return decision
+        return replace(decision, skipped=skipped) if skipped else decision
 
     def answer(self, decision: MultiDecision) -> Optional[JSONResponse]:
         """The refusal to send, or None to let the request through."""
@@ -268,14 +272,14 @@ class ConcurrencyLimitBase:
     async def hold(self, request: Request) -> Optional[tuple[Lease, Optional[AsyncHold]]]:
         """Acquires the request's slot (and charges its buckets): the Lease,
         and the entered hold that renews it when it was acquired; None when
-        the rule does not apply."""
+        the rule is optional and has no identity for the request."""
         slot = await self.rule.slot(request)
         if slot is None:
             return None
         key, concurrency, weight = slot
         if not isinstance(self.rule.concurrency, Concurrency):
             self.rule.claim(self.limiter, concurrency)
-        groups = await groups_of(self.limiter, self.rules, request)
+        groups, _ = await groups_of(self.limiter, self.rules, request)
         hold = self.limiter.hold(
             key, concurrency, weight, groups, timeout=self.timeout, on_error=self.on_error
         )  # fmt: skip
@@ -337,7 +341,11 @@ class RateLimitMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = _limited_request(scope, self.exempt)
-        decision = None if request is None else await self.limit.check(request)
+        try:
+            decision = None if request is None else await self.limit.check(request)
+        except MissingIdentity as missing:
+            await refusal_response(missing.refusal)(scope, receive, send)
+            return
         if decision is None:
             await self.app(scope, receive, send)
             return
@@ -376,7 +384,11 @@ class ConcurrencyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = _limited_request(scope, self.exempt)
-        held = None if request is None else await self.limit.hold(request)
+        try:
+            held = None if request is None else await self.limit.hold(request)
+        except MissingIdentity as missing:
+            await refusal_response(missing.refusal)(scope, receive, send)
+            return
         if held is None:
             await self.app(scope, receive, send)
             return

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ._decision import MultiDecision
-from ._http import QUOTA_EXCEEDED, ConcurrencyRule, Holds, Rule, Then, add_fields
+from ._http import QUOTA_EXCEEDED, ConcurrencyRule, Holds, MissingIdentity, Rule, Then, add_fields
 from ._lease import Lease
 from ._starlette import (
     HEADERS_SCOPE_KEY,
@@ -50,6 +50,7 @@ from ._starlette import (
     api_key,
     client_ip,
     problem_response,
+    refusal_response,
     user_id,
 )
 from .asyncio import Limiter
@@ -62,6 +63,7 @@ __all__ = [
     "ConcurrencyMiddleware",
     "ConcurrencyRule",
     "KeyFunc",
+    "MissingIdentity",
     "RateLimit",
     "RateLimitHeaders",
     "RateLimitMiddleware",
@@ -135,14 +137,17 @@ _NEEDS_INSTALL = (
 class RateLimit(RateLimitBase):
     """A dependency charging each request against `rules`:
     ``Depends(RateLimit(limiter, rule, ...))``. Returns the MultiDecision
-    (None when no rule applied, or a degraded one when failing open)."""
+    (a degraded one when failing open; with no decisions when every rule
+    was optional and skipped, which `skipped` names). A request with no
+    identity for a rule that is not optional is refused with a 400."""
 
     _warned = False  # about a missing install(app), once
 
-    async def __call__(self, request: Request, response: Response) -> Optional[MultiDecision]:
-        decision = await self.check(request)
-        if decision is None:
-            return None
+    async def __call__(self, request: Request, response: Response) -> MultiDecision:
+        try:
+            decision = await self.check(request)
+        except MissingIdentity as missing:
+            raise RateLimitRefused(refusal_response(missing.refusal), missing.refusal.body) from None
         chosen: Optional[dict[str, str]] = request.scope.get(HEADERS_SCOPE_KEY)
         refusal = self.answer(decision)
         if refusal is not None:
@@ -184,7 +189,10 @@ class ConcurrencyLimit(ConcurrencyLimitBase):
         holds = request.scope.get(HOLDS_SCOPE_KEY)
         if not isinstance(holds, Holds):
             raise RuntimeError(_NEEDS_INSTALL)
-        held = await self.hold(request)
+        try:
+            held = await self.hold(request)
+        except MissingIdentity as missing:
+            raise RateLimitRefused(refusal_response(missing.refusal), missing.refusal.body) from None
         if held is None:
             return None
         lease, hold = held

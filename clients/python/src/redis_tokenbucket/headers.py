@@ -65,6 +65,8 @@ def rate_limit_headers(decision: Union[Decision, MultiDecision, Lease], *, legac
     report."""
     if decision.degraded or decision.shed:
         return {}
+    if isinstance(decision, MultiDecision) and not decision.decisions:
+        return {}  # every rule was skipped: no policy applied
     policy: list[str] = []
     current: list[str] = []
     limit_remaining: tuple[int, int]
