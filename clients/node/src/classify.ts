@@ -15,7 +15,7 @@ export type Kind = "failure" | "shed" | "usage";
 // "ERR max number of clients reached" is maxclients: Redis refusing this
 // connection for now (redis-py makes it a ConnectionError).
 const UNAVAILABLE =
-  /^(LOADING|MASTERDOWN|CLUSTERDOWN|READONLY|BUSY |OOM |TRYAGAIN|MISCONF|NOREPLICAS|ERR max number of clients reached)/;
+  /^(LOADING|MASTERDOWN|CLUSTERDOWN|READONLY|BUSY |OOM |TRYAGAIN|ASK |MISCONF|NOREPLICAS|ERR max number of clients reached)/;
 
 // This process or host out of a resource: descriptors (its own, the
 // system's), local ports, socket buffers, memory. Redis is not at fault
@@ -52,9 +52,10 @@ const CONNECTION_ERRORS = new Set([
   "SocketTimeoutError",
   "TimeoutError",
 ]);
-// ioredis says these with a plain Error.
+// ioredis says these with a plain Error ("Too many Cluster redirections":
+// a reshard or a failover outlasted its maxRedirections).
 const CONNECTION_MESSAGES =
-  /^(Connection is closed|Stream isn't writeable|Command timed out|Failed to refresh slots cache|None of startup nodes is available|Cluster isn't ready|Cluster is disconnected|Socket closed unexpectedly|Connection timeout|Socket timeout)/;
+  /^(Connection is closed|Stream isn't writeable|Command timed out|Failed to refresh slots cache|None of startup nodes is available|Cluster isn't ready|Cluster is disconnected|Socket closed unexpectedly|Connection timeout|Socket timeout|Too many Cluster redirections)/;
 
 // Error replies, as each client names them (ioredis; node-redis 4, 5+).
 const REPLY_CLASSES = new Set(["ReplyError", "ErrorReply", "SimpleError", "BlobError"]);

@@ -12,6 +12,7 @@ from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
     BusyLoadingError,
+    ClusterError,
     ConnectionError,
     ReadOnlyError,
     RedisClusterException,
@@ -35,6 +36,7 @@ _UNAVAILABLE_CODES = (
     "BUSY ",
     "OOM ",
     "TRYAGAIN",
+    "ASK ",
     "MISCONF",
     "NOREPLICAS",
 )
@@ -90,9 +92,14 @@ def classify(exc: BaseException) -> Kind:
         return "failure"
     if isinstance(exc, (RedisTimeoutError, TimeoutError, asyncio.TimeoutError, BusyLoadingError, ReadOnlyError)):
         return "failure"
+    if isinstance(exc, ClusterError):
+        # "TTL exhausted.": TRYAGAIN, ASK or MOVED retried until redis-py
+        # gave up, a reshard or a failover under way.
+        return "failure"
     if isinstance(exc, ResponseError):
         name = type(exc).__name__
-        if name in ("ClusterDownError", "MasterDownError", "TryAgainError", "OutOfMemoryError"):
+        # AskError: a slot mid-migration, its redirects not followed to the end.
+        if name in ("ClusterDownError", "MasterDownError", "TryAgainError", "OutOfMemoryError", "AskError"):
             return "failure"
         text = str(exc)
         return "failure" if text.startswith(_UNAVAILABLE_CODES) else "usage"

@@ -37,7 +37,7 @@ local _M = {}
 -- restart, a script that runs too long, a full memory, a snapshot that
 -- failed, too few replicas for min-replicas-to-write, maxclients reached).
 local UNAVAILABLE = {
-  "LOADING", "MASTERDOWN", "CLUSTERDOWN", "READONLY", "BUSY ", "OOM ", "TRYAGAIN", "MISCONF", "NOREPLICAS",
+  "LOADING", "MASTERDOWN", "CLUSTERDOWN", "READONLY", "BUSY ", "OOM ", "TRYAGAIN", "ASK ", "MISCONF", "NOREPLICAS",
   "ERR max number of clients reached",
 }
 
@@ -57,9 +57,12 @@ local LOCAL_EXHAUSTION = {
 }
 
 -- What the network says when Redis (or the way to it) is gone.
+-- (And a Cluster whose redirects outlast transport.lua's hops: a reshard
+-- or a failover under way.)
 local REDIS_GONE = {
   "connection refused", "connection reset by peer", "broken pipe", "closed", "no route to host",
   "network is unreachable", "host is unreachable", "connection timed out", "could not be resolved",
+  "too many cluster redirects",
 }
 
 local function starts_with_any(text, list)
