@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Generic, Literal, Optional, TypeVar, Union
 
+from redis.exceptions import ResponseError
+
 from ._bucket import Bucket, InvalidArgument, KeyT, check_cost, check_delta, invalid
 from ._cache import DenialCache
 from ._commands import Once
@@ -334,9 +336,19 @@ class Requests:
             if req.each:
                 result = yield from self._plan_each(req.groups, req.after)
             else:
-                allowed, retry_ms, *replies = yield from self.engine.call("mconsume", req.groups, None, req.after)
-                decisions = tuple(Decision.from_reply(r, *g) for r, g in zip(replies, req.groups, strict=True))
-                result = MultiDecision(bool(allowed), int(retry_ms), decisions)
+                try:
+                    allowed, retry_ms, *replies = yield from self.engine.call("mconsume", req.groups, None, req.after)
+                except Exception as exc:
+                    if not migrating(exc):
+                        raise
+                    # A slot moving: nothing ran, and the keys are not all on
+                    # one node until it has moved. Key by key meanwhile.
+                    if ticket is not None:
+                        ticket.op = "each"
+                    result = yield from self._plan_each(req.groups, req.after)
+                else:
+                    decisions = tuple(Decision.from_reply(r, *g) for r, g in zip(replies, req.groups, strict=True))
+                    result = MultiDecision(bool(allowed), int(retry_ms), decisions)
         except BaseException:
             if ticket is not None:
                 ticket.failed()
@@ -402,15 +414,48 @@ class Requests:
         # A re-acquire of a lease this limiter holds: its weight is in in_use.
         own = self.held.get(self._lease_ident(req), 0)
         try:
-            reply = yield from self.engine.call("acquire", req.groups, (req.key, req.head))
+            try:
+                reply = yield from self.engine.call("acquire", req.groups, (req.key, req.head))
+            except Exception as exc:
+                if not (req.groups and migrating(exc)):
+                    raise
+                lease = yield from self._plan_acquire_each(req)
+            else:
+                lease = lease_from_reply(reply, req, degraded=False)
         except BaseException:
             if ticket is not None:
                 ticket.failed()
             raise
-        lease = lease_from_reply(reply, req, degraded=False)
         lease.own_weight = own
         if ticket is not None:
             ticket.answered(lease.acquired, lease.retry_after_ms, lease.decisions)
+        return lease
+
+    def _plan_acquire_each(self, req: LeaseRequest) -> Plan[Lease]:
+        """An acquire whose buckets are in a slot that is moving: the
+        buckets charged key by key (all or none, as `_plan_each`), then
+        the lease alone, whose being busy gives the buckets back. The
+        answer TB.ACQUIRE would give, but not atomic: a call in between may
+        see the buckets charged for a lease that does not come."""
+        many = yield from self._plan_each(req.groups)
+        alone = LeaseRequest(req.op, req.key, req.concurrency, req.id, req.weight, (), req.head)
+        if not many.allowed:
+            # Denied by a bucket: no lease taken; in_use as the key has it.
+            in_use = yield from self.engine.call("inflight", (), (req.key, ()))
+            assert req.concurrency is not None
+            return Lease(
+                False, int(in_use), many.retry_after_ms, 0, req.id, req.key, req.concurrency, req.weight,
+                many.decisions, held="none",
+            )  # fmt: skip
+        lease = lease_from_reply((yield from self.engine.call("acquire", (), (req.key, req.head))), alone, False)
+        decisions = list(many.decisions)
+        if not lease.acquired:
+            for i, d in enumerate(decisions):
+                if d.cost > 0:
+                    reply = yield from self.engine.call("adjust", ((d.key, d.bucket, d.cost),))
+                    # Given back: the bucket could pay, as TB.ACQUIRE reports it.
+                    decisions[i] = replace(Decision.from_reply(reply, d.key, d.bucket, d.cost), retry_after_ms=0)
+        lease.decisions = tuple(decisions)
         return lease
 
     def _plan_renew(self, req: LeaseRequest, lease: Lease) -> Plan[bool]:
@@ -454,6 +499,18 @@ def lease_from_reply(reply: Sequence[Any], req: LeaseRequest, degraded: bool) ->
         bool(acquired), int(in_use), int(retry_ms), int(expires_ms), req.id, req.key, req.concurrency,
         req.weight, decisions, degraded=degraded, held=held,
     )  # fmt: skip
+
+
+def migrating(exc: BaseException) -> bool:
+    """A multi-key call refused because its slot is moving (TRYAGAIN, or
+    ASK, before anything ran), directly or after redis-py's Cluster client
+    retried it until its TTL ran out."""
+    name = type(exc).__name__
+    if name in ("TryAgainError", "AskError"):
+        return True
+    if name == "ClusterError":
+        return "TTL exhausted" in str(exc)
+    return isinstance(exc, ResponseError) and str(exc).startswith(("TRYAGAIN", "ASK "))
 
 
 def check_groups(given: list[Any], quotas: bool = True) -> list[Group]:
