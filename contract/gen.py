@@ -118,7 +118,18 @@ def rust(c: dict) -> str:
     for name, template in c["rendered"].items():
         out.append(f"    pub const {upper(name)}: &str = {rust_string(template)};")
     out.append("}")
+    out.append("")
+    out.append(f"/// {c['warnings']['about']}")
+    out.append("pub mod warn {")
+    for name, template in warnings(c):
+        out.append(f"    pub const {upper(name)}: &str = {rust_string(template)};")
+    out.append("}")
     return "\n".join(out) + "\n"
+
+
+def warnings(c: dict) -> list[tuple[str, str]]:
+    """The log lines every copy shares (contract.json's "warnings")."""
+    return [(name, text) for name, text in c["warnings"].items() if name != "about"]
 
 
 # ---- Lua --------------------------------------------------------------------
@@ -227,6 +238,13 @@ def python(c: dict, version: str) -> str:
     out.append("    if group is not None:")
     out.append('        values["group"] = group')
     out.append("    return ERRORS[name].format(**values)")
+    out.append("")
+    out.append("")
+    out.append(f"# {c['warnings']['about']}")
+    out.append("WARNINGS = {")
+    for name, template in warnings(c):
+        out.append(f"    {json.dumps(name)}: {json.dumps(template)},")
+    out.append("}")
     return "\n".join(out) + "\n"
 
 
@@ -263,6 +281,12 @@ def node(c: dict, version: str) -> str:
     out.append("  }")
     out.append("  return ERRORS[name].replace(/\\{(\\w+)\\}/g, (m, k: string) => (k in all ? String(all[k]) : m));")
     out.append("}")
+    out.append("")
+    out.append(f"/** {c['warnings']['about']} */")
+    out.append("export const WARNINGS = {")
+    for name, template in warnings(c):
+        out.append(f"  {name}: {json.dumps(template)},")
+    out.append("} as const;")
     return "\n".join(out) + "\n"
 
 
@@ -304,6 +328,12 @@ def openresty(c: dict, version: str) -> str:
     out.append("    if v ~= nil then return tostring(v) end")
     out.append("  end))")
     out.append("end")
+    out.append("")
+    out.append(f"-- {c['warnings']['about']}")
+    out.append("_M.WARNINGS = {")
+    for name, template in warnings(c):
+        out.append(f"  {name} = {lua_string(template)},")
+    out.append("}")
     out.append("")
     out.append("return _M")
     return "\n".join(out) + "\n"

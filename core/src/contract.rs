@@ -109,3 +109,10 @@ pub mod msg {
     pub const ONE_OF: &str = "ERR {arg} must be one of {values}";
     pub const INTERNAL: &str = "ERR tb internal error: {what}";
 }
+
+/// Log lines the module and the clients write alike; {name} marks a run-time value.
+pub mod warn {
+    pub const EVICTION: &str = "tb: maxmemory-policy {policy} with maxmemory {maxmemory} {what}: an evicted bucket comes back full, minting the tokens it had spent, and an evicted lease key frees every slot of its cap. Set maxmemory-policy noeviction, or keep the limits on an instance or database of their own";
+    pub const EVICTION_ALLKEYS: &str = "may evict any key";
+    pub const EVICTION_VOLATILE: &str = "evicts keys with a TTL, and every bucket and lease key has one (often shorter than other keys', so they go first)";
+}

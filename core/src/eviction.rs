@@ -8,6 +8,8 @@
 //! cap. The `volatile-*` policies pick among keys with a TTL, and every
 //! bucket and lease key has one, usually shorter than a cache's entries.
 
+use crate::contract::warn;
+
 /// What the settings mean for the module's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Risk {
@@ -48,18 +50,16 @@ impl Risk {
     pub fn warning(self, policy: &str, maxmemory: u64) -> Option<String> {
         let what = match self {
             Risk::None => return None,
-            Risk::AllKeys => "may evict any key",
-            Risk::Volatile => {
-                "evicts keys with a TTL, and every bucket and lease key has one \
-                 (often shorter than other keys', so they go first)"
-            }
+            Risk::AllKeys => warn::EVICTION_ALLKEYS,
+            Risk::Volatile => warn::EVICTION_VOLATILE,
         };
-        Some(format!(
-            "tb: maxmemory-policy {policy} with maxmemory {maxmemory} {what}: an evicted \
-             bucket comes back full, minting the tokens it had spent, and an evicted lease \
-             key frees every slot of its cap. Set maxmemory-policy noeviction, or keep the \
-             limits on an instance or database of their own"
-        ))
+        // The clients log the same line (contract.json's "warnings").
+        Some(
+            warn::EVICTION
+                .replace("{policy}", policy)
+                .replace("{maxmemory}", &maxmemory.to_string())
+                .replace("{what}", what),
+        )
     }
 }
 

@@ -102,3 +102,10 @@ export function message(name: ErrorName, values: Record<string, string | number>
   }
   return ERRORS[name].replace(/\{(\w+)\}/g, (m, k: string) => (k in all ? String(all[k]) : m));
 }
+
+/** Log lines the module and the clients write alike; {name} marks a run-time value. */
+export const WARNINGS = {
+  eviction: "tb: maxmemory-policy {policy} with maxmemory {maxmemory} {what}: an evicted bucket comes back full, minting the tokens it had spent, and an evicted lease key frees every slot of its cap. Set maxmemory-policy noeviction, or keep the limits on an instance or database of their own",
+  eviction_allkeys: "may evict any key",
+  eviction_volatile: "evicts keys with a TTL, and every bucket and lease key has one (often shorter than other keys', so they go first)",
+} as const;

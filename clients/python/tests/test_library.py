@@ -150,3 +150,37 @@ def test_a_burst_of_first_calls_loads_the_library_once(pool: Pool, name: str):
     with target.admin() as admin:
         assert calls(admin, "function|load") == 1
     assert loaded_version(target.server) == VERSION
+
+
+@pytest.mark.parametrize("name", ["redis-7.0", "redis-6.2"])
+def test_detect_warns_where_the_server_can_evict_the_librarys_keys(
+    pool: Pool, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The Lua library can't warn as the module does: the readiness probe
+    # reads the eviction settings once and logs the module's own line.
+    target = make_target(pool, name)
+    with target.server.client() as admin:
+        admin.config_set("maxmemory", 1 << 30)
+        admin.config_set("maxmemory-policy", "volatile-ttl")
+    try:
+        lim = Limiter(target.client())
+        with caplog.at_level("WARNING", logger="redis_tokenbucket"):
+            assert lim.detect() in ("functions", "eval")
+            lim.detect()  # once per limiter
+        warned = [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+        assert warned == [
+            "tb: maxmemory-policy volatile-ttl with maxmemory 1073741824 evicts keys with a TTL, and every bucket "
+            "and lease key has one (often shorter than other keys', so they go first): an evicted bucket comes "
+            "back full, minting the tokens it had spent, and an evicted lease key frees every slot of its cap. "
+            "Set maxmemory-policy noeviction, or keep the limits on an instance or database of their own"
+        ]
+        caplog.clear()
+        with target.server.client() as admin:
+            admin.config_set("maxmemory-policy", "noeviction")
+        with caplog.at_level("WARNING", logger="redis_tokenbucket"):
+            Limiter(target.client()).detect()
+        assert not [r for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+    finally:
+        with target.server.client() as admin:
+            admin.config_set("maxmemory", 0)
+            admin.config_set("maxmemory-policy", "noeviction")

@@ -22,6 +22,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from ._bucket import KeyT
 from ._commands import Command, Once, ToNode, Waited
+from ._contract import WARNINGS
 from ._errors import NoBackendError, ReplicasBehind
 from ._scripts import (
     VERSION_ARGS,
@@ -49,6 +50,29 @@ BackendName = Literal["module", "functions", "eval"]
 BACKENDS: tuple[BackendName, ...] = ("module", "functions", "eval")
 # The operations that can take a token or a slot: WAIT goes behind them.
 WRITES = frozenset({"consume", "mconsume", "acquire", "quota", "charge"})
+
+
+def config_value(reply: Any) -> str:
+    """The value of CONFIG GET's one parameter, whatever shape the client
+    gives it: [name, value], {name: value}, or a Cluster's {node: reply}."""
+    if isinstance(reply, dict):
+        if reply and all(isinstance(v, (dict, list)) for v in reply.values()):
+            reply = next(iter(reply.values()))  # one node's answer
+        if isinstance(reply, dict):
+            reply = [x for kv in reply.items() for x in kv]
+    if not isinstance(reply, list) or len(reply) < 2:
+        return ""
+    value = reply[1]
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def eviction_warning(policy: str, maxmemory: int) -> Optional[str]:
+    """The module's warning (core/src/eviction.rs, contract.json's
+    "warnings") where `policy` with `maxmemory` can evict limiter keys."""
+    if maxmemory == 0 or policy.lower() in ("noeviction", ""):
+        return None
+    what = WARNINGS["eviction_volatile" if policy.lower().startswith("volatile-") else "eviction_allkeys"]
+    return WARNINGS["eviction"].format(policy=policy, maxmemory=maxmemory, what=what)
 
 
 def refused(exc: BaseException) -> bool:
@@ -93,6 +117,9 @@ class Engine:
         # is finding out (checking, or loading it) right now.
         self._library_checked = False
         self._library_checking = False
+        # Whether the server's eviction settings were looked at (once, by
+        # detect(): the Lua library can't warn of them as the module does).
+        self.memory_checked = False
 
     def call(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None, after: Args = ()) -> Plan[Any]:
         """Sends `op` on its groups (a lease operation: on its key and head,
@@ -113,6 +140,22 @@ class Engine:
                 # library, or none: check it again there.
                 self._library_checked = False
         return (yield from self._detect(op, groups, lease, after))
+
+    def check_memory(self) -> Plan[None]:
+        """Logs the module's warning where the server can evict the
+        limiter's keys (maxmemory-policy other than noeviction, with a
+        maxmemory); an ACL or a managed service that refuses CONFIG leaves
+        it unsaid."""
+        self.memory_checked = True
+        try:
+            policy = config_value((yield ("CONFIG", "GET", "maxmemory-policy")))
+            maxmemory = config_value((yield ("CONFIG", "GET", "maxmemory")))
+        except Exception as exc:  # NOPERM, an unknown (renamed) command, a timeout: only a warning is lost
+            log.debug("rate limiter: CONFIG GET refused (%s): eviction settings not checked", exc)
+            return
+        warning = eviction_warning(policy, int(maxmemory or 0))
+        if warning is not None:
+            log.warning("%s", warning)
 
     def _detect(self, op: Op, groups: Sequence[Group], lease: Optional[LeaseHead], after: Args) -> Plan[Any]:
         # The call itself is the probe: a refusal means nothing ran.

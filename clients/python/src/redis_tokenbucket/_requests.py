@@ -481,6 +481,10 @@ class Requests:
 
     def _plan_detect(self, probe_key: KeyT) -> Plan[str]:
         yield from self.engine.call("peek", ((probe_key, _PROBE, 1.0),))
+        # The Lua library can't say that the server may evict its keys, as
+        # the module does: the readiness probe looks, once.
+        if self.engine.backend in ("functions", "eval") and not self.engine.memory_checked:
+            yield from self.engine.check_memory()
         return self.engine.backend or ""
 
     def _lease_ident(self, req: LeaseRequest) -> tuple[bytes, bytes]:

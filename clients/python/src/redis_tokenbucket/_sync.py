@@ -243,7 +243,9 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
 
     def detect(self, probe_key: KeyT = PROBE_KEY, *, timeout: Optional[float] = None) -> str:
         """Finds the backend now with a read-only TB.PEEK of `probe_key`
-        (readiness checks); raises if Redis can't serve any."""
+        (readiness checks); raises if Redis can't serve any. On the Lua
+        library it also reads maxmemory-policy once (CONFIG GET, where the
+        ACL allows) and logs the module's warning where keys can be evicted."""
         return self._run(self._requests.detect(probe_key, self._options(timeout, "raise")))
 
     def close(self) -> None:
