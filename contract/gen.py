@@ -245,6 +245,12 @@ def python(c: dict, version: str) -> str:
     for name, template in warnings(c):
         out.append(f"    {json.dumps(name)}: {json.dumps(template)},")
     out.append("}")
+    out.append("")
+    out.append(f"# {c['classify']['about']}")
+    for name in ("unavailable", "local_exhaustion"):
+        out.append(f"{upper('unavailable_replies' if name == 'unavailable' else name)} = (")
+        out.extend(f"    {json.dumps(r)}," for r in c["classify"][name])
+        out.append(")")
     return "\n".join(out) + "\n"
 
 
@@ -287,6 +293,12 @@ def node(c: dict, version: str) -> str:
     for name, template in warnings(c):
         out.append(f"  {name}: {json.dumps(template)},")
     out.append("} as const;")
+    out.append("")
+    out.append(f"/** {c['classify']['about']} */")
+    for name in ("unavailable", "local_exhaustion"):
+        out.append(f"export const {upper('unavailable_replies' if name == 'unavailable' else name)}: readonly string[] = [")
+        out.extend(f"  {json.dumps(r)}," for r in c["classify"][name])
+        out.append("];")
     return "\n".join(out) + "\n"
 
 
@@ -334,6 +346,10 @@ def openresty(c: dict, version: str) -> str:
     for name, template in warnings(c):
         out.append(f"  {name} = {lua_string(template)},")
     out.append("}")
+    out.append("")
+    out.append(f"-- {c['classify']['about']}")
+    out.append(f"_M.UNAVAILABLE_REPLIES = {{ {', '.join(lua_string(r) for r in c['classify']['unavailable'])} }}")
+    out.append(f"_M.LOCAL_EXHAUSTION = {{ {', '.join(lua_string(r) for r in c['classify']['local_exhaustion'])} }}")
     out.append("")
     out.append("return _M")
     return "\n".join(out) + "\n"

@@ -4,23 +4,26 @@
 // module's classify.lua; clients/spec/classify.json holds the cases all
 // three must answer alike.
 
+import { LOCAL_EXHAUSTION, UNAVAILABLE_REPLIES } from "./contract.js";
 import { CircuitOpenError, LimiterError, RedisTimeoutError, ReplicaWaitError, Shed } from "./errors.js";
 
 export type Kind = "failure" | "shed" | "usage";
 
 // Error replies that say the server can't serve now (a failover, a
 // restart, a script that runs too long, a full memory, a snapshot that
-// failed, too few replicas for min-replicas-to-write), as opposed to
-// "your request is wrong".
-// "ERR max number of clients reached" is maxclients: Redis refusing this
-// connection for now (redis-py makes it a ConnectionError).
-const UNAVAILABLE =
-  /^(LOADING|MASTERDOWN|CLUSTERDOWN|READONLY|BUSY |OOM |TRYAGAIN|ASK |MISCONF|NOREPLICAS|ERR max number of clients reached)/;
+// failed, too few replicas for min-replicas-to-write, a slot moving), as
+// opposed to "your request is wrong"; and this process or host out of a
+// resource (descriptors, ports, socket buffers, memory), which is never
+// Redis's fault: contract.json's, shared by every client.
+// ("ERR max number of clients reached" is maxclients: Redis refusing this
+// connection for now; redis-py makes it a ConnectionError.)
+const LOCAL_EXHAUSTION_CODES = new Set(LOCAL_EXHAUSTION);
+// The same codes in the text Node makes of an error ("connect EMFILE ...").
+const LOCAL_EXHAUSTION_WORD = new RegExp(`\\b(${LOCAL_EXHAUSTION.join("|")})\\b`);
 
-// This process or host out of a resource: descriptors (its own, the
-// system's), local ports, socket buffers, memory. Redis is not at fault
-// and may be fine, so none of these may fail open or count for the breaker.
-const LOCAL_EXHAUSTION = new Set(["EMFILE", "ENFILE", "EADDRNOTAVAIL", "ENOBUFS", "ENOMEM"]);
+function unavailable(message: string): boolean {
+  return UNAVAILABLE_REPLIES.some((code) => message.startsWith(code));
+}
 
 // Socket errors: the connection to Redis failed.
 const SOCKET_CODES = new Set([
@@ -83,9 +86,9 @@ export function localExhaustion(error: unknown): string | undefined {
     if (e === null || typeof e !== "object" || seen.has(e)) continue;
     seen.add(e);
     const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && LOCAL_EXHAUSTION.has(code)) return code;
+    if (typeof code === "string" && LOCAL_EXHAUSTION_CODES.has(code)) return code;
     if (e instanceof Error && !isReply(e)) {
-      const word = /\b(EMFILE|ENFILE|EADDRNOTAVAIL|ENOBUFS|ENOMEM)\b/.exec(e.message);
+      const word = LOCAL_EXHAUSTION_WORD.exec(e.message);
       if (word) return word[1];
     }
     for (const name of CAUSES) queue.push((e as Record<string, unknown>)[name]);
@@ -108,7 +111,7 @@ export function classify(error: unknown): Kind {
     return "failure";
   }
   if (error instanceof LimiterError || !(error instanceof Error)) return "usage";
-  if (isReply(error)) return UNAVAILABLE.test(error.message) ? "failure" : "usage";
+  if (isReply(error)) return unavailable(error.message) ? "failure" : "usage";
   if (localExhaustion(error) !== undefined) return "shed";
   const code = (error as { code?: unknown }).code;
   if (typeof code === "string" && SOCKET_CODES.has(code)) return "failure";

@@ -20,32 +20,25 @@ from redis.exceptions import (
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._contract import LOCAL_EXHAUSTION as LOCAL_EXHAUSTION_NAMES
+from ._contract import UNAVAILABLE_REPLIES
 from ._errors import NoBackendError, Shed
 
 Kind = Literal["failure", "shed", "usage"]
 
 # Error replies that say the server can't serve now (a failover, a restart,
 # a script that runs too long, a full memory, a snapshot that failed, too
-# few replicas for min-replicas-to-write), as opposed to "your request is
-# wrong". redis-py turns some into their own classes and drops the code.
-_UNAVAILABLE_CODES = (
-    "LOADING",
-    "MASTERDOWN",
-    "CLUSTERDOWN",
-    "READONLY",
-    "BUSY ",
-    "OOM ",
-    "TRYAGAIN",
-    "ASK ",
-    "MISCONF",
-    "NOREPLICAS",
-)
+# few replicas for min-replicas-to-write, a slot moving), as opposed to
+# "your request is wrong": contract.json's, shared by every client.
+# redis-py turns some into their own classes and drops the code
+# (UNAVAILABLE_REPLIES, below).
 _POOL_EXHAUSTED = ("too many connections", "no connection available")
 
-# This process or host out of a resource: descriptors (its own, the
-# system's), local ports, socket buffers, memory. Redis is not at fault and
-# may be fine, so none of these may fail open or count for the breaker.
-LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.EADDRNOTAVAIL, errno.ENOBUFS, errno.ENOMEM})
+# This process or host out of a resource (contract.json's errno names):
+# descriptors (its own, the system's), local ports, socket buffers, memory.
+# Redis is not at fault and may be fine, so none of these may fail open or
+# count for the breaker.
+LOCAL_EXHAUSTION = frozenset(getattr(errno, name) for name in LOCAL_EXHAUSTION_NAMES)
 # How redis-py words an OSError it wraps in its ConnectionError: "Error 24
 # connecting to host:6379. Too many open files.", "Error 105 while writing
 # to socket. ...", "Error while reading from host:6379 : (24, '...')".
@@ -102,7 +95,7 @@ def classify(exc: BaseException) -> Kind:
         if name in ("ClusterDownError", "MasterDownError", "TryAgainError", "OutOfMemoryError", "AskError"):
             return "failure"
         text = str(exc)
-        return "failure" if text.startswith(_UNAVAILABLE_CODES) else "usage"
+        return "failure" if text.startswith(UNAVAILABLE_REPLIES) else "usage"
     if isinstance(exc, RedisClusterException):
         # No node reachable, no slot map: the cluster is not serving.
         return "failure"

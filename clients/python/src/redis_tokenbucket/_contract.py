@@ -113,3 +113,25 @@ WARNINGS = {
     "eviction_allkeys": "may evict any key",
     "eviction_volatile": "evicts keys with a TTL, and every bucket and lease key has one (often shorter than other keys', so they go first)",
 }
+
+# What an error means to the clients' failure policy, where it is data: the error replies that say the server can't serve now (Redis failing, answered by the policy; each a prefix of the reply), and the errno names of this process or host out of a resource (shed: never admitted, never counted).
+UNAVAILABLE_REPLIES = (
+    "LOADING",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "READONLY",
+    "BUSY ",
+    "OOM ",
+    "TRYAGAIN",
+    "ASK ",
+    "MISCONF",
+    "NOREPLICAS",
+    "ERR max number of clients reached",
+)
+LOCAL_EXHAUSTION = (
+    "EMFILE",
+    "ENFILE",
+    "EADDRNOTAVAIL",
+    "ENOBUFS",
+    "ENOMEM",
+)

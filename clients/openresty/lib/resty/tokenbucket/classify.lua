@@ -29,17 +29,17 @@
 --   {usage = "..."} / {shed = "..."}            decided where it arose
 -- Plain Lua: the scenario runner of clients/spec drives it without nginx.
 
+local contract = require "resty.tokenbucket.contract"
+
 local type, lower, find, sub = type, string.lower, string.find, string.sub
 
 local _M = {}
 
 -- Error replies that say the server can't serve now (a failover, a
 -- restart, a script that runs too long, a full memory, a snapshot that
--- failed, too few replicas for min-replicas-to-write, maxclients reached).
-local UNAVAILABLE = {
-  "LOADING", "MASTERDOWN", "CLUSTERDOWN", "READONLY", "BUSY ", "OOM ", "TRYAGAIN", "ASK ", "MISCONF", "NOREPLICAS",
-  "ERR max number of clients reached",
-}
+-- failed, too few replicas for min-replicas-to-write, maxclients reached,
+-- a slot moving): contract.json's, shared by every client.
+local UNAVAILABLE = contract.UNAVAILABLE_REPLIES
 
 -- This process or host out of a resource: descriptors (its own, the
 -- system's), local ports, socket buffers, memory. nginx words errno as
