@@ -153,8 +153,8 @@ export class Bucket {
     return new Bucket({ max: this.max, rate: this.rate, name });
   }
 
-  /** Same limits (the name doesn't change what passes). */
-  sameLimits(other: Bucket): boolean {
-    return this.max === other.max && this.rate === other.rate;
+  /** Same limits (the name doesn't change what passes); never a Quota. */
+  sameLimits(other: unknown): boolean {
+    return other instanceof Bucket && this.max === other.max && this.rate === other.rate;
   }
 }

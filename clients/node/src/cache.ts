@@ -9,14 +9,14 @@
 // module's (cache.lua); clients/spec/cache.json holds its timelines.
 
 import { brand } from "./brand.js";
-import type { Bucket } from "./bucket.js";
 import type { Decision } from "./decision.js";
+import type { Rule } from "./quota.js";
 
 interface Entry {
   at: number; // clock() when the request was sent
   until: number; // clock() at which it may pass
   ids: readonly string[];
-  buckets: readonly Bucket[];
+  buckets: readonly Rule[];
   costs: readonly number[];
   decisions: readonly Decision[];
 }
@@ -91,7 +91,7 @@ export class DenialCache {
   }
 
   /** The cached denial for this request, aged to now; undefined to ask Redis. */
-  lookup(ids: readonly string[], buckets: readonly Bucket[], costs: readonly number[]): CachedDenial | undefined {
+  lookup(ids: readonly string[], buckets: readonly Rule[], costs: readonly number[]): CachedDenial | undefined {
     const name = entryName(ids);
     const entry = this.entries.get(name);
     if (entry === undefined) {
@@ -105,7 +105,7 @@ export class DenialCache {
       return undefined;
     }
     // Another bucket size or a cheaper request may pass: ask Redis.
-    const same = buckets.every((b, i) => b.sameLimits(entry.buckets[i] as Bucket));
+    const same = buckets.every((b, i) => b.sameLimits(entry.buckets[i] as Rule));
     if (!same || costs.some((c, i) => c < (entry.costs[i] as number))) {
       this.misses++;
       return undefined;

@@ -1,7 +1,8 @@
 // What a call answers.
 
 import { brand } from "./brand.js";
-import type { Bucket, Key } from "./bucket.js";
+import type { Key } from "./bucket.js";
+import type { Rule } from "./quota.js";
 
 /** Milliseconds as whole seconds, rounded up: waiting that long always suffices. */
 export function wholeSeconds(ms: number): number {
@@ -25,8 +26,11 @@ export interface Flags {
  * back-off). `cached` marks a denial answered from the denial cache without
  * a round trip. For `adjust`, `cost` holds the delta, and `allowed` and
  * `retryAfterMs` are about the next request of cost 1 (or `max`, if
- * smaller): whether it would pass now, else when it will; so
- * `retryAfterMs` is 0 whenever `allowed`, on every call (as in Python).
+ * smaller): whether it would pass now, else when it will.
+ *
+ * `retryAfterMs` is 0 whenever `allowed`, except for an admitted
+ * reservation (`maxWaitMs`): then it is the wait before the caller may go
+ * ahead, also given as `delayMs` (0 for every other answer).
  */
 export class Decision {
   static {
@@ -35,12 +39,12 @@ export class Decision {
   readonly allowed: boolean;
   /** Whole tokens left, negative while in debt. */
   readonly remaining: number;
-  /** 0 when allowed; else the earliest ms at which the same request passes. */
+  /** When denied, the earliest ms at which the same request passes; when allowed, the reservation's delay (else 0). */
   readonly retryAfterMs: number;
   /** Until the bucket is full again. */
   readonly resetAfterMs: number;
   readonly key: Key;
-  readonly bucket: Bucket;
+  readonly bucket: Rule;
   readonly cost: number;
   readonly degraded: boolean;
   readonly cached: boolean;
@@ -52,7 +56,7 @@ export class Decision {
     retryAfterMs: number,
     resetAfterMs: number,
     key: Key,
-    bucket: Bucket,
+    bucket: Rule,
     cost: number,
     flags: Flags = {},
   ) {
@@ -69,7 +73,7 @@ export class Decision {
   }
 
   /** A reply `[allowed, remaining, retry_after_ms, reset_after_ms]`. */
-  static fromReply(reply: unknown, key: Key, bucket: Bucket, cost: number): Decision {
+  static fromReply(reply: unknown, key: Key, bucket: Rule, cost: number): Decision {
     if (!Array.isArray(reply) || reply.length !== 4) {
       throw new TypeError(`unexpected reply from Redis: ${JSON.stringify(reply)}`);
     }
@@ -79,9 +83,14 @@ export class Decision {
 
   /** TB.ADJUST's reply, whose `allowed` is always 1 and whose retry time is
    * for a request of cost 1 (or `max`): admitted is what that request would be. */
-  static fromAdjust(reply: unknown, key: Key, bucket: Bucket, delta: number): Decision {
+  static fromAdjust(reply: unknown, key: Key, bucket: Rule, delta: number): Decision {
     const d = Decision.fromReply(reply, key, bucket, delta);
     return d.with({ allowed: d.retryAfterMs === 0 });
+  }
+
+  /** An admitted reservation's wait (ms) before going ahead; 0 for a denial or a plain admission. */
+  get delayMs(): number {
+    return this.allowed ? this.retryAfterMs : 0;
   }
 
   /** `retryAfterMs` in whole seconds, rounded up (HTTP Retry-After). */

@@ -139,7 +139,7 @@ export class Engine {
   ): Promise<unknown> {
     const key = lease === undefined ? groups[0]?.key : lease.key;
     const readonly = readOnly(op);
-    const mints = op === "consume" || op === "mconsume" || op === "acquire";
+    const mints = op === "consume" || op === "quota" || op === "mconsume" || op === "acquire";
     if (backend === "module") {
       try {
         return await io.send(moduleArgs(op, groups, lease), key, readonly, mints);

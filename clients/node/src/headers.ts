@@ -24,14 +24,34 @@
 // `q` is the limit, `r` the slots left after the call, and `t` (only when
 // no slot is free) the seconds until one is, rounded up. The legacy fields
 // describe the slots when they deny, else the most restrictive bucket.
+//
+// A Quota is a policy whose `q` is its limit and `w` the length of its
+// current period in seconds; its default name is the period's ("day",
+// "month", "3600s"):
+//
+//   RateLimit-Policy: "month";q=1000;w=2678400
+//   RateLimit: "month";r=990;t=86400
+//
+// An admitted reservation (maxWaitMs) is admitted: no Retry-After.
 
-import type { Bucket } from "./bucket.js";
 import { type Decision, MultiDecision, wholeSeconds } from "./decision.js";
 import { Lease } from "./lease.js";
+import { Quota, type Rule } from "./quota.js";
 
-/** A bucket's burst in whole tokens, as the fields state it: rounded down, but never 0. */
-function quota(bucket: Bucket): number {
+/** A rule's burst in whole tokens, as the fields state it: rounded down, but never 0. */
+function quota(bucket: Rule): number {
   return Math.max(1, Math.floor(bucket.max));
+}
+
+/** A decision's policy item: its name, `q` and `w`. */
+function policyOf(d: Decision): [string, string] {
+  const rule = d.bucket;
+  if (rule instanceof Quota) {
+    const name = sfString(rule.name ?? rule.periodName);
+    return [name, `${name};q=${quota(rule)};w=${rule.windowSeconds(d.resetAfterMs)}`];
+  }
+  const name = sfString(rule.name ?? "default");
+  return [name, `${name};q=${quota(rule)};w=${Math.ceil(rule.max / rule.rate)}`];
 }
 
 function sfString(text: string): string {
@@ -82,8 +102,8 @@ export function rateLimitHeaders(
     legacy = legacyOf(decision);
   }
   for (const d of decisions) {
-    const name = sfString(d.bucket.name ?? "default");
-    policy.push(`${name};q=${quota(d.bucket)};w=${Math.ceil(d.bucket.max / d.bucket.rate)}`);
+    const [name, item] = policyOf(d);
+    policy.push(item);
     current.push(`${name};r=${Math.max(d.remaining, 0)};t=${wholeSeconds(d.waitMs)}`);
   }
   const headers: Record<string, string> = { "RateLimit-Policy": policy.join(", "), RateLimit: current.join(", ") };

@@ -33,6 +33,7 @@ export { Busy, Concurrency, type ConcurrencyOptions, type Held, Lease } from "./
 export {
   type AcquireOptions,
   type CallOptions,
+  type ConsumeOptions,
   DEFAULT_TIMEOUT_MS,
   DEFAULT_WAIT_TIMEOUT_MS,
   type GroupIn,
@@ -41,5 +42,7 @@ export {
   type ManyOptions,
   type OnError,
   type UpkeepOptions,
+  type WaitOptions,
 } from "./limiter.js";
+export { type Period, Quota, type QuotaOptions, type Rule } from "./quota.js";
 export { EVAL_SCRIPT, EVAL_SOURCE, LIBRARY_SOURCE } from "./scripts.js";

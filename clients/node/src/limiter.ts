@@ -6,7 +6,7 @@
 
 import { type Arg, type Connection, connect, type RedisLike } from "./adapters.js";
 import { Breaker, type BreakerState } from "./breaker.js";
-import type { Amount, Bucket, Key } from "./bucket.js";
+import type { Amount, Key } from "./bucket.js";
 import { DenialCache } from "./cache.js";
 import type { Decision, MultiDecision } from "./decision.js";
 import { type BackendName, Engine, type IO, type Logger } from "./engine.js";
@@ -17,13 +17,16 @@ import { keyId } from "./keys.js";
 import { Busy, type Concurrency, Lease } from "./lease.js";
 import { requireWasmoon } from "./local.js";
 import { FailurePolicy } from "./policy.js";
+import type { Rule } from "./quota.js";
 import { checkWaitReplicas, checkWaitTimeout, ReplicaWait } from "./replicas.js";
 import {
   type AcquireOptions,
   acquireJob,
   type CallOptions,
+  type ConsumeOptions,
   type Context,
   checkLease,
+  checkMaxWait,
   checkOnError,
   checkTimeout,
   checkWork,
@@ -42,17 +45,20 @@ import {
   resetJob,
   type UpkeepOptions,
   upkeepJob,
+  type WaitOptions,
 } from "./requests.js";
 import { bounded } from "./transport.js";
 
 export {
   type AcquireOptions,
   type CallOptions,
+  type ConsumeOptions,
   type GroupIn,
   type ManyOptions,
   ON_ERROR,
   type OnError,
   type UpkeepOptions,
+  type WaitOptions,
 } from "./requests.js";
 
 /** The limiter's budget for Redis to answer a command, from when it is written (ms). */
@@ -96,7 +102,11 @@ export interface LimiterOptions {
   waitReplicas?: number;
   /** How long (ms) the WAIT waits for them (default 50), added to the call's budget. */
   waitTimeoutMs?: number;
+  /** How `wait` sleeps a reservation's delay (default: a setTimeout promise); tests pass a fake clock's. */
+  sleep?: (ms: number) => Promise<void>;
 }
+
+const SLEEP = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** The default `waitTimeoutMs`. */
 export const DEFAULT_WAIT_TIMEOUT_MS = 50;
@@ -124,6 +134,7 @@ export class Limiter {
   private readonly engine: Engine;
   private readonly ctx: Context;
   private readonly policy: FailurePolicy;
+  private readonly sleep: (ms: number) => Promise<void>;
   // The leases this limiter holds, as [key, id] identities: a set, so a
   // retried acquire of a held id counts once.
   private readonly held = new Set<string>();
@@ -159,6 +170,10 @@ export class Limiter {
       );
     }
     this.onDecision = options.onDecision;
+    if (options.sleep !== undefined && typeof options.sleep !== "function") {
+      throw new TypeError("sleep must be a function of ms returning a promise");
+    }
+    this.sleep = options.sleep ?? SLEEP;
     this.ctx = {
       engine: this.engine,
       cache: this.denialCache,
@@ -194,19 +209,44 @@ export class Limiter {
     return this.held.size;
   }
 
-  /** Charges `cost` tokens if the bucket holds them (TB.CONSUME). */
-  async consume(key: Key, bucket: Bucket, cost: Amount = 1, options?: CallOptions): Promise<Decision> {
+  /**
+   * Charges `cost` tokens if the bucket holds them (TB.CONSUME), or `cost`
+   * of a Quota's period budget (TB.QUOTA). With `maxWaitMs` (buckets
+   * only), a reservation: admitted if its turn comes within that wait,
+   * `delayMs` saying how long to wait before going ahead.
+   */
+  async consume(key: Key, bucket: Rule, cost: Amount = 1, options?: ConsumeOptions): Promise<Decision> {
     return this.run(oneJob(this.ctx, "consume", key, bucket, cost, options));
   }
 
-  /** What `consume` would answer, without charging (TB.PEEK). */
-  async peek(key: Key, bucket: Bucket, cost: Amount = 1, options?: CallOptions): Promise<Decision> {
+  /** What `consume` would answer, without charging (TB.PEEK, TB.QPEEK). */
+  async peek(key: Key, bucket: Rule, cost: Amount = 1, options?: ConsumeOptions): Promise<Decision> {
     return this.run(oneJob(this.ctx, "peek", key, bucket, cost, options));
   }
 
-  /** Refunds (delta > 0) or charges without asking (delta < 0, down to a debt of -max) (TB.ADJUST). */
-  async adjust(key: Key, bucket: Bucket, delta: Amount, options?: CallOptions): Promise<Decision> {
+  /**
+   * Refunds (delta > 0) or charges without asking (delta < 0, down to a
+   * debt of -max) (TB.ADJUST; TB.QADJUST for a Quota, down to -limit).
+   */
+  async adjust(key: Key, bucket: Rule, delta: Amount, options?: CallOptions): Promise<Decision> {
     return this.run(oneJob(this.ctx, "adjust", key, bucket, delta, options));
+  }
+
+  /**
+   * Takes the bucket's turn for `cost` and waits for it: one reservation
+   * (`consume` with `maxWaitMs`), then, if admitted, a sleep of its
+   * `delayMs` before returning the Decision. A denial (the turn is further
+   * than `maxWaitMs`) returns at once, never retried; so does an answer of
+   * the failure policy (degraded or shed), without sleeping.
+   */
+  async wait(key: Key, bucket: Rule, cost: Amount = 1, options?: WaitOptions): Promise<Decision> {
+    if (options === undefined || options === null || options.maxWaitMs === undefined) {
+      throw new TypeError("wait needs { maxWaitMs }: the longest it may wait for its turn");
+    }
+    checkMaxWait(options.maxWaitMs, "consume", bucket);
+    const d = await this.consume(key, bucket, cost, options);
+    if (d.delayMs > 0 && !d.degraded && !d.shed) await this.sleep(d.delayMs);
+    return d;
   }
 
   /** Charges every `[key, bucket, cost]` or none (TB.MCONSUME). */

@@ -25,7 +25,8 @@ import { Bucket, encode } from "./bucket.js";
 import { LimiterError } from "./errors.js";
 import { keyId } from "./keys.js";
 import { LIBRARY_SOURCE } from "./lua.js";
-import type { Arg, BucketOp, Group, LeaseOp, Op } from "./scripts.js";
+import { Quota, type Rule } from "./quota.js";
+import type { Arg, BucketOp, Group, LeaseOp, Op, QuotaOp } from "./scripts.js";
 
 export const MISSING = 'onError "local" needs wasmoon, an optional peer dependency: npm install wasmoon';
 
@@ -103,6 +104,9 @@ const FUNCTIONS: Record<Op, string> = {
   release: "tb_release",
   renew: "tb_renew",
   inflight: "tb_inflight",
+  quota: "tb_quota",
+  qpeek: "tb_qpeek",
+  qadjust: "tb_qadjust",
 };
 
 // Sweep out expired buckets after this many writes (buckets also expire
@@ -125,7 +129,7 @@ type LuaFunction = (keys: string[], args: string[]) => unknown;
 export class LocalBuckets {
   private readonly data = new Map<string, Stored>();
   private writes = 0;
-  private readonly shares = new Map<Bucket, Bucket>();
+  private readonly shares = new Map<Rule, Rule>();
 
   private constructor(
     readonly processes: number,
@@ -162,11 +166,15 @@ export class LocalBuckets {
   }
 
   /** This process's part of a bucket. */
-  share(bucket: Bucket): Bucket {
+  share(bucket: Rule): Rule {
     if (this.processes === 1) return bucket;
     let part = this.shares.get(bucket);
     if (part === undefined) {
-      part = new Bucket({ max: bucket.max / this.processes, rate: bucket.rate / this.processes, name: bucket.name });
+      const n = this.processes;
+      part =
+        bucket instanceof Quota
+          ? new Quota({ limit: bucket.limit / n, period: bucket.period, offset: bucket.offset, name: bucket.name })
+          : new Bucket({ max: bucket.max / n, rate: bucket.rate / n, name: bucket.name });
       if (this.shares.size > 4096) this.shares.clear();
       this.shares.set(bucket, part);
     }
@@ -177,12 +185,12 @@ export class LocalBuckets {
    * What FCALL tb_<op> would answer for `groups`, here, on this process's
    * share of each bucket. A reply error is thrown as a LocalReplyError.
    */
-  run(op: BucketOp, groups: readonly Group[]): unknown {
+  run(op: BucketOp | QuotaOp, groups: readonly Group[]): unknown {
     const keys = groups.map((g) => g.id);
     const args: string[] = [];
     for (const g of groups) {
       const part = this.share(g.bucket);
-      args.push(part.args[0], part.args[1], encode(g.amount));
+      args.push(part.args[0], part.args[1], encode(g.amount), ...(g.tail ?? []));
     }
     return reply(this.functions[op](keys, args));
   }

@@ -19,8 +19,16 @@ import type { IO, Logger } from "./engine.js";
 import { CircuitOpenError, Shed } from "./errors.js";
 import { Concurrency, Lease } from "./lease.js";
 import { LocalBuckets, LocalReplyError } from "./local.js";
-import { type Context, type Job, type LeaseCall, leaseFromReply, type OnError, releaseUnanswered } from "./requests.js";
-import type { BucketOp, Group } from "./scripts.js";
+import {
+  type Context,
+  type Job,
+  type LeaseCall,
+  leaseFromReply,
+  type OnError,
+  type OneOp,
+  releaseUnanswered,
+} from "./requests.js";
+import { type Group, ruleOp } from "./scripts.js";
 
 /** What a shed decision tells the client to wait (HTTP Retry-After: 1). */
 export const SHED_RETRY_MS = 1000;
@@ -231,7 +239,7 @@ const ANSWER_ONE: Answers<Decision> = {
     const g = job.groups[0] as Group;
     let reply: unknown;
     try {
-      reply = local.run(job.op as BucketOp, [g]);
+      reply = local.run(ruleOp(job.op as OneOp, g.bucket), [g]);
     } catch (error) {
       // A cost above this process's share of max: it can't pass here.
       if (error instanceof LocalReplyError) return degradedOne(g, false);

@@ -7,7 +7,7 @@
 import type { Arg, Connection } from "./adapters.js";
 import { type Amount, Bucket, checkCost, checkDelta, InvalidArgument, type Key, refusal } from "./bucket.js";
 import type { CacheOp, DenialCache, Ticket } from "./cache.js";
-import { MAX_GROUPS } from "./contract.js";
+import { MAX_GROUPS, MAX_WAIT_MS } from "./contract.js";
 import { Decision, MultiDecision } from "./decision.js";
 import type { Engine, IO } from "./engine.js";
 import { CrossSlotError } from "./errors.js";
@@ -15,7 +15,8 @@ import type { DecisionEvent } from "./events.js";
 import { keyId } from "./keys.js";
 import { Concurrency, checkId, Lease, newId } from "./lease.js";
 import { requireWasmoon } from "./local.js";
-import type { Group, LeaseHead, LeaseOp } from "./scripts.js";
+import { checkQuotaCost, Quota, type Rule } from "./quota.js";
+import { type Group, type LeaseHead, type LeaseOp, ruleOp } from "./scripts.js";
 
 export type OnError = "raise" | "open" | "closed" | "local";
 export const ON_ERROR: readonly OnError[] = ["raise", "open", "closed", "local"];
@@ -25,6 +26,22 @@ export interface CallOptions {
   timeoutMs?: number;
   /** This call's policy (default: the limiter's). */
   onError?: OnError;
+}
+
+/** Options of consume and peek: a call's, and a reservation's wait. */
+export interface ConsumeOptions extends CallOptions {
+  /**
+   * A reservation (`WAIT max_ms`, buckets only): a request the bucket can't
+   * pay now is admitted if its turn comes within this many ms (an integer,
+   * 0 to 1e14), the bucket going into debt; its `delayMs` is how long to
+   * wait before going ahead. Such a call neither reads nor feeds the denial cache.
+   */
+  maxWaitMs?: number;
+}
+
+/** Options of wait: a call's, and the longest wait it may be given (required). */
+export interface WaitOptions extends CallOptions {
+  maxWaitMs: number;
 }
 
 export interface ManyOptions extends CallOptions {
@@ -107,21 +124,28 @@ export function oneJob(
   ctx: Context,
   op: OneOp,
   key: Key,
-  bucket: Bucket,
+  bucket: Rule,
   amount: Amount,
-  options: CallOptions = {},
+  options: ConsumeOptions = {},
 ): Job<Decision> {
-  checkBucket(bucket);
-  const value = op === "adjust" ? checkDelta(amount) : checkCost(amount, bucket);
-  const group: Group = { key, id: keyId(key), bucket, amount: value };
+  checkRule(bucket);
+  const quota = bucket instanceof Quota;
+  let value: number;
+  if (op === "adjust") value = checkDelta(amount);
+  else value = quota ? checkQuotaCost(amount, bucket) : checkCost(amount, bucket);
+  const wait = options.maxWaitMs === undefined ? undefined : checkMaxWait(options.maxWaitMs, op, bucket);
+  const tail: string[] = [...(quota ? bucket.tail : []), ...(wait === undefined ? [] : ["WAIT", String(wait)])];
+  const group: Group = { key, id: keyId(key), bucket, amount: value, ...(tail.length > 0 ? { tail } : {}) };
+  const reserves = wait !== undefined;
   const job: Job<Decision> = {
     op,
     groups: [group],
     each: false,
     ...callOptions(ctx, options),
-    plan: (io) => planOne(ctx, op, group, io),
+    plan: (io) => planOne(reserves ? undefined : ctx.cache, ctx, op, group, io),
   };
-  if (ctx.cache === undefined || op === "adjust") return job;
+  // A plain denial says nothing of a reservation, which may be admitted.
+  if (ctx.cache === undefined || op === "adjust" || reserves) return job;
   const hit = ctx.cache.lookup([group.id], [bucket], [value]);
   return hit === undefined ? job : { ...job, done: hit.decisions[0] as Decision };
 }
@@ -329,9 +353,10 @@ async function ticketed<T>(
   return answer.result;
 }
 
-function planOne(ctx: Context, op: OneOp, g: Group, io: IO): Promise<Decision> {
-  return ticketed(ctx.cache, op, [g.id], async () => {
-    const reply = await ctx.engine.call(op, [g], io);
+/** One rule's call; `cache` is undefined for a reservation, kept out of the denial cache. */
+function planOne(cache: DenialCache | undefined, ctx: Context, op: OneOp, g: Group, io: IO): Promise<Decision> {
+  return ticketed(cache, op, [g.id], async () => {
+    const reply = await ctx.engine.call(ruleOp(op, g.bucket), [g], io);
     const d =
       op === "adjust"
         ? Decision.fromAdjust(reply, g.key, g.bucket, g.amount)
@@ -517,10 +542,37 @@ export function checkWork(work: unknown): void {
 }
 
 function checkBucket(bucket: unknown, group?: number): void {
+  if (bucket instanceof Quota) {
+    throw new TypeError(
+      `group ${group}: a Quota in a call of several keys (TB.CHARGE) is not supported by this client yet; ` +
+        "charge it with consume",
+    );
+  }
   if (!(bucket instanceof Bucket)) {
     const where = group === undefined ? "" : ` (group ${group})`;
     throw new TypeError(`expected a Bucket${where}, got ${bucket === null ? "null" : typeof bucket}`);
   }
+}
+
+function checkRule(rule: unknown): void {
+  if (!(rule instanceof Bucket) && !(rule instanceof Quota)) {
+    throw new TypeError(`expected a Bucket or a Quota, got ${rule === null ? "null" : typeof rule}`);
+  }
+}
+
+/** A reservation's wait: an integer of ms, 0 to 1e14, on a bucket's consume or peek. */
+export function checkMaxWait(maxWaitMs: unknown, op: OneOp, rule: Rule): number {
+  if (op === "adjust") throw new InvalidArgument("maxWaitMs", "maxWaitMs is for consume and peek, not adjust");
+  if (rule instanceof Quota) {
+    throw new InvalidArgument("maxWaitMs", "maxWaitMs is for a Bucket: a Quota never reserves");
+  }
+  if (typeof maxWaitMs !== "number" || !Number.isInteger(maxWaitMs)) {
+    throw refusal("maxWaitMs", "not_an_integer", { arg: "maxWaitMs" });
+  }
+  if (maxWaitMs < 0 || maxWaitMs > MAX_WAIT_MS) {
+    throw refusal("maxWaitMs", "int_out_of_range", { arg: "maxWaitMs", least: 0, most: MAX_WAIT_MS });
+  }
+  return maxWaitMs;
 }
 
 export function checkTimeout(timeoutMs: unknown, nullable: boolean): number | null {

@@ -6,17 +6,26 @@
 // arguments of one Redis command. The replies are the same on every backend.
 
 import { createHash } from "node:crypto";
-import { type Bucket, encode, type Key } from "./bucket.js";
+import { encode, type Key } from "./bucket.js";
 import { EVAL_SOURCE, LIBRARY_SOURCE } from "./lua.js";
+import { Quota, type Rule } from "./quota.js";
 
 export type BucketOp = "consume" | "peek" | "adjust" | "mconsume";
+/** A calendar quota's operations (a Quota's groups). */
+export type QuotaOp = "quota" | "qpeek" | "qadjust";
 export type LeaseOp = "acquire" | "release" | "renew" | "inflight";
-export type Op = BucketOp | LeaseOp;
+export type Op = BucketOp | QuotaOp | LeaseOp;
 export type Arg = string | Buffer;
+
+/** What consume, peek and adjust are for a rule: a Quota's are TB.QUOTA, TB.QPEEK and TB.QADJUST. */
+export function ruleOp(op: "consume" | "peek" | "adjust", rule: Rule): "consume" | "peek" | "adjust" | QuotaOp {
+  if (!(rule instanceof Quota)) return op;
+  return op === "consume" ? "quota" : op === "peek" ? "qpeek" : "qadjust";
+}
 
 /** The read-only operations: FCALL_RO, and routed as reads. */
 export function readOnly(op: Op): boolean {
-  return op === "peek" || op === "inflight";
+  return op === "peek" || op === "qpeek" || op === "inflight";
 }
 
 /**
@@ -29,13 +38,15 @@ export interface LeaseHead {
   readonly head: readonly Arg[];
 }
 
-/** A checked group: key, bucket, cost (or delta for adjust). */
+/** A checked group: key, rule (a bucket or a quota), cost (or delta for adjust). */
 export interface Group {
   readonly key: Key;
   /** The key's identity (keys.ts keyId). */
   readonly id: string;
-  readonly bucket: Bucket;
+  readonly bucket: Rule;
   readonly amount: number;
+  /** What follows the amount of a one-group call: `WAIT ms`, a quota's `OFFSET m`. */
+  readonly tail?: readonly string[];
 }
 
 // ---- the module ---------------------------------------------------------------
@@ -49,6 +60,9 @@ const COMMANDS: Record<Op, string> = {
   release: "TB.RELEASE",
   renew: "TB.RENEW",
   inflight: "TB.INFLIGHT",
+  quota: "TB.QUOTA",
+  qpeek: "TB.QPEEK",
+  qadjust: "TB.QADJUST",
 };
 
 /**
@@ -62,7 +76,7 @@ export function moduleArgs(op: Op, groups: readonly Group[], lease?: LeaseHead):
     return args;
   }
   const args: Arg[] = [COMMANDS[op]];
-  for (const g of groups) args.push(g.key, g.bucket.args[0], g.bucket.args[1], encode(g.amount));
+  for (const g of groups) args.push(g.key, g.bucket.args[0], g.bucket.args[1], encode(g.amount), ...(g.tail ?? []));
   return args;
 }
 
@@ -78,6 +92,9 @@ const FUNCTIONS: Record<Op, readonly [string, string]> = {
   release: ["FCALL", "tb_release"],
   renew: ["FCALL", "tb_renew"],
   inflight: ["FCALL_RO", "tb_inflight"],
+  quota: ["FCALL", "tb_quota"],
+  qpeek: ["FCALL_RO", "tb_qpeek"],
+  qadjust: ["FCALL", "tb_qadjust"],
 };
 
 /**
@@ -108,7 +125,7 @@ function keys(groups: readonly Group[]): Key[] {
 
 function limits(groups: readonly Group[]): string[] {
   const out: string[] = [];
-  for (const g of groups) out.push(g.bucket.args[0], g.bucket.args[1], encode(g.amount));
+  for (const g of groups) out.push(g.bucket.args[0], g.bucket.args[1], encode(g.amount), ...(g.tail ?? []));
   return out;
 }
 

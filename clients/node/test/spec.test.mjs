@@ -27,7 +27,7 @@ const pkg = await import(new URL("index.js", DIST).href);
 const { classify } = await import(new URL("classify.js", DIST).href);
 const breakerMod = await import(new URL("breaker.js", DIST).href);
 const { Breaker, Bucket, CircuitOpenError, Concurrency, Decision, DenialCache, Limiter, NoBackendError, Shed } = pkg;
-const { RedisTimeoutError, LIBRARY_VERSION } = pkg;
+const { RedisTimeoutError, LIBRARY_VERSION, Quota } = pkg;
 
 const SPEC = process.env.TB_REPO
   ? join(process.env.TB_REPO, "clients", "spec")
@@ -226,6 +226,8 @@ const FIELDS = {
   expires_in_ms: "expiresInMs",
   held: "held",
   lost: "lost",
+  delay_ms: "delayMs",
+  slept_ms: "sleptMs",
 };
 
 function expectFields(got, want, where) {
@@ -252,7 +254,11 @@ export function commandText(args) {
     case "TB.PEEK":
     case "TB.ADJUST":
     case "TB.INFLIGHT":
-      return `${name} ${w[1]}`;
+      return `${name} ${w[1]}${tailText(w.slice(5), "WAIT")}`;
+    case "TB.QUOTA":
+    case "TB.QPEEK":
+    case "TB.QADJUST":
+      return `${name} ${w[1]} ${w[3]}${tailText(w.slice(5), "OFFSET")}`;
     case "TB.MCONSUME":
       return [name, ...w.slice(1).filter((_, i) => i % 4 === 0)].join(" ");
     case "TB.ACQUIRE":
@@ -261,12 +267,14 @@ export function commandText(args) {
     case "TB.RENEW":
       return `${name} ${w[1]} ${w[2]}`;
     case "FCALL":
-    case "FCALL_RO":
-      return Number(w[2]) > 0 ? `${name} ${w[1]} ${w[3]}` : `${name} ${w[1]}`;
+    case "FCALL_RO": {
+      if (!(Number(w[2]) > 0)) return `${name} ${w[1]}`;
+      return `${name} ${w[1]} ${w[3]}${libraryTail(w[1].replace(/^tb_/, ""), w.slice(4))}`;
+    }
     case "EVALSHA":
     case "EVAL": {
       const n = Number(w[2]);
-      return `${name} ${w[3 + n]} ${w[3]}`;
+      return `${name} ${w[3 + n]} ${w[3]}${libraryTail(w[3 + n], w.slice(4 + n))}`;
     }
     case "FUNCTION":
       return `FUNCTION ${w[1].toUpperCase()}`;
@@ -275,6 +283,21 @@ export function commandText(args) {
     default:
       return [name, ...w.slice(1)].join(" ");
   }
+}
+
+/** ` WORD value` when the words after the amount are `WORD value`, else "". */
+function tailText(rest, word) {
+  return rest[0]?.toUpperCase() === word ? ` ${word} ${rest[1]}` : "";
+}
+
+/**
+ * The words that tell a library call apart, after `fn key`: a quota's
+ * period and OFFSET, a one-bucket call's WAIT (`args`: what follows the keys).
+ */
+function libraryTail(fn, args) {
+  if (fn === "quota" || fn === "qpeek" || fn === "qadjust") return ` ${args[1]}${tailText(args.slice(3), "OFFSET")}`;
+  if (fn === "consume" || fn === "peek") return tailText(args.slice(3), "WAIT");
+  return "";
 }
 
 /** Whether an expected command (words, `$name` capturing a word) names `text`; captures in `vars`. */
@@ -385,7 +408,7 @@ async function settle(redis) {
   }
 }
 
-function limiterOf(s, fake, clock) {
+function limiterOf(s, fake, clock, slept) {
   const o = s.limiter ?? {};
   const b = o.breaker;
   const breaker =
@@ -405,18 +428,37 @@ function limiterOf(s, fake, clock) {
     ...(o.wait_replicas === undefined ? {} : { waitReplicas: o.wait_replicas }),
     ...(o.wait_timeout_ms === undefined ? {} : { waitTimeoutMs: o.wait_timeout_ms }),
     logger: { error() {}, warn() {} },
+    // wait's sleep: the fake clock moves by it, and the call reports it.
+    sleep: async (ms) => {
+      clock.now += ms;
+      slept.ms += ms;
+    },
   });
 }
 
-function invoke(limiter, step, leases) {
+/** A step's rule: its `bucket`, or its `quota` ({limit, period, offset?, name?}). */
+function ruleOf(step) {
+  if (step.quota === undefined) return bucketOf(step.bucket);
+  assert.equal(step.bucket, undefined, "a step gives a bucket or a quota, not both");
+  return new Quota(step.quota);
+}
+
+/** What a call answers, and for `wait` how long it slept (the fake sleep's total). */
+async function invoke(limiter, step, leases, slept) {
   const options = step.on_error === undefined ? {} : { onError: step.on_error };
+  if (step.max_wait_ms !== undefined) options.maxWaitMs = step.max_wait_ms;
   const group = ([key, b, cost]) => (cost === undefined ? [key, bucketOf(b)] : [key, bucketOf(b), cost]);
   switch (step.call) {
     case "consume":
     case "peek":
-      return limiter[step.call](step.key, bucketOf(step.bucket), step.cost ?? 1, options);
+      return limiter[step.call](step.key, ruleOf(step), step.cost ?? 1, options);
     case "adjust":
-      return limiter.adjust(step.key, bucketOf(step.bucket), step.delta, options);
+      return limiter.adjust(step.key, ruleOf(step), step.delta, options);
+    case "wait": {
+      slept.ms = 0;
+      const d = await limiter.wait(step.key, ruleOf(step), step.cost ?? 1, options);
+      return Object.assign(Object.create(d), { sleptMs: slept.ms });
+    }
     case "consume_many":
       return limiter.consumeMany(step.groups.map(group), options);
     case "acquire": {
@@ -484,7 +526,8 @@ function checkState(limiter, check, where) {
 async function runLimiter(s, fake) {
   const clock = { now: START_MS };
   const redis = new FakeRedis(fake);
-  const limiter = limiterOf(s, redis.client(), clock);
+  const slept = { ms: 0 };
+  const limiter = limiterOf(s, redis.client(), clock, slept);
   const leases = new Map();
   const started = new Map(); // name -> {active, outcome}
   for (const [i, step] of s.steps.entries()) {
@@ -497,13 +540,13 @@ async function runLimiter(s, fake) {
       expectFields(leases.get(step.inspect), step.expect, where);
     } else if (step.call !== undefined) {
       const active = redis.begin(step, where);
-      const outcome = await outcomeOf(invoke(limiter, step, leases));
+      const outcome = await outcomeOf(invoke(limiter, step, leases, slept));
       redis.end(active, where);
       judge(outcome, step, leases, where);
     } else if (step.start !== undefined) {
       const call = { ...step, call: step.start };
       const active = redis.begin(call, step.as);
-      started.set(step.as, { active, call, outcome: outcomeOf(invoke(limiter, call, leases)) });
+      started.set(step.as, { active, call, outcome: outcomeOf(invoke(limiter, call, leases, slept)) });
       await settle(redis);
     } else if (step.resume !== undefined) {
       const run = started.get(step.resume);
@@ -514,7 +557,7 @@ async function runLimiter(s, fake) {
     } else if (step.burst !== undefined) {
       const active = redis.begin(step, where, true);
       const before = redis.sent.length;
-      const outcomes = step.burst.map((call) => outcomeOf(invoke(limiter, call, leases)));
+      const outcomes = step.burst.map((call) => outcomeOf(invoke(limiter, call, leases, slept)));
       await settle(redis);
       for (const release of active.held.splice(0)) release();
       const all = await Promise.all(outcomes);
