@@ -9,14 +9,19 @@
 //   degraded, "closed"       503, Retry-After: 1
 //   degraded, "open"         the route's status, no fields
 //   degraded, "local"        the route's, or 429 with Retry-After from the local bucket
+//
+// A rule with `maxDelayMs` delays a request over its bucket instead: a
+// reservation (TB.CONSUME ... WAIT) admitted within that wait holds the
+// request for its delay before the handler runs; only one beyond it is a 429.
 
 import { createHash } from "node:crypto";
 import { BlockList, isIP } from "node:net";
 import { type Amount, type Bucket, checkCost } from "./bucket.js";
-import type { MultiDecision } from "./decision.js";
+import { MultiDecision } from "./decision.js";
 import { rateLimitHeaders } from "./headers.js";
 import { Concurrency, checkInt, Lease } from "./lease.js";
 import type { GroupIn, Limiter, ManyOptions } from "./limiter.js";
+import { checkMaxWait } from "./requests.js";
 
 /** The request, as Node's http server gives it (Express and Fastify requests are this too). */
 export interface NodeRequest {
@@ -42,6 +47,13 @@ export interface Rule<R = NodeRequest> {
   cost?: Amount | ((request: R) => Amount);
   /** The first part of the Redis key (default "rl"). */
   prefix?: string;
+  /**
+   * Delay instead of refuse: a request over the bucket waits its turn if
+   * that comes within this many ms (an integer, 0 to 1e14), and goes to
+   * the handler then; beyond it, 429. For a middleware of this one rule
+   * (a wait across several buckets needs TB.CHARGE, not supported yet).
+   */
+  maxDelayMs?: number;
 }
 
 export interface LimitOptions extends Pick<ManyOptions, "atomic" | "onError" | "timeoutMs"> {
@@ -131,6 +143,14 @@ export function checkRules<R>(limiter: Limiter, rules: readonly Rule<R>[]): void
       throw new RangeError("a rule's bucket needs a name: new Bucket({ max, rate, name: 'user' })");
     }
     if (rule.cost !== undefined && typeof rule.cost !== "function") checkCost(rule.cost, rule.bucket);
+    if (rule.maxDelayMs !== undefined) {
+      checkMaxWait(rule.maxDelayMs, "consume", rule.bucket);
+      if (rules.length > 1) {
+        throw new RangeError(
+          "maxDelayMs needs a middleware of one rule: a wait across several buckets (TB.CHARGE) is not supported yet",
+        );
+      }
+    }
   }
   claim(
     limiter,
@@ -175,6 +195,13 @@ export async function check<R>(
   const groups = await groupsOf(rules, request);
   if (groups.length === 0) return undefined;
   const { atomic, onError, timeoutMs } = options;
+  const maxWaitMs = rules[0]?.maxDelayMs;
+  if (maxWaitMs !== undefined && rules.length === 1) {
+    // One reservation, and its delay slept here, before the handler runs.
+    const [key, bucket, cost] = groups[0] as [string, Bucket, Amount];
+    const d = await limiter.wait(key, bucket, cost, { maxWaitMs, onError, timeoutMs });
+    return new MultiDecision(d.allowed, d.allowed ? 0 : d.retryAfterMs, [d], d);
+  }
   return limiter.consumeMany(groups, { atomic, onError, timeoutMs });
 }
 
@@ -228,6 +255,9 @@ export function checkConcurrencyOptions<R>(limiter: Limiter, options: Concurrenc
     claim(limiter, [[policyKey(rule.prefix, rule.concurrency.name), rule.concurrency]]);
   } else if (rule.weight !== undefined && typeof rule.weight !== "function") {
     checkInt(rule.weight, "weight", 1);
+  }
+  if (options.rules?.some((r) => r.maxDelayMs !== undefined)) {
+    throw new RangeError("maxDelayMs is for a rate-limit rule: a slot's buckets are charged with it, never reserved");
   }
   if (options.rules !== undefined && options.rules.length > 0) checkRules(limiter, options.rules);
 }
