@@ -108,7 +108,9 @@ async function refuse<R>(
  * requests carry RateLimit-Policy and RateLimit (joined to any an earlier
  * limiter set); a denial is a 429 problem with them and Retry-After (or
  * `statusCode`, `message`, or your `handler`); a shed call or a
- * failing-closed limiter is a 503 with Retry-After. The decision is
+ * failing-closed limiter is a 503 with Retry-After. A rule with
+ * `maxDelayMs` holds a request over its bucket for its reservation's delay
+ * instead, then calls `next()`. The decision is
  * `req.rateLimit` (where express-rate-limit puts its own) and
  * `res.locals.rateLimit`. Errors the limiter throws (usage errors,
  * onError "raise") go to `next(error)`. Also exported as `rateLimit`,

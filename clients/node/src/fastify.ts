@@ -112,7 +112,8 @@ async function refuse<R>(
  * earlier hook set (the plugin's); the decision is `request.rateLimit`. A
  * denial is a 429 problem with them and Retry-After (or `statusCode`,
  * `message`, or your `handler`); a shed call or a failing-closed limiter
- * is a 503 with Retry-After.
+ * is a 503 with Retry-After. A rule with `maxDelayMs` holds a request over
+ * its bucket for its reservation's delay instead, before the handler.
  */
 export function rateLimitHook<R extends NodeRequest = FastifyRequest>(
   limiter: Limiter,

@@ -19,6 +19,10 @@ export { QUOTA_EXCEEDED } from "./http.js";
  *   const d = await limiter.consume(key, bucket);
  *   const refused = rateLimitResponse(d);
  *   if (refused) return refused;
+ *
+ * To delay a request over the bucket instead of refusing it, take its turn
+ * with `await limiter.wait(key, bucket, cost, { maxWaitMs })` (which sleeps
+ * the delay): an admitted reservation is admitted here, without Retry-After.
  */
 export function rateLimitResponse(
   decision: Decision | MultiDecision | Lease,
@@ -27,7 +31,7 @@ export function rateLimitResponse(
   const multi =
     decision instanceof Multi || decision instanceof Lease
       ? decision
-      : new Multi(decision.allowed, decision.retryAfterMs, [decision], decision);
+      : new Multi(decision.allowed, decision.allowed ? 0 : decision.retryAfterMs, [decision], decision);
   const refused = refusal(multi, { legacyHeaders: options.legacy ?? false });
   if (refused === undefined) return null;
   return new Response(JSON.stringify(refused.body), {
