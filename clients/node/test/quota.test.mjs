@@ -6,10 +6,10 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import express from "express";
-import { Bucket, Decision, InvalidArgument, Limiter, Quota, rateLimitHeaders } from "redis-tokenbucket";
+import { Breaker, Bucket, Decision, InvalidArgument, Limiter, Quota, rateLimitHeaders } from "redis-tokenbucket";
 import { rateLimit } from "redis-tokenbucket/express";
 import { client } from "./clients.mjs";
-import { SLOW, stopAll, target } from "./servers.mjs";
+import { Server, SLOW, stopAll, target } from "./servers.mjs";
 import { get, serve } from "./web.mjs";
 
 after(stopAll);
@@ -157,6 +157,40 @@ for (const name of BACKENDS) {
     }
   });
 }
+
+test("onError local runs a quota on this process's share while Redis is down; wait does not sleep", async () => {
+  const server = await new Server("redis-7.0", { module: true }).start();
+  const c = await client("ioredis", server.port);
+  try {
+    const quiet = { error() {}, warn() {} };
+    const lim = new Limiter(c.client, {
+      onError: "local",
+      processes: 2,
+      logger: quiet,
+      breaker: new Breaker({ failures: 1 }),
+    });
+    const q = new Quota({ limit: 6, period: "day", offset: 60 });
+    await lim.consume("warm", q);
+    await server.stopAndWait();
+    const answers = [];
+    for (let i = 0; i < 4; i++) answers.push(await lim.consume("q:down", q));
+    assert.ok(answers.every((d) => d.degraded));
+    assert.deepEqual(
+      answers.map((d) => d.allowed),
+      [true, true, true, false],
+    );
+    assert.ok(answers[3].retryAfterMs > 0, "a local quota denial waits for the period's end");
+    const b = new Bucket({ max: 2, rate: 1 });
+    await lim.consume("b:down", b, 1);
+    const begun = performance.now();
+    const d = await lim.wait("b:down", b, 1, { maxWaitMs: 5000 });
+    assert.ok(d.degraded && d.allowed && d.delayMs > 0, `a local reservation: ${JSON.stringify(d)}`);
+    assert.ok(performance.now() - begun < d.delayMs, "a degraded answer is returned without sleeping");
+  } finally {
+    c.close();
+    server.stop();
+  }
+});
 
 test("an Express rule with maxDelayMs delays a request over the bucket instead of a 429", async () => {
   const t = await target("redis-7.0+module");
