@@ -6,8 +6,10 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import express from "express";
+import Fastify from "fastify";
 import { Breaker, Bucket, Decision, InvalidArgument, Limiter, Quota, rateLimitHeaders } from "redis-tokenbucket";
 import { rateLimit } from "redis-tokenbucket/express";
+import { rateLimitPlugin } from "redis-tokenbucket/fastify";
 import { client } from "./clients.mjs";
 import { Server, SLOW, stopAll, target } from "./servers.mjs";
 import { get, serve } from "./web.mjs";
@@ -237,4 +239,32 @@ test("an Express rule with maxDelayMs delays a request over the bucket instead o
       }),
     /maxDelayMs needs a middleware of one rule/,
   );
+});
+
+test("a Fastify rule with maxDelayMs delays too, and the handler sees the reservation", async () => {
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  const app = Fastify({ forceCloseConnections: true }); // Node 18: close() would wait for idle keep-alives
+  const paced = new Bucket({ max: 1, rate: 10, name: "fpaced" });
+  await app.register(rateLimitPlugin, {
+    limiter: new Limiter(c.client),
+    rules: [{ bucket: paced, key: () => "a", maxDelayMs: 1000 }],
+  });
+  app.get("/", async (req) => ({ delay: req.rateLimit.decisions[0].delayMs }));
+  await app.listen({ port: 0, host: "127.0.0.1" });
+  const url = `http://127.0.0.1:${app.server.address().port}`;
+  try {
+    const first = await get(`${url}/`);
+    const begun = performance.now();
+    const second = await get(`${url}/`);
+    assert.deepEqual([first.status, second.status], [200, 200]);
+    assert.equal(JSON.parse(first.body).delay, 0);
+    const delay = JSON.parse(second.body).delay;
+    assert.ok(delay > 0 && delay <= 100, `delay ${delay}`);
+    assert.ok(performance.now() - begun >= delay - 1, "held for its delay");
+    assert.equal(second.headers["retry-after"], undefined);
+  } finally {
+    await app.close();
+    c.close();
+  }
 });
