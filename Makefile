@@ -49,6 +49,13 @@ PREFIX       ?= /usr/local
 MODULEDIR     = $(PREFIX)/lib/redis/modules
 LUADIR        = $(PREFIX)/share/redis-tokenbucket/lua
 DOCDIR        = $(PREFIX)/share/doc/redis-tokenbucket
+# Where LuaJIT's default package.path looks: `require "resty.tokenbucket"`.
+RESTYDIR      = $(PREFIX)/share/lua/5.1/resty
+INSTALL_DOCS  = README.md CHANGELOG.md $(wildcard LICENSE) docs/*.md docs/img/*.svg \
+                clients/python/README.md clients/node/README.md clients/openresty/README.md clients/spec/README.md \
+                contrib/prometheus/README.md contrib/prometheus/scrape-cost.md contrib/prometheus/tb-rules.yml \
+                contrib/prometheus/tb-dashboard.json contrib/prometheus/tb-collect.lua \
+                contrib/prometheus/python/tb_metrics.py bench/optimisations.md
 # The one version: [package] in Cargo.toml (no cargo needed to read it).
 TB_VERSION   := $(shell awk -F'"' '/^\[/ { p = ($$0 == "[package]") } p && /^version *=/ { print $$2; exit }' Cargo.toml)
 DIST_NAME    := redis-tokenbucket-$(TB_VERSION)-linux-$(shell uname -m)
@@ -261,12 +268,14 @@ lint-generated: ## every generated copy of contract/contract.json is up to date
 # ---- install and release -----------------------------------------------------------
 
 # The .so keeps its execute bit: Redis >= 7.0 refuses to load a module without one.
-install: $(MODULE) $(EVAL_SCRIPT) ## install under PREFIX (/usr/local; DESTDIR too)
-	install -d "$(DESTDIR)$(MODULEDIR)" "$(DESTDIR)$(LUADIR)" "$(DESTDIR)$(DOCDIR)/docs"
+install: $(MODULE) $(EVAL_SCRIPT) $(OPENRESTY_LIB) ## install under PREFIX (/usr/local; DESTDIR too): module, Lua library, OpenResty module, docs
+	install -d "$(DESTDIR)$(MODULEDIR)" "$(DESTDIR)$(LUADIR)" "$(DESTDIR)$(RESTYDIR)/tokenbucket"
 	install -m 755 $(MODULE) "$(DESTDIR)$(MODULEDIR)/"
 	install -m 644 lua/tb.lua $(EVAL_SCRIPT) "$(DESTDIR)$(LUADIR)/"
-	install -m 644 README.md CHANGELOG.md $(wildcard LICENSE) "$(DESTDIR)$(DOCDIR)/"
-	install -m 644 docs/*.md "$(DESTDIR)$(DOCDIR)/docs/"
+	install -m 644 $(OPENRESTY)/lib/resty/tokenbucket.lua "$(DESTDIR)$(RESTYDIR)/"
+	install -m 644 $(OPENRESTY)/lib/resty/tokenbucket/*.lua "$(DESTDIR)$(RESTYDIR)/tokenbucket/"
+	@# The docs with every file their links name (tests/dist.sh checks), as in the source tree.
+	for f in $(INSTALL_DOCS); do install -D -m 644 "$$f" "$(DESTDIR)$(DOCDIR)/$$f"; done
 
 # Always through cargo (`build`), so a release never packs a stale .so.
 dist: build ## release tarball and its .sha256 in target/dist/

@@ -28,6 +28,7 @@ SO=lib/redis/modules/libredis_tokenbucket.so
 LIB=share/redis-tokenbucket/lua/tb.lua
 EVAL=share/redis-tokenbucket/lua/tb-eval.lua
 DOC=share/doc/redis-tokenbucket
+RESTY=share/lua/5.1/resty
 
 fail() { echo "dist test: $*" >&2; exit 1; }
 [ -x "$SERVER" ] || fail "no $SERVER (make deps)"
@@ -75,6 +76,47 @@ expect() {
   [ "$got" = "$want" ] || fail "$what: expected $(echo "$want" | paste -sd' ') but got $(echo "$got" | paste -sd' ')"
 }
 
+# Every relative link of the installed Markdown names a file the tree
+# holds (a link to a source folder, examples/nginx-gateway say, names no
+# file, and is left to the repository).
+check_links() {
+  local doc=$1 label=$2
+  python3 - "$doc" "$ROOT" <<'PY' || fail "$label: the installed docs link to files it does not hold"
+import os, re, sys
+doc, root = sys.argv[1], sys.argv[2]
+missing = []
+for base, _, names in os.walk(doc):
+    for name in names:
+        if not name.endswith(".md"):
+            continue
+        path = os.path.join(base, name)
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", open(path, encoding="utf-8").read()):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            installed = os.path.normpath(os.path.join(base, target))
+            source = os.path.join(root, os.path.relpath(installed, doc))
+            if not os.path.exists(installed) and not os.path.isdir(source):
+                missing.append(f"{os.path.relpath(path, doc)} -> {target}")
+for m in missing:
+    print("dist test: missing link target:", m, file=sys.stderr)
+sys.exit(1 if missing else 0)
+PY
+}
+
+# The OpenResty module: `require "resty.tokenbucket.*"` from LuaJIT's
+# share/lua/5.1, its Lua library the one the tree's tb.lua is.
+check_resty() {
+  local dir=$1 label=$2
+  [ -f "$dir/$RESTY/tokenbucket.lua" ] || fail "$label: $RESTY/tokenbucket.lua missing"
+  command -v luajit >/dev/null || { echo "dist test: no luajit, the OpenResty module's files only"; return 0; }
+  local version
+  version=$(LUA_PATH="$dir/share/lua/5.1/?.lua" luajit -e \
+    'local lib = require "resty.tokenbucket.library"; local c = require "resty.tokenbucket.contract"
+     assert(lib.version == c.LIBRARY_VERSION, "library.lua and contract.lua disagree"); io.write(lib.version)') \
+    || fail "$label: the OpenResty module does not load from $RESTY"
+  grep -q "^local LIBRARY_VERSION = '$version'$" "$dir/$LIB" || fail "$label: the OpenResty library is not $LIB"
+}
+
 # Everything a tree must hold and serve; $1 is its root, $2 a label.
 check_tree() {
   local dir=$1 label=$2
@@ -85,6 +127,8 @@ check_tree() {
   [ -x "$dir/$SO" ] || fail "$label: $SO is not executable (Redis 7 refuses it)"
   grep -q "^## \[$VERSION\]" "$dir/$DOC/CHANGELOG.md" || fail "$label: CHANGELOG.md has no entry for $VERSION"
   python3 "$ROOT/lua/gen_eval.py" --check "$dir/$EVAL" || fail "$label: $EVAL is not current"
+  check_links "$dir/$DOC" "$label"
+  check_resty "$dir" "$label"
 
   start_server "$dir/$SO" "$TMP/$label.log"
   # Flat MODULE LIST reply: name, tb, ver, N, path, P, args, ...
