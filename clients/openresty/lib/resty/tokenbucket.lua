@@ -58,6 +58,15 @@ end
 local Edge = {}
 Edge.__index = Edge
 
+-- `max_delay_ms`: a request the buckets can serve within it is delayed
+-- (ngx.sleep) instead of refused, as limit_req's `delay`.
+local function check_delay(ms)
+  if ms ~= nil and not (type(ms) == "number" and ms >= 0 and ms % 1 == 0) then
+    error("resty.tokenbucket: max_delay_ms must be an integer of milliseconds >= 0", 3)
+  end
+  return ms
+end
+
 -- Builds the limiter from its configuration table (README). Runs in
 -- init_by_lua (no I/O here: connections are made on first use, in each
 -- worker, which also finds the backend on its own first call).
@@ -107,6 +116,7 @@ function _M.new(config)
     transport = transport,
     notes = notes,
     legacy = config.legacy_headers == true,
+    max_delay_ms = check_delay(config.max_delay_ms),
     on_refusal = config.on_refusal,
     holds = hold_mod.new({ limiter = limiter, clock = now, timer_at = timer_at, logonce = notes }),
   }, Edge)
@@ -225,11 +235,14 @@ function Edge:access()
     return lease
   end
   if #groups == 0 then return nil end -- every rule skipped: nothing to limit
-  local decision, err = limiter:consume_many(groups)
+  local delay = self.max_delay_ms
+  local decision, err = limiter:consume_many(groups, delay and { max_wait_ms = delay } or nil)
   if decision == nil then return self:fail(err) end
   local refusal = headers.refusal(decision, self.legacy)
   if refusal then return self:refuse(refusal) end
   self:fields(decision)
+  -- A reservation: the request goes on after its turn, never before.
+  if decision.delay_ms > 0 and not decision.degraded then ngx.sleep(decision.delay_ms / 1000) end
   return decision
 end
 

@@ -73,7 +73,7 @@ function T.rules_are_checked_when_loaded()
   h.eq(err({ rules = { { name = "u", max = 1, rate = 1, key = "x" } } }),
     'resty.tokenbucket rules: rule u: key must be an nginx variable ("$http_x_api_key") or a function, got x')
   h.eq(err({ rules = { { name = "u", max = 1, rate = 1, limit = "1/second", key = "$x" } } }),
-    'resty.tokenbucket rules: rule u: give one of bucket, limit ("N/minute") or max and rate')
+    'resty.tokenbucket rules: rule u: give one of bucket, limit ("N/minute"), max and rate, or quota ({limit, period})')
   h.eq(err({ rules = { { name = "u", max = 1, rate = 1, key = "$x" }, { name = "u", max = 2, rate = 1, key = "$y" } } }),
     "resty.tokenbucket rules: rule u: two rules of one name would share their Redis keys")
   h.eq(err({ rules = {} }), "resty.tokenbucket rules: no rules and no concurrency: nothing to limit")

@@ -36,7 +36,7 @@ end
 -- Fields compared as the spec names them (the Lua answers use the same names).
 local FIELDS = {
   allowed = true, remaining = true, retry_after_ms = true, reset_after_ms = true, degraded = true, shed = true,
-  cached = true, acquired = true, in_use = true, expires_in_ms = true, held = true, lost = true,
+  cached = true, acquired = true, in_use = true, expires_in_ms = true, held = true, lost = true, delay_ms = true,
 }
 
 local function expect_fields(got, want, where)
@@ -146,13 +146,23 @@ end
 
 -- ---- limiter scenarios: a send that answers from the script ----------------------------
 
+-- The words after a one-key call's key that tell it apart (ARGV from
+-- w[from]): a reservation's WAIT ms, a quota's period and OFFSET m.
+local function single(op, w, from)
+  if op == "consume" or op == "peek" or op == "adjust" then return { unpack(w, from + 3) } end
+  if op == "quota" or op == "qpeek" or op == "qadjust" then return { w[from + 1], unpack(w, from + 3) } end
+  return {}
+end
+
 -- A command as the spec names it (README.md, "Commands").
 local function command_text(args)
   local w = {}
   for i = 1, #args do w[i] = tostring(args[i]) end
   local name = w[1]:upper()
   if name == "TB.CONSUME" or name == "TB.PEEK" or name == "TB.ADJUST" or name == "TB.INFLIGHT" then
-    return name .. " " .. w[2]
+    return table.concat({ name, w[2], unpack(w, 6) }, " ") -- and WAIT ms
+  elseif name == "TB.QUOTA" or name == "TB.QPEEK" or name == "TB.QADJUST" then
+    return table.concat({ name, w[2], w[4], unpack(w, 6) }, " ") -- the period, and OFFSET m
   elseif name == "TB.MCONSUME" then
     local out = { name }
     for i = 2, #w, 4 do out[#out + 1] = w[i] end
@@ -160,11 +170,14 @@ local function command_text(args)
   elseif name == "TB.ACQUIRE" then return name .. " " .. w[2] .. " " .. w[5]
   elseif name == "TB.RELEASE" or name == "TB.RENEW" then return name .. " " .. w[2] .. " " .. w[3]
   elseif name == "FCALL" or name == "FCALL_RO" then
-    if tonumber(w[3]) > 0 then return name .. " " .. w[2] .. " " .. w[4] end
+    if tonumber(w[3]) > 0 then
+      return table.concat({ name, w[2], w[4], unpack(single((w[2]:gsub("^tb_", "")), w, 5)) }, " ")
+    end
     return name .. " " .. w[2]
   elseif name == "EVALSHA" or name == "EVAL" then
     local n = tonumber(w[3])
-    return name .. " " .. w[4 + n] .. " " .. w[4]
+    local tail = n == 1 and single(w[4 + n], w, 5 + n) or {}
+    return table.concat({ name, w[4 + n], w[4], unpack(tail) }, " ")
   elseif name == "FUNCTION" then return "FUNCTION " .. w[2]:upper()
   end
   w[1] = name
@@ -288,7 +301,23 @@ local function limiter_of(s, redis, clock)
     log = function() end,
     new_id = function() n = n + 1; return "made-" .. n end,
     library = library,
+    -- delay()'s sleep, faked: it moves the clock, and a call's total is its slept_ms.
+    sleep = function(seconds)
+      local ms = math.floor(seconds * 1000 + 0.5)
+      clock.ms = clock.ms + ms
+      clock.slept = (clock.slept or 0) + ms
+    end,
   })
+end
+
+-- The step's bucket, or its quota: built by the limiter's own checks, so
+-- that a rule it refuses is the call's usage error.
+local function rule_of(step)
+  if step.quota then
+    local q = step.quota
+    return { limit = q.limit, period = q.period, offset = q.offset, name = q.name }
+  end
+  return bucket_of(step.bucket)
 end
 
 local function group_of(g)
@@ -297,10 +326,12 @@ end
 
 -- The call a step makes: its answer, or nil and the error.
 local function invoke(lim, step, leases)
-  local opts = step.on_error and { on_error = step.on_error } or nil
+  local opts = (step.on_error or step.max_wait_ms) and { on_error = step.on_error, max_wait_ms = step.max_wait_ms }
+    or nil
   local op = step.call
-  if op == "consume" or op == "peek" then return lim[op](lim, step.key, bucket_of(step.bucket), step.cost or 1, opts)
-  elseif op == "adjust" then return lim:adjust(step.key, bucket_of(step.bucket), step.delta, opts)
+  if op == "consume" or op == "peek" then return lim[op](lim, step.key, rule_of(step), step.cost or 1, opts)
+  elseif op == "wait" then return lim:delay(step.key, rule_of(step), step.cost or 1, opts)
+  elseif op == "adjust" then return lim:adjust(step.key, rule_of(step), step.delta, opts)
   elseif op == "consume_many" then
     local groups = {}
     for i, g in ipairs(step.groups) do groups[i] = group_of(g) end
@@ -342,9 +373,20 @@ local function kind_of(err)
   return classify(err)
 end
 
-local function judge(run, step, want, leases, where)
+local function with(t, k, v)
+  local c = {}
+  for a, b in pairs(t) do c[a] = b end
+  c[k] = v
+  return c
+end
+
+local function judge(run, step, want, leases, where, slept)
   want = want or {}
   if not run.done then fail(where, "the call never finished (a held reply never released?)") end
+  if want.slept_ms ~= nil then
+    h.eq(slept or 0, want.slept_ms, where .. ": slept_ms")
+    want = with(want, "slept_ms", nil)
+  end
   if want.raises then
     if run.value ~= nil then fail(where, "expected it to raise (" .. want.raises .. "), got " .. h.show(run.value)) end
     h.eq(kind_of(run.err), want.raises, where .. ": raised " .. h.show(run.err))
@@ -371,13 +413,6 @@ local function check_state(lim, check, where)
   end
 end
 
-local function with(t, k, v)
-  local c = {}
-  for a, b in pairs(t) do c[a] = b end
-  c[k] = v
-  return c
-end
-
 local function run_limiter(s)
   local clock = new_clock()
   local redis = new_redis()
@@ -390,9 +425,10 @@ local function run_limiter(s)
     elseif step.inspect then expect_fields(leases[step.inspect], step.expect, where)
     elseif step.call then
       local active = redis.begin(step)
+      clock.slept = 0
       local run = start(lim, step, leases)
       redis.finish(active, where)
-      judge(run, step, step.expect, leases, where)
+      judge(run, step, step.expect, leases, where, clock.slept)
     elseif step.start then
       local call = with(step, "call", step.start)
       local active = redis.begin(call)

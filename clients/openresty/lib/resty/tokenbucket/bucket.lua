@@ -17,6 +17,7 @@ local _M = {}
 local Invalid = {}
 Invalid.__index = Invalid
 Invalid.__tostring = function(e) return e.message end
+_M.Invalid = Invalid
 
 local function invalid(field, name, values)
   local text = contract.message(name, values)
@@ -83,6 +84,7 @@ local function charges_nothing(cost, max)
   local b = below(max)
   return cost > 0 and (max - cost == max or b - cost == b)
 end
+_M.charges_nothing = charges_nothing
 
 function _M.check_cost(cost, bucket, group)
   local n = number(cost, "cost", group)
@@ -106,7 +108,9 @@ local function check_name(name)
 end
 _M.check_name = check_name
 
-local Bucket = {}
+-- A Quota (quota.lua) has `kind` "quota" and arguments `after` the
+-- amount (its OFFSET); a bucket has none.
+local Bucket = { kind = "bucket", after = {} }
 Bucket.__index = Bucket
 _M.Bucket = Bucket
 
@@ -130,7 +134,8 @@ function _M.bucket(spec, group)
     error(invalid("rate", "fill_too_slow", { group = group }), 0)
   end
   if spec.name ~= nil then check_name(spec.name) end
-  return setmetatable({ max = max, rate = rate, name = spec.name, args = { encode(max), encode(rate) } }, Bucket)
+  return setmetatable({ max = max, rate = rate, name = spec.name, args = { encode(max), encode(rate) },
+    ident = encode(max) .. ":" .. encode(rate) }, Bucket)
 end
 
 -- "N/second", "N/minute", "N/hour" or "N/day": a burst of N, then one token

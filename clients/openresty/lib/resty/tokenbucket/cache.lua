@@ -127,10 +127,11 @@ local function find(self, keys, buckets, costs)
     self.misses = self.misses + 1
     return nil
   end
-  -- Another bucket size or a cheaper request may pass: ask Redis.
+  -- Another bucket size or a cheaper request may pass: ask Redis. (A
+  -- quota never matches a bucket, nor another period: `ident`.)
   for i = 1, #keys do
     local b, d = buckets[i], e.decisions[i]
-    if b.max ~= d.bucket.max or b.rate ~= d.bucket.rate or costs[i] < d.cost then
+    if b.max ~= d.bucket.max or b.rate ~= d.bucket.rate or b.ident ~= d.bucket.ident or costs[i] < d.cost then
       self.misses = self.misses + 1
       return nil
     end

@@ -52,6 +52,8 @@ local function decision(r, key, bucket, cost)
     degraded = false,
     cached = false,
     shed = false,
+    -- An admitted reservation's wait before proceeding; 0 for all else.
+    delay_ms = r[1] == 1 and r[3] or 0,
   }
 end
 _M.decision = decision
@@ -62,7 +64,7 @@ function _M.one(reply, group, op)
   local d = decision(reply, group[1], group[2], group[3])
   if op == "adjust" then
     -- ADJUST always applies: `allowed` is about the next request of cost 1.
-    d.allowed = d.retry_after_ms == 0
+    d.allowed, d.delay_ms = d.retry_after_ms == 0, 0
   end
   return d
 end
@@ -72,6 +74,7 @@ local function multi(allowed, retry_after_ms, decisions, atomic)
   return {
     allowed = allowed,
     retry_after_ms = retry_after_ms,
+    delay_ms = allowed and retry_after_ms or 0,
     decisions = decisions,
     atomic = atomic ~= false,
     degraded = false,

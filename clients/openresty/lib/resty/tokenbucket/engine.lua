@@ -126,14 +126,14 @@ local function check_library(self, send, key, node)
   return true
 end
 
-local function fcall(self, send, op, groups, lease)
+local function fcall(self, send, op, groups, lease, after)
   local key = lease and lease[1] or groups[1][1]
   local node = self.node_of(key)
   if self.checking[node] then
     -- Another call is checking or loading the library right now: a burst
     -- of first calls must not each load it (FUNCTION LOAD compiles it
     -- while Redis waits). The EVAL script answers the same.
-    return eval(self, send, scripts.eval_tail(op, groups, lease), key)
+    return eval(self, send, scripts.eval_tail(op, groups, lease, after), key)
   end
   if not self.checked[node] then
     self.checking[node] = true
@@ -141,7 +141,7 @@ local function fcall(self, send, op, groups, lease)
     self.checking[node] = nil
     if not ok then return nil, err end
   end
-  local args = scripts.fcall_args(op, groups, lease)
+  local args = scripts.fcall_args(op, groups, lease, after)
   local reply, err = send(args, key)
   if reply ~= nil then return reply end
   if refused(err) then return nil, unavailable("functions", err) end
@@ -155,16 +155,16 @@ local function fcall(self, send, op, groups, lease)
   return send(args, key)
 end
 
-local function send_on(self, backend, send, op, groups, lease)
+local function send_on(self, backend, send, op, groups, lease, after)
   if backend == "module" then
     local key = lease and lease[1] or groups[1][1]
-    local reply, err = send(scripts.module_args(op, groups, lease), key)
+    local reply, err = send(scripts.module_args(op, groups, lease, after), key)
     if reply == nil and refused(err) then return nil, unavailable("module", err) end
     return reply, err
   end
-  if backend == "functions" then return fcall(self, send, op, groups, lease) end
+  if backend == "functions" then return fcall(self, send, op, groups, lease, after) end
   local key = lease and lease[1] or groups[1][1]
-  return eval(self, send, scripts.eval_tail(op, groups, lease), key)
+  return eval(self, send, scripts.eval_tail(op, groups, lease, after), key)
 end
 
 local function no_backend(causes)
@@ -176,11 +176,11 @@ local function no_backend(causes)
   return { usage = "no rate-limit backend answered (" .. table.concat(parts, "; ") .. ")", no_backend = true }
 end
 
-local function detect(self, send, op, groups, lease)
+local function detect(self, send, op, groups, lease, after)
   local causes = {}
   for i = 1, #BACKENDS do
     local name = BACKENDS[i]
-    local reply, err = send_on(self, name, send, op, groups, lease)
+    local reply, err = send_on(self, name, send, op, groups, lease, after)
     if reply ~= nil then
       self.backend = name
       self.log("info", "rate limiter: using the " .. name .. " backend")
@@ -193,11 +193,13 @@ local function detect(self, send, op, groups, lease)
 end
 
 -- Sends `op` on its groups (a lease operation: on its key and head, with
--- the groups as its buckets) and returns the reply, or nil and the error.
-function Engine:call(send, op, groups, lease)
+-- the groups as its buckets; a quota's operation for a quota), `after`
+-- behind them (WAIT max_ms), and returns the reply, or nil and the error.
+function Engine:call(send, op, groups, lease, after)
+  if not lease then op = scripts.wire_op(op, groups, after) end
   local backend = self.backend
   if backend ~= nil then
-    local reply, err = send_on(self, backend, send, op, groups, lease)
+    local reply, err = send_on(self, backend, send, op, groups, lease, after)
     if reply ~= nil or not (err and err.unavailable) then return reply, err end
     if self.forced then return nil, no_backend({ { backend, err.cause } }) end
     self.log("warn", "rate limiter: the " .. backend .. " backend is gone ("
@@ -205,7 +207,7 @@ function Engine:call(send, op, groups, lease)
     self.backend = nil
     self.checked = {}
   end
-  return detect(self, send, op, groups, lease)
+  return detect(self, send, op, groups, lease, after)
 end
 
 return _M

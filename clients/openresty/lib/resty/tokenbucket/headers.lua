@@ -18,6 +18,9 @@
 -- `q` the burst (max rounded down, at least 1), `w` the seconds to refill
 -- it, `r` the whole tokens left (0 in debt), `t` the seconds until that
 -- bucket stops limiting (its retry time when it denies, else until full).
+-- A quota is named after its period unless named ("day", "3600s"), `q`
+-- its limit, `w` the current period's length (a month's own days), `t`
+-- the seconds until it resets.
 -- A lease's Concurrency comes first, in the quota unit
 -- "concurrent-requests": `"streams";q=8;qu="concurrent-requests"` and
 -- `"streams";r=6` (with `;t=` only when no slot is free). Plain Lua.
@@ -36,7 +39,12 @@ local function sf_string(text)
   return '"' .. text:gsub("\\", "\\\\"):gsub('"', '\\"') .. '"'
 end
 
--- A bucket's burst in whole tokens: rounded down, but never 0.
+-- The wall clock, in seconds: a month's length depends on the date.
+local function now()
+  return ngx and ngx.now() or os.time()
+end
+
+-- A bucket's burst (a quota's limit) in whole tokens: rounded down, but never 0.
 local function quota(bucket)
   return max(1, floor(bucket.max))
 end
@@ -77,8 +85,16 @@ function _M.rate_limit(decision, legacy)
   end
   for i = 1, #decisions do
     local d = decisions[i]
-    local name = sf_string(d.bucket.name or "default")
-    policy[#policy + 1] = name .. ";q=" .. quota(d.bucket) .. ";w=" .. ceil(d.bucket.max / d.bucket.rate)
+    local rule, name, window = d.bucket, nil, nil
+    if rule.kind == "quota" then
+      -- Named after its period unless named; `w` the current period's length.
+      name = sf_string(rule.name or rule.label)
+      window = rule:period_seconds(now() + d.reset_after_ms / 1000)
+    else
+      name = sf_string(rule.name or "default")
+      window = ceil(rule.max / rule.rate)
+    end
+    policy[#policy + 1] = name .. ";q=" .. quota(rule) .. ";w=" .. window
     current[#current + 1] = name .. ";r=" .. max(d.remaining, 0) .. ";t=" .. whole_seconds(decision_mod.wait_ms(d))
   end
   out["RateLimit-Policy"] = concat(policy, ", ")

@@ -76,6 +76,8 @@ function _M.new(opts)
     processes = opts.processes or 1,
     new_id = opts.new_id or default_new_id,
     on_decision = opts.on_decision,
+    -- What delay() sleeps with (seconds): ngx.sleep in nginx.
+    sleep = opts.sleep or (ngx and ngx.sleep),
     library = opts.library or require("resty.tokenbucket.library"),
     held = {},
     n_held = 0,
@@ -197,6 +199,27 @@ function Limiter:adjust(key, bucket, delta, opts)
   local j, err = checked(requests.one, self, "adjust", key, bucket, delta, opts)
   if j == nil then return nil, err end
   return run(self, j)
+end
+
+-- Reserves `cost` tokens within `opts.max_wait_ms` (consume with WAIT)
+-- and waits the reservation's delay_ms, as limit_req's `delay`: the
+-- decision, and the seconds still to wait (0 once slept). With
+-- `opts.sleep == false` it does not sleep: the caller waits the seconds
+-- returned, as lua-resty-limit-traffic's `incoming` leaves it to. A
+-- denial returns at once (never a retry loop), and so does a degraded or
+-- shed answer.
+function Limiter:delay(key, bucket, cost, opts)
+  if not (opts and opts.max_wait_ms ~= nil) then
+    return nil, { usage = "delay needs opts.max_wait_ms: the longest wait a reservation may take" }
+  end
+  local d, err = self:consume(key, bucket, cost, opts)
+  if d == nil then return nil, err end
+  local wait = (d.allowed and not d.degraded and d.delay_ms or 0) / 1000
+  if wait > 0 and opts.sleep ~= false then
+    self.sleep(wait)
+    wait = 0
+  end
+  return d, wait
 end
 
 -- Charges every {key, bucket, cost} or none (TB.MCONSUME). With keys in

@@ -16,6 +16,7 @@
 -- (seconds since the epoch) is injected.
 
 local bucket_mod = require "resty.tokenbucket.bucket"
+local quota_mod = require "resty.tokenbucket.quota"
 local scripts = require "resty.tokenbucket.scripts"
 
 local type, tostring, floor, ceil, max = type, tostring, math.floor, math.ceil, math.max
@@ -30,10 +31,14 @@ local SWEEP_EVERY = 4096
 local Local = {}
 Local.__index = Local
 
--- This process's part of a bucket.
-local function share(bucket, processes)
-  if processes == 1 then return bucket end
-  return bucket_mod.bucket({ max = bucket.max / processes, rate = bucket.rate / processes, name = bucket.name })
+-- This process's part of a bucket, or of a quota.
+local function share(rule, processes)
+  if processes == 1 then return rule end
+  if rule.kind == "quota" then
+    return quota_mod.quota({ limit = rule.limit / processes, period = rule.period, offset = rule.offset,
+      name = rule.name })
+  end
+  return bucket_mod.bucket({ max = rule.max / processes, rate = rule.rate / processes, name = rule.name })
 end
 
 -- This process's part of a Concurrency limit: at least one slot.
@@ -179,8 +184,8 @@ end
 
 -- ---- what FCALL tb_<op> would answer, here ---------------------------------------
 
-local function run(self, op, keys, argv)
-  local f = self.functions["tb_" .. op]
+local function run(self, fn, keys, argv)
+  local f = self.functions[fn]
   local ok, res = pcall(f, keys, argv)
   if not ok then
     if type(res) == "table" and res.err then return nil, { reply = res.err } end
@@ -199,19 +204,22 @@ local function shared(self, groups)
 end
 
 -- FCALL's arguments (FCALL fn numkeys keys... argv...) run here.
-local function run_fcall(self, op, args)
+local function run_fcall(self, args)
   local n = tonumber(args[3])
   local keys, argv = {}, {}
   for i = 1, n do keys[i] = args[3 + i] end
   for i = 4 + n, #args do argv[#argv + 1] = args[i] end
-  return run(self, op, keys, argv)
+  return run(self, args[2], keys, argv)
 end
 
--- A bucket operation on this process's share of each bucket. A cost that
--- can't fit a share is an error reply (the caller denies).
-function Local:run(op, groups)
-  local args = scripts.fcall_args(op, shared(self, groups))
-  return run_fcall(self, op, args)
+-- A bucket (or quota) operation on this process's share of each rule, a
+-- quota's own function for a quota; `after` as Redis would take it (WAIT
+-- max_ms). A cost that can't fit a share is an error reply (the caller
+-- denies).
+function Local:run(op, groups, after)
+  local local_groups = shared(self, groups)
+  local args = scripts.fcall_args(scripts.wire_op(op, local_groups, after), local_groups, nil, after)
+  return run_fcall(self, args)
 end
 
 -- A lease operation: an acquire's limit (at least 1) and buckets are this
@@ -224,7 +232,7 @@ function Local:run_lease(op, key, head, groups)
     head = h
   end
   local args = scripts.fcall_args(op, shared(self, groups or {}), { key, head })
-  return run_fcall(self, op, args)
+  return run_fcall(self, args)
 end
 
 function Local:len()

@@ -50,7 +50,7 @@ local ONE = {
   policy = function(req, allowed) return made_up(req.group, allowed, 0, "degraded") end,
   shed = function(req) return made_up(req.group, false, _M.SHED_RETRY_MS, "shed") end,
   ["local"] = function(lb, req)
-    local reply = lb:run(req.op, { req.group })
+    local reply = lb:run(req.op, { req.group }, req.after)
     if reply == nil then return made_up(req.group, false, 0, "degraded") end -- above this worker's share
     local d = decision_mod.one(reply, req.group, req.op)
     d.degraded = true
@@ -72,7 +72,7 @@ MANY = {
     return m
   end,
   ["local"] = function(lb, req)
-    local reply = lb:run("mconsume", req.groups)
+    local reply = lb:run("mconsume", req.groups, req.after)
     local m = reply and decision_mod.many(reply, req.groups)
     if m == nil then return MANY.policy(req, false) end
     m.atomic = not req.each

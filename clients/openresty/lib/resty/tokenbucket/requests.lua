@@ -14,6 +14,7 @@
 local bucket_mod = require "resty.tokenbucket.bucket"
 local contract = require "resty.tokenbucket.contract"
 local decision_mod = require "resty.tokenbucket.decision"
+local quota_mod = require "resty.tokenbucket.quota"
 
 local type, pcall, tostring, max = type, pcall, tostring, math.max
 
@@ -40,8 +41,42 @@ local check_timeout = _M.check_timeout
 
 -- ---- checks ---------------------------------------------------------------------
 
--- Buckets given as {key, bucket} or {key, bucket, cost}, checked in the
--- module's order: their count, then each left to right, then duplicates.
+-- A bucket or a quota (a table with a `period`), checked; its amount.
+local function rule_of(spec, group)
+  if quota_mod.is_quota(spec) or (type(spec) == "table" and spec.period ~= nil and spec.rate == nil) then
+    return quota_mod.quota(spec, group)
+  end
+  return bucket_mod.bucket(spec, group)
+end
+_M.rule_of = rule_of
+
+local function check_amount(cost, rule, group)
+  if rule.kind == "quota" then return quota_mod.check_cost(cost, rule, group) end
+  return bucket_mod.check_cost(cost, rule, group)
+end
+
+-- `WAIT max_ms` for `opts.max_wait_ms`, or nil. Only buckets reserve: a
+-- quota alone with a wait is an error (TB.CHARGE waits for the buckets
+-- beside quotas).
+local function reservation(opts, rules, many)
+  local ms = opts and opts.max_wait_ms
+  if ms == nil then return nil end
+  if type(ms) ~= "number" or ms % 1 ~= 0 or ms < 0 or ms > contract.MAX_WAIT_MS then
+    error({ usage = "max_wait_ms must be an integer from 0 to " .. contract.MAX_WAIT_MS }, 0)
+  end
+  if not many then
+    for i = 1, #rules do
+      if rules[i].kind == "quota" then
+        error({ usage = "max_wait_ms is for buckets: a quota never reserves, it resets" }, 0)
+      end
+    end
+  end
+  return { "WAIT", string.format("%d", ms) }
+end
+
+-- Buckets (and quotas, but for an acquire's) given as {key, rule} or
+-- {key, rule, cost}, checked in the module's order: their count, then
+-- each left to right, then duplicates.
 local function check_groups(given, lease_key)
   if type(given) ~= "table" then error({ usage = "groups must be a list of {key, bucket, cost}" }, 0) end
   if #given > contract.MAX_GROUPS then error(bucket_mod.invalid("groups", "too_many_groups"), 0) end
@@ -50,10 +85,10 @@ local function check_groups(given, lease_key)
     local g = given[i]
     if type(g) ~= "table" then error({ usage = "group " .. i .. ": expected {key, bucket, cost}" }, 0) end
     local key = bucket_mod.check_key(g[1], i)
-    local b = bucket_mod.bucket(g[2], i)
+    local b = lease_key ~= nil and bucket_mod.bucket(g[2], i) or rule_of(g[2], i)
     local cost = g[3]
     if cost == nil then cost = 1 end
-    out[i] = { key, b, bucket_mod.check_cost(cost, b, i) }
+    out[i] = { key, b, check_amount(cost, b, i) }
   end
   local seen = {}
   for i = 1, #out do
@@ -113,9 +148,11 @@ local function names_of(groups, first)
 end
 
 local function plan_one(ctx, send, req)
-  local cache, ticket = ctx.cache
+  -- A reservation is kept out of the denial cache: a plain denial says
+  -- nothing of it, nor its denial of a plain call.
+  local cache, ticket = not req.after and ctx.cache or nil
   if cache then ticket = cache:sent(req.op, { req.group[1] }) end
-  local reply, err = ctx.engine:call(send, req.op, { req.group })
+  local reply, err = ctx.engine:call(send, req.op, { req.group }, nil, req.after)
   local d
   if reply ~= nil then d, err = decision_mod.one(reply, req.group, req.op) end
   if d == nil then
@@ -132,11 +169,12 @@ end
 -- give. Not atomic: until the refunds land, the refunded tokens are
 -- missing; and if Redis fails between a charge and its refund, the charge
 -- stays.
-local function plan_each(ctx, send, groups)
+local function plan_each(ctx, send, groups, after)
   local charged = {}
   for i = 1, #groups do
     local g = groups[i]
-    local reply, err = ctx.engine:call(send, "consume", { g })
+    -- A wait reserves bucket tokens; a quota never waits.
+    local reply, err = ctx.engine:call(send, "consume", { g }, nil, g[2].kind == "bucket" and after or nil)
     if reply == nil then return nil, err end
     local d, serr = decision_mod.one(reply, g, "consume")
     if d == nil then return nil, serr end
@@ -170,18 +208,20 @@ local function plan_each(ctx, send, groups)
     end
     charged[#charged + 1] = d
   end
-  return decision_mod.multi(true, 0, charged, false)
+  local retry = 0
+  for j = 1, #charged do retry = max(retry, charged[j].retry_after_ms) end
+  return decision_mod.multi(true, retry, charged, false)
 end
 
 local function plan_many(ctx, send, req)
-  local cache, ticket = ctx.cache
+  local cache, ticket = not req.after and ctx.cache or nil
   if cache then ticket = cache:sent(req.each and "each" or "mconsume", req.keys) end
   local result, err
   if req.each then
-    result, err = plan_each(ctx, send, req.groups)
+    result, err = plan_each(ctx, send, req.groups, req.after)
   else
     local reply
-    reply, err = ctx.engine:call(send, "mconsume", req.groups)
+    reply, err = ctx.engine:call(send, "mconsume", req.groups, nil, req.after)
     if reply ~= nil then result, err = decision_mod.many(reply, req.groups) end
   end
   if result == nil then
@@ -241,13 +281,14 @@ end
 function _M.one(ctx, op, key, bucket, amount, opts)
   local timeout, on_error = options(ctx, opts)
   key = bucket_mod.check_key(key)
-  local b = bucket_mod.bucket(bucket)
+  local b = rule_of(bucket)
   if amount == nil then amount = 1 end
-  local value = op == "adjust" and bucket_mod.check_delta(amount) or bucket_mod.check_cost(amount, b)
-  local req = { op = op, group = { key, b, value }, names = b.name or "", what = op .. " " .. key }
+  local value = op == "adjust" and bucket_mod.check_delta(amount) or check_amount(amount, b)
+  local after = op ~= "adjust" and reservation(opts, { b }) or nil
+  local req = { op = op, group = { key, b, value }, after = after, names = b.name or "", what = op .. " " .. key }
   local j = job(plan_one, "one", req, timeout, on_error)
   local cache = ctx.cache
-  if cache and op ~= "adjust" then
+  if cache and op ~= "adjust" and not after then
     local hit = cache:lookup({ key }, { b }, { value })
     if hit then j.done = hit.decisions[1] end
   end
@@ -270,11 +311,12 @@ function _M.many(ctx, groups, opts)
       .. "hash tag ({...})", cross_slot = true }, 0)
   end
   local each = split or atomic == false
+  local after = reservation(opts, {}, true)
   local req = { op = "mconsume", event_op = "consume_many", groups = checked_groups, keys = keys, each = each,
-    names = names_of(checked_groups), what = "consume_many " .. table.concat(keys, ", ") }
+    after = after, names = names_of(checked_groups), what = "consume_many " .. table.concat(keys, ", ") }
   local j = job(plan_many, "many", req, timeout, on_error)
   local cache = ctx.cache
-  if cache then
+  if cache and not after then
     local buckets, costs = {}, {}
     for i = 1, #checked_groups do
       buckets[i], costs[i] = checked_groups[i][2], checked_groups[i][3]

@@ -7,6 +7,7 @@
 --     { name = "user", max = 10, rate = 0.17,   key = "$http_x_user", optional = true },
 --     { name = "llm",  bucket = function(ctx) return TIERS[ctx.tier] end,
 --       key = function(ctx) return ctx.user end, cost = function(ctx) return ctx.tokens end },
+--     { name = "daily", quota = { limit = 10000, period = "day", offset = 60 }, key = "$http_x_user" },
 --   },
 --   concurrency = { name = "streams", limit = 8, lease_ms = 30000, key = "$http_x_user" },
 --
@@ -21,6 +22,7 @@
 -- Plain Lua: the variable lookup is injected.
 
 local bucket_mod = require "resty.tokenbucket.bucket"
+local quota_mod = require "resty.tokenbucket.quota"
 
 local type, tostring, pcall, find, byte = type, tostring, pcall, string.find, string.byte
 local setmetatable = setmetatable
@@ -69,8 +71,16 @@ local function check_rule(rule, i, prefix)
   local out = { name = rule.name, optional = rule.optional == true, hash_tag = rule.hash_tag == true,
     prefix = check_prefix(rule.prefix or prefix, where) }
   local sources = (rule.bucket ~= nil and 1 or 0) + (rule.limit ~= nil and 1 or 0) + (rule.max ~= nil and 1 or 0)
-  if sources ~= 1 then fail(where .. ": give one of bucket, limit (\"N/minute\") or max and rate") end
-  if type(rule.bucket) == "function" then
+    + (rule.quota ~= nil and 1 or 0)
+  if sources ~= 1 then
+    fail(where .. ": give one of bucket, limit (\"N/minute\"), max and rate, or quota ({limit, period})")
+  end
+  if rule.quota ~= nil then
+    local q = rule.quota
+    if type(q) ~= "table" then fail(where .. ": quota is a table {limit = ..., period = ..., offset = ...}") end
+    out.bucket = with_where(quota_mod.quota, where, { limit = q.limit, period = q.period, offset = q.offset,
+      name = rule.name })
+  elseif type(rule.bucket) == "function" then
     out.bucket_fn = rule.bucket
   elseif rule.bucket ~= nil then
     out.bucket = with_where(bucket_mod.bucket, where, { max = rule.bucket.max, rate = rule.bucket.rate, name = rule.name })
@@ -82,7 +92,11 @@ local function check_rule(rule, i, prefix)
   if type(rule.cost) == "function" then
     out.cost_fn = rule.cost
   elseif rule.cost ~= nil then
-    if out.bucket then with_where(bucket_mod.check_cost, where, rule.cost, out.bucket) end
+    if out.bucket and out.bucket.kind == "quota" then
+      with_where(quota_mod.check_cost, where, rule.cost, out.bucket)
+    elseif out.bucket then
+      with_where(bucket_mod.check_cost, where, rule.cost, out.bucket)
+    end
     out.cost = rule.cost
   end
   out.key = key_spec(rule.key, where)

@@ -22,8 +22,61 @@ local FUNCTIONS = {
   release = { "FCALL", "tb_release" },
   renew = { "FCALL", "tb_renew" },
   inflight = { "FCALL_RO", "tb_inflight" },
+  quota = { "FCALL", "tb_quota" },
+  qpeek = { "FCALL_RO", "tb_qpeek" },
+  qadjust = { "FCALL", "tb_qadjust" },
+  charge = { "FCALL", "tb_charge" },
 }
 _M.FUNCTIONS = FUNCTIONS
+
+-- A call names the bucket operation; a quota is charged by its own
+-- command, and several rules of which one is a quota (or with a wait) by
+-- TB.CHARGE.
+local QUOTA_OPS = { consume = "quota", peek = "qpeek", adjust = "qadjust" }
+function _M.wire_op(op, groups, after)
+  if op == "mconsume" then
+    if after and #after > 0 then return "charge" end
+    for i = 1, #groups do
+      if groups[i][2].kind == "quota" then return "charge" end
+    end
+    return op
+  end
+  if #groups == 1 and groups[1][2].kind == "quota" then return QUOTA_OPS[op] or op end
+  return op
+end
+
+-- A rule's arguments after its key: `max rate amount`, or a quota's
+-- `limit period amount [OFFSET m]`; with `clause`, TB.CHARGE's keyword first.
+local function append_rule(out, rule, amount, clause)
+  if clause then out[#out + 1] = rule.kind == "quota" and "QUOTA" or "BUCKET" end
+  out[#out + 1] = rule.args[1]
+  out[#out + 1] = rule.args[2]
+  out[#out + 1] = encode(amount)
+  local after = rule.after
+  for i = 1, #after do out[#out + 1] = after[i] end
+end
+
+local function append(out, list)
+  if list then
+    for i = 1, #list do out[#out + 1] = list[i] end
+  end
+  return out
+end
+
+-- ARGV of a bucket or quota operation: each group's rule and amount, then
+-- `after` (WAIT max_ms); tb_charge's WAIT goes first, then its clauses.
+local function append_arguments(out, op, groups, after)
+  if op == "charge" then
+    append(out, after)
+    for i = 1, #groups do append_rule(out, groups[i][2], groups[i][3], true) end
+  elseif #groups == 1 then
+    append_rule(out, groups[1][2], groups[1][3])
+    append(out, after)
+  else
+    for i = 1, #groups do append_rule(out, groups[i][2], groups[i][3]) end
+  end
+  return out
+end
 
 -- FCALL_RO tb_version 0: the version of the library a server has loaded.
 _M.VERSION_ARGS = { "FCALL_RO", "tb_version", "0" }
@@ -41,9 +94,11 @@ local function append_limits(out, groups, with_keys, mark)
   end
 end
 
--- TB.<OP> key max rate amount [key max rate amount ...], or for a lease
--- operation TB.<OP> key head... [BUCKET bkey max rate cost ...].
-function _M.module_args(op, groups, lease)
+-- TB.<OP> key max rate amount [key max rate amount ...] (a quota's `key
+-- limit period amount [OFFSET m]`) then `after` (WAIT max_ms); TB.CHARGE
+-- numkeys key... [WAIT max_ms] clause...; for a lease operation TB.<OP>
+-- key head... [BUCKET bkey max rate cost ...].
+function _M.module_args(op, groups, lease, after)
   local out = { contract.COMMANDS[op] }
   if lease then
     out[2] = lease[1]
@@ -51,6 +106,15 @@ function _M.module_args(op, groups, lease)
     for i = 1, #head do out[#out + 1] = head[i] end
     append_limits(out, groups, true, "BUCKET")
     return out
+  end
+  if op == "charge" then
+    out[2] = tostring(#groups)
+    for i = 1, #groups do out[#out + 1] = groups[i][1] end
+    return append_arguments(out, op, groups, after)
+  end
+  if #groups == 1 then
+    out[2] = groups[1][1]
+    return append_arguments(out, op, groups, after)
   end
   append_limits(out, groups, true)
   return out
@@ -70,31 +134,31 @@ local function keys_then_args(out, groups, lease)
   return out
 end
 
--- FCALL tb_<op> numkeys key... [head...] max rate amount ...
-function _M.fcall_args(op, groups, lease)
+-- FCALL tb_<op> numkeys key... [head...] max rate amount ... [WAIT max_ms]
+function _M.fcall_args(op, groups, lease, after)
   local f = FUNCTIONS[op]
   local out = keys_then_args({ f[1], f[2] }, groups, lease)
   if lease then
-    local head = lease[2]
-    for i = 1, #head do out[#out + 1] = head[i] end
+    append(out, lease[2])
+    append_limits(out, groups)
+    return out
   end
-  append_limits(out, groups)
-  return out
+  return append_arguments(out, op, groups, after)
 end
 
 -- What follows EVALSHA <sha> (or EVAL <source>): numkeys key... <op>
 -- [head...] max rate amount ...: the operation named as in FCALL
 -- tb_<op>. Plain EVALSHA for peek and inflight too (EVALSHA_RO needs
 -- Redis 7; this backend is mostly for Redis 6.2).
-function _M.eval_tail(op, groups, lease)
+function _M.eval_tail(op, groups, lease, after)
   local out = keys_then_args({}, groups, lease)
   out[#out + 1] = op
   if lease then
-    local head = lease[2]
-    for i = 1, #head do out[#out + 1] = head[i] end
+    append(out, lease[2])
+    append_limits(out, groups)
+    return out
   end
-  append_limits(out, groups)
-  return out
+  return append_arguments(out, op, groups, after)
 end
 
 return _M
