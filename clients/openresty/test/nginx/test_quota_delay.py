@@ -1,0 +1,43 @@
+"""Calendar quotas and delays at the edge: a quota rule refuses past its
+limit with the RateLimit fields naming its period, and with max_delay_ms
+a request over the burst waits its turn instead of a 429, on each
+backend."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import burst, one_limiter
+
+
+def test_a_quota_rule_refuses_past_its_limit_and_names_its_period(server, r, nginx):
+    rule = '{ name = "daily", quota = { limit = 3, period = "day" }, key = "$http_x_user" }'
+    n = nginx(one_limiter(server.url, rules=[rule]))
+    codes = [x.status for x in burst([(n.port, "/limited")] * 8, {"X-User": "dora"})]
+    # Exact across the two workers: a quota never refills within its day.
+    assert codes.count(200) == 3 and codes.count(429) == 5
+    denied = n.get("/limited", {"X-User": "dora"})
+    assert denied.status == 429
+    assert denied.headers["ratelimit-policy"] == '"daily";q=3;w=86400'
+    # Until the next UTC midnight: at most a day.
+    assert 0 < int(denied.headers["retry-after"]) <= 86400
+    assert r.hget("rl:daily:dora", "used") == b"3"
+
+
+def test_a_request_over_the_burst_is_delayed_within_max_delay(server, r, nginx):
+    # A burst of 2, a token every 100 ms, up to 250 ms of delay: of 5 at
+    # once, two pass at once, two wait their turn (100 and 200 ms, in debt
+    # down to -max), the fifth is past the debt floor and refused.
+    n = nginx(one_limiter(server.url, max_delay_ms=250,
+                          rules=['{ name = "paced", max = 2, rate = 10, key = "$http_x_user" }']))  # fmt: skip
+    started = time.monotonic()
+    res = burst([(n.port, "/limited")] * 5, {"X-User": "eve"}, threads=5)
+    elapsed = time.monotonic() - started
+    codes = sorted(x.status for x in res)
+    assert codes == [200, 200, 200, 200, 429], codes
+    # The last admitted went on only after its turn: two tokens' refill.
+    assert elapsed >= 0.19, elapsed
+    # Without max_delay_ms the same burst is two 200s and three 429s.
+    plain = nginx(one_limiter(server.url, rules=['{ name = "plain", max = 2, rate = 10, key = "$http_x_user" }']))
+    codes = sorted(x.status for x in burst([(plain.port, "/limited")] * 5, {"X-User": "eve"}, threads=5))
+    assert codes == [200, 200, 429, 429, 429], codes
