@@ -6,6 +6,7 @@ backend."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from conftest import burst, one_limiter
 
@@ -41,3 +42,24 @@ def test_a_request_over_the_burst_is_delayed_within_max_delay(server, r, nginx):
     plain = nginx(one_limiter(server.url, rules=['{ name = "plain", max = 2, rate = 10, key = "$http_x_user" }']))
     codes = sorted(x.status for x in burst([(plain.port, "/limited")] * 5, {"X-User": "eve"}, threads=5))
     assert codes == [200, 200, 429, 429, 429], codes
+
+
+def test_twenty_callers_with_waits_are_paced_at_the_rate(server, r, nginx):
+    # A drained bucket of 20 at 10 a second: twenty requests at once are
+    # all admitted, each a tenth of a second after the one before.
+    n = nginx(one_limiter(server.url, max_delay_ms=5000,
+                          rules=['{ name = "fleet", max = 20, rate = 10, key = "$http_x_user" }']))  # fmt: skip
+    assert [x.status for x in burst([(n.port, "/limited")] * 20, {"X-User": "fleet"})].count(200) == 20
+    started = time.monotonic()
+
+    def timed(_: int) -> tuple[int, float]:
+        res = n.get("/limited", {"X-User": "fleet"})
+        return res.status, time.monotonic() - started
+
+    with ThreadPoolExecutor(20) as pool:
+        done = list(pool.map(timed, range(20)))
+    assert [status for status, _ in done] == [200] * 20
+    # One token apart, within one token, never faster than the refill.
+    times = sorted(t for _, t in done)
+    for k, t in enumerate(times):
+        assert abs(t - (k + 1) * 0.1) <= 0.1, [round(x, 3) for x in times]
