@@ -127,8 +127,8 @@ export interface MultiFlags extends Flags {
 }
 
 /**
- * The answer of `consumeMany`: all buckets charged, or none. `decisions`
- * has one Decision per bucket, in call order; each says whether that
+ * The answer of `consumeMany`: all rules charged, or none. `decisions`
+ * has one Decision per bucket (or quota), in call order; each says whether that
  * bucket alone could pay. `retryAfterMs` is the largest of theirs. `atomic`
  * is false when the buckets were charged one by one (keys in several
  * Cluster slots).
@@ -157,6 +157,11 @@ export class MultiDecision {
 
   get retryAfter(): number {
     return wholeSeconds(this.retryAfterMs);
+  }
+
+  /** With `maxWaitMs`, admitted: the wait before going ahead (the longest reservation's); else 0. */
+  get delayMs(): number {
+    return this.allowed ? this.retryAfterMs : 0;
   }
 
   /** The buckets that could not pay. */

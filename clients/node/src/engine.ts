@@ -95,12 +95,15 @@ export class Engine {
     this.backend = forced;
   }
 
-  /** Sends `op` on its groups (a lease operation: on its key and head, the groups its buckets). */
-  async call(op: Op, groups: readonly Group[], io: IO, lease?: LeaseHead): Promise<unknown> {
+  /**
+   * Sends `op` on its groups (a lease operation: on its key and head, the
+   * groups its buckets; TB.CHARGE: `wait` is its `WAIT max_ms`).
+   */
+  async call(op: Op, groups: readonly Group[], io: IO, lease?: LeaseHead, wait?: readonly string[]): Promise<unknown> {
     const backend = this.backend;
     if (backend !== undefined) {
       try {
-        return await this.send(backend, op, groups, io, lease);
+        return await this.send(backend, op, groups, io, lease, wait);
       } catch (error) {
         if (!(error instanceof Unavailable)) throw error;
         if (this.forced !== undefined) throw new NoBackendError([[backend, error.cause]]);
@@ -109,15 +112,21 @@ export class Engine {
         this.libraryChecked = false; // the node found next may hold another library
       }
     }
-    return this.detect(op, groups, io, lease);
+    return this.detect(op, groups, io, lease, wait);
   }
 
-  private async detect(op: Op, groups: readonly Group[], io: IO, lease: LeaseHead | undefined): Promise<unknown> {
+  private async detect(
+    op: Op,
+    groups: readonly Group[],
+    io: IO,
+    lease: LeaseHead | undefined,
+    wait: readonly string[] | undefined,
+  ): Promise<unknown> {
     const failures: [string, unknown][] = [];
     for (const name of BACKENDS) {
       let reply: unknown;
       try {
-        reply = await this.send(name, op, groups, io, lease);
+        reply = await this.send(name, op, groups, io, lease, wait);
       } catch (error) {
         if (!(error instanceof Unavailable)) throw error;
         failures.push([name, error.cause]);
@@ -136,20 +145,21 @@ export class Engine {
     groups: readonly Group[],
     io: IO,
     lease: LeaseHead | undefined,
+    wait?: readonly string[],
   ): Promise<unknown> {
     const key = lease === undefined ? groups[0]?.key : lease.key;
     const readonly = readOnly(op);
-    const mints = op === "consume" || op === "quota" || op === "mconsume" || op === "acquire";
+    const mints = op === "consume" || op === "quota" || op === "mconsume" || op === "charge" || op === "acquire";
     if (backend === "module") {
       try {
-        return await io.send(moduleArgs(op, groups, lease), key, readonly, mints);
+        return await io.send(moduleArgs(op, groups, lease, wait), key, readonly, mints);
       } catch (error) {
         if (refused(error)) throw new Unavailable(backend, error);
         throw error;
       }
     }
-    if (backend === "functions") return this.fcall(op, groups, lease, key, readonly, mints, io);
-    return this.eval(evalArgs(op, groups, lease), key, mints, io);
+    if (backend === "functions") return this.fcall(op, groups, lease, key, readonly, mints, io, wait);
+    return this.eval(evalArgs(op, groups, lease, wait), key, mints, io);
   }
 
   private async fcall(
@@ -160,15 +170,16 @@ export class Engine {
     readonly: boolean,
     mints: boolean,
     io: IO,
+    wait?: readonly string[],
   ): Promise<unknown> {
     if (this.libraryChecking) {
       // Another call is checking or loading the library right now: a burst
       // of first calls (or of calls after FUNCTION FLUSH) must not each
       // load it, since every FUNCTION LOAD compiles it while Redis waits.
       // The EVAL script needs no loading and answers the same.
-      return this.eval(evalArgs(op, groups, lease), key, mints, io);
+      return this.eval(evalArgs(op, groups, lease, wait), key, mints, io);
     }
-    const args = fcallArgs(op, groups, lease);
+    const args = fcallArgs(op, groups, lease, wait);
     if (!this.libraryChecked) await this.checking(() => this.checkLibrary(io));
     try {
       return await io.send(args, key, readonly, mints);

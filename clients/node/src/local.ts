@@ -107,6 +107,7 @@ const FUNCTIONS: Record<Op, string> = {
   quota: "tb_quota",
   qpeek: "tb_qpeek",
   qadjust: "tb_qadjust",
+  charge: "tb_charge",
 };
 
 // Sweep out expired buckets after this many writes (buckets also expire
@@ -185,11 +186,13 @@ export class LocalBuckets {
    * What FCALL tb_<op> would answer for `groups`, here, on this process's
    * share of each bucket. A reply error is thrown as a LocalReplyError.
    */
-  run(op: BucketOp | QuotaOp, groups: readonly Group[]): unknown {
+  run(op: BucketOp | QuotaOp, groups: readonly Group[], wait?: readonly string[]): unknown {
     const keys = groups.map((g) => g.id);
-    const args: string[] = [];
+    // tb_charge: `[WAIT max_ms]`, then a BUCKET or QUOTA clause per key.
+    const args: string[] = op === "charge" ? [...(wait ?? [])] : [];
     for (const g of groups) {
       const part = this.share(g.bucket);
+      if (op === "charge") args.push(part instanceof Quota ? "QUOTA" : "BUCKET");
       args.push(part.args[0], part.args[1], encode(g.amount), ...(g.tail ?? []));
     }
     return reply(this.functions[op](keys, args));

@@ -28,7 +28,7 @@ import {
   type OneOp,
   releaseUnanswered,
 } from "./requests.js";
-import { type Group, ruleOp } from "./scripts.js";
+import { type Group, manyOp, ruleOp } from "./scripts.js";
 
 /** What a shed decision tells the client to wait (HTTP Retry-After: 1). */
 export const SHED_RETRY_MS = 1000;
@@ -259,7 +259,7 @@ const ANSWER_MANY: Answers<MultiDecision> = {
   local: (local, job) => {
     let reply: unknown[];
     try {
-      reply = local.run("mconsume", job.groups) as unknown[];
+      reply = local.run(manyOp(job.groups, job.wait), job.groups, job.wait) as unknown[];
     } catch (error) {
       if (error instanceof LocalReplyError) return degradedMany(job, false);
       throw error;

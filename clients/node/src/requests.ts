@@ -16,7 +16,7 @@ import { keyId } from "./keys.js";
 import { Concurrency, checkId, Lease, newId } from "./lease.js";
 import { requireWasmoon } from "./local.js";
 import { checkQuotaCost, Quota, type Rule } from "./quota.js";
-import { type Group, type LeaseHead, type LeaseOp, ruleOp } from "./scripts.js";
+import { type Group, type LeaseHead, type LeaseOp, manyOp, ruleOp } from "./scripts.js";
 
 export type OnError = "raise" | "open" | "closed" | "local";
 export const ON_ERROR: readonly OnError[] = ["raise", "open", "closed", "local"];
@@ -51,10 +51,15 @@ export interface ManyOptions extends CallOptions {
    * (strict); false always goes bucket by bucket.
    */
   atomic?: boolean;
+  /**
+   * A reservation of the buckets' tokens (TB.CHARGE ... WAIT max_ms), as
+   * consume's: admitted, the MultiDecision's `delayMs` is the wait.
+   */
+  maxWaitMs?: number;
 }
 
-/** `[key, bucket]` or `[key, bucket, cost]`. */
-export type GroupIn = readonly [Key, Bucket] | readonly [Key, Bucket, Amount];
+/** `[key, rule]` or `[key, rule, cost]`: a Bucket, or a Quota (not in an acquire). */
+export type GroupIn = readonly [Key, Rule] | readonly [Key, Rule, Amount];
 
 export interface AcquireOptions extends CallOptions {
   /** The slots this lease takes, `1 <= weight <= limit` (default 1). */
@@ -102,6 +107,8 @@ export interface Job<T> {
   readonly groups: readonly Group[];
   readonly lease?: LeaseCall;
   readonly each: boolean; // bucket by bucket (consumeMany across slots)
+  /** consumeMany's `WAIT max_ms` (TB.CHARGE). */
+  readonly wait?: readonly string[];
   readonly timeoutMs: number | null;
   readonly onError: OnError;
   readonly plan: (io: IO) => Promise<T>;
@@ -155,8 +162,9 @@ export function manyJob(ctx: Context, given: Iterable<GroupIn>, options: ManyOpt
   // duplicate keys; the first error wins.
   const list = [...given];
   if (list.length === 0) throw new InvalidArgument("groups", "consumeMany needs at least one [key, bucket, cost]");
-  const groups = checkGroups(list);
+  const groups = checkGroups(list, true);
   checkDuplicates(groups);
+  const wait = options.maxWaitMs === undefined ? undefined : ["WAIT", String(checkWait(options.maxWaitMs))];
   const conn = ctx.conn;
   const split = conn.cluster && groups.length > 1 && new Set(groups.map((g) => conn.slot(g.id))).size > 1;
   if (split && options.atomic === true) {
@@ -167,15 +175,18 @@ export function manyJob(ctx: Context, given: Iterable<GroupIn>, options: ManyOpt
     );
   }
   const each = split || options.atomic === false;
+  // A reservation is kept out of the denial cache, both ways.
+  const cache = wait === undefined ? ctx.cache : undefined;
   const job: Job<MultiDecision> = {
     op: "consume_many",
     groups,
     each,
+    ...(wait === undefined ? {} : { wait }),
     ...callOptions(ctx, options),
-    plan: (io) => planMany(ctx, groups, each, io),
+    plan: (io) => planMany({ ...ctx, cache }, groups, each, io, wait),
   };
-  if (ctx.cache === undefined) return job;
-  const hit = ctx.cache.lookup(
+  if (cache === undefined) return job;
+  const hit = cache.lookup(
     groups.map((g) => g.id),
     groups.map((g) => g.bucket),
     groups.map((g) => g.amount),
@@ -191,7 +202,7 @@ export function acquireJob(ctx: Context, key: Key, concurrency: Concurrency, opt
   checkConcurrency(concurrency);
   const leaseId = options.id === undefined ? newId() : checkId(options.id);
   const weight = concurrency.checkWeight(options.weight ?? 1);
-  const groups = checkGroups([...(options.buckets ?? [])]);
+  const groups = checkGroups([...(options.buckets ?? [])], false);
   checkDuplicates(groups, id);
   const conn = ctx.conn;
   if (conn.cluster && groups.length > 0) {
@@ -365,14 +376,21 @@ function planOne(cache: DenialCache | undefined, ctx: Context, op: OneOp, g: Gro
   });
 }
 
-function planMany(ctx: Context, groups: readonly Group[], each: boolean, io: IO): Promise<MultiDecision> {
+function planMany(
+  ctx: Context,
+  groups: readonly Group[],
+  each: boolean,
+  io: IO,
+  wait?: readonly string[],
+): Promise<MultiDecision> {
   const ids = groups.map((g) => g.id);
   return ticketed(ctx.cache, each ? "each" : "mconsume", ids, async () => {
     let m: MultiDecision;
     if (each) {
-      m = await planEach(ctx.engine, groups, io);
+      m = await planEach(ctx.engine, groups, io, wait);
     } else {
-      const reply = await ctx.engine.call("mconsume", groups, io);
+      // TB.CHARGE with a quota among the rules, or a wait.
+      const reply = await ctx.engine.call(manyOp(groups, wait), groups, io, undefined, wait);
       if (!Array.isArray(reply) || reply.length !== groups.length + 2) {
         throw new TypeError(`unexpected reply from Redis: ${JSON.stringify(reply)}`);
       }
@@ -391,10 +409,18 @@ function planMany(ctx: Context, groups: readonly Group[], each: boolean, io: IO)
  * missing and a concurrent request can be denied for it; and if Redis
  * fails between a charge and its refund, the charge stays.
  */
-async function planEach(engine: Engine, groups: readonly Group[], io: IO): Promise<MultiDecision> {
+async function planEach(
+  engine: Engine,
+  groups: readonly Group[],
+  io: IO,
+  wait?: readonly string[],
+): Promise<MultiDecision> {
   const charged: Decision[] = [];
   for (const [i, g] of groups.entries()) {
-    const decision = Decision.fromReply(await engine.call("consume", [g], io), g.key, g.bucket, g.amount);
+    // A wait reserves a bucket's tokens; a quota never waits.
+    const own = wait !== undefined && g.bucket instanceof Bucket ? { ...g, tail: [...(g.tail ?? []), ...wait] } : g;
+    const reply = await engine.call(ruleOp("consume", g.bucket), [own], io);
+    const decision = Decision.fromReply(reply, g.key, g.bucket, g.amount);
     if (decision.allowed) {
       charged.push(decision);
       continue;
@@ -403,7 +429,7 @@ async function planEach(engine: Engine, groups: readonly Group[], io: IO): Promi
     for (const [j, c] of charged.entries()) {
       if (c.cost > 0) {
         const back = groups[j] as Group;
-        const reply = await engine.call("adjust", [back], io);
+        const reply = await engine.call(ruleOp("adjust", back.bucket), [back], io);
         // It could pay on its own, as TB.MCONSUME would report it;
         // ADJUST's retry time (for cost 1) means nothing here.
         refunded.push(Decision.fromReply(reply, c.key, c.bucket, c.cost).with({ retryAfterMs: 0 }));
@@ -413,12 +439,12 @@ async function planEach(engine: Engine, groups: readonly Group[], io: IO): Promi
     }
     const rest: Decision[] = [];
     for (const r of groups.slice(i + 1)) {
-      rest.push(Decision.fromReply(await engine.call("peek", [r], io), r.key, r.bucket, r.amount));
+      rest.push(Decision.fromReply(await engine.call(ruleOp("peek", r.bucket), [r], io), r.key, r.bucket, r.amount));
     }
     const decisions = [...refunded, decision, ...rest];
     return new MultiDecision(false, Math.max(...decisions.map((d) => d.retryAfterMs)), decisions, { atomic: false });
   }
-  return new MultiDecision(true, 0, charged, { atomic: false });
+  return new MultiDecision(true, Math.max(0, ...charged.map((d) => d.retryAfterMs)), charged, { atomic: false });
 }
 
 function planAcquire(ctx: Context, call: LeaseCall, groups: readonly Group[], io: IO): Promise<Lease> {
@@ -501,15 +527,19 @@ export function renewedOrLost(lease: Lease, renewed: boolean, expiresInMs: numbe
  * Buckets given as `[key, bucket]` or `[key, bucket, cost]`, checked in the
  * module's order: their count, then each left to right.
  */
-function checkGroups(list: readonly unknown[]): Group[] {
+function checkGroups(list: readonly unknown[], quotas: boolean): Group[] {
   if (list.length > MAX_GROUPS) throw refusal("groups", "too_many_groups");
   return list.map((entry, i) => {
     if (!Array.isArray(entry) || entry.length < 2 || entry.length > 3) {
       throw new TypeError(`group ${i + 1}: expected [key, bucket] or [key, bucket, cost]`);
     }
-    const [key, bucket, cost] = entry as [Key, Bucket, Amount | undefined];
-    checkBucket(bucket, i + 1);
-    return { key, id: keyId(key, i + 1), bucket, amount: checkCost(cost ?? 1, bucket, i + 1) };
+    const [key, rule, cost] = entry as [Key, Rule, Amount | undefined];
+    if (quotas && rule instanceof Quota) {
+      const amount = checkQuotaCost(cost ?? 1, rule, i + 1);
+      return { key, id: keyId(key, i + 1), bucket: rule, amount, ...(rule.tail.length > 0 ? { tail: rule.tail } : {}) };
+    }
+    checkBucket(rule, i + 1);
+    return { key, id: keyId(key, i + 1), bucket: rule, amount: checkCost(cost ?? 1, rule as Bucket, i + 1) };
   });
 }
 
@@ -543,10 +573,7 @@ export function checkWork(work: unknown): void {
 
 function checkBucket(bucket: unknown, group?: number): void {
   if (bucket instanceof Quota) {
-    throw new TypeError(
-      `group ${group}: a Quota in a call of several keys (TB.CHARGE) is not supported by this client yet; ` +
-        "charge it with consume",
-    );
+    throw new TypeError(`group ${group}: an acquire charges buckets only, not a Quota (consumeMany takes both)`);
   }
   if (!(bucket instanceof Bucket)) {
     const where = group === undefined ? "" : ` (group ${group})`;
@@ -566,6 +593,10 @@ export function checkMaxWait(maxWaitMs: unknown, op: OneOp, rule: Rule): number 
   if (rule instanceof Quota) {
     throw new InvalidArgument("maxWaitMs", "maxWaitMs is for a Bucket: a Quota never reserves");
   }
+  return checkWait(maxWaitMs);
+}
+
+function checkWait(maxWaitMs: unknown): number {
   if (typeof maxWaitMs !== "number" || !Number.isInteger(maxWaitMs)) {
     throw refusal("maxWaitMs", "not_an_integer", { arg: "maxWaitMs" });
   }

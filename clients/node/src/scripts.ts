@@ -12,7 +12,7 @@ import { Quota, type Rule } from "./quota.js";
 
 export type BucketOp = "consume" | "peek" | "adjust" | "mconsume";
 /** A calendar quota's operations (a Quota's groups). */
-export type QuotaOp = "quota" | "qpeek" | "qadjust";
+export type QuotaOp = "quota" | "qpeek" | "qadjust" | "charge";
 export type LeaseOp = "acquire" | "release" | "renew" | "inflight";
 export type Op = BucketOp | QuotaOp | LeaseOp;
 export type Arg = string | Buffer;
@@ -63,18 +63,20 @@ const COMMANDS: Record<Op, string> = {
   quota: "TB.QUOTA",
   qpeek: "TB.QPEEK",
   qadjust: "TB.QADJUST",
+  charge: "TB.CHARGE",
 };
 
 /**
  * TB.<OP> key max rate amount [key max rate amount ...]; for a lease
  * operation TB.<OP> key head... [BUCKET bkey max rate cost ...].
  */
-export function moduleArgs(op: Op, groups: readonly Group[], lease?: LeaseHead): Arg[] {
+export function moduleArgs(op: Op, groups: readonly Group[], lease?: LeaseHead, wait?: readonly string[]): Arg[] {
   if (lease !== undefined) {
     const args: Arg[] = [COMMANDS[op], lease.key, ...lease.head];
     for (const g of groups) args.push("BUCKET", g.key, g.bucket.args[0], g.bucket.args[1], encode(g.amount));
     return args;
   }
+  if (op === "charge") return [COMMANDS[op], String(groups.length), ...keys(groups), ...limits(groups, op, wait)];
   const args: Arg[] = [COMMANDS[op]];
   for (const g of groups) args.push(g.key, g.bucket.args[0], g.bucket.args[1], encode(g.amount), ...(g.tail ?? []));
   return args;
@@ -95,6 +97,7 @@ const FUNCTIONS: Record<Op, readonly [string, string]> = {
   quota: ["FCALL", "tb_quota"],
   qpeek: ["FCALL_RO", "tb_qpeek"],
   qadjust: ["FCALL", "tb_qadjust"],
+  charge: ["FCALL", "tb_charge"],
 };
 
 /**
@@ -102,12 +105,12 @@ const FUNCTIONS: Record<Op, readonly [string, string]> = {
  * the lease key comes first, then the bucket keys, then its head, then
  * `max rate cost` per bucket (lua/tb.lua's form, docs/fallback.md).
  */
-export function fcallArgs(op: Op, groups: readonly Group[], lease?: LeaseHead): Arg[] {
+export function fcallArgs(op: Op, groups: readonly Group[], lease?: LeaseHead, wait?: readonly string[]): Arg[] {
   const [command, name] = FUNCTIONS[op];
   if (lease !== undefined) {
     return [command, name, String(1 + groups.length), lease.key, ...keys(groups), ...lease.head, ...limits(groups)];
   }
-  return [command, name, String(groups.length), ...keys(groups), ...limits(groups)];
+  return [command, name, String(groups.length), ...keys(groups), ...limits(groups, op, wait)];
 }
 
 /** The library's version: FCALL_RO tb_version 0. */
@@ -123,10 +126,23 @@ function keys(groups: readonly Group[]): Key[] {
   return groups.map((g) => g.key);
 }
 
-function limits(groups: readonly Group[]): string[] {
-  const out: string[] = [];
-  for (const g of groups) out.push(g.bucket.args[0], g.bucket.args[1], encode(g.amount), ...(g.tail ?? []));
+/**
+ * Each group's `max rate amount` (a quota's `limit period amount [OFFSET
+ * m]`); for TB.CHARGE, `[WAIT max_ms]` first and each a clause, BUCKET or
+ * QUOTA before it.
+ */
+function limits(groups: readonly Group[], op?: Op, wait?: readonly string[]): string[] {
+  const out: string[] = op === "charge" ? [...(wait ?? [])] : [];
+  for (const g of groups) {
+    if (op === "charge") out.push(g.bucket instanceof Quota ? "QUOTA" : "BUCKET");
+    out.push(g.bucket.args[0], g.bucket.args[1], encode(g.amount), ...(g.tail ?? []));
+  }
   return out;
+}
+
+/** consumeMany's operation: TB.CHARGE with a quota among the rules, or a wait; else TB.MCONSUME. */
+export function manyOp(groups: readonly Group[], wait?: readonly string[]): "mconsume" | "charge" {
+  return wait !== undefined || groups.some((g) => g.bucket instanceof Quota) ? "charge" : "mconsume";
 }
 
 // ---- the EVAL script (lua/gen_eval.py) ---------------------------------------
@@ -141,11 +157,11 @@ export const EVAL_SCRIPT = { source: EVAL_SOURCE, sha: createHash("sha1").update
  * the operation). Plain EVALSHA for peek and inflight too: EVALSHA_RO
  * needs Redis 7, and Redis 6.2 is what this backend is mostly for.
  */
-export function evalArgs(op: Op, groups: readonly Group[], lease?: LeaseHead): Arg[] {
+export function evalArgs(op: Op, groups: readonly Group[], lease?: LeaseHead, wait?: readonly string[]): Arg[] {
   if (lease !== undefined) {
     return [String(1 + groups.length), lease.key, ...keys(groups), op, ...lease.head, ...limits(groups)];
   }
-  return [String(groups.length), ...keys(groups), op, ...limits(groups)];
+  return [String(groups.length), ...keys(groups), op, ...limits(groups, op, wait)];
 }
 
 export { EVAL_SOURCE, LIBRARY_SOURCE };

@@ -7,7 +7,16 @@ import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import express from "express";
 import Fastify from "fastify";
-import { Breaker, Bucket, Decision, InvalidArgument, Limiter, Quota, rateLimitHeaders } from "redis-tokenbucket";
+import {
+  Breaker,
+  Bucket,
+  Concurrency,
+  Decision,
+  InvalidArgument,
+  Limiter,
+  Quota,
+  rateLimitHeaders,
+} from "redis-tokenbucket";
 import { rateLimit } from "redis-tokenbucket/express";
 import { rateLimitPlugin } from "redis-tokenbucket/fastify";
 import { client } from "./clients.mjs";
@@ -79,7 +88,10 @@ test("wait needs maxWaitMs, and a quota never reserves", async () => {
   );
   await assert.rejects(lim.consume("k", q, 1, { maxWaitMs: 10 }), InvalidArgument);
   await assert.rejects(lim.consume("k", q, 11), /cost must not exceed limit/);
-  await assert.rejects(lim.consumeMany([["k", q, 1]]), /TB.CHARGE/);
+  await assert.rejects(
+    lim.acquire("s", new Concurrency({ limit: 1, leaseMs: 1000 }), { buckets: [["k", q, 1]] }),
+    TypeError,
+  );
 });
 
 for (const name of BACKENDS) {
@@ -107,6 +119,45 @@ for (const name of BACKENDS) {
       // An offset is sent and taken: another calendar, another key's state.
       const shifted = new Quota({ limit: 2, period: "day", offset: 330 });
       assert.equal((await lim.consume("q:india", shifted, 2)).remaining, 0);
+    } finally {
+      c.close();
+    }
+  });
+
+  test(`on ${name}, consumeMany charges a quota and a bucket all or nothing (TB.CHARGE), with a wait`, async () => {
+    const t = await target(name);
+    const c = await client("ioredis", t.port, t.auth);
+    try {
+      const lim = new Limiter(c.client);
+      const month = new Quota({ limit: 10, period: "month" });
+      const minute = new Bucket({ max: 3, rate: 0.05 });
+      const both = await lim.consumeMany([
+        ["m:q", month, 3],
+        ["m:b", minute, 3],
+      ]);
+      assert.ok(both.allowed);
+      assert.deepEqual(
+        both.decisions.map((d) => d.remaining),
+        [7, 0],
+      );
+      // The bucket is empty: the quota is not charged either.
+      const denied = await lim.consumeMany([
+        ["m:q", month, 1],
+        ["m:b", minute, 1],
+      ]);
+      assert.equal(denied.allowed, false);
+      assert.equal(denied.deniedBy[0]?.key, "m:b");
+      assert.equal((await lim.peek("m:q", month, 0)).remaining, 7);
+      // With a wait the bucket's tokens are reserved: admitted, with its delay.
+      const reserved = await lim.consumeMany(
+        [
+          ["m:q", month, 1],
+          ["m:b", minute, 1],
+        ],
+        { maxWaitMs: 60_000 },
+      );
+      assert.ok(reserved.allowed && reserved.delayMs > 0 && reserved.delayMs <= 20_000, `${reserved.delayMs}`);
+      assert.equal((await lim.peek("m:q", month, 0)).remaining, 6);
     } finally {
       c.close();
     }

@@ -261,6 +261,10 @@ export function commandText(args) {
       return `${name} ${w[1]} ${w[3]}${tailText(w.slice(5), "OFFSET")}`;
     case "TB.MCONSUME":
       return [name, ...w.slice(1).filter((_, i) => i % 4 === 0)].join(" ");
+    case "TB.CHARGE": {
+      const n = Number(w[1]);
+      return [name, ...w.slice(2, 2 + n)].join(" ") + tailText(w.slice(2 + n), "WAIT");
+    }
     case "TB.ACQUIRE":
       return `${name} ${w[1]} ${w[4]}`;
     case "TB.RELEASE":
@@ -447,7 +451,9 @@ function ruleOf(step) {
 async function invoke(limiter, step, leases, slept) {
   const options = step.on_error === undefined ? {} : { onError: step.on_error };
   if (step.max_wait_ms !== undefined) options.maxWaitMs = step.max_wait_ms;
-  const group = ([key, b, cost]) => (cost === undefined ? [key, bucketOf(b)] : [key, bucketOf(b), cost]);
+  // A group's rule: a bucket, or a quota (it has a period).
+  const ruleIn = (b) => (b.period === undefined ? bucketOf(b) : new Quota(b));
+  const group = ([key, b, cost]) => (cost === undefined ? [key, ruleIn(b)] : [key, ruleIn(b), cost]);
   switch (step.call) {
     case "consume":
     case "peek":

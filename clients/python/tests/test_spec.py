@@ -301,6 +301,10 @@ def command_text(args: tuple[Any, ...]) -> str:
         return " ".join([name, w[1], w[3], *w[5:]])  # the period, and OFFSET m
     if name == "TB.MCONSUME":
         return " ".join([name, *w[1::4]])
+    if name == "TB.CHARGE":
+        n = int(w[1])
+        wait = w[2 + n : 4 + n] if w[2 + n : 3 + n] == ["WAIT"] else []
+        return " ".join([name, *w[2 : 2 + n], *wait])
     if name == "TB.ACQUIRE":
         return f"{name} {w[1]} {w[4]}"
     if name in ("TB.RELEASE", "TB.RENEW"):
@@ -561,7 +565,13 @@ def call_of(lim: Any, step: dict[str, Any], leases: dict[str, Any]) -> Callable[
     options = {"on_error": step["on_error"]} if "on_error" in step else {}
 
     def group(g: list[Any]) -> tuple[Any, ...]:
-        return (g[0], bucket_of(g[1]), *g[2:])
+        # A bucket, or a quota (it has a period).
+        rule = (
+            Quota(g[1]["limit"], g[1]["period"], g[1].get("offset", 0), g[1].get("name"))
+            if "period" in g[1]
+            else bucket_of(g[1])
+        )
+        return (g[0], rule, *g[2:])
 
     if "max_wait_ms" in step:
         options["max_wait"] = step["max_wait_ms"] / 1000

@@ -167,6 +167,11 @@ local function command_text(args)
     local out = { name }
     for i = 2, #w, 4 do out[#out + 1] = w[i] end
     return table.concat(out, " ")
+  elseif name == "TB.CHARGE" then
+    local n = tonumber(w[2])
+    local out = { name, unpack(w, 3, 2 + n) }
+    if w[3 + n] == "WAIT" then out[#out + 1] = "WAIT"; out[#out + 1] = w[4 + n] end
+    return table.concat(out, " ")
   elseif name == "TB.ACQUIRE" then return name .. " " .. w[2] .. " " .. w[5]
   elseif name == "TB.RELEASE" or name == "TB.RENEW" then return name .. " " .. w[2] .. " " .. w[3]
   elseif name == "FCALL" or name == "FCALL_RO" then
@@ -320,7 +325,12 @@ local function rule_of(step)
   return bucket_of(step.bucket)
 end
 
+-- A group's rule: a bucket, or a quota (it has a period), left for the
+-- limiter to check.
 local function group_of(g)
+  if g[2].period ~= nil then
+    return { g[1], { limit = g[2].limit, period = g[2].period, offset = g[2].offset, name = g[2].name }, g[3] }
+  end
   return { g[1], bucket_of(g[2]), g[3] }
 end
 
