@@ -124,6 +124,8 @@ export class Decision {
 
 export interface MultiFlags extends Flags {
   atomic?: boolean;
+  /** The optional HTTP rules skipped for a request with no identity. */
+  skipped?: readonly string[];
 }
 
 /**
@@ -144,9 +146,12 @@ export class MultiDecision {
   readonly degraded: boolean;
   readonly cached: boolean;
   readonly shed: boolean;
+  /** The optional HTTP rules skipped for a request with no identity. */
+  readonly skipped: readonly string[];
 
   constructor(allowed: boolean, retryAfterMs: number, decisions: readonly Decision[], flags: MultiFlags = {}) {
     this.allowed = allowed;
+    this.skipped = flags.skipped ?? [];
     this.retryAfterMs = retryAfterMs;
     this.decisions = decisions;
     this.atomic = flags.atomic ?? true;

@@ -34,6 +34,27 @@ export class NoBackendError extends LimiterError {
 }
 
 /**
+ * A request with no identity for a rule (its key function, and its
+ * `fallback`, returned undefined) that is not `optional`: it is refused
+ * with a 400 (`body`, a problem) before anything is sent to Redis, so that
+ * leaving out a header never escapes a limit.
+ */
+export class MissingIdentity extends LimiterError {
+  static {
+    brand(MissingIdentity);
+  }
+  readonly policy: string;
+  readonly status = 400;
+  constructor(policy: string) {
+    super(`rule ${policy}: missing (its key function)`);
+    this.policy = policy;
+  }
+  get body(): Record<string, unknown> {
+    return { type: "about:blank", title: "Bad Request", status: 400, detail: `The ${this.policy} key is missing.` };
+  }
+}
+
+/**
  * `consumeMany(..., { atomic: true })` on a Redis Cluster with keys in more
  * than one hash slot: one atomic call can't reach them all.
  */

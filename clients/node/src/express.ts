@@ -7,6 +7,7 @@
 
 import type { NextFunction, Request, Response } from "express";
 import type { MultiDecision } from "./decision.js";
+import { MissingIdentity } from "./errors.js";
 import { mergeRateLimitHeaders, rateLimitHeaders } from "./headers.js";
 import {
   acquireFor,
@@ -83,6 +84,14 @@ function setFields(response: Response, fields: Record<string, string>): void {
   for (const [k, v] of Object.entries(mergeRateLimitHeaders(response.getHeaders(), fields))) response.setHeader(k, v);
 }
 
+/** A request with no identity for a rule: a 400 problem, or the error for `next`. */
+function missingOr(response: Response, next: NextFunction): (error: unknown) => void {
+  return (error: unknown) => {
+    if (!(error instanceof MissingIdentity)) return next(error);
+    response.status(400).type("application/problem+json").send(JSON.stringify(error.body));
+  };
+}
+
 /** Sends a refusal: the handler's, or the status and body the options say. */
 async function refuse<R>(
   refused: Refusal,
@@ -127,18 +136,21 @@ export function rateLimitMiddleware<R extends NodeRequest = Request>(
       next();
       return;
     }
-    check(limiter, options.rules, request, options).then(async (decision: MultiDecision | undefined) => {
-      if (decision === undefined) return next();
-      (request as R & { rateLimit?: MultiDecision }).rateLimit = decision;
-      response.locals.rateLimit = decision;
-      const refused = refusal(decision, options);
-      if (refused === undefined) {
-        setFields(response, rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }));
-        return next();
-      }
-      // What a handler or message function throws goes to Express, not what the next layers do.
-      await refuse(refused, options, request, response, next).catch(next);
-    }, next);
+    check(limiter, options.rules, request, options).then(
+      async (decision: MultiDecision) => {
+        (request as R & { rateLimit?: MultiDecision }).rateLimit = decision;
+        response.locals.rateLimit = decision;
+        if (decision.decisions.length === 0) return next(); // every rule optional and skipped
+        const refused = refusal(decision, options);
+        if (refused === undefined) {
+          setFields(response, rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }));
+          return next();
+        }
+        // What a handler or message function throws goes to Express, not what the next layers do.
+        await refuse(refused, options, request, response, next).catch(next);
+      },
+      missingOr(response, next),
+    );
   };
   return Object.assign(middleware, {
     resetKey: (identity: string) => resetIdentity(limiter, options.rules, identity),
@@ -174,16 +186,19 @@ export function concurrencyLimit<R extends NodeRequest = Request>(
       next();
       return;
     }
-    acquireFor(limiter, options, request).then(async (lease: Lease | undefined) => {
-      if (lease === undefined) return next();
-      response.locals.lease = lease;
-      const refused = refusal(lease, options);
-      if (refused === undefined) {
-        holdUntilSent(limiter, lease, response);
-        setFields(response, rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }));
-        return next();
-      }
-      await refuse(refused, options, request, response, next).catch(next);
-    }, next);
+    acquireFor(limiter, options, request).then(
+      async (lease: Lease | undefined) => {
+        if (lease === undefined) return next();
+        response.locals.lease = lease;
+        const refused = refusal(lease, options);
+        if (refused === undefined) {
+          holdUntilSent(limiter, lease, response);
+          setFields(response, rateLimitHeaders(lease, { legacy: options.legacyHeaders ?? false }));
+          return next();
+        }
+        await refuse(refused, options, request, response, next).catch(next);
+      },
+      missingOr(response, next),
+    );
   };
 }

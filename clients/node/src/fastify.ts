@@ -7,6 +7,7 @@
 
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from "fastify";
 import type { MultiDecision } from "./decision.js";
+import { MissingIdentity } from "./errors.js";
 import { mergeRateLimitHeaders, rateLimitHeaders } from "./headers.js";
 import {
   acquireFor,
@@ -106,6 +107,12 @@ async function refuse<R>(
   return reply.send(body);
 }
 
+/** A request with no identity for a rule: a 400 problem; any other error is thrown on. */
+function missing(error: unknown, reply: FastifyReply): FastifyReply {
+  if (!(error instanceof MissingIdentity)) throw error;
+  return reply.code(400).type("application/problem+json").send(JSON.stringify(error.body));
+}
+
 /**
  * An onRequest hook: `fastify.get("/x", { onRequest: rateLimitHook(limiter, { rules }) }, handler)`.
  * Admitted requests carry RateLimit-Policy and RateLimit, joined to any an
@@ -123,9 +130,14 @@ export function rateLimitHook<R extends NodeRequest = FastifyRequest>(
   checkRules(limiter, options.rules);
   const hook = async (request: R, reply: FastifyReply): Promise<unknown> => {
     if (options.skip?.(request)) return undefined;
-    const decision = await check(limiter, options.rules, request, options);
-    if (decision === undefined) return undefined;
+    let decision: MultiDecision;
+    try {
+      decision = await check(limiter, options.rules, request, options);
+    } catch (error) {
+      return missing(error, reply);
+    }
     (request as R & { rateLimit?: MultiDecision }).rateLimit = decision;
+    if (decision.decisions.length === 0) return undefined; // every rule optional and skipped
     const refused = refusal(decision, options);
     if (refused === undefined) {
       setFields(reply, rateLimitHeaders(decision, { legacy: options.legacyHeaders ?? false }));
@@ -157,7 +169,12 @@ export function concurrencyHook<R extends NodeRequest = FastifyRequest>(
   checkConcurrencyOptions(limiter, options);
   return async (request: R, reply: FastifyReply): Promise<unknown> => {
     if (options.skip?.(request)) return undefined;
-    const lease = await acquireFor(limiter, options, request);
+    let lease: Lease | undefined;
+    try {
+      lease = await acquireFor(limiter, options, request);
+    } catch (error) {
+      return missing(error, reply);
+    }
     if (lease === undefined) return undefined;
     (request as R & { lease?: Lease }).lease = lease;
     const refused = refusal(lease, options);

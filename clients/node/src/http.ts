@@ -16,11 +16,13 @@
 
 import { createHash } from "node:crypto";
 import { BlockList, isIP } from "node:net";
-import { type Amount, type Bucket, checkCost } from "./bucket.js";
+import { type Amount, Bucket, checkCost } from "./bucket.js";
 import { MultiDecision } from "./decision.js";
+import { MissingIdentity } from "./errors.js";
 import { rateLimitHeaders } from "./headers.js";
 import { Concurrency, checkInt, Lease } from "./lease.js";
 import type { GroupIn, Limiter, ManyOptions } from "./limiter.js";
+import { checkQuotaCost, Quota } from "./quota.js";
 import { checkMaxWait } from "./requests.js";
 
 /** The request, as Node's http server gives it (Express and Fastify requests are this too). */
@@ -31,7 +33,11 @@ export interface NodeRequest {
   ip?: string | undefined;
 }
 
-/** The request's identity for one rule, or undefined to skip the rule. */
+/**
+ * The request's identity for one rule, or undefined when it has none (the
+ * rule's `fallback` is asked next; then the request is refused with a 400,
+ * unless the rule is `optional`).
+ */
 export type KeyFunction<R = NodeRequest> = (request: R) => string | undefined | Promise<string | undefined>;
 
 export interface Rule<R = NodeRequest> {
@@ -40,9 +46,17 @@ export interface Rule<R = NodeRequest> {
    * `violated-policies`, and is part of the Redis key, so on one limiter a
    * name has one max and rate (another is refused when written).
    */
-  bucket: Bucket;
+  bucket: Bucket | Quota;
   /** The identity: requests are charged at the Redis key `prefix:name:identity`. */
   key: KeyFunction<R>;
+  /** Asked when `key` gives no identity (`clientIp`, say). */
+  fallback?: KeyFunction<R>;
+  /**
+   * Skip the rule for a request with no identity (visible in the
+   * MultiDecision's `skipped`); by default such a request is refused with
+   * a 400, so that leaving out a header never escapes a limit.
+   */
+  optional?: boolean;
   /** Tokens per request (default 1), or a function of the request. */
   cost?: Amount | ((request: R) => Amount);
   /** The first part of the Redis key (default "rl"). */
@@ -50,8 +64,9 @@ export interface Rule<R = NodeRequest> {
   /**
    * Delay instead of refuse: a request over the bucket waits its turn if
    * that comes within this many ms (an integer, 0 to 1e14), and goes to
-   * the handler then; beyond it, 429. For a middleware of this one rule
-   * (a wait across several buckets needs TB.CHARGE, not supported yet).
+   * the handler then; beyond it, 429. One wait for the whole decision:
+   * every bucket rule of a middleware gives the same, or none (quotas
+   * never delay).
    */
   maxDelayMs?: number;
 }
@@ -97,17 +112,20 @@ function policyKey(prefix: string | undefined, name: string | undefined): string
 // under a registered symbol (so the ESM and CommonJS builds share it).
 const POLICIES = Symbol.for("redis-tokenbucket.policies");
 
-function describe(limit: Bucket | Concurrency): string {
-  return limit instanceof Concurrency
-    ? `a Concurrency of limit ${limit.limit}`
-    : `max ${(limit as Bucket).max}, rate ${(limit as Bucket).rate}`;
+type Limit = Bucket | Quota | Concurrency;
+
+function describe(limit: Limit): string {
+  if (limit instanceof Concurrency) return `a Concurrency of limit ${limit.limit}`;
+  if (limit instanceof Quota) return `a Quota of ${limit.limit} per ${limit.periodName}`;
+  return `max ${limit.max}, rate ${limit.rate}`;
 }
 
-function sameLimits(a: Bucket | Concurrency, b: Bucket | Concurrency): boolean {
+function sameLimits(a: Limit, b: Limit): boolean {
   if (a instanceof Concurrency || b instanceof Concurrency) {
     return a instanceof Concurrency && b instanceof Concurrency && a.limit === b.limit;
   }
-  return (a as Bucket).sameLimits(b as Bucket);
+  if (a instanceof Quota || b instanceof Quota) return a instanceof Quota && a.sameLimits(b);
+  return a.sameLimits(b);
 }
 
 /**
@@ -115,8 +133,8 @@ function sameLimits(a: Bucket | Concurrency, b: Bucket | Concurrency): boolean {
  * one whose `prefix:name` the limiter already has with other limits: both
  * would charge the same Redis keys. All are checked before any is kept.
  */
-function claim(limiter: Limiter, policies: readonly [string, Bucket | Concurrency][]): void {
-  const held = limiter as unknown as { [POLICIES]?: Map<string, Bucket | Concurrency> };
+function claim(limiter: Limiter, policies: readonly [string, Limit][]): void {
+  const held = limiter as unknown as { [POLICIES]?: Map<string, Limit> };
   const known = new Map(held[POLICIES] ?? []);
   for (const [key, limit] of policies) {
     const there = known.get(key);
@@ -142,16 +160,13 @@ export function checkRules<R>(limiter: Limiter, rules: readonly Rule<R>[]): void
     if (rule.bucket.name === undefined) {
       throw new RangeError("a rule's bucket needs a name: new Bucket({ max, rate, name: 'user' })");
     }
-    if (rule.cost !== undefined && typeof rule.cost !== "function") checkCost(rule.cost, rule.bucket);
-    if (rule.maxDelayMs !== undefined) {
-      checkMaxWait(rule.maxDelayMs, "consume", rule.bucket);
-      if (rules.length > 1) {
-        throw new RangeError(
-          "maxDelayMs needs a middleware of one rule: a wait across several buckets (TB.CHARGE) is not supported yet",
-        );
-      }
+    if (rule.cost !== undefined && typeof rule.cost !== "function") {
+      if (rule.bucket instanceof Quota) checkQuotaCost(rule.cost, rule.bucket);
+      else checkCost(rule.cost, rule.bucket);
     }
+    if (rule.maxDelayMs !== undefined) checkMaxWait(rule.maxDelayMs, "consume", rule.bucket);
   }
+  maxDelayOf(rules);
   claim(
     limiter,
     rules.map((rule) => [policyKey(rule.prefix, rule.bucket.name), rule.bucket]),
@@ -173,36 +188,71 @@ export async function resetIdentity<R>(limiter: Limiter, rules: readonly Rule<R>
   );
 }
 
-/** A request's `[key, bucket, cost]` groups under its rules (a rule whose key is undefined is skipped). */
-async function groupsOf<R>(rules: readonly Rule<R>[], request: R): Promise<GroupIn[]> {
-  const groups: [string, Bucket, Amount][] = [];
-  for (const rule of rules) {
-    const identity = await rule.key(request);
-    if (identity === undefined) continue;
-    const cost = typeof rule.cost === "function" ? rule.cost(request) : (rule.cost ?? 1);
-    groups.push([`${policyKey(rule.prefix, rule.bucket.name)}:${identity}`, rule.bucket, cost]);
+/** The wait of a middleware's bucket rules: one for the whole decision, or none. */
+function maxDelayOf<R>(rules: readonly Rule<R>[]): number | undefined {
+  const buckets = rules.filter((r) => r.bucket instanceof Bucket);
+  const waits = new Set(buckets.map((r) => r.maxDelayMs));
+  if (waits.size > 1) {
+    throw new RangeError("maxDelayMs is one wait for the whole decision: give every bucket rule the same, or none");
   }
-  return groups;
+  return buckets[0]?.maxDelayMs;
 }
 
-/** Charges a request against its rules in one consumeMany; undefined when no rule applies. */
+/** A request's identity for a rule: its key's, else its fallback's; MissingIdentity unless optional. */
+async function identityOf<R>(
+  rule: { key: KeyFunction<R>; fallback?: KeyFunction<R>; optional?: boolean },
+  request: R,
+  name: string,
+): Promise<string | undefined> {
+  let identity = await rule.key(request);
+  if (identity === undefined && rule.fallback !== undefined) identity = await rule.fallback(request);
+  if (identity === undefined && rule.optional !== true) throw new MissingIdentity(name);
+  return identity;
+}
+
+/** A request's `[key, rule, cost]` groups under its rules, and the optional ones skipped for want of an identity. */
+async function groupsOf<R>(rules: readonly Rule<R>[], request: R): Promise<[GroupIn[], string[]]> {
+  const groups: [string, Bucket | Quota, Amount][] = [];
+  const skipped: string[] = [];
+  for (const rule of rules) {
+    const name = rule.bucket.name as string;
+    const identity = await identityOf(rule, request, name);
+    if (identity === undefined) {
+      skipped.push(name);
+      continue;
+    }
+    const cost = typeof rule.cost === "function" ? rule.cost(request) : (rule.cost ?? 1);
+    groups.push([`${policyKey(rule.prefix, name)}:${identity}`, rule.bucket, cost]);
+  }
+  return [groups, skipped];
+}
+
+/**
+ * Charges a request against its rules in one consumeMany (no decisions,
+ * and the rules in `skipped`, when every rule is optional and has no
+ * identity; MissingIdentity when one that is not has none). With the
+ * rules' `maxDelayMs`, a reservation's delay is slept here, before the
+ * handler runs.
+ */
 export async function check<R>(
   limiter: Limiter,
   rules: readonly Rule<R>[],
   request: R,
   options: LimitOptions = {},
-): Promise<MultiDecision | undefined> {
-  const groups = await groupsOf(rules, request);
-  if (groups.length === 0) return undefined;
+): Promise<MultiDecision> {
+  const [groups, skipped] = await groupsOf(rules, request);
+  if (groups.length === 0) return new MultiDecision(true, 0, [], { skipped });
   const { atomic, onError, timeoutMs } = options;
-  const maxWaitMs = rules[0]?.maxDelayMs;
-  if (maxWaitMs !== undefined && rules.length === 1) {
-    // One reservation, and its delay slept here, before the handler runs.
-    const [key, bucket, cost] = groups[0] as [string, Bucket, Amount];
-    const d = await limiter.wait(key, bucket, cost, { maxWaitMs, onError, timeoutMs });
-    return new MultiDecision(d.allowed, d.allowed ? 0 : d.retryAfterMs, [d], d);
-  }
-  return limiter.consumeMany(groups, { atomic, onError, timeoutMs });
+  const maxWaitMs = maxDelayOf(rules);
+  const wait = maxWaitMs === undefined || !groups.some(([, b]) => b instanceof Bucket) ? undefined : maxWaitMs;
+  const m = await limiter.consumeMany(groups, {
+    atomic,
+    onError,
+    timeoutMs,
+    ...(wait === undefined ? {} : { maxWaitMs: wait }),
+  });
+  if (m.delayMs > 0 && !m.degraded) await limiter.sleep(m.delayMs);
+  return skipped.length === 0 ? m : new MultiDecision(m.allowed, m.retryAfterMs, m.decisions, { ...m, skipped });
 }
 
 // ---- concurrency: a slot per identity, held until the response is done -------------
@@ -219,6 +269,10 @@ export interface ConcurrencyRule<R = NodeRequest> {
   weight?: number | ((request: R) => number);
   /** The first part of the Redis key (default "rl"). */
   prefix?: string;
+  /** Asked when `key` gives no identity. */
+  fallback?: KeyFunction<R>;
+  /** Let a request with no identity through without a slot; by default it is a 400. */
+  optional?: boolean;
 }
 
 export interface ConcurrencyLimitOptions<R>
@@ -272,12 +326,12 @@ export async function acquireFor<R>(
   request: R,
 ): Promise<Lease | undefined> {
   const rule = options.concurrency;
-  const identity = await rule.key(request);
-  if (identity === undefined) return undefined;
   const concurrency = typeof rule.concurrency === "function" ? rule.concurrency(request) : rule.concurrency;
+  const identity = await identityOf(rule, request, concurrency.name ?? "concurrency");
+  if (identity === undefined) return undefined;
   checkNamed(concurrency);
   const weight = typeof rule.weight === "function" ? rule.weight(request) : (rule.weight ?? 1);
-  const buckets = await groupsOf(options.rules ?? [], request);
+  const [buckets] = await groupsOf(options.rules ?? [], request);
   const key = `${policyKey(rule.prefix, concurrency.name)}:${identity}`;
   return limiter.acquire(key, concurrency, {
     weight,

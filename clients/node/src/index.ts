@@ -20,6 +20,7 @@ export {
   CircuitOpenError,
   CrossSlotError,
   LimiterError,
+  MissingIdentity,
   NoBackendError,
   RedisTimeoutError,
   ReplicaWaitError,

@@ -134,7 +134,8 @@ export class Limiter {
   private readonly engine: Engine;
   private readonly ctx: Context;
   private readonly policy: FailurePolicy;
-  private readonly sleep: (ms: number) => Promise<void>;
+  /** How `wait` (and an HTTP rule's `maxDelayMs`) sleeps a reservation's delay. */
+  readonly sleep: (ms: number) => Promise<void>;
   // The leases this limiter holds, as [key, id] identities: a set, so a
   // retried acquire of a held id counts once.
   private readonly held = new Set<string>();

@@ -52,8 +52,11 @@ test("express middleware: admitted with the fields, then a 429 problem", async (
       detail: "Rate limited by user: retry in 1000 s.",
       "violated-policies": ["user"],
     });
-    // No identity: the rule is skipped; health checks are exempt.
-    assert.equal((await get(`${s.url}/`)).status, 200);
+    // No identity: a 400, before anything is sent (never a way around the
+    // limit); health checks are exempt.
+    const missing = await get(`${s.url}/`);
+    assert.equal(missing.status, 400);
+    assert.equal(JSON.parse(missing.body).detail, "The user key is missing.");
     assert.equal((await get(`${s.url}/healthz`, { "x-user": "alice" })).status, 200);
     assert.equal(await c.client.exists("rl:user:alice"), 1);
   } finally {
@@ -414,4 +417,46 @@ test("concurrency rules are checked when written", () => {
       }),
     /cost must not exceed max/,
   );
+});
+
+test("a missing identity: fallback, optional (named in skipped), else a 400 in Express and Fastify", async () => {
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  const lim = new Limiter(c.client);
+  const caller = new Bucket({ max: 1, rate: SLOW, name: "caller" });
+  const anon = new Bucket({ max: 1, rate: SLOW, name: "anon" });
+  const app = express();
+  const byKeyOrIp = { bucket: caller, key: (req) => req.headers["x-key"], fallback: () => "192.0.2.7" };
+  app.get("/fallback", rateLimit(lim, { rules: [byKeyOrIp] }), (_q, r) => r.send("ok"));
+  app.get(
+    "/optional",
+    rateLimit(lim, { rules: [{ bucket: anon, key: (req) => req.headers["x-key"], optional: true }] }),
+    (req, res) => res.json({ skipped: req.rateLimit.skipped, n: req.rateLimit.decisions.length }),
+  );
+  const s = await serve(app);
+  const fastify = Fastify({ forceCloseConnections: true });
+  await fastify.register(rateLimitPlugin, {
+    limiter: lim,
+    rules: [{ bucket: new Bucket({ max: 5, rate: SLOW, name: "fkey" }), key: (req) => req.headers["x-key"] }],
+  });
+  fastify.get("/", async () => ({ ok: true }));
+  const url = await fastify.listen({ port: 0, host: "127.0.0.1" });
+  try {
+    assert.equal((await get(`${s.url}/fallback`)).status, 200);
+    assert.equal((await get(`${s.url}/fallback`)).status, 429, "limited by the fallback identity");
+    assert.equal(await c.client.exists("rl:caller:192.0.2.7"), 1);
+    const skipped = await get(`${s.url}/optional`);
+    assert.equal(skipped.status, 200);
+    assert.deepEqual(JSON.parse(skipped.body), { skipped: ["anon"], n: 0 });
+    assert.equal(skipped.headers["ratelimit-policy"], undefined);
+    const refused = await get(`${url}/`);
+    assert.equal(refused.status, 400);
+    assert.match(refused.headers["content-type"], /^application\/problem\+json/);
+    assert.equal(JSON.parse(refused.body).detail, "The fkey key is missing.");
+    assert.equal(await c.client.exists("rl:fkey:undefined"), 0);
+  } finally {
+    s.close();
+    await fastify.close();
+    c.close();
+  }
 });

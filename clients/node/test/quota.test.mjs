@@ -288,8 +288,37 @@ test("an Express rule with maxDelayMs delays a request over the bucket instead o
           { bucket: slow, key: () => "a" },
         ],
       }),
-    /maxDelayMs needs a middleware of one rule/,
+    /maxDelayMs is one wait for the whole decision/,
   );
+});
+
+test("several rules share one maxDelayMs (TB.CHARGE WAIT), and a quota rule beside them never delays", async () => {
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  const lim = new Limiter(c.client);
+  const app = express();
+  const rules = [
+    { bucket: new Bucket({ max: 1, rate: 10, name: "m-a" }), key: () => "a", maxDelayMs: 1000 },
+    { bucket: new Bucket({ max: 5, rate: 10, name: "m-b" }), key: () => "a", maxDelayMs: 1000 },
+    { bucket: new Quota({ limit: 3, period: "day", name: "m-day" }), key: () => "a" },
+  ];
+  app.get("/", rateLimit(lim, { rules }), (_q, r) => r.send("ok"));
+  const s = await serve(app);
+  try {
+    const begun = performance.now();
+    const statuses = [];
+    for (let i = 0; i < 3; i++) statuses.push((await get(`${s.url}/`)).status);
+    // m-a holds 1 a tenth of a second: the second and third wait their turn.
+    assert.deepEqual(statuses, [200, 200, 200]);
+    assert.ok(performance.now() - begun >= 150, "the requests over m-a were delayed");
+    // The day's quota of 3 is spent: a refusal, whatever the wait.
+    const refused = await get(`${s.url}/`);
+    assert.equal(refused.status, 429);
+    assert.match(refused.headers["ratelimit-policy"], /"m-day";q=3;w=86400/);
+  } finally {
+    s.close();
+    c.close();
+  }
 });
 
 test("a Fastify rule with maxDelayMs delays too, and the handler sees the reservation", async () => {
