@@ -384,21 +384,40 @@ function planMany(
   wait?: readonly string[],
 ): Promise<MultiDecision> {
   const ids = groups.map((g) => g.id);
-  return ticketed(ctx.cache, each ? "each" : "mconsume", ids, async () => {
-    let m: MultiDecision;
-    if (each) {
-      m = await planEach(ctx.engine, groups, io, wait);
-    } else {
-      // TB.CHARGE with a quota among the rules, or a wait.
-      const reply = await ctx.engine.call(manyOp(groups, wait), groups, io, undefined, wait);
-      if (!Array.isArray(reply) || reply.length !== groups.length + 2) {
-        throw new TypeError(`unexpected reply from Redis: ${JSON.stringify(reply)}`);
-      }
-      const decisions = groups.map((g, i) => Decision.fromReply(reply[i + 2], g.key, g.bucket, g.amount));
-      m = new MultiDecision(Number(reply[0]) === 1, Number(reply[1]), decisions);
+  const byKey = () =>
+    ticketed(ctx.cache, "each", ids, async () => {
+      const m = await planEach(ctx.engine, groups, io, wait);
+      return { result: m, allowed: m.allowed, retryAfterMs: m.retryAfterMs, decisions: m.decisions };
+    });
+  if (each) return byKey();
+  const atomic = ticketed(ctx.cache, "mconsume", ids, async () => {
+    // TB.CHARGE with a quota among the rules, or a wait.
+    const reply = await ctx.engine.call(manyOp(groups, wait), groups, io, undefined, wait);
+    if (!Array.isArray(reply) || reply.length !== groups.length + 2) {
+      throw new TypeError(`unexpected reply from Redis: ${JSON.stringify(reply)}`);
     }
+    const decisions = groups.map((g, i) => Decision.fromReply(reply[i + 2], g.key, g.bucket, g.amount));
+    const m = new MultiDecision(Number(reply[0]) === 1, Number(reply[1]), decisions);
     return { result: m, allowed: m.allowed, retryAfterMs: m.retryAfterMs, decisions: m.decisions };
   });
+  // A slot moving: nothing ran, and the keys are not all on one node until
+  // it has moved. Key by key meanwhile (the failed ticket forgot the keys).
+  return atomic.catch((error: unknown) => {
+    if (!migrating(error)) throw error;
+    return byKey();
+  });
+}
+
+/**
+ * A multi-key call refused because its slot is moving (TRYAGAIN, or ASK,
+ * before anything ran), directly or after the client followed redirects
+ * to its limit (ioredis's "Too many Cluster redirections").
+ */
+export function migrating(error: unknown): boolean {
+  if (!(error instanceof Error)) return false;
+  const text = error.message;
+  if (/^(TRYAGAIN|ASK )/.test(text)) return true;
+  return text.startsWith("Too many Cluster redirections") && /TRYAGAIN|ASK /.test(text);
 }
 
 /**
@@ -453,8 +472,70 @@ function planAcquire(ctx: Context, call: LeaseCall, groups: readonly Group[], io
   // any time).
   const ids = groups.map((g) => g.id);
   return ticketed(ctx.cache, "acquire", ids, async () => {
-    const lease = leaseFromReply(await ctx.engine.call("acquire", groups, io, call.head), call, groups, false);
+    let lease: Lease;
+    try {
+      lease = leaseFromReply(await ctx.engine.call("acquire", groups, io, call.head), call, groups, false);
+    } catch (error) {
+      if (!(groups.length > 0 && migrating(error))) throw error;
+      lease = await planAcquireEach(ctx.engine, call, groups, io);
+    }
     return { result: lease, allowed: lease.acquired, retryAfterMs: lease.retryAfterMs, decisions: lease.decisions };
+  });
+}
+
+/**
+ * An acquire whose buckets are in a slot that is moving: the buckets
+ * charged key by key (all or none, as planEach), then the lease alone,
+ * whose being busy gives them back. The answer TB.ACQUIRE would give, but
+ * not atomic: a call in between may see the buckets charged for a lease
+ * that does not come.
+ */
+async function planAcquireEach(engine: Engine, call: LeaseCall, groups: readonly Group[], io: IO): Promise<Lease> {
+  const many = await planEach(engine, groups, io);
+  const fields = {
+    id: call.leaseId,
+    key: call.head.key,
+    concurrency: call.concurrency as Concurrency,
+    weight: call.weight,
+  };
+  if (!many.allowed) {
+    // Denied by a bucket: no lease taken; in_use as the key has it.
+    const inUse = Number(await engine.call("inflight", [], io, { key: call.head.key, head: [] }));
+    return new Lease({
+      ...fields,
+      acquired: false,
+      inUse,
+      retryAfterMs: many.retryAfterMs,
+      expiresInMs: 0,
+      decisions: many.decisions,
+      degraded: false,
+      held: "none",
+    });
+  }
+  const alone = leaseFromReply(await engine.call("acquire", [], io, call.head), call, [], false);
+  let decisions: readonly Decision[] = many.decisions;
+  if (!alone.acquired) {
+    const back: Decision[] = [];
+    decisions = back;
+    for (const [i, d] of many.decisions.entries()) {
+      if (d.cost === 0) {
+        back.push(d);
+        continue;
+      }
+      const reply = await engine.call("adjust", [groups[i] as Group], io);
+      // Given back: the bucket could pay, as TB.ACQUIRE reports it.
+      back.push(Decision.fromReply(reply, d.key, d.bucket, d.cost).with({ retryAfterMs: 0 }));
+    }
+  }
+  return new Lease({
+    ...fields,
+    acquired: alone.acquired,
+    inUse: alone.inUse,
+    retryAfterMs: alone.retryAfterMs,
+    expiresInMs: alone.expiresInMs,
+    decisions,
+    degraded: false,
+    held: alone.acquired ? "redis" : "none",
   });
 }
 

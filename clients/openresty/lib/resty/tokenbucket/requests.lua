@@ -213,6 +213,15 @@ local function plan_each(ctx, send, groups, after)
   return decision_mod.multi(true, retry, charged, false)
 end
 
+-- A multi-key call refused because its slot is moving (TRYAGAIN, or ASK,
+-- before anything ran): the keys are not all on one node until it has
+-- moved.
+local function migrating(err)
+  local reply = type(err) == "table" and err.reply
+  return type(reply) == "string" and (reply:sub(1, 8) == "TRYAGAIN" or reply:sub(1, 4) == "ASK ")
+end
+_M.migrating = migrating
+
 local function plan_many(ctx, send, req)
   local cache, ticket = not req.after and ctx.cache or nil
   if cache then ticket = cache:sent(req.each and "each" or "mconsume", req.keys) end
@@ -222,7 +231,13 @@ local function plan_many(ctx, send, req)
   else
     local reply
     reply, err = ctx.engine:call(send, "mconsume", req.groups, nil, req.after)
-    if reply ~= nil then result, err = decision_mod.many(reply, req.groups) end
+    if reply ~= nil then
+      result, err = decision_mod.many(reply, req.groups)
+    elseif migrating(err) then
+      -- Key by key while the slot moves; the ticket says so (refunds write).
+      if ticket then ticket.op = "each" end
+      result, err = plan_each(ctx, send, req.groups, req.after)
+    end
   end
   if result == nil then
     if ticket then cache:failed(ticket) end
@@ -230,6 +245,46 @@ local function plan_many(ctx, send, req)
   end
   if ticket then cache:answered(ticket, result.allowed, result.retry_after_ms, result.decisions) end
   return result
+end
+
+-- An acquire whose buckets are in a slot that is moving: the buckets
+-- charged key by key (all or none, as plan_each), then the lease alone,
+-- whose being busy gives them back. TB.ACQUIRE's answer, not atomic.
+local function plan_acquire_each(ctx, send, req)
+  local many, err = plan_each(ctx, send, req.groups)
+  if many == nil then return nil, err end
+  local alone = { key = req.key, concurrency = req.concurrency, id = req.id, weight = req.weight, groups = {},
+    head = req.head }
+  if not many.allowed then
+    -- Denied by a bucket: no lease taken; in_use as the key has it.
+    local in_use, ierr = ctx.engine:call(send, "inflight", {}, { req.key, {} })
+    if in_use == nil then return nil, ierr end
+    local lease, lerr = decision_mod.lease({ 0, in_use, many.retry_after_ms, 0 }, alone, false)
+    if lease == nil then return nil, lerr end
+    lease.decisions = many.decisions
+    return lease
+  end
+  local reply, aerr = ctx.engine:call(send, "acquire", {}, { req.key, req.head })
+  if reply == nil then return nil, aerr end
+  local lease, lerr = decision_mod.lease(reply, alone, false)
+  if lease == nil then return nil, lerr end
+  local decisions = many.decisions
+  if not lease.acquired then
+    for i = 1, #decisions do
+      local d = decisions[i]
+      if d.cost > 0 then
+        local g = { d.key, d.bucket, d.cost }
+        local r, rerr = ctx.engine:call(send, "adjust", { g })
+        if r == nil then return nil, rerr end
+        local back = decision_mod.one(r, g, "consume")
+        -- Given back: the bucket could pay, as TB.ACQUIRE reports it.
+        back.allowed, back.retry_after_ms, back.delay_ms = true, 0, 0
+        decisions[i] = back
+      end
+    end
+  end
+  lease.decisions = decisions
+  return lease
 end
 
 local function plan_acquire(ctx, send, req)
@@ -240,7 +295,11 @@ local function plan_acquire(ctx, send, req)
   if cache and #req.groups > 0 then ticket = cache:sent("acquire", req.keys) end
   local reply, err = ctx.engine:call(send, "acquire", req.groups, { req.key, req.head })
   local lease
-  if reply ~= nil then lease, err = decision_mod.lease(reply, req, false) end
+  if reply ~= nil then
+    lease, err = decision_mod.lease(reply, req, false)
+  elseif #req.groups > 0 and migrating(err) then
+    lease, err = plan_acquire_each(ctx, send, req)
+  end
   if lease == nil then
     if ticket then cache:failed(ticket) end
     return nil, err
