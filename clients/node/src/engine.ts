@@ -7,7 +7,7 @@
 // rules are the Python package's and the OpenResty module's alike
 // (clients/spec/backend.json).
 
-import { LIBRARY_VERSION } from "./contract.js";
+import { LIBRARY_VERSION, WARNINGS } from "./contract.js";
 import { NoBackendError } from "./errors.js";
 import type { ReplicaWait } from "./replicas.js";
 import {
@@ -82,6 +82,8 @@ export class Engine {
   backend: BackendName | undefined;
   /** Whether the server's library was found to be this package's since the backend was found. */
   private libraryChecked = false;
+  /** Whether detect() has read the server's eviction settings (once: the Lua library can't warn of them). */
+  memoryChecked = false;
   /** Whether a call is checking or loading the library right now. */
   private libraryChecking = false;
 
@@ -93,6 +95,26 @@ export class Engine {
       throw new RangeError(`backend must be one of ${BACKENDS.join(", ")} (or undefined to detect it)`);
     }
     this.backend = forced;
+  }
+
+  /**
+   * Logs the module's warning where the server can evict the limiter's
+   * keys (a maxmemory-policy other than noeviction, with a maxmemory), as
+   * the module does at load; an ACL or a managed service that refuses
+   * CONFIG leaves it unsaid.
+   */
+  async checkMemory(io: IO): Promise<void> {
+    this.memoryChecked = true;
+    let policy: string;
+    let maxmemory: number;
+    try {
+      policy = configValue(await io.send(["CONFIG", "GET", "maxmemory-policy"], undefined, true));
+      maxmemory = Number(configValue(await io.send(["CONFIG", "GET", "maxmemory"], undefined, true)) || 0);
+    } catch {
+      return; // NOPERM, a renamed command, a timeout: only a warning is lost
+    }
+    const warning = evictionWarning(policy, maxmemory);
+    if (warning !== undefined) this.logger.warn(warning);
   }
 
   /**
@@ -259,4 +281,24 @@ export class Engine {
       throw error;
     }
   }
+}
+
+/** CONFIG GET's one value, whatever shape the client gives it: [name, value], {name: value}, or a node's of several. */
+function configValue(reply: unknown): string {
+  let r: unknown = reply;
+  if (Array.isArray(r) && r.length > 0 && Array.isArray(r[0])) r = r[0]; // one node's answer
+  if (r !== null && typeof r === "object" && !Array.isArray(r)) r = Object.entries(r)[0] ?? [];
+  if (!Array.isArray(r) || r.length < 2) return "";
+  const value = r[1];
+  return Buffer.isBuffer(value) ? value.toString() : String(value);
+}
+
+/** The module's warning (core/src/eviction.rs, contract.json's "warnings"), or undefined where keys can't be evicted. */
+export function evictionWarning(policy: string, maxmemory: number): string | undefined {
+  if (maxmemory === 0 || policy === "" || policy.toLowerCase() === "noeviction") return undefined;
+  const what = policy.toLowerCase().startsWith("volatile-") ? WARNINGS.eviction_volatile : WARNINGS.eviction_allkeys;
+  return WARNINGS.eviction
+    .replace("{policy}", policy)
+    .replace("{maxmemory}", String(maxmemory))
+    .replace("{what}", what);
 }

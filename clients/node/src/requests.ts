@@ -291,7 +291,13 @@ export function detectJob(ctx: Context, probeKey: Key, options: { timeoutMs?: nu
     onError: "raise",
     plan: async (io) => {
       await ctx.engine.call("peek", [group], io);
-      return ctx.engine.backend as string;
+      // The Lua library can't say that the server may evict its keys, as
+      // the module does: the readiness probe looks, once.
+      const backend = ctx.engine.backend;
+      if ((backend === "functions" || backend === "eval") && !ctx.engine.memoryChecked) {
+        await ctx.engine.checkMemory(io);
+      }
+      return backend as string;
     },
   };
 }

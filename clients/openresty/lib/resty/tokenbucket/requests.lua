@@ -315,10 +315,36 @@ local function plan_lease_op(ctx, send, req)
   return decision_mod.pair(reply, req.op == "renew" and "TB.RENEW" or "TB.RELEASE")
 end
 
+-- CONFIG GET's one value: the second word of its reply.
+local function config_value(reply)
+  if type(reply) ~= "table" or reply[2] == nil then return "" end
+  return tostring(reply[2])
+end
+
+-- The module's warning (core/src/eviction.rs, contract.json's "warnings")
+-- where `policy` with `maxmemory` can evict the limiter's keys, or nil.
+function _M.eviction_warning(policy, maxmemory)
+  local p = policy:lower()
+  if maxmemory == 0 or p == "" or p == "noeviction" then return nil end
+  local what = p:sub(1, 9) == "volatile-" and contract.WARNINGS.eviction_volatile or contract.WARNINGS.eviction_allkeys
+  return (contract.WARNINGS.eviction:gsub("{(%w+)}", { policy = policy, maxmemory = tostring(maxmemory), what = what }))
+end
+
 local function plan_detect(ctx, send, req)
   local reply, err = ctx.engine:call(send, "peek", { req.group })
   if reply == nil then return nil, err end
-  return ctx.engine.backend or ""
+  local backend = ctx.engine.backend or ""
+  -- The Lua library can't say that the server may evict its keys, as the
+  -- module does: the readiness probe looks, once per worker (a refused
+  -- CONFIG, an ACL's or a managed service's, leaves it unsaid).
+  if (backend == "functions" or backend == "eval") and not ctx.engine.memory_checked then
+    ctx.engine.memory_checked = true
+    local policy = send({ "CONFIG", "GET", "maxmemory-policy" })
+    local maxmemory = policy and send({ "CONFIG", "GET", "maxmemory" })
+    local warning = maxmemory and _M.eviction_warning(config_value(policy), tonumber(config_value(maxmemory)) or 0)
+    if warning then ctx.log("warn", warning) end
+  end
+  return backend
 end
 
 local function plan_reset(ctx, send, req)
