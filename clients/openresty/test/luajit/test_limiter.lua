@@ -300,4 +300,14 @@ function T.detect_and_reset()
   h.eq(lim:reset("rl:k"), false)
 end
 
+function T.a_missing_generated_library_says_how_to_make_it()
+  local saved_loaded, saved_preload = package.loaded["resty.tokenbucket.library"], package.preload["resty.tokenbucket.library"]
+  package.loaded["resty.tokenbucket.library"] = nil
+  package.preload["resty.tokenbucket.library"] = function() error("module 'resty.tokenbucket.library' not found") end
+  local ok, err = pcall(require("resty.tokenbucket.limiter").new, { clock = os.time, send = function() end })
+  package.loaded["resty.tokenbucket.library"], package.preload["resty.tokenbucket.library"] = saved_loaded, saved_preload
+  h.eq(ok, false)
+  h.eq(tostring(err):match("run `make` in the repository") ~= nil, true, tostring(err))
+end
+
 return T

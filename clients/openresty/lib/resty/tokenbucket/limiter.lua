@@ -57,6 +57,15 @@ local function default_new_id()
   return (raw:gsub(".", function(c) return string.format("%02x", c:byte()) end))
 end
 
+-- The generated Lua library, or an error that says how to make it (the
+-- module's search paths alone don't).
+local function generated_library()
+  local ok, library = pcall(require, "resty.tokenbucket.library")
+  if ok then return library end
+  error("resty.tokenbucket: no resty/tokenbucket/library.lua (the Lua library, generated from lua/tb.lua): "
+    .. "run `make` in the repository, or `make install`, which writes it", 3)
+end
+
 function _M.new(opts)
   local clock = assert(opts.clock, "limiter: a clock is needed")
   local dict = opts.dict or memdict.new(clock)
@@ -78,7 +87,7 @@ function _M.new(opts)
     on_decision = opts.on_decision,
     -- What delay() sleeps with (seconds): ngx.sleep in nginx.
     sleep = opts.sleep or (ngx and ngx.sleep),
-    library = opts.library or require("resty.tokenbucket.library"),
+    library = opts.library or generated_library(),
     held = {},
     n_held = 0,
   }, Limiter)
