@@ -197,7 +197,8 @@ test-matrix: deps venv build ## the integration suite on Redis 8.2 and Valkey 9.
 
 test-examples: deps venv build python-tools ## the FastAPI gateway example's tests
 	servers="$$($(TB_SERVERS))" && \
-	  env $$servers $(MAKE) --no-print-directory -C examples/fastapi-gateway test
+	  env $$servers $(MAKE) --no-print-directory -C examples/fastapi-gateway test \
+	    PYTHON=$(CURDIR)/$(PY) INSTALL_FLAGS="--no-deps --no-build-isolation"
 
 test-python: deps venv build python-wheel ## the Python package, from its wheel, on every server (pinned and newest libraries)
 	bash scripts/test-python.sh pinned $(PY_TEST_PKGS)

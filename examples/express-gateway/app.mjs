@@ -262,6 +262,9 @@ export function createApp(settings, { redis, llm = new StubLLM(settings.stubToke
 
   app.use((error, _req, res, _next) => {
     if (error instanceof GatewayError) return res.status(error.status).set(error.headers).json(error.body);
+    // A body that is no JSON (express.json's parse error): the client's
+    // mistake, answered as a bad field is, as the FastAPI and nginx twins do.
+    if (error?.type === "entity.parse.failed") return res.status(422).json({ error: "invalid_request" });
     console.error(error);
     res.status(500).json({ error: "internal" });
   });

@@ -157,4 +157,27 @@ export class Bucket {
   sameLimits(other: unknown): boolean {
     return other instanceof Bucket && this.max === other.max && this.rate === other.rate;
   }
+
+  /**
+   * `"N/second"`, `"N/minute"`, `"N/hour"` or `"N/day"` as a bucket of
+   * `max` N refilled at N per period, as the Python package's and the
+   * OpenResty module's `parse`: a token bucket, not a window (the N may go
+   * at once, then one comes back every period/N).
+   */
+  static parse(limit: string, name?: string): Bucket {
+    const match = typeof limit === "string" ? LIMIT.exec(limit) : null;
+    const period = match ? PERIODS[match[2] as string] : undefined;
+    if (match === null || period === undefined) {
+      throw new InvalidArgument(
+        "limit",
+        `limit must be N/second, N/minute, N/hour or N/day, got ${JSON.stringify(limit)}`,
+      );
+    }
+    const n = number(match[1], "max");
+    return new Bucket({ max: n, rate: n / period, ...(name === undefined ? {} : { name }) });
+  }
 }
+
+// Bucket.parse: "N/period", and the periods in seconds.
+const PERIODS: Record<string, number> = { second: 1, minute: 60, hour: 3600, day: 86400 };
+const LIMIT = /^\s*([^/\s]+)\s*\/\s*([a-z]+)\s*$/;

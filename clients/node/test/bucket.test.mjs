@@ -158,3 +158,12 @@ test("consumeMany reports the module's first error, with its group", async () =>
     c.close();
   }
 });
+
+test("Bucket.parse reads N/period as the other packages do", () => {
+  const b = Bucket.parse("10/minute", "user");
+  assert.deepEqual([b.max, b.rate, b.name], [10, 10 / 60, "user"]);
+  assert.deepEqual([Bucket.parse(" 3 / second ").max, Bucket.parse("86400/day").rate], [3, 1]);
+  assert.throws(() => Bucket.parse("10/fortnight"), /limit must be N\/second, N\/minute, N\/hour or N\/day/);
+  assert.throws(() => Bucket.parse("x/minute"), /max must be a finite decimal number/);
+  assert.throws(() => Bucket.parse("0/minute"), /max must be > 0/);
+});

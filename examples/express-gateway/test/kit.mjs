@@ -43,9 +43,10 @@ export async function gateway(port, options = {}) {
   const base = `http://127.0.0.1:${server.address().port}`;
   return {
     base,
-    async call(method, path, { key, body } = {}) {
-      const headers = { ...(key ? { "x-api-key": key } : {}), ...(body ? { "content-type": "application/json" } : {}) };
-      const r = await fetch(base + path, { method, headers, body: body ? JSON.stringify(body) : undefined });
+    async call(method, path, { key, body, raw } = {}) {
+      const sent = raw ?? (body ? JSON.stringify(body) : undefined); // raw: the body's text as is
+      const headers = { ...(key ? { "x-api-key": key } : {}), ...(sent ? { "content-type": "application/json" } : {}) };
+      const r = await fetch(base + path, { method, headers, body: sent });
       const text = await r.text();
       const json = (r.headers.get("content-type") ?? "").includes("json");
       return { status: r.status, headers: Object.fromEntries(r.headers), body: json ? JSON.parse(text) : text };

@@ -161,6 +161,9 @@ test("an unauthenticated stream is refused, after its IP paid, and takes no slot
       body: { prompt: "hi", max_tokens: 1, stream: 1 },
     });
     assert.equal(bad.status, 422);
+    // A body that is no JSON at all is the same 422, not a 500.
+    const broken = await g.call("POST", "/v1/chat", { key: "demo-free", raw: '{"prompt": "hi", ' });
+    assert.deepEqual([broken.status, broken.body], [422, { error: "invalid_request" }]);
   } finally {
     g.close();
   }
