@@ -73,13 +73,20 @@ def encode(value: float) -> str:
 
 
 def check_cost(cost: Any, bucket: Bucket, group: Optional[int] = None) -> float:
+    return capped_cost(cost, bucket.max, ("cost_above_max", "cost_too_small"), group)
+
+
+def capped_cost(cost: Any, capacity: float, errors: tuple[str, str], group: Optional[int] = None) -> float:
+    """A cost of at most `capacity` (a bucket's max, a quota's limit), in the
+    module's order of checks; `errors` name the contract's messages for
+    above the capacity and for too small to charge it."""
     value = number(cost, "cost", group)
     if value < 0:
         raise invalid("cost", "cost_negative", group)
-    if value > bucket.max:
-        raise invalid("cost", "cost_above_max", group)
-    if charges_nothing(value, bucket.max):
-        raise invalid("cost", "cost_too_small", group)
+    if value > capacity:
+        raise invalid("cost", errors[0], group)
+    if charges_nothing(value, capacity):
+        raise invalid("cost", errors[1], group)
     return value
 
 

@@ -11,7 +11,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Union
 
-from ._bucket import Bucket, charges_nothing, check_name, encode, invalid, number
+from ._bucket import Bucket, capped_cost, check_name, encode, invalid, number
 from ._contract import MAX_CAPACITY, MAX_OFFSET_MINUTES, MAX_PERIOD_SECONDS
 
 # The calendar periods, as sent, and their length where it is fixed.
@@ -113,14 +113,7 @@ def check_offset(offset: Any) -> int:
 
 def check_quota_cost(cost: Any, quota: Quota, group: Optional[int] = None) -> float:
     """A cost for `quota`, in the module's order of checks."""
-    value = number(cost, "cost", group)
-    if value < 0:
-        raise invalid("cost", "cost_negative", group)
-    if value > quota.limit:
-        raise invalid("cost", "cost_above_limit", group)
-    if charges_nothing(value, quota.limit):
-        raise invalid("cost", "quota_cost_too_small", group)
-    return value
+    return capped_cost(cost, quota.limit, ("cost_above_limit", "quota_cost_too_small"), group)
 
 
 Rule = Union[Bucket, Quota]
