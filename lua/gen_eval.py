@@ -49,9 +49,9 @@ def header(block: str) -> str:
 --   EVALSHA <sha> numkeys key... <operation> arg...
 -- where <operation> is one of {names},
 -- and the rest is what FCALL tb_<operation> takes (EVALSHA_RO for
--- {read_only} on Redis >= 7). For acquire, the bucket keys follow the lease key:
---   EVALSHA <sha> 1+N key bkey1..bkeyN acquire limit lease_ms id [weight]
---     max1 rate1 cost1 ... maxN rateN costN    (weight there if 4 + 3N arguments follow)
+-- {read_only} on Redis >= 7). For acquire, the clause keys follow the lease key:
+--   EVALSHA <sha> 1+N key key1..keyN acquire limit lease_ms id [weight]
+--     clause1 ... clauseN    (BUCKET max rate cost | QUOTA limit period cost [OFFSET minutes])
 """
 
 # The marker line where the EVAL form answers consume and peek: every EVAL

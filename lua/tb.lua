@@ -8,8 +8,8 @@ library, for servers that cannot load the module (managed Redis/Valkey).
   FCALL    tb_mconsume N key1..keyN max1 rate1 cost1 ... maxN rateN costN
   FCALL    tb_adjust   1 key max rate delta
   FCALL    tb_cl_throttle 1 key max_burst count period [quantity]
-  FCALL    tb_acquire  1+N key bkey1..bkeyN limit lease_ms id [weight]
-                       max1 rate1 cost1 ... maxN rateN costN
+  FCALL    tb_acquire  1+N key key1..keyN limit lease_ms id [weight]
+                       clause1 ... clauseN (as tb_charge's)
   FCALL    tb_release  1 key id
   FCALL    tb_renew    1 key id lease_ms
   FCALL_RO tb_inflight 1 key
@@ -21,10 +21,12 @@ library, for servers that cannot load the module (managed Redis/Valkey).
                        [OFFSET minutes], one per key, in order)
   FCALL_RO tb_version  0       (the library's version)
 
-tb_acquire is TB.ACQUIRE with its BUCKET clauses as further keys: the lease
-key, then the N bucket keys; ARGV is limit lease_ms id, the weight if ARGV
-has 4 + 3N entries (it is 1 with 3 + 3N), then max rate cost per bucket,
-in the order of the keys.
+tb_acquire is TB.ACQUIRE with its clauses' keys as further keys: the lease
+key, then the N clause keys; ARGV is limit lease_ms id [weight], then one
+clause per further key, in order, as tb_charge's: BUCKET max rate cost |
+QUOTA limit period cost [OFFSET minutes]. The older form of buckets only,
+max rate cost per bucket without the keyword (the weight there if ARGV has
+4 + 3N entries), is read as before.
 
 Load with: redis-cli -x FUNCTION LOAD REPLACE < lua/tb.lua
 
@@ -102,8 +104,7 @@ local function msg(name, g, vars)
       int_out_of_range = 'ERR {arg} must be >= {least} and <= {most}',
       weight_above_limit = 'ERR weight must not exceed limit, it could never fit',
       bad_id = 'ERR id must be 1 to 256 bytes',
-      expected_bucket = 'ERR syntax error at argument {position}: expected BUCKET',
-      expected_weight = 'ERR syntax error at argument {position}: expected weight or BUCKET',
+      expected_weight = 'ERR syntax error at argument {position}: expected weight, BUCKET or QUOTA',
       bucket_is_lease_key = 'ERR the key of group {group} is the lease key',
       not_a_lease_key = 'ERR key is not a lease key: each field must hold <expires_at_us>:<weight>',
       write_failed = 'ERR tb could not write the key: {step} failed, see the server log',
@@ -121,7 +122,7 @@ local function msg(name, g, vars)
     if v ~= nil then return tostring(v) end
   end))
 end
-local LIBRARY_VERSION = '0.1.0+3a89a0a0b12d'
+local LIBRARY_VERSION = '0.1.0+d4a422cd8380'
 -- <<< contract: end
 -- The smallest positive double, 2^-1074 (a literal: the library body runs
 -- before `math` is reachable).
@@ -947,6 +948,42 @@ local function tb_quota(keys, args) return (QUOTAS or quotas()).quota(keys, args
 local function tb_qpeek(keys, args) return (QUOTAS or quotas()).qpeek(keys, args) end
 local function tb_qadjust(keys, args) return (QUOTAS or quotas()).qadjust(keys, args) end
 
+-- Whether the word starts a clause: BUCKET or QUOTA, in any case.
+local function is_clause(word)
+  local w = string.upper(word)
+  return w == 'BUCKET' or w == 'QUOTA'
+end
+
+-- The clause of group g whose keyword is args[j] (TB.CHARGE's, and
+-- TB.ACQUIRE's keyword form, with their keys in KEYS): BUCKET max rate
+-- cost, or QUOTA limit period cost [OFFSET minutes], checked as the
+-- module checks them (the caller has seen that the three numbers are
+-- there). `at` is the keyword's position in the module's arguments, and
+-- `name` the function's, for the errors. Returns the keyword, the limits, the cost and where the next
+-- clause starts, or nil and the error text.
+local function parse_clause(args, j, g, at, name)
+  local word, l, cost = string.upper(args[j])
+  if word == 'BUCKET' then
+    l, cost = parse_limits(args[j + 1], args[j + 2], args[j + 3], g)
+    if not l then return nil, cost end
+    return word, l, cost, j + 4
+  elseif word == 'QUOTA' then
+    local Q = QUOTAS or quotas()
+    l, cost = Q.numbers(args[j + 1], args[j + 2], args[j + 3], g)
+    if not l then return nil, cost end
+    j = j + 4
+    if j <= #args and string.upper(args[j]) == 'OFFSET' then
+      if j + 1 > #args then return nil, msg('arity', nil, { command = name }) end
+      local err
+      l.offset, err = Q.offset(args[j + 1])
+      if not l.offset then return nil, err end
+      j = j + 2
+    end
+    return word, l, cost, j
+  end
+  return nil, msg('expected_clause', nil, { position = at })
+end
+
 -- tb_charge: buckets and quotas all or nothing, one clause per key in
 -- order (ARGV: [WAIT max_ms] then BUCKET max rate cost | QUOTA limit
 -- period cost [OFFSET minutes] ...), as TB.CHARGE; the module's argument
@@ -973,26 +1010,9 @@ local function tb_charge(keys, args)
   local kinds, limits, costs = {}, {}, {}
   for g = 1, n do
     if j + 3 > m then return arity() end
-    local word, l, cost = string.upper(args[j])
-    if word == 'BUCKET' then
-      l, cost = parse_limits(args[j + 1], args[j + 2], args[j + 3], g)
-      if not l then return redis.error_reply(cost) end
-      j = j + 4
-    elseif word == 'QUOTA' then
-      l, cost = Q.numbers(args[j + 1], args[j + 2], args[j + 3], g)
-      if not l then return redis.error_reply(cost) end
-      j = j + 4
-      if j <= m and string.upper(args[j]) == 'OFFSET' then
-        if j + 1 > m then return arity() end
-        local err
-        l.offset, err = Q.offset(args[j + 1])
-        if not l.offset then return redis.error_reply(err) end
-        j = j + 2
-      end
-    else
-      return redis.error_reply(msg('expected_clause', nil, { position = 1 + n + j }))
-    end
-    kinds[g], limits[g], costs[g] = word, l, cost
+    local word, l, cost, next_j = parse_clause(args, j, g, 1 + n + j, 'tb_charge')
+    if not word then return redis.error_reply(l) end
+    kinds[g], limits[g], costs[g], j = word, l, cost, next_j
   end
   if j ~= m + 1 then return arity() end
   local first = {}
@@ -1747,21 +1767,24 @@ local function leases()
   end
 
   -- tb_acquire's arguments in the module's order of checks: KEYS are the
-  -- lease key then the N bucket keys, ARGV limit lease_ms id [weight] then
-  -- max rate cost per bucket (the weight is there when ARGV has 4 + 3N
-  -- entries). The call, or nil and the error text. The call's table also
-  -- carries what tb_acquire's op needs and finds: one table, CALL, every
-  -- field set afresh by each call.
+  -- lease key then the N clause keys; ARGV is limit lease_ms id [weight],
+  -- then a clause per further key, in the keyword form (BUCKET max rate
+  -- cost | QUOTA limit period cost [OFFSET minutes], as tb_charge's) when
+  -- a keyword follows the id or the weight, else max rate cost per bucket
+  -- (the weight is there when ARGV has 4 + 3N entries). The call, or nil
+  -- and the error text. The call's table also carries what tb_acquire's op
+  -- needs and finds: one table, CALL, every field set afresh by each call.
   local CALL = {}
   local function acquire_args(keys, args)
-    local n = #keys - 1
-    local first
-    if n >= 0 and #args == 3 + 3 * n then
-      first = 4
-    elseif n >= 0 and #args == 4 + 3 * n then
-      first = 5
-    else
-      return nil, msg('arity', nil, { command = 'tb_acquire' })
+    local n, m = #keys - 1, #args
+    local function arity() return nil, msg('arity', nil, { command = 'tb_acquire' }) end
+    local first, keyword
+    if n < 0 then return arity()
+    elseif m >= 4 and is_clause(args[4]) then first, keyword = 4, true
+    elseif m >= 5 and is_clause(args[5]) then first, keyword = 5, true
+    elseif m == 3 + 3 * n then first = 4
+    elseif m == 4 + 3 * n then first = 5
+    else return arity()
     end
     local limit, lease_ms, err
     limit, err = lease_int(args[1], 'limit', 1, MAX_LEASE_LIMIT)
@@ -1773,8 +1796,9 @@ local function leases()
     local weight = 1
     if first == 5 then
       weight = parse_i64(args[4])
-      -- A word may have been meant for the module's BUCKET (its argument
-      -- 5), so it names both, as the module does; a decimal is a bad weight.
+      -- A word may have been meant for the module's BUCKET or QUOTA (its
+      -- argument 5), so it names all, as the module does; a decimal is a
+      -- bad weight.
       if weight == nil and parse_decimal(args[4]) == nil then
         return nil, msg('expected_weight', nil, { position = 5 })
       end
@@ -1782,18 +1806,35 @@ local function leases()
       if weight < 1 then return nil, msg('too_small', nil, { arg = 'weight', least = 1 }) end
       if weight > limit then return nil, msg('weight_above_limit') end
     end
-    if n > MAX_GROUPS then return nil, msg('too_many_groups') end
-    local c, limits, costs = CALL, NONE, NONE
+    local c, kinds, limits, costs = CALL, NONE, NONE, NONE
     c.limit, c.lease_ms, c.id, c.weight, c.n, c.keys = limit, lease_ms, args[3], weight, n, keys
-    c.now, c.now_us, c.stored, c.cur, c.retry, c.charging = false, 0, false, false, false, false
-    c.limits, c.costs = limits, costs
-    if n == 0 then return c end
-    limits, costs = {}, {}
-    for g = 1, n do
-      local at = first + 3 * (g - 1)
-      local l, cost = parse_limits(args[at], args[at + 1], args[at + 2], g)
-      if not l then return nil, cost end
-      limits[g], costs[g] = l, cost
+    c.now, c.now_us, c.t, c.stored, c.cur, c.tried = false, 0, false, false, false, false
+    c.retry, c.charging = false, false
+    c.kinds, c.limits, c.costs = kinds, limits, costs
+    if n == 0 and m < first then return c end
+    kinds, limits, costs = {}, {}, {}
+    if keyword then
+      -- Clause by clause, as the module reads them; in its arguments each
+      -- clause's key follows the keyword, so clause g's keyword, ARGV j,
+      -- is its argument j + g.
+      local j, g = first, 0
+      while j <= m do
+        g = g + 1
+        if g > MAX_GROUPS then return nil, msg('too_many_groups') end
+        if j + 3 > m then return arity() end
+        local word, l, cost, next_j = parse_clause(args, j, g, j + g, 'tb_acquire')
+        if not word then return nil, l end
+        kinds[g], limits[g], costs[g], j = word, l, cost, next_j
+      end
+      if g ~= n then return arity() end
+    else
+      for g = 1, n do
+        if g > MAX_GROUPS then return nil, msg('too_many_groups') end
+        local at = first + 3 * (g - 1)
+        local l, cost = parse_limits(args[at], args[at + 1], args[at + 2], g)
+        if not l then return nil, cost end
+        kinds[g], limits[g], costs[g] = 'BUCKET', l, cost
+      end
     end
     for g = 1, n do
       if keys[g + 1] == keys[1] then
@@ -1808,31 +1849,40 @@ local function leases()
       end
       seen[k] = g
     end
-    c.limits, c.costs = limits, costs
+    c.kinds, c.limits, c.costs = kinds, limits, costs
     return c
   end
 
   -- tb_acquire's answer on the view v for `call` (acquire_args'), which
-  -- keeps the buckets read and whether they are charged.
+  -- keeps the clauses read (and each quota's uncharged reply) and whether
+  -- they are charged.
   local function acquire_op(v, call)
-    local n, now = call.n, call.now
-    local stored, cur = NONE, NONE
-    -- Bucket by bucket, as TB.MCONSUME, after the lease key: a bad key
+    local n, now, t = call.n, call.now, call.t
+    local stored, cur, tried = NONE, NONE, NONE
+    local pay = true
+    -- Clause by clause, as TB.CHARGE, after the lease key: a bad key
     -- stops the call before later keys are read.
-    if n > 0 then stored, cur = {}, {} end
+    if n > 0 then stored, cur, tried = {}, {}, {} end
     for g = 1, n do
-      local b, e = load(call.keys[g + 1], g)
-      if b == nil then return false, e end
-      stored[g], cur[g] = b, current_at(call.limits[g], b, now.hi, now.lo)
+      local key, l = call.keys[g + 1], call.limits[g]
+      if call.kinds[g] == 'QUOTA' then
+        local Q = QUOTAS or quotas()
+        local q, e = Q.load(key, g)
+        if q == nil then return false, e end
+        stored[g] = q
+        tried[g] = Q.outcome(key, l, q, t, call.costs[g], false)
+        if tried[g][1] == 0 then pay = false end
+      else
+        local b, e = load(key, g)
+        if b == nil then return false, e end
+        stored[g], cur[g] = b, current_at(l, b, now.hi, now.lo)
+        if not (cur[g] >= call.costs[g]) then pay = false end
+      end
     end
-    call.stored, call.cur = stored, cur
+    call.stored, call.cur, call.tried = stored, cur, tried
     local own = v.own
     local retry = own and true or false
     local fits = v.weight - (own and own.w or 0) + call.weight <= call.limit
-    local pay = true
-    for g = 1, n do
-      if not (cur[g] >= call.costs[g]) then pay = false end
-    end
     call.retry, call.charging = retry, fits and pay and not retry
     if fits and (retry or pay) then
       local now_us, lease_ms = call.now_us, call.lease_ms
@@ -1852,25 +1902,34 @@ local function leases()
     return { 0, v.weight, wait, 0 }
   end
 
-  -- tb_acquire: the lease and every bucket, or nothing. A live lease of
-  -- the same id (a retry) is renewed, counted once, and charges no bucket:
-  -- its bucket replies are what tb_peek would answer.
-  -- {acquired, in_use, retry_after_ms, expires_in_ms, bucket replies...}
+  -- tb_acquire: the lease and every clause (bucket or quota), or nothing.
+  -- A live lease of the same id (a retry) is renewed, counted once, and
+  -- charges no clause: their replies are what tb_peek and tb_qpeek would
+  -- answer. {acquired, in_use, retry_after_ms, expires_in_ms, clause
+  -- replies...}
   local function tb_acquire(keys, args)
     local call, err = acquire_args(keys, args)
     if not call then return redis.error_reply(err) end
     local n = call.n
-    -- One reading of the clock, as the buckets take it if there are any.
+    -- One reading of the clock, as the clauses take it if there are any.
     local now = n > 0 and clock()
     call.now, call.now_us = now, now and us_of(now) or now_us()
+    call.t = now and { sec = now.time[1] * 1, usec = now.time[2] * 1 }
     local out
     out, err = decide(keys[1], call.id, call.now_us, acquire_op, true, false, call)
     if not out then return redis.error_reply(err) end
     local stored, cur, retry = call.stored, call.cur, call.retry
     for g = 1, n do
-      local r, tokens, writes = charge(call.limits[g], stored[g], now, cur[g], call.costs[g], call.charging)
-      if writes then save(keys[g + 1], stored[g], call.limits[g], tokens, r[4], now) end
-      -- A retry's buckets were paid: their wait is not the call's.
+      local key, l, r = keys[g + 1], call.limits[g]
+      if call.kinds[g] == 'QUOTA' then
+        r = call.tried[g]
+        if call.charging then r = (QUOTAS or quotas()).outcome(key, l, stored[g], call.t, call.costs[g], true) end
+      else
+        local tokens, writes
+        r, tokens, writes = charge(l, stored[g], now, cur[g], call.costs[g], call.charging)
+        if writes then save(key, stored[g], l, tokens, r[4], now) end
+      end
+      -- A retry's clauses were paid: their wait is not the call's.
       if not retry and r[3] > out[3] then out[3] = r[3] end
       out[4 + g] = r
     end

@@ -8,13 +8,42 @@ use crate::commands::{self, key_at, reply_ints, MEMOS};
 use crate::ffi::{Args, Ctx};
 use crate::keyspace::{BucketKey, QuotaKey};
 use crate::{quotas, stats};
-use tb_core::charge::{self, charge_key_positions, parse_charge, Effect, Limit, State};
+use tb_core::charge::{self, charge_key_positions, parse_charge, Clause, Effect, Limit, State};
 use tb_core::error::Error;
 
 /// A clause's key, open by its kind.
-enum Opened<'c> {
+pub enum Opened<'c> {
     Bucket(BucketKey<'c>),
     Quota(QuotaKey<'c>),
+}
+
+/// Opens a clause's key for writing and reads it by its clause's kind
+/// (TB.CHARGE's and TB.ACQUIRE's).
+pub fn open_clause<'c>(
+    ctx: &'c Ctx,
+    args: &'c Args,
+    clause: &Clause,
+) -> Result<(State, Opened<'c>), Error> {
+    let name = key_at(args, clause.key_index)?;
+    Ok(match clause.limit {
+        Limit::Bucket(_) => {
+            let key = BucketKey::open(ctx, name, true);
+            (State::Bucket(key.load()?), Opened::Bucket(key))
+        }
+        Limit::Quota(_) => {
+            let key = QuotaKey::open(ctx, name, true);
+            (State::Quota(key.load()?), Opened::Quota(key))
+        }
+    })
+}
+
+/// Carries out a clause's effect on its key.
+pub fn apply(key: &mut Opened, effect: &Effect) -> Result<(), Error> {
+    match (key, effect) {
+        (Opened::Bucket(key), Effect::Bucket(effect)) => commands::apply(key, effect),
+        (Opened::Quota(key), Effect::Quota(effect)) => quotas::apply(key, effect),
+        _ => Err(Error::Internal("a clause's effect is of another kind")),
+    }
 }
 
 /// `TB.CHARGE numkeys key [key ...] [WAIT max_ms] BUCKET max rate cost |
@@ -32,28 +61,13 @@ pub fn charge(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let mut keys = Vec::with_capacity(call.clauses.len());
     let mut states = Vec::with_capacity(call.clauses.len());
     for (i, clause) in call.clauses.iter().enumerate() {
-        let name = key_at(args, clause.key_index)?;
-        let in_group = |e: Error| e.in_group(i + 1);
-        match clause.limit {
-            Limit::Bucket(_) => {
-                let key = BucketKey::open(ctx, name, true);
-                states.push(State::Bucket(key.load().map_err(in_group)?));
-                keys.push(Opened::Bucket(key));
-            }
-            Limit::Quota(_) => {
-                let key = QuotaKey::open(ctx, name, true);
-                states.push(State::Quota(key.load().map_err(in_group)?));
-                keys.push(Opened::Quota(key));
-            }
-        }
+        let (state, opened) = open_clause(ctx, args, clause).map_err(|e| e.in_group(i + 1))?;
+        states.push(state);
+        keys.push(opened);
     }
     let (all, retry, items) = charge::decide(&call, &states, now);
     for (key, item) in keys.iter_mut().zip(&items) {
-        match (key, &item.effect) {
-            (Opened::Bucket(key), Effect::Bucket(effect)) => commands::apply(key, effect)?,
-            (Opened::Quota(key), Effect::Quota(effect)) => quotas::apply(key, effect)?,
-            _ => return Err(Error::Internal("a clause's effect is of another kind")),
-        }
+        apply(key, &item.effect)?;
     }
     if all {
         stats::ADMITTED.incr();

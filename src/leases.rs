@@ -1,12 +1,13 @@
 //! The lease handlers: TB.ACQUIRE, TB.RELEASE, TB.RENEW and TB.INFLIGHT.
 //! Each parses its arguments (nothing is touched if they are wrong), opens
 //! its key(s), reads the clock once, decides with `tb_core::lease` (and
-//! `tb_core::bucket` for TB.ACQUIRE's buckets), writes only what changed,
+//! `tb_core::charge` for TB.ACQUIRE's clauses), writes only what changed,
 //! then replies.
 
-use crate::commands::{apply, key_at, reply_ints, reply_outcome, MEMOS};
+use crate::charge::{self, open_clause};
+use crate::commands::{key_at, reply_ints, MEMOS};
 use crate::ffi::{log_warning, Args, Ctx};
-use crate::keyspace::{BucketKey, LeaseKey};
+use crate::keyspace::LeaseKey;
 use crate::stats;
 use tb_core::args::Argv;
 use tb_core::error::{Error, Step};
@@ -27,8 +28,9 @@ fn write(key: &mut LeaseKey, write: Option<Write>) -> Result<(), Error> {
     })
 }
 
-/// `TB.ACQUIRE key limit lease_ms id [weight] [BUCKET bkey max rate cost
-/// ...]`: the lease and every bucket, or nothing.
+/// `TB.ACQUIRE key limit lease_ms id [weight] [BUCKET bkey max rate cost |
+/// QUOTA qkey limit period cost [OFFSET minutes] ...]`: the lease and every
+/// clause, or nothing.
 pub fn acquire(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     if ctx.wants_key_positions() {
         for pos in lease::acquire_key_positions(args) {
@@ -40,44 +42,41 @@ pub fn acquire(ctx: &Ctx, args: &Args) -> Result<(), Error> {
     let now = ctx.now_us();
     let id = key_at(args, ACQUIRE_ID_INDEX)?;
     let mut key = LeaseKey::open(ctx, key_at(args, 1)?, Some(id), true);
-    let mut keys = Vec::with_capacity(call.buckets.len());
+    let mut keys = Vec::with_capacity(call.clauses.len());
     let id_bytes = args.arg(ACQUIRE_ID_INDEX);
     let (taken, change) = lease::decide(&key, Some(id_bytes), now, Kind::Acquire, |leases| {
-        // Bucket by bucket, as TB.MCONSUME does, after the lease key: a
-        // bad key stops the call before later keys are opened.
+        // Clause by clause, as TB.CHARGE does, after the lease key: a bad
+        // key stops the call before later keys are opened.
         keys.clear();
-        let mut buckets = Vec::with_capacity(call.buckets.len());
-        for (i, group) in call.buckets.iter().enumerate() {
-            let opened = key_at(args, group.key_index)
-                .map(|name| BucketKey::open(ctx, name, true))
-                .and_then(|bucket| Ok((bucket.load().map_err(|e| e.in_group(i + 1))?, bucket)));
-            match opened {
-                Ok((stored, bucket)) => {
-                    keys.push(bucket);
-                    buckets.push((group.limits, stored, group.cost));
+        let mut states = Vec::with_capacity(call.clauses.len());
+        for (i, clause) in call.clauses.iter().enumerate() {
+            match open_clause(ctx, args, clause) {
+                Ok((state, opened)) => {
+                    states.push(state);
+                    keys.push(opened);
                 }
-                Err(e) => return Ok(Err(e)),
+                Err(e) => return Ok(Err(e.in_group(i + 1))),
             }
         }
-        lease::acquire(leases, call.limit, call.lease_ms, call.weight, &buckets).map(Ok)
+        lease::acquire(leases, &call, &states).map(Ok)
     })?;
     let taken = taken?;
     // A denial writes only what a pass of a large key found.
     write(&mut key, change)?;
     if taken.acquired {
-        for (bucket, outcome) in keys.iter_mut().zip(&taken.buckets) {
-            apply(bucket, &outcome.effect)?;
+        for (opened, item) in keys.iter_mut().zip(&taken.items) {
+            charge::apply(opened, &item.effect)?;
         }
         stats::ACQUIRED.incr();
     } else {
         stats::BUSY.incr();
     }
-    ctx.reply_array(4 + taken.buckets.len());
+    ctx.reply_array(4 + taken.items.len());
     for v in taken.head {
         ctx.reply_int(v);
     }
-    for outcome in &taken.buckets {
-        reply_outcome(ctx, outcome);
+    for item in &taken.items {
+        reply_ints(ctx, &item.reply);
     }
     Ok(())
 }

@@ -74,6 +74,7 @@ const OFFSET: ArgDoc = ArgDoc {
 const fn key_at_1(read_only: bool) -> KeySpec {
     KeySpec {
         read_only,
+        incomplete: false,
         begin: Begin::Index(1),
         find: Find::Range {
             last_key: 0,
@@ -180,6 +181,7 @@ const GROUPS: &[ArgDoc] = &[ArgDoc {
 }];
 const EVERY_FOURTH: &[KeySpec] = &[KeySpec {
     read_only: false,
+    incomplete: false,
     begin: Begin::Index(1),
     find: Find::Range {
         last_key: -1,
@@ -188,7 +190,7 @@ const EVERY_FOURTH: &[KeySpec] = &[KeySpec {
 }];
 
 /// TB.ACQUIRE's arguments, and its keys: the lease key, and the key after
-/// each BUCKET (keyword search skips the id).
+/// each BUCKET or QUOTA (keyword search skips the id).
 const ACQUIRE_ARGS: &[ArgDoc] = &[
     KEY,
     LIMIT,
@@ -196,23 +198,48 @@ const ACQUIRE_ARGS: &[ArgDoc] = &[
     ID,
     optional(WEIGHT),
     ArgDoc {
-        token: Some(c"BUCKET"),
         optional: true,
         multiple: true,
-        subargs: &[arg(c"bkey", ArgKind::Key(1)), MAX, RATE, COST],
-        ..arg(c"bucket", ArgKind::Block)
+        subargs: &[
+            ArgDoc {
+                token: Some(c"BUCKET"),
+                subargs: &[arg(c"bkey", ArgKind::Key(1)), MAX, RATE, COST],
+                ..arg(c"bucket", ArgKind::Block)
+            },
+            ArgDoc {
+                token: Some(c"QUOTA"),
+                subargs: &[
+                    arg(c"qkey", ArgKind::Key(2)),
+                    QUOTA_LIMIT,
+                    QUOTA_PERIOD,
+                    COST,
+                    OFFSET,
+                ],
+                ..arg(c"quota", ArgKind::Block)
+            },
+        ],
+        ..arg(c"clause", ArgKind::OneOf)
     },
 ];
-const LEASE_AND_BUCKETS: &[KeySpec] = &[
-    key_at_1(false),
+/// A clause is five arguments, or seven for a quota with `OFFSET`, so no
+/// key spec can step through them: the specs name the first key after each
+/// keyword and say they are incomplete, which makes Redis ask the handler
+/// (`getkeys-api`) for every key.
+const fn first_after(keyword: &'static CStr) -> KeySpec {
     KeySpec {
         read_only: false,
-        begin: Begin::Keyword(c"BUCKET", 5),
+        incomplete: true,
+        begin: Begin::Keyword(keyword, 5),
         find: Find::Range {
-            last_key: -1,
-            key_step: 5,
+            last_key: 0,
+            key_step: 1,
         },
-    },
+    }
+}
+const LEASE_AND_CLAUSES: &[KeySpec] = &[
+    key_at_1(false),
+    first_after(c"BUCKET"),
+    first_after(c"QUOTA"),
 ];
 
 /// TB.CHARGE's arguments, and its keys: `numkeys`, then that many keys.
@@ -242,6 +269,7 @@ const CHARGE_ARGS: &[ArgDoc] = &[
 ];
 const COUNTED_KEYS: &[KeySpec] = &[KeySpec {
     read_only: false,
+    incomplete: false,
     begin: Begin::Index(1),
     find: Find::Counted {
         count_at: 0,
@@ -269,8 +297,8 @@ pub const COMMANDS: &[CommandDef] = &[
         &[KEY, MAX_BURST, COUNT, PERIOD, optional(QUANTITY)],
         c"redis-cell's command on a token bucket: charges quantity (default 1); replies [limited, limit, remaining, retry_after_s, reset_after_s].") },
     costs(on_keys(command(ACQUIRE, handler!(ACQUIRE, leases::acquire), WRITE_FINDING_KEYS, ACQUIRE_ARGS,
-        c"Takes a lease (a slot of limit) for lease_ms, and charges token buckets, all or nothing; replies [acquired, in_use, retry_after_ms, expires_in_ms, bucket replies...]."),
-        (1, 1, 1), LEASE_AND_BUCKETS), c"O(M) for M buckets, plus O(1) amortized for the lease key (O(N) for a call that reads its N leases whole)"),
+        c"Takes a lease (a slot of limit) for lease_ms, and charges token buckets and quotas, all or nothing; replies [acquired, in_use, retry_after_ms, expires_in_ms, clause replies...]."),
+        (1, 1, 1), LEASE_AND_CLAUSES), c"O(M) for M buckets, plus O(1) amortized for the lease key (O(N) for a call that reads its N leases whole)"),
     costs(command(RELEASE, handler!(RELEASE, leases::release), WRITE_UNDER_OOM, &[KEY, ID],
         c"Gives a lease back; replies [released, in_use]."), LEASES),
     costs(command(RENEW, handler!(RENEW, leases::renew), WRITE_UNDER_OOM, &[KEY, ID, LEASE_MS],

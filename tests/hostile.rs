@@ -523,9 +523,15 @@ fn predict(argv: &[Vec<u8>], state: &Snap, now_ms: i64) -> Result<Parsed, String
             let a = parse_acquire(argv, memos).map_err(msg)?;
             Parsed {
                 keys: a
-                    .buckets
+                    .clauses
                     .iter()
-                    .map(|g| (argv[g.key_index].clone(), g.limits.max))
+                    .map(|c| {
+                        let most = match c.limit {
+                            tb_core::charge::Limit::Bucket(l) => l.max,
+                            tb_core::charge::Limit::Quota(q) => q.limit,
+                        };
+                        (argv[c.key_index].clone(), most)
+                    })
                     .collect(),
                 id: argv[ACQUIRE_ID_INDEX].clone(),
                 lease_ms: a.lease_ms,

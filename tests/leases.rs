@@ -357,7 +357,7 @@ fn argument_errors_name_the_argument() {
                 "1",
                 "1",
             ][..],
-            "ERR syntax error at argument 5: expected weight or BUCKET",
+            "ERR syntax error at argument 5: expected weight, BUCKET or QUOTA",
         ),
         (
             &[
@@ -373,7 +373,7 @@ fn argument_errors_name_the_argument() {
                 "1",
                 "1",
             ][..],
-            "ERR syntax error at argument 6: expected BUCKET",
+            "ERR syntax error at argument 6: expected BUCKET or QUOTA",
         ),
         (
             &[
@@ -518,6 +518,30 @@ fn cluster_keys_share_a_slot() {
         ]),
     );
     assert!(err.starts_with("CROSSSLOT"), "{err}");
+    // The same for a quota's key after a quota with OFFSET, which no key
+    // spec can reach: the handler names it.
+    let err = error_of(
+        &mut node,
+        redis::cmd("TB.ACQUIRE").arg(&[
+            "{u7}:streams",
+            "2",
+            "60000",
+            "a",
+            "QUOTA",
+            "{u7}:day",
+            "100",
+            "DAY",
+            "1",
+            "OFFSET",
+            "60",
+            "QUOTA",
+            "{u8}:month",
+            "100",
+            "MONTH",
+            "1",
+        ]),
+    );
+    assert!(err.starts_with("CROSSSLOT"), "{err}");
 }
 
 #[test]
@@ -555,6 +579,41 @@ fn key_specs_cover_the_bucket_keys_and_inflight_only_reads() {
         })
         .collect();
     assert_eq!(names, ["s", "b1", "b2"], "an id named BUCKET is not a key");
+    // A quota's OFFSET makes its clause longer: the handler finds the keys
+    // after it, each read and updated, as the key specs say of the others.
+    let keys: Vec<(String, Vec<String>)> = redis::cmd("COMMAND")
+        .arg(&[
+            "GETKEYSANDFLAGS",
+            "TB.ACQUIRE",
+            "s",
+            "2",
+            "1000",
+            "id",
+            "QUOTA",
+            "q1",
+            "5",
+            "DAY",
+            "1",
+            "OFFSET",
+            "60",
+            "BUCKET",
+            "b1",
+            "1",
+            "1",
+            "1",
+            "QUOTA",
+            "q2",
+            "5",
+            "MONTH",
+            "1",
+        ])
+        .query(&mut admin)
+        .unwrap();
+    let update = ["RW", "access", "update"].map(String::from).to_vec();
+    assert_eq!(
+        keys,
+        ["s", "q1", "b1", "q2"].map(|k| (k.to_string(), update.clone()))
+    );
     let flags: (String, Vec<String>) = redis::from_redis_value(
         &redis::cmd("COMMAND")
             .arg(&["GETKEYSANDFLAGS", "TB.INFLIGHT", "s"])
@@ -590,7 +649,9 @@ fn key_specs_cover_the_bucket_keys_and_inflight_only_reads() {
             .query::<redis::Value>(&mut admin)
             .unwrap()
     );
-    for word in ["lease_ms", "weight", "BUCKET", "bkey"] {
+    for word in [
+        "lease_ms", "weight", "BUCKET", "bkey", "QUOTA", "qkey", "OFFSET",
+    ] {
         assert!(docs.contains(word), "{word}: {docs}");
     }
 }

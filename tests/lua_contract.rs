@@ -323,11 +323,11 @@ fn the_eval_script_is_the_shared_block_and_a_dispatcher() {
     for op in OPERATIONS {
         assert!(block.contains(&format!("\n  '{op}', tb_{op}, '")), "{op}");
     }
-    // The help text names them all, and how tb_acquire's bucket keys go.
+    // The help text names them all, and how tb_acquire's clause keys go.
     let help = &script[..at];
     assert!(help.contains(&OPERATIONS.join(", ")), "{help}");
     assert!(
-        help.contains("EVALSHA <sha> 1+N key bkey1..bkeyN acquire limit lease_ms id [weight]"),
+        help.contains("EVALSHA <sha> 1+N key key1..keyN acquire limit lease_ms id [weight]"),
         "{help}"
     );
     assert!(
@@ -725,12 +725,12 @@ fn bad_lease_calls() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>,
         ("tb_acquire", vec!["l"], vec!["2", "86400001", "id"], lease_ms.clone()),
         ("tb_acquire", vec!["l"], vec!["2", "1000", ""], bad_id.clone()),
         ("tb_acquire", vec!["l"], vec!["2", "1000", long_id], bad_id.clone()),
-        // A word there names the module's BUCKET too; a decimal is a bad weight.
+        // A word there names the module's clauses too; a decimal is a bad weight.
         (
             "tb_acquire",
             vec!["l"],
             vec!["2", "1000", "id", "one"],
-            "ERR syntax error at argument 5: expected weight or BUCKET".into(),
+            "ERR syntax error at argument 5: expected weight, BUCKET or QUOTA".into(),
         ),
         ("tb_acquire", vec!["l"], vec!["2", "1000", "id", "1.5"], not_int("weight")),
         ("tb_acquire", vec!["l"], vec!["2", "1000", "id", "-1"], "ERR weight must be >= 1".into()),

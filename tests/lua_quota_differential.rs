@@ -1,7 +1,8 @@
 //! The Lua library's quota functions against the module's quota commands,
 //! on one server with a fake clock: one seeded random sequence of
-//! TB.QUOTA, TB.QPEEK, TB.QADJUST and TB.CHARGE (quotas beside buckets,
-//! with and without WAIT) on `m:` keys and tb_quota & co. on `l:` keys, with the clock stepped by µs to weeks (across midnights,
+//! TB.QUOTA, TB.QPEEK, TB.QADJUST, TB.CHARGE (quotas beside buckets,
+//! with and without WAIT) and TB.ACQUIRE with quota and bucket clauses on
+//! `m:` keys and tb_quota & co. on `l:` keys, with the clock stepped by µs to weeks (across midnights,
 //! month ends and leap days, and back across them), and now and then a
 //! random quota state planted on both sides. Replies, errors, stored
 //! hashes, expire times and the replication stream must be identical.
@@ -11,6 +12,7 @@
 
 use redis::Value;
 use std::collections::BTreeMap;
+use testkit::vectors::module_args;
 use testkit::{hgetall, int, load_library, run, FakeClock, ReplicationStream, Rng, Server};
 
 /// 2028-02-28T23:00:00Z, an hour before a leap day, in µs.
@@ -19,6 +21,8 @@ const OPS: usize = 3000;
 const KEYS: &[&str] = &["a", "b", "c"];
 /// Buckets, for TB.CHARGE's BUCKET clauses.
 const BUCKETS: &[&str] = &["x", "y"];
+/// TB.ACQUIRE's lease key.
+const LEASE_KEY: &str = "s";
 const LIMITS: &[&str] = &["3", "10", "2.5", "1e6", "1e12", "7.25", "0.5"];
 const PERIODS: &[&str] = &["DAY", "week", "Month", "YEAR", "60", "3600", "86400", "7"];
 const AMOUNTS: &[&str] = &["1", "0", "2", "0.1", "3", "2.5", "0.5"];
@@ -58,6 +62,36 @@ fn random_charge(rng: &mut Rng) -> (&'static str, Vec<String>, Vec<String>) {
     if rng.chance(0.4) {
         args.extend(["WAIT".to_string(), rng.below(20_000).to_string()]);
     }
+    clauses(rng, &mut keys, &mut args);
+    (
+        if rng.chance(0.02) {
+            "charges"
+        } else {
+            "charge"
+        },
+        keys,
+        args,
+    )
+}
+
+/// TB.ACQUIRE on the lease key `s` with one to three clauses, in the
+/// library's keyword form.
+fn random_acquire(rng: &mut Rng) -> (&'static str, Vec<String>, Vec<String>) {
+    let mut keys = vec![LEASE_KEY.to_string()];
+    let mut args = vec![
+        pick(rng, &["1", "2", "3"]),
+        pick(rng, &["1000", "30000"]),
+        rng.pick(&["a", "b", "c"]).to_string(),
+    ];
+    if rng.chance(0.3) {
+        args.push(pick(rng, &["1", "2"]));
+    }
+    clauses(rng, &mut keys, &mut args);
+    ("acquire", keys, args)
+}
+
+/// One to three BUCKET or QUOTA clauses, their keys pushed on `keys`.
+fn clauses(rng: &mut Rng, keys: &mut Vec<String>, args: &mut Vec<String>) {
     for _ in 0..1 + rng.below(3) {
         let bucket = rng.chance(0.5);
         let pool = if bucket != rng.chance(0.05) {
@@ -86,21 +120,15 @@ fn random_charge(rng: &mut Rng) -> (&'static str, Vec<String>, Vec<String>) {
             }
         }
     }
-    (
-        if rng.chance(0.02) {
-            "charges"
-        } else {
-            "charge"
-        },
-        keys,
-        args,
-    )
 }
 
 /// A call in the library's layout: its name, keys and ARGV.
 fn random_call(rng: &mut Rng) -> (&'static str, Vec<String>, Vec<String>) {
     if rng.chance(0.3) {
         return random_charge(rng);
+    }
+    if rng.chance(0.2) {
+        return random_acquire(rng);
     }
     let name = *rng.pick(&["quota", "quota", "quota", "qpeek", "qadjust"]);
     let key = rng.pick(KEYS).to_string();
@@ -171,6 +199,7 @@ fn random_quota_sequence_matches_the_module() {
         clock.set(now);
     });
     let (mut admitted, mut denied, mut errors, mut back, mut charged) = (0, 0, 0, 0, 0);
+    let mut acquired = 0;
     for i in 0..OPS {
         let dt = step(&mut rng);
         back += usize::from(dt < 0);
@@ -212,9 +241,11 @@ fn random_quota_sequence_matches_the_module() {
         let on = |p: &str| keys.iter().map(|k| format!("{p}{k}")).collect::<Vec<_>>();
         let mut module = redis::cmd(&format!("TB.{}", name.to_uppercase()));
         if name.starts_with("charge") {
-            module.arg(keys.len());
+            module.arg(keys.len()).arg(on("m:")).arg(&args);
+        } else {
+            module.arg(module_args(name, &on("m:"), &args));
         }
-        let by_module = run(&mut c, module.arg(on("m:")).arg(&args));
+        let by_module = run(&mut c, &module);
         let module_sent = ours(stream.take(&mut c), "m:");
         let fcall = if name == "qpeek" { "FCALL_RO" } else { "FCALL" };
         let by_library = run(
@@ -251,12 +282,15 @@ fn random_quota_sequence_matches_the_module() {
             let rest =
                 |h: &BTreeMap<String, String>| (h.get("start").cloned(), h.get("ts").cloned());
             assert_eq!((rest(&l.0), l.1), (rest(&m.0), m.1), "{key} after {ctx}");
+            if key == LEASE_KEY {
+                assert_eq!(l, m, "the leases after {ctx}");
+            }
         }
-        if name == "charge"
-            && matches!(&by_module, Ok(Value::Array(r)) if r.first() == Some(&Value::Int(1)))
-        {
-            charged += 1;
-        }
+        let took = matches!(&by_module, Ok(Value::Array(r)) if r.first() == Some(&Value::Int(1)));
+        charged += usize::from(name == "charge" && took);
+        acquired += usize::from(
+            name == "acquire" && took && args.iter().any(|a| a.eq_ignore_ascii_case("QUOTA")),
+        );
         match by_module {
             Ok(Value::Array(r)) if r.first() == Some(&Value::Int(1)) => admitted += 1,
             Ok(_) => denied += 1,
@@ -265,7 +299,12 @@ fn random_quota_sequence_matches_the_module() {
     }
     // What the sequence exercised, so a dull generator fails the test.
     assert!(
-        admitted > 1000 && denied > 100 && errors > 100 && back > 100 && charged > 200,
-        "{admitted} {denied} {errors} {back} {charged}"
+        admitted > 1000
+            && denied > 100
+            && errors > 100
+            && back > 100
+            && charged > 200
+            && acquired > 50,
+        "{admitted} {denied} {errors} {back} {charged} {acquired}"
     );
 }

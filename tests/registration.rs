@@ -309,12 +309,21 @@ fn command_docs_describe_every_command() {
                 arg("lease_ms", "integer", false),
                 arg("id", "string", false),
                 arg("weight", "integer", true),
-                // The BUCKET clauses: an optional block of bkey max rate cost.
-                arg("bucket", "block", true),
+                // The clauses: optional, each a BUCKET block of bkey max
+                // rate cost or a QUOTA block of qkey limit period cost
+                // [OFFSET minutes].
+                arg("clause", "oneof", true),
+                arg("bucket", "block", false),
                 arg("bkey", "key", false),
                 arg("max", "double", false),
                 arg("rate", "double", false),
                 arg("cost", "double", false),
+                arg("quota", "block", false),
+                arg("qkey", "key", false),
+                arg("limit", "double", false),
+                arg("period", "string", false),
+                arg("cost", "double", false),
+                arg("minutes", "integer", true),
             ],
         ),
         (

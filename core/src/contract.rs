@@ -100,8 +100,7 @@ pub mod msg {
     pub const INT_OUT_OF_RANGE: &str = "ERR {arg} must be >= {least} and <= {most}";
     pub const WEIGHT_ABOVE_LIMIT: &str = "ERR weight must not exceed limit, it could never fit";
     pub const BAD_ID: &str = "ERR id must be 1 to 256 bytes";
-    pub const EXPECTED_BUCKET: &str = "ERR syntax error at argument {position}: expected BUCKET";
-    pub const EXPECTED_WEIGHT: &str = "ERR syntax error at argument {position}: expected weight or BUCKET";
+    pub const EXPECTED_WEIGHT: &str = "ERR syntax error at argument {position}: expected weight, BUCKET or QUOTA";
     pub const BUCKET_IS_LEASE_KEY: &str = "ERR the key of group {group} is the lease key";
     pub const NOT_A_LEASE_KEY: &str = "ERR key is not a lease key: each field must hold <expires_at_us>:<weight>";
     pub const WRITE_FAILED: &str = "ERR tb could not write the key: {step} failed, see the server log";

@@ -138,7 +138,8 @@ pub enum Error {
     ExpectedWait(usize),
     /// The key holds a hash that is not a quota.
     NotAQuota(QuotaStateError, Option<usize>),
-    /// TB.CHARGE: the argument at this position should start a clause.
+    /// TB.CHARGE and TB.ACQUIRE: the argument at this position should
+    /// start a clause.
     ExpectedClause(usize),
     /// CL.THROTTLE: not an integer.
     NotAnInteger(Arg),
@@ -156,13 +157,10 @@ pub enum Error {
     WeightAboveLimit,
     /// TB.ACQUIRE and friends: an empty or too long lease id.
     BadId,
-    /// TB.ACQUIRE: the argument at this position should start a `BUCKET`
-    /// clause.
-    ExpectedBucket(usize),
-    /// TB.ACQUIRE: a word (not a number) where the weight or `BUCKET` may
+    /// TB.ACQUIRE: a word (not a number) where the weight or a clause may
     /// stand, at this position.
     ExpectedWeight(usize),
-    /// TB.ACQUIRE: this `BUCKET` clause names the lease key.
+    /// TB.ACQUIRE: this clause names the lease key.
     BucketIsLeaseKey(usize),
     /// The key holds a hash that is not a set of leases.
     NotALeaseKey,
@@ -301,9 +299,6 @@ impl fmt::Display for Error {
             ),
             Error::WeightAboveLimit => f.write_str(msg::WEIGHT_ABOVE_LIMIT),
             Error::BadId => f.write_str(msg::BAD_ID),
-            Error::ExpectedBucket(position) => {
-                render(f, msg::EXPECTED_BUCKET, &[("position", position)])
-            }
             Error::ExpectedWeight(position) => {
                 render(f, msg::EXPECTED_WEIGHT, &[("position", position)])
             }

@@ -183,11 +183,6 @@ fn every_reply_is_a_template_of_the_file_filled_in() {
         ),
         (Error::BadId, "bad_id", t["bad_id"].clone()),
         (
-            Error::ExpectedBucket(6),
-            "expected_bucket",
-            fill(&t["expected_bucket"], &[("position", "6")]),
-        ),
-        (
             Error::BucketIsLeaseKey(2),
             "bucket_is_lease_key",
             fill(&t["bucket_is_lease_key"], &[("group", "2")]),

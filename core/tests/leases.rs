@@ -7,11 +7,23 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use tb_core::bucket::{Effect, Limits, Stored};
+use tb_core::charge::{self, Clause, State};
 use tb_core::error::Error;
 use tb_core::lease::stored::{self, Header};
 use tb_core::lease::*;
 use tb_core::state::KeyKind;
 use testkit::{lease_summary_problem, write_leases, Rng};
+
+/// TB.ACQUIRE of a lease alone (no clauses).
+fn take(v: &mut Leases, limit: i64, lease_ms: i64, weight: i64) -> Result<Acquired, Unsure> {
+    let call = Acquire {
+        limit,
+        lease_ms,
+        weight,
+        clauses: Vec::new(),
+    };
+    acquire(v, &call, &[])
+}
 
 const NOW: i64 = 1_764_513_600_000_000;
 
@@ -200,7 +212,7 @@ fn random_calls(
                 } else {
                     1 + rng.below(max_lease_ms as u64) as i64
                 };
-                let op = |v: &mut Leases| acquire(v, limit, lease_ms, weight, &[]);
+                let op = |v: &mut Leases| take(v, limit, lease_ms, weight);
                 let (reference, _) = decide(&by_pass, Some(&id), now, Kind::Acquire, op).unwrap();
                 let got = key.call(&id, now, Kind::Acquire, op);
                 // The hint may differ: each is bounded below.
@@ -296,9 +308,7 @@ fn a_large_key_costs_two_field_reads_between_passes() {
     // Written in the layout without a summary: the first call, a pass,
     // converts it, even when denied.
     fill(&mut key, 10_000, NOW + 3_600_000_000);
-    let denied = key.call(b"x", NOW, Kind::Acquire, |v| {
-        acquire(v, 10_000, 30_000, 1, &[])
-    });
+    let denied = key.call(b"x", NOW, Kind::Acquire, |v| take(v, 10_000, 30_000, 1));
     assert!(!denied.acquired);
     assert_eq!(denied.head, [0, 10_000, 3_600_000, 0]);
     assert_eq!(key.scanned.get(), 10_000);
@@ -310,13 +320,9 @@ fn a_large_key_costs_two_field_reads_between_passes() {
     for i in 0..1_000 {
         now += 1_000;
         let id = format!("p{i}").into_bytes();
-        let a = key.call(&id, now, Kind::Acquire, |v| {
-            acquire(v, 10_001, 30_000, 1, &[])
-        });
+        let a = key.call(&id, now, Kind::Acquire, |v| take(v, 10_001, 30_000, 1));
         assert_eq!(a.head, [1, 10_001, 0, 30_000]);
-        let denied = key.call(b"y", now, Kind::Acquire, |v| {
-            acquire(v, 10_001, 30_000, 1, &[])
-        });
+        let denied = key.call(b"y", now, Kind::Acquire, |v| take(v, 10_001, 30_000, 1));
         assert_eq!(denied.head[..2], [0, 10_001]);
         // The earliest live lease is the one just taken.
         assert_eq!(denied.head[2], 30_000);
@@ -345,9 +351,7 @@ fn a_call_reads_the_list_only_when_it_needs_a_listed_lease() {
     for i in 0..100 {
         now += 1_000;
         let id = format!("p{i}").into_bytes();
-        let a = key.call(&id, now, Kind::Acquire, |v| {
-            acquire(v, 1_001, 30_000, 1, &[])
-        });
+        let a = key.call(&id, now, Kind::Acquire, |v| take(v, 1_001, 30_000, 1));
         assert!(a.acquired);
         assert_eq!(
             key.call(&id, now, Kind::Renew, |v| renew(v, 30_000)),
@@ -361,9 +365,7 @@ fn a_call_reads_the_list_only_when_it_needs_a_listed_lease() {
     }
     assert_eq!(key.list_reads.get(), 0, "pairs past the horizon");
     // A denial's wait is the list's: the earliest lease ends in 29.9 s.
-    let denied = key.call(b"y", now, Kind::Acquire, |v| {
-        acquire(v, 1_000, 30_000, 1, &[])
-    });
+    let denied = key.call(b"y", now, Kind::Acquire, |v| take(v, 1_000, 30_000, 1));
     assert_eq!(denied.head, [0, 1_000, 29_900, 0]);
     assert_eq!(key.list_reads.get(), 1, "a denial");
     // Once the first listed lease has ended, a call reads the list to
@@ -410,24 +412,32 @@ fn a_retried_acquire_charges_its_buckets_once() {
     let mut key = Key::default();
     let mut stored: Option<Stored> = None;
     for (i, now) in [NOW, NOW + 1].into_iter().enumerate() {
-        let buckets = [(bucket, stored, 4.0)];
-        let a = key.call(b"a", now, Kind::Acquire, |v| {
-            acquire(v, 3, 30_000, 1, &buckets)
-        });
+        let call = Acquire {
+            limit: 3,
+            lease_ms: 30_000,
+            weight: 1,
+            clauses: vec![Clause {
+                key_index: 6,
+                limit: charge::Limit::Bucket(bucket),
+                cost: 4.0,
+            }],
+        };
+        let states = [State::Bucket(stored)];
+        let a = key.call(b"a", now, Kind::Acquire, |v| acquire(v, &call, &states));
         assert!(a.acquired);
         assert_eq!(a.head[1], 1, "counted once");
-        let o = &a.buckets[0];
+        let o = &a.items[0];
         if i == 0 {
-            assert_eq!(o.reply(), [1, 6, 0, 4000]);
-            let Effect::Save { tokens, ts_us, .. } = o.effect else {
+            assert_eq!(o.reply, [1, 6, 0, 4000]);
+            let charge::Effect::Bucket(Effect::Save { tokens, ts_us, .. }) = o.effect else {
                 panic!("the first acquire charges");
             };
             stored = Some(Stored { tokens, ts_us });
         } else {
             // What TB.PEEK of cost 4 answers: the balance 6, not charged.
-            assert_eq!(o.effect, Effect::Nothing);
-            assert_eq!(o.reply(), bucket.peek(stored, now, 4.0).reply());
-            assert_eq!(o.reply()[1], 6);
+            assert_eq!(o.effect, charge::Effect::Bucket(Effect::Nothing));
+            assert_eq!(o.reply, bucket.peek(stored, now, 4.0).reply());
+            assert_eq!(o.reply[1], 6);
         }
     }
 }
@@ -527,7 +537,7 @@ fn a_summary_that_disagrees_is_rebuilt_by_a_pass() {
             let mut key = base();
             edit(&mut key);
             let by_pass = key.passing();
-            let op = |v: &mut Leases| acquire(v, 30, 1_000, 1, &[]);
+            let op = |v: &mut Leases| take(v, 30, 1_000, 1);
             let (want, _) =
                 decide(&by_pass, Some(b"live0".as_slice()), now, Kind::Acquire, op).unwrap();
             key.scanned.set(0);
@@ -565,7 +575,7 @@ fn a_small_key_keeps_no_summary_and_a_large_one_drops_it_when_small() {
     let mut key = Key::default();
     for i in 0..=TRACKED {
         let id = format!("a{i}").into_bytes();
-        key.call(&id, NOW, Kind::Acquire, |v| acquire(v, 100, 1_000, 1, &[]));
+        key.call(&id, NOW, Kind::Acquire, |v| take(v, 100, 1_000, 1));
         let has = key.hash.contains_key(SUMMARY_FIELD);
         assert_eq!(has, i == TRACKED, "after {} leases", i + 1);
         assert_eq!(key.hash.contains_key(LIST_FIELD), has);
@@ -591,7 +601,7 @@ fn a_hint_is_exact_on_small_keys_and_never_late() {
     ]);
     let d = |limit, weight| {
         decide(&key, Some(b"me".as_slice()), NOW, Kind::Acquire, |v| {
-            acquire(v, limit, 30_000, weight, &[])
+            take(v, limit, 30_000, weight)
         })
         .unwrap()
     };

@@ -154,30 +154,55 @@ fn run(case: &Case, now: i64) -> Run {
         }
         "charge" => {
             let call = parse_charge(argv.as_slice(), &memos).map_err(bad_args)?;
-            let mut states = Vec::new();
-            for (i, c) in call.clauses.iter().enumerate() {
-                let key = case.key(&argv[c.key_index]);
-                let in_group = |e: Error| e.in_group(i + 1).to_string();
-                states.push(match c.limit {
-                    Limit::Bucket(_) => State::Bucket(key.load().map_err(in_group)?),
-                    Limit::Quota(_) => State::Quota(key.load_quota().map_err(in_group)?),
-                });
-            }
+            let states = clause_states(case, &argv, &call.clauses)?;
             let (all, retry, items) = charge::decide(&call, &states, now);
             let mut reply = vec![serde_json::json!(i64::from(all)), serde_json::json!(retry)];
-            for (c, item) in call.clauses.iter().zip(&items) {
-                let key = &argv[c.key_index];
-                match item.effect {
-                    charge::Effect::Bucket(effect) => save_effect(&mut after, key, effect),
-                    charge::Effect::Quota(effect) => save_quota_effect(&mut after, key, effect),
-                }
-                reply.push(serde_json::json!(item.reply));
-            }
+            reply.extend(save_items(&mut after, &argv, &call.clauses, &items));
             Ok((serde_json::Value::Array(reply), after))
         }
         "acquire" | "release" | "renew" | "inflight" => run_lease(case, &argv, now, after, &memos),
         other => panic!("{}: unknown command {other}", case.name),
     }
+}
+
+/// Each clause's key, read by its kind, as `src/charge.rs` and
+/// `src/leases.rs` read them: the first bad key's error, in its group.
+fn clause_states(
+    case: &Case,
+    argv: &[String],
+    clauses: &[charge::Clause],
+) -> Result<Vec<State>, String> {
+    let mut states = Vec::new();
+    for (i, c) in clauses.iter().enumerate() {
+        let key = case.key(&argv[c.key_index]);
+        let in_group = |e: Error| e.in_group(i + 1).to_string();
+        states.push(match c.limit {
+            Limit::Bucket(_) => State::Bucket(key.load().map_err(in_group)?),
+            Limit::Quota(_) => State::Quota(key.load_quota().map_err(in_group)?),
+        });
+    }
+    Ok(states)
+}
+
+/// Each clause's write applied to `after`, and its reply.
+fn save_items(
+    after: &mut BTreeMap<String, After>,
+    argv: &[String],
+    clauses: &[charge::Clause],
+    items: &[charge::Item],
+) -> Vec<serde_json::Value> {
+    clauses
+        .iter()
+        .zip(items)
+        .map(|(c, item)| {
+            let key = &argv[c.key_index];
+            match item.effect {
+                charge::Effect::Bucket(effect) => save_effect(after, key, effect),
+                charge::Effect::Quota(effect) => save_quota_effect(after, key, effect),
+            }
+            serde_json::json!(item.reply)
+        })
+        .collect()
 }
 
 /// A lease call as `src/leases.rs` runs it: the key read as `LeaseKey`
@@ -203,26 +228,18 @@ fn run_lease(
     let (reply, write) = match kind {
         Kind::Acquire => {
             let call = lease::parse_acquire(argv, memos).map_err(bad_args)?;
-            let (taken, write) = lease::decide(&view, id, now, kind, |leases| {
-                let mut buckets = Vec::new();
-                for (i, g) in call.buckets.iter().enumerate() {
-                    match case.key(&argv[g.key_index]).load() {
-                        Ok(stored) => buckets.push((g.limits, stored, g.cost)),
-                        Err(e) => return Ok(Err(e.in_group(i + 1).to_string())),
+            let (taken, write) =
+                lease::decide(&view, id, now, kind, |leases| {
+                    match clause_states(case, argv, &call.clauses) {
+                        Ok(states) => lease::acquire(leases, &call, &states).map(Ok),
+                        Err(e) => Ok(Err(e)),
                     }
-                }
-                lease::acquire(leases, call.limit, call.lease_ms, call.weight, &buckets).map(Ok)
-            })
-            .map_err(|e| e.to_string())?;
+                })
+                .map_err(|e| e.to_string())?;
             let taken = taken?;
             let mut reply: Vec<serde_json::Value> =
                 taken.head.iter().map(|n| serde_json::json!(n)).collect();
-            for (g, o) in call.buckets.iter().zip(&taken.buckets) {
-                if taken.acquired {
-                    save(&mut after, &argv[g.key_index], o);
-                }
-                reply.push(ints(o));
-            }
+            reply.extend(save_items(&mut after, argv, &call.clauses, &taken.items));
             (serde_json::Value::Array(reply), write)
         }
         Kind::Release | Kind::Renew => {

@@ -72,6 +72,9 @@ pub struct Api {
         unsafe extern "C" fn(*mut RedisModuleCtx, *mut RedisModuleString) -> c_int,
     /// Redis >= 7.2 and Valkey: the time the command started.
     pub(super) cached_microseconds: Option<unsafe extern "C" fn() -> raw::ustime_t>,
+    /// Redis >= 7.0: a key position with its access flags.
+    pub(super) key_at_pos_with_flags:
+        Option<unsafe extern "C" fn(*mut RedisModuleCtx, c_int, c_int)>,
 }
 
 static API: OnceLock<Api> = OnceLock::new();
@@ -128,6 +131,8 @@ impl Api {
             signal_modified_key: get!(RedisModule_SignalModifiedKey),
             // SAFETY: as above; absent on Redis 7.0, which is fine.
             cached_microseconds: unsafe { raw::RedisModule_CachedMicroseconds },
+            // SAFETY: as above; absent on Redis 6.2, which has no key flags.
+            key_at_pos_with_flags: unsafe { raw::RedisModule_KeyAtPosWithFlags },
         };
         Ok(API.get_or_init(|| api))
     }

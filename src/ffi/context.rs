@@ -148,13 +148,24 @@ impl Ctx {
         unsafe { (self.api.is_keys_position_request)(self.raw) != 0 }
     }
 
-    /// Reports argument `pos` as a key, in a key position request.
+    /// Reports argument `pos` as a key that is read and updated, in a key
+    /// position request.
     pub fn key_at(&self, pos: usize) {
         let Ok(pos) = c_int::try_from(pos) else {
             return;
         };
-        // SAFETY: a live context in a key position request.
-        unsafe { (self.api.key_at_pos)(self.raw, pos) };
+        // The flags the key specs give a written key (KeyAtPos alone would
+        // claim full access, insert and delete too).
+        const UPDATED: u32 = raw::REDISMODULE_CMD_KEY_RW
+            | raw::REDISMODULE_CMD_KEY_ACCESS
+            | raw::REDISMODULE_CMD_KEY_UPDATE;
+        match self.api.key_at_pos_with_flags {
+            // SAFETY: a live context in a key position request; the flags
+            // are the API's own bits.
+            Some(with_flags) => unsafe { with_flags(self.raw, pos, UPDATED as c_int) },
+            // SAFETY: a live context in a key position request.
+            None => unsafe { (self.api.key_at_pos)(self.raw, pos) },
+        }
     }
 
     /// Microseconds since the Unix epoch, from the server's own clock.

@@ -140,6 +140,8 @@ pub struct Docs {
 pub struct KeySpec {
     /// Read-only keys (TB.PEEK, TB.INFLIGHT); else read and updated.
     pub read_only: bool,
+    /// The spec may miss keys: Redis asks the handler instead.
+    pub incomplete: bool,
     pub begin: Begin,
     pub find: Find,
 }
@@ -393,7 +395,12 @@ fn set_command_info(command: *mut RedisModuleCommand, docs: &Docs) -> bool {
         };
         // SAFETY: zeroed key specs are the unset fields.
         let mut spec: raw::RedisModuleCommandKeySpec = unsafe { zeroed() };
-        spec.flags = u64::from(access);
+        let incomplete = if ks.incomplete {
+            raw::REDISMODULE_CMD_KEY_INCOMPLETE
+        } else {
+            0
+        };
+        spec.flags = u64::from(access | incomplete);
         match ks.begin {
             Begin::Index(pos) => {
                 spec.begin_search_type =

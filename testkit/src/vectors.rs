@@ -92,7 +92,7 @@ impl Case {
 /// in the library's layout: each key followed by its arguments (TB.MCONSUME
 /// interleaves its keys with groups of three), arguments left over at the
 /// end. TB.ACQUIRE takes the lease key and its own arguments, then a
-/// `BUCKET bkey max rate cost` clause per further key; TB.CHARGE takes
+/// clause per further key, its key after its keyword; TB.CHARGE takes
 /// `numkeys`, the keys, then ARGV.
 pub fn module_args(command: &str, keys: &[String], args: &[String]) -> Vec<String> {
     if command == "acquire" {
@@ -115,12 +115,28 @@ pub fn module_args(command: &str, keys: &[String], args: &[String]) -> Vec<Strin
     out
 }
 
-/// TB.ACQUIRE's arguments: the lease key, `limit lease_ms id [weight]`
-/// (ARGV less three per bucket key), then the clauses.
+/// TB.ACQUIRE's arguments: the lease key, `limit lease_ms id [weight]`,
+/// then a clause per further key. In the library's keyword form (a
+/// `BUCKET` or `QUOTA` after the id or the weight) each clause's key goes
+/// after its keyword; in the older form ARGV ends with three numbers per
+/// bucket key, each made a `BUCKET bkey max rate cost` clause.
 fn acquire_args(keys: &[String], args: &[String]) -> Vec<String> {
+    let is_keyword =
+        |a: &String| a.eq_ignore_ascii_case("BUCKET") || a.eq_ignore_ascii_case("QUOTA");
+    let mut out: Vec<String> = keys.iter().take(1).cloned().collect();
+    if let Some(first) = (3..args.len().min(5)).find(|&i| is_keyword(&args[i])) {
+        out.extend(args[..first].iter().cloned());
+        let mut clause_keys = keys.iter().skip(1);
+        for a in &args[first..] {
+            out.push(a.clone());
+            if is_keyword(a) {
+                out.extend(clause_keys.next().cloned());
+            }
+        }
+        return out;
+    }
     let buckets = keys.len().saturating_sub(1);
     let own = args.len().saturating_sub(3 * buckets);
-    let mut out: Vec<String> = keys.iter().take(1).cloned().collect();
     out.extend(args[..own].iter().cloned());
     let mut groups = args[own..].chunks(3);
     for key in keys.iter().skip(1) {
@@ -167,6 +183,16 @@ mod tests {
         assert_eq!(
             module_args("acquire", &keys[..1], &args[..3]),
             strings(&["l", "8", "1000", "id"])
+        );
+        let args = strings(&[
+            "8", "1000", "id", "QUOTA", "5", "DAY", "1", "OFFSET", "60", "bucket", "10", "1", "1",
+        ]);
+        assert_eq!(
+            module_args("acquire", &keys, &args),
+            strings(&[
+                "l", "8", "1000", "id", "QUOTA", "b", "5", "DAY", "1", "OFFSET", "60", "bucket",
+                "c", "10", "1", "1"
+            ])
         );
         assert_eq!(
             module_args("release", &keys[..1], &args[2..3]),

@@ -42,6 +42,60 @@ fn keyword(argv: &(impl Argv + ?Sized), at: usize, word: &[u8]) -> bool {
     at < argv.count() && argv.arg(at).eq_ignore_ascii_case(word)
 }
 
+/// Whether the argument at `at` starts a clause (`BUCKET` or `QUOTA`).
+pub(crate) fn is_clause_keyword(argv: &(impl Argv + ?Sized), at: usize) -> bool {
+    keyword(argv, at, b"BUCKET") || keyword(argv, at, b"QUOTA")
+}
+
+/// The clause (group `group`, on the key at `key_index`) whose keyword is
+/// at `at` and whose three numbers start at `from`: TB.CHARGE's follow
+/// the keyword, TB.ACQUIRE's its key. Its keyword, then its numbers, as
+/// TB.MCONSUME and TB.QUOTA check theirs, then a quota's `OFFSET`. Returns
+/// the clause and where the next one starts; the caller has checked that
+/// the numbers are there.
+pub(crate) fn clause_at(
+    argv: &(impl Argv + ?Sized),
+    at: usize,
+    from: usize,
+    key_index: usize,
+    group: usize,
+    memos: &Memos,
+) -> Result<(Clause, usize), Error> {
+    let label = Some(group);
+    let mut next = from + 3;
+    let (limit, cost) = if keyword(argv, at, b"BUCKET") {
+        let limits = group_limits(argv, from, label, memos)?;
+        let cost = group_cost(argv.arg(from + 2), &limits, label)?;
+        (Limit::Bucket(limits), cost)
+    } else if keyword(argv, at, b"QUOTA") {
+        let limit = quota::args::limit(argv.arg(from), label)?;
+        let period = quota::args::period(argv.arg(from + 1), label)?;
+        let cost = quota::args::cost(argv.arg(from + 2), limit, label)?;
+        let mut offset_s = 0;
+        if keyword(argv, next, b"OFFSET") {
+            if next + 1 >= argv.count() {
+                return Err(Error::Arity(argv.command()));
+            }
+            offset_s = quota::args::offset(argv, next)?;
+            next += 2;
+        }
+        let quota = Quota {
+            limit,
+            period,
+            offset_s,
+        };
+        (Limit::Quota(quota), cost)
+    } else {
+        return Err(Error::ExpectedClause(at));
+    };
+    let clause = Clause {
+        key_index,
+        limit,
+        cost,
+    };
+    Ok((clause, next))
+}
+
 /// `TB.CHARGE numkeys key [key ...] [WAIT max_ms] clause [clause ...]`.
 pub fn parse_charge(argv: &(impl Argv + ?Sized), memos: &Memos) -> Result<Charge, Error> {
     let n = argv.count();
@@ -74,46 +128,12 @@ pub fn parse_charge(argv: &(impl Argv + ?Sized), memos: &Memos) -> Result<Charge
     }
     let mut clauses = Vec::with_capacity(count);
     for g in 0..count {
-        let label = Some(g + 1);
-        let key_index = NUMKEYS_INDEX + 1 + g;
         if at + 3 >= n {
             return Err(Error::Arity(argv.command()));
         }
-        let clause = if keyword(argv, at, b"BUCKET") {
-            let limits = group_limits(argv, at + 1, label, memos)?;
-            let cost = group_cost(argv.arg(at + 3), &limits, label)?;
-            at += 4;
-            Clause {
-                key_index,
-                limit: Limit::Bucket(limits),
-                cost,
-            }
-        } else if keyword(argv, at, b"QUOTA") {
-            let limit = quota::args::limit(argv.arg(at + 1), label)?;
-            let period = quota::args::period(argv.arg(at + 2), label)?;
-            let cost = quota::args::cost(argv.arg(at + 3), limit, label)?;
-            at += 4;
-            let mut offset_s = 0;
-            if keyword(argv, at, b"OFFSET") {
-                if at + 1 >= n {
-                    return Err(Error::Arity(argv.command()));
-                }
-                offset_s = quota::args::offset(argv, at)?;
-                at += 2;
-            }
-            Clause {
-                key_index,
-                limit: Limit::Quota(Quota {
-                    limit,
-                    period,
-                    offset_s,
-                }),
-                cost,
-            }
-        } else {
-            return Err(Error::ExpectedClause(at));
-        };
+        let (clause, next) = clause_at(argv, at, at + 1, NUMKEYS_INDEX + 1 + g, g + 1, memos)?;
         clauses.push(clause);
+        at = next;
     }
     if at != n {
         return Err(Error::Arity(argv.command()));

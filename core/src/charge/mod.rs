@@ -85,26 +85,35 @@ impl Clause {
     }
 }
 
+/// Every clause's item at `now_us`, charging none unless `charge`.
+fn items(
+    clauses: &[Clause],
+    states: &[State],
+    now_us: i64,
+    wait_ms: Option<i64>,
+    charge: bool,
+) -> Vec<Item> {
+    clauses
+        .iter()
+        .zip(states)
+        .map(|(c, s)| c.outcome(*s, now_us, wait_ms, charge))
+        .collect()
+}
+
+fn all_admitted(items: &[Item]) -> bool {
+    items.iter().all(|i| i.reply[0] == 1)
+}
+
 /// Every clause at `now_us`, all or nothing: whether all were admitted,
 /// the call's retry (admitted: the longest reservation wait; denied: the
 /// longest wait of a clause that can't pass now), and each key's item
 /// (charged only if all were admitted).
 pub fn decide(charge: &Charge, states: &[State], now_us: i64) -> (bool, i64, Vec<Item>) {
     let wait = charge.wait_ms;
-    let tried: Vec<Item> = charge
-        .clauses
-        .iter()
-        .zip(states)
-        .map(|(c, s)| c.outcome(*s, now_us, wait, false))
-        .collect();
-    let all = tried.iter().all(|i| i.reply[0] == 1);
+    let tried = items(&charge.clauses, states, now_us, wait, false);
+    let all = all_admitted(&tried);
     let items = if all {
-        charge
-            .clauses
-            .iter()
-            .zip(states)
-            .map(|(c, s)| c.outcome(*s, now_us, wait, true))
-            .collect()
+        items(&charge.clauses, states, now_us, wait, true)
     } else {
         tried
     };
@@ -114,6 +123,27 @@ pub fn decide(charge: &Charge, states: &[State], now_us: i64) -> (bool, i64, Vec
         .map(|i| i.reply[2])
         .max()
         .unwrap_or(0);
+    (all, retry, items)
+}
+
+/// The clauses as part of a larger decision (TB.ACQUIRE's, beside its
+/// lease): charged only if they all could pay and `rest_admits`. Returns
+/// whether the clauses alone could all pay, the longest wait among them
+/// (0 for one that passes), and each key's item.
+pub fn consume_all_if(
+    clauses: &[Clause],
+    states: &[State],
+    now_us: i64,
+    rest_admits: bool,
+) -> (bool, i64, Vec<Item>) {
+    let tried = items(clauses, states, now_us, None, false);
+    let all = all_admitted(&tried);
+    let items = if all && rest_admits {
+        items(clauses, states, now_us, None, true)
+    } else {
+        tried
+    };
+    let retry = items.iter().map(|i| i.reply[2]).max().unwrap_or(0);
     (all, retry, items)
 }
 

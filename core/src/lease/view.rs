@@ -27,7 +27,8 @@
 use super::stored::{
     entry, first_expiry, list_text, Header, Lease, Tracked, LIST_FIELD, SUMMARY_FIELD, TRACKED,
 };
-use crate::bucket::{consume_all_if, Limits, Outcome, Stored};
+use super::Acquire;
+use crate::charge::{consume_all_if, Item, State};
 use crate::error::Error;
 use crate::state::KeyKind;
 use std::borrow::Cow;
@@ -699,23 +700,20 @@ pub fn decide<T>(
 pub struct Acquired {
     pub acquired: bool,
     pub head: [i64; 4],
-    pub buckets: Vec<Outcome>,
+    /// Each clause's reply and write.
+    pub items: Vec<Item>,
 }
 
-/// TB.ACQUIRE: the lease and every bucket, or nothing. A live lease of
-/// the same id (a retry) is renewed with the new weight, counted once and
-/// charges no bucket: its bucket replies are what TB.PEEK would answer.
-pub fn acquire(
-    view: &mut Leases,
-    limit: i64,
-    lease_ms: i64,
-    weight: i64,
-    buckets: &[(Limits, Option<Stored>, f64)],
-) -> Result<Acquired, Unsure> {
+/// TB.ACQUIRE: the lease and every clause (bucket or quota), or nothing.
+/// A live lease of the same id (a retry) is renewed with the new weight,
+/// counted once and charges no clause: their replies are what TB.PEEK and
+/// TB.QPEEK would answer. `states` are the clauses' keys, as read.
+pub fn acquire(view: &mut Leases, call: &Acquire, states: &[State]) -> Result<Acquired, Unsure> {
+    let (limit, lease_ms, weight) = (call.limit, call.lease_ms, call.weight);
     let now = view.now_us;
     let retry = view.own.is_some();
     let fits = view.fits(limit, weight);
-    let (pay, bucket_wait, outcomes) = consume_all_if(buckets, now, fits && !retry);
+    let (pay, bucket_wait, items) = consume_all_if(&call.clauses, states, now, fits && !retry);
     let acquired = fits && (retry || pay);
     let head = if acquired {
         let lease = Lease {
@@ -736,7 +734,7 @@ pub fn acquire(
     Ok(Acquired {
         acquired,
         head,
-        buckets: outcomes,
+        items,
     })
 }
 

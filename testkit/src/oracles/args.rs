@@ -4,6 +4,7 @@
 
 use tb_core::args::{parse_adjust, parse_consume, parse_mconsume, Argv, Memos};
 use tb_core::bucket::Limits;
+use tb_core::charge::Limit;
 use tb_core::contract::{
     MAX_CAPACITY, MAX_FILL_SECONDS, MAX_GROUPS, MAX_LEASE_LIMIT, MAX_LEASE_MS, MAX_RATE,
 };
@@ -261,13 +262,21 @@ fn check_acquire(argv: &[&[u8]], memos: &Memos) {
     assert!((1..=MAX_LEASE_LIMIT).contains(&call.limit), "{argv:?}");
     assert!((1..=MAX_LEASE_MS).contains(&call.lease_ms), "{argv:?}");
     assert!((1..=call.limit).contains(&call.weight), "{argv:?}");
-    assert!(call.buckets.len() <= MAX_GROUPS);
+    assert!(call.clauses.len() <= MAX_GROUPS);
     let mut keys = vec![1];
-    for g in &call.buckets {
-        assert_limits_in_bounds(&g.limits);
-        assert_cost_in_bounds(g.cost, &g.limits);
-        assert_ne!(argv[g.key_index], argv[1], "{argv:?}");
-        keys.push(g.key_index);
+    for c in &call.clauses {
+        match c.limit {
+            Limit::Bucket(l) => {
+                assert_limits_in_bounds(&l);
+                assert_cost_in_bounds(c.cost, &l);
+            }
+            Limit::Quota(q) => {
+                assert!(q.limit > 0.0 && q.limit <= MAX_CAPACITY, "{argv:?}");
+                assert!((0.0..=q.limit).contains(&c.cost), "{argv:?}");
+            }
+        }
+        assert_ne!(argv[c.key_index], argv[1], "{argv:?}");
+        keys.push(c.key_index);
     }
     assert_eq!(positions, keys, "{argv:?}");
 }

@@ -10,7 +10,9 @@ use super::Reader;
 use crate::key::{lease_summary_problem, live_weight, write_leases, KeyView};
 use std::collections::BTreeMap;
 use tb_core::error::Error;
-use tb_core::lease::{acquire, decide, release, renew, Kind, Lease, LIST_FIELD, SUMMARY_FIELD};
+use tb_core::lease::{
+    acquire, decide, release, renew, Acquire, Kind, Lease, LIST_FIELD, SUMMARY_FIELD,
+};
 
 /// The clock at the start of a case, µs.
 const NOW: i64 = 1_893_456_000_000_000;
@@ -125,7 +127,13 @@ pub fn check_leases(case: &LeaseCase) {
         let result = decide(&view, Some(&id), now, kind, |v| {
             Ok(match kind {
                 Kind::Acquire => {
-                    let a = acquire(v, limit, lease_ms, weight, &[])?;
+                    let call = Acquire {
+                        limit,
+                        lease_ms,
+                        weight,
+                        clauses: Vec::new(),
+                    };
+                    let a = acquire(v, &call, &[])?;
                     assert!(a.head[2] >= 0, "step {i}: a negative wait {a:?}");
                     (a.head[0], Some(a.head[1]))
                 }

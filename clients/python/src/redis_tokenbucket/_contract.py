@@ -50,7 +50,7 @@ COMMANDS = {
 }
 
 # The version of the Lua library this package ships (lua/tb.lua: LIBRARY_VERSION).
-LIBRARY_VERSION = "0.1.0+3a89a0a0b12d"
+LIBRARY_VERSION = "0.1.0+d4a422cd8380"
 
 # Error reply templates; message() fills in the {name} marks.
 ERRORS = {
@@ -87,8 +87,7 @@ ERRORS = {
     "int_out_of_range": "ERR {arg} must be >= {least} and <= {most}",
     "weight_above_limit": "ERR weight must not exceed limit, it could never fit",
     "bad_id": "ERR id must be 1 to 256 bytes",
-    "expected_bucket": "ERR syntax error at argument {position}: expected BUCKET",
-    "expected_weight": "ERR syntax error at argument {position}: expected weight or BUCKET",
+    "expected_weight": "ERR syntax error at argument {position}: expected weight, BUCKET or QUOTA",
     "bucket_is_lease_key": "ERR the key of group {group} is the lease key",
     "not_a_lease_key": "ERR key is not a lease key: each field must hold <expires_at_us>:<weight>",
     "write_failed": "ERR tb could not write the key: {step} failed, see the server log",
