@@ -58,16 +58,16 @@ export interface ManyOptions extends CallOptions {
   maxWaitMs?: number;
 }
 
-/** `[key, rule]` or `[key, rule, cost]`: a Bucket, or a Quota (not in an acquire). */
+/** `[key, rule]` or `[key, rule, cost]`: a Bucket or a Quota. */
 export type GroupIn = readonly [Key, Rule] | readonly [Key, Rule, Amount];
 
 export interface AcquireOptions extends CallOptions {
   /** The slots this lease takes, `1 <= weight <= limit` (default 1). */
   weight?: number;
   /**
-   * `[key, bucket, cost]` groups charged in the same decision, all or
-   * nothing (TB.ACQUIRE's BUCKET clauses). On a Cluster their keys must
-   * share the lease key's hash slot.
+   * `[key, rule, cost]` groups (a Bucket or a Quota) charged in the same
+   * decision, all or nothing (TB.ACQUIRE's BUCKET and QUOTA clauses). On
+   * a Cluster their keys must share the lease key's hash slot.
    */
   buckets?: Iterable<GroupIn>;
   /** The lease's id, 1 to 256 bytes (default: a new UUID). Acquiring a live id again renews it. */
@@ -162,7 +162,7 @@ export function manyJob(ctx: Context, given: Iterable<GroupIn>, options: ManyOpt
   // duplicate keys; the first error wins.
   const list = [...given];
   if (list.length === 0) throw new InvalidArgument("groups", "consumeMany needs at least one [key, bucket, cost]");
-  const groups = checkGroups(list, true);
+  const groups = checkGroups(list);
   checkDuplicates(groups);
   const wait = options.maxWaitMs === undefined ? undefined : ["WAIT", String(checkWait(options.maxWaitMs))];
   const conn = ctx.conn;
@@ -196,13 +196,13 @@ export function manyJob(ctx: Context, given: Iterable<GroupIn>, options: ManyOpt
 }
 
 export function acquireJob(ctx: Context, key: Key, concurrency: Concurrency, options: AcquireOptions): Job<Lease> {
-  // The module's order: the id, the weight, the buckets (their count, each
-  // left to right), a bucket on the lease key, duplicates.
+  // The module's order: the id, the weight, the rules (their count, each
+  // left to right), a rule on the lease key, duplicates.
   const id = keyId(key);
   checkConcurrency(concurrency);
   const leaseId = options.id === undefined ? newId() : checkId(options.id);
   const weight = concurrency.checkWeight(options.weight ?? 1);
-  const groups = checkGroups([...(options.buckets ?? [])], false);
+  const groups = checkGroups([...(options.buckets ?? [])]);
   checkDuplicates(groups, id);
   const conn = ctx.conn;
   if (conn.cluster && groups.length > 0) {
@@ -210,7 +210,7 @@ export function acquireJob(ctx: Context, key: Key, concurrency: Concurrency, opt
     if (new Set(ids.map((k) => conn.slot(k))).size > 1) {
       const where = ids.map((k) => `${JSON.stringify(k)}: ${conn.slot(k)}`);
       throw new CrossSlotError(
-        `acquire needs the lease key and its buckets in one Cluster hash slot, got ${where.join(", ")}; ` +
+        `acquire needs the lease key and its rules' keys in one Cluster hash slot, got ${where.join(", ")}; ` +
           "put the shared part in a hash tag (hashTagged)",
       );
     }
@@ -450,18 +450,7 @@ async function planEach(
       charged.push(decision);
       continue;
     }
-    const refunded: Decision[] = [];
-    for (const [j, c] of charged.entries()) {
-      if (c.cost > 0) {
-        const back = groups[j] as Group;
-        const reply = await engine.call(ruleOp("adjust", back.bucket), [back], io);
-        // It could pay on its own, as TB.MCONSUME would report it;
-        // ADJUST's retry time (for cost 1) means nothing here.
-        refunded.push(Decision.fromReply(reply, c.key, c.bucket, c.cost).with({ retryAfterMs: 0 }));
-      } else {
-        refunded.push(c);
-      }
-    }
+    const refunded = await refund(engine, charged, groups, io);
     const rest: Decision[] = [];
     for (const r of groups.slice(i + 1)) {
       rest.push(Decision.fromReply(await engine.call(ruleOp("peek", r.bucket), [r], io), r.key, r.bucket, r.amount));
@@ -470,6 +459,33 @@ async function planEach(
     return new MultiDecision(false, Math.max(...decisions.map((d) => d.retryAfterMs)), decisions, { atomic: false });
   }
   return new MultiDecision(true, Math.max(0, ...charged.map((d) => d.retryAfterMs)), charged, { atomic: false });
+}
+
+/**
+ * Gives back what a decision key by key charged before a later key denied:
+ * each charge (the decisions of `groups`' first keys) refunded with
+ * TB.ADJUST, or TB.QADJUST for a quota, its decision what the
+ * all-or-nothing call would report.
+ */
+async function refund(
+  engine: Engine,
+  charged: readonly Decision[],
+  groups: readonly Group[],
+  io: IO,
+): Promise<Decision[]> {
+  const refunded: Decision[] = [];
+  for (const [j, c] of charged.entries()) {
+    if (c.cost > 0) {
+      const back = groups[j] as Group;
+      const reply = await engine.call(ruleOp("adjust", back.bucket), [back], io);
+      // It could pay on its own, as TB.MCONSUME would report it;
+      // ADJUST's retry time (for cost 1) means nothing here.
+      refunded.push(Decision.fromReply(reply, c.key, c.bucket, c.cost).with({ retryAfterMs: 0 }));
+    } else {
+      refunded.push(c);
+    }
+  }
+  return refunded;
 }
 
 function planAcquire(ctx: Context, call: LeaseCall, groups: readonly Group[], io: IO): Promise<Lease> {
@@ -490,9 +506,9 @@ function planAcquire(ctx: Context, call: LeaseCall, groups: readonly Group[], io
 }
 
 /**
- * An acquire whose buckets are in a slot that is moving: the buckets
- * charged key by key (all or none, as planEach), then the lease alone,
- * whose being busy gives them back. The answer TB.ACQUIRE would give, but
+ * An acquire whose rules are in a slot that is moving: the rules charged
+ * key by key (all or none, as planEach), then the lease alone, whose
+ * being busy gives them back. The answer TB.ACQUIRE would give, but
  * not atomic: a call in between may see the buckets charged for a lease
  * that does not come.
  */
@@ -519,20 +535,8 @@ async function planAcquireEach(engine: Engine, call: LeaseCall, groups: readonly
     });
   }
   const alone = leaseFromReply(await engine.call("acquire", [], io, call.head), call, [], false);
-  let decisions: readonly Decision[] = many.decisions;
-  if (!alone.acquired) {
-    const back: Decision[] = [];
-    decisions = back;
-    for (const [i, d] of many.decisions.entries()) {
-      if (d.cost === 0) {
-        back.push(d);
-        continue;
-      }
-      const reply = await engine.call("adjust", [groups[i] as Group], io);
-      // Given back: the bucket could pay, as TB.ACQUIRE reports it.
-      back.push(Decision.fromReply(reply, d.key, d.bucket, d.cost).with({ retryAfterMs: 0 }));
-    }
-  }
+  // Busy: the rules are given back, and could pay, as TB.ACQUIRE reports them.
+  const decisions = alone.acquired ? many.decisions : await refund(engine, many.decisions, groups, io);
   return new Lease({
     ...fields,
     acquired: alone.acquired,
@@ -611,17 +615,17 @@ export function renewedOrLost(lease: Lease, renewed: boolean, expiresInMs: numbe
 // ---- checks ----------------------------------------------------------------------------
 
 /**
- * Buckets given as `[key, bucket]` or `[key, bucket, cost]`, checked in the
+ * Rules given as `[key, rule]` or `[key, rule, cost]`, checked in the
  * module's order: their count, then each left to right.
  */
-function checkGroups(list: readonly unknown[], quotas: boolean): Group[] {
+function checkGroups(list: readonly unknown[]): Group[] {
   if (list.length > MAX_GROUPS) throw refusal("groups", "too_many_groups");
   return list.map((entry, i) => {
     if (!Array.isArray(entry) || entry.length < 2 || entry.length > 3) {
       throw new TypeError(`group ${i + 1}: expected [key, bucket] or [key, bucket, cost]`);
     }
     const [key, rule, cost] = entry as [Key, Rule, Amount | undefined];
-    if (quotas && rule instanceof Quota) {
+    if (rule instanceof Quota) {
       const amount = checkQuotaCost(cost ?? 1, rule, i + 1);
       return { key, id: keyId(key, i + 1), bucket: rule, amount, ...(rule.tail.length > 0 ? { tail: rule.tail } : {}) };
     }
@@ -659,9 +663,6 @@ export function checkWork(work: unknown): void {
 }
 
 function checkBucket(bucket: unknown, group?: number): void {
-  if (bucket instanceof Quota) {
-    throw new TypeError(`group ${group}: an acquire charges buckets only, not a Quota (consumeMany takes both)`);
-  }
   if (!(bucket instanceof Bucket)) {
     const where = group === undefined ? "" : ` (group ${group})`;
     throw new TypeError(`expected a Bucket${where}, got ${bucket === null ? "null" : typeof bucket}`);

@@ -68,12 +68,13 @@ const COMMANDS: Record<Op, string> = {
 
 /**
  * TB.<OP> key max rate amount [key max rate amount ...]; for a lease
- * operation TB.<OP> key head... [BUCKET bkey max rate cost ...].
+ * operation TB.<OP> key head... [BUCKET bkey max rate cost | QUOTA qkey
+ * limit period cost [OFFSET m] ...].
  */
 export function moduleArgs(op: Op, groups: readonly Group[], lease?: LeaseHead, wait?: readonly string[]): Arg[] {
   if (lease !== undefined) {
     const args: Arg[] = [COMMANDS[op], lease.key, ...lease.head];
-    for (const g of groups) args.push("BUCKET", g.key, g.bucket.args[0], g.bucket.args[1], encode(g.amount));
+    for (const g of groups) args.push(keyword(g), g.key, ...ruleArgs(g));
     return args;
   }
   if (op === "charge") return [COMMANDS[op], String(groups.length), ...keys(groups), ...limits(groups, op, wait)];
@@ -102,13 +103,21 @@ const FUNCTIONS: Record<Op, readonly [string, string]> = {
 
 /**
  * FCALL tb_<op> numkeys key... max rate amount ...; for a lease operation
- * the lease key comes first, then the bucket keys, then its head, then
- * `max rate cost` per bucket (lua/tb.lua's form, docs/fallback.md).
+ * the lease key comes first, then the clause keys, then its head, then
+ * the clauses (lua/tb.lua's form, docs/fallback.md; see leaseClauses).
  */
 export function fcallArgs(op: Op, groups: readonly Group[], lease?: LeaseHead, wait?: readonly string[]): Arg[] {
   const [command, name] = FUNCTIONS[op];
   if (lease !== undefined) {
-    return [command, name, String(1 + groups.length), lease.key, ...keys(groups), ...lease.head, ...limits(groups)];
+    return [
+      command,
+      name,
+      String(1 + groups.length),
+      lease.key,
+      ...keys(groups),
+      ...lease.head,
+      ...leaseClauses(groups),
+    ];
   }
   return [command, name, String(groups.length), ...keys(groups), ...limits(groups, op, wait)];
 }
@@ -134,10 +143,29 @@ function keys(groups: readonly Group[]): Key[] {
 function limits(groups: readonly Group[], op?: Op, wait?: readonly string[]): string[] {
   const out: string[] = op === "charge" ? [...(wait ?? [])] : [];
   for (const g of groups) {
-    if (op === "charge") out.push(g.bucket instanceof Quota ? "QUOTA" : "BUCKET");
-    out.push(g.bucket.args[0], g.bucket.args[1], encode(g.amount), ...(g.tail ?? []));
+    if (op === "charge") out.push(keyword(g));
+    out.push(...ruleArgs(g));
   }
   return out;
+}
+
+/** A group's rule and amount: `max rate amount`, a quota's `limit period amount [OFFSET m]`. */
+function ruleArgs(g: Group): string[] {
+  return [g.bucket.args[0], g.bucket.args[1], encode(g.amount), ...(g.tail ?? [])];
+}
+
+/** The keyword of a group's clause in TB.CHARGE and TB.ACQUIRE. */
+function keyword(g: Group): "QUOTA" | "BUCKET" {
+  return g.bucket instanceof Quota ? "QUOTA" : "BUCKET";
+}
+
+/**
+ * tb_acquire's clauses: with a quota among them, as tb_charge's; of
+ * buckets alone, `max rate cost` each, the form every version of the
+ * library reads.
+ */
+function leaseClauses(groups: readonly Group[]): string[] {
+  return groups.some((g) => g.bucket instanceof Quota) ? limits(groups, "charge") : limits(groups);
 }
 
 /** consumeMany's operation: TB.CHARGE with a quota among the rules, or a wait; else TB.MCONSUME. */
@@ -159,7 +187,7 @@ export const EVAL_SCRIPT = { source: EVAL_SOURCE, sha: createHash("sha1").update
  */
 export function evalArgs(op: Op, groups: readonly Group[], lease?: LeaseHead, wait?: readonly string[]): Arg[] {
   if (lease !== undefined) {
-    return [String(1 + groups.length), lease.key, ...keys(groups), op, ...lease.head, ...limits(groups)];
+    return [String(1 + groups.length), lease.key, ...keys(groups), op, ...lease.head, ...leaseClauses(groups)];
   }
   return [String(groups.length), ...keys(groups), op, ...limits(groups, op, wait)];
 }

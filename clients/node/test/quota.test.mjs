@@ -89,12 +89,44 @@ test("wait needs maxWaitMs, and a quota never reserves", async () => {
   await assert.rejects(lim.consume("k", q, 1, { maxWaitMs: 10 }), InvalidArgument);
   await assert.rejects(lim.consume("k", q, 11), /cost must not exceed limit/);
   await assert.rejects(
-    lim.acquire("s", new Concurrency({ limit: 1, leaseMs: 1000 }), { buckets: [["k", q, 1]] }),
-    TypeError,
+    lim.acquire("s", new Concurrency({ limit: 1, leaseMs: 1000 }), { buckets: [["k", q, 11]] }),
+    /cost must not exceed limit, it could never pass \(group 1\)/,
   );
 });
 
 for (const name of BACKENDS) {
+  test(`a lease and a monthly quota on ${name}: taken together or not at all`, async () => {
+    const t = await target(name);
+    const c = await client("ioredis", t.port, t.auth);
+    try {
+      const lim = new Limiter(c.client);
+      const streams = new Concurrency({ limit: 2, leaseMs: 30_000 });
+      const month = new Quota({ limit: 10, period: "month", offset: 60 });
+      const minute = new Bucket({ max: 5, rate: 0.1 });
+      const buckets = [
+        ["{u}:month", month, 6],
+        ["{u}:minute", minute, 1],
+      ];
+      const first = await lim.acquire("{u}:streams", streams, { buckets });
+      assert.equal(first.acquired, true);
+      assert.deepEqual(
+        first.decisions.map((d) => d.remaining),
+        [4, 4],
+      );
+      // The quota can't pay: no slot taken, the bucket not charged.
+      const denied = await lim.acquire("{u}:streams", streams, { buckets });
+      assert.deepEqual([denied.acquired, denied.inUse], [false, 1]);
+      assert.ok(denied.retryAfterMs > 0 && denied.retryAfterMs === denied.decisions[0].retryAfterMs);
+      assert.equal((await lim.peek("{u}:minute", minute, 0)).remaining, 4);
+      // A retry of the lease taken charges nothing again.
+      const again = await lim.acquire("{u}:streams", streams, { buckets, id: first.id });
+      assert.deepEqual([again.acquired, again.inUse], [true, 1]);
+      assert.equal((await lim.peek("{u}:month", month, 0)).remaining, 4);
+    } finally {
+      await c.close();
+    }
+  });
+
   test(`a quota on ${name}: denied at its limit until the period ends, refunded by adjust`, async () => {
     const t = await target(name);
     const c = await client("ioredis", t.port, t.auth);

@@ -1,7 +1,7 @@
 """Calendar quotas and reservations against real servers (docs/commands.md,
 Calendar quotas and Reservations): Quota's checks, a quota charged,
 peeked and settled on every backend, a quota and a bucket in one
-all-or-nothing decision, the in-process fallback, the RateLimit fields of
+all-or-nothing decision, a lease beside a quota, the in-process fallback, the RateLimit fields of
 a quota, and a fleet of `wait` callers paced at the bucket's rate."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import redis
 from conftest import Pool, Target, make_target, run
 
 import redis_tokenbucket.asyncio as tb_asyncio
-from redis_tokenbucket import Bucket, InvalidArgument, Limiter, Quota, rate_limit_headers
+from redis_tokenbucket import Bucket, Concurrency, InvalidArgument, Limiter, Quota, rate_limit_headers
 
 # One server per backend: the module, the Functions library, the EVAL script.
 BACKENDS = ["redis-7.0+module", "redis-7.0", "redis-6.2"]
@@ -88,6 +88,26 @@ def test_a_quota_and_a_bucket_are_charged_all_or_nothing(backend_target: Target)
     reserved = lim.consume_many([("rl:m", month, 1), ("rl:r", minute, 1)], max_wait=60)
     assert reserved.allowed and 0 < reserved.delay_ms <= 20_000
     assert lim.peek("rl:m", month, 0).remaining == 6
+
+
+def test_a_lease_and_a_monthly_quota_are_taken_all_or_nothing(backend_target: Target) -> None:
+    lim = Limiter(backend_target.client(), backend=backend_target.backend)  # type: ignore[arg-type]
+    streams, month, minute = Concurrency(2, 30_000), Quota(10, "month", offset=60), Bucket(5, 0.1)
+    rules = [("rl:{u}:month", month, 6), ("rl:{u}:minute", minute, 1)]
+    first = lim.acquire("rl:{u}:streams", streams, buckets=rules)
+    assert first.acquired and [d.remaining for d in first.decisions] == [4, 4]
+    assert first.decisions[0].bucket == month
+    # The quota can't pay: no slot taken, the bucket not charged.
+    denied = lim.acquire("rl:{u}:streams", streams, buckets=rules)
+    assert not denied.acquired and denied.in_use == 1
+    assert denied.retry_after_ms == denied.decisions[0].retry_after_ms > 0
+    assert lim.peek("rl:{u}:minute", minute, 0).remaining == 4
+    # A retry of the lease taken charges nothing again.
+    again = lim.acquire("rl:{u}:streams", streams, buckets=rules, id=first.id)
+    assert again.acquired and again.in_use == 1
+    assert lim.peek("rl:{u}:month", month, 0).remaining == 4
+    with pytest.raises(redis.ResponseError, match="not a quota"):
+        lim.acquire("rl:{u}:streams", streams, buckets=[("rl:{u}:minute", month, 1)])
 
 
 def test_a_reservation_admits_in_debt_and_says_how_long_to_wait(backend_target: Target) -> None:

@@ -1,5 +1,6 @@
 """Calendar quotas and delays at the edge: a quota rule refuses past its
-limit with the RateLimit fields naming its period, and with max_delay_ms
+limit with the RateLimit fields naming its period, a quota beside a
+concurrency rule takes no slot when it refuses, and with max_delay_ms
 a request over the burst waits its turn instead of a 429, on each
 backend."""
 
@@ -23,6 +24,19 @@ def test_a_quota_rule_refuses_past_its_limit_and_names_its_period(server, r, ngi
     # Until the next UTC midnight: at most a day.
     assert 0 < int(denied.headers["retry-after"]) <= 86400
     assert r.hget("rl:daily:dora", "used") == b"3"
+
+
+def test_a_slot_and_a_quota_are_taken_together_or_not_at_all(server, r, nginx):
+    # Room for 8 streams, 3 requests a day: of 8 at once, 3 take a slot and
+    # the quota; the 5 the quota refuses hold no slot (no log phase here
+    # releases one, so the lease key counts every slot ever taken).
+    n = nginx(one_limiter(server.url,
+                          rules=['{ name = "daily", quota = { limit = 3, period = "day" }, key = "$http_x_user" }'],
+                          concurrency='{ name = "streams", limit = 8, lease_ms = 30000, key = "$http_x_user" }'))  # fmt: skip
+    codes = [x.status for x in burst([(n.port, "/limited")] * 8, {"X-User": "finn"})]
+    assert codes.count(200) == 3 and codes.count(429) == 5, codes
+    assert r.hget("rl:daily:finn", "used") == b"3"
+    assert r.hlen("rl:streams:finn") == 3
 
 
 def test_a_request_over_the_burst_is_delayed_within_max_delay(server, r, nginx):

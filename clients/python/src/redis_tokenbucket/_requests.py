@@ -186,19 +186,19 @@ class Requests:
     def _check_acquire(
         self, key: KeyT, concurrency: Concurrency, weight: Any, buckets: Iterable[GroupIn], lease_id: Any
     ) -> LeaseRequest:
-        # The module's order: the id, the weight, the buckets (their count,
-        # each left to right), a bucket on the lease key, duplicates.
+        # The module's order: the id, the weight, the rules (their count,
+        # each left to right), a rule on the lease key, duplicates.
         key = check_key(key)
         if not isinstance(concurrency, Concurrency):
             raise TypeError(f"expected a Concurrency, got {type(concurrency).__name__}")
         lease_id = new_id() if lease_id is None else check_id(lease_id, self._encoding)
         weight = concurrency.check_weight(weight)
-        groups = check_groups(list(buckets), quotas=False)
+        groups = check_groups(list(buckets))
         self._check_duplicates(groups, key)
         if self._cluster and groups and len({self._slot(k) for k in (key, *(k for k, _, _ in groups))}) > 1:
             slots = ", ".join(f"{k!r}: {self._slot(k)}" for k in (key, *(k for k, _, _ in groups)))
             raise CrossSlotError(
-                f"acquire needs the lease key and its buckets in one Cluster hash slot, got {slots}; "
+                f"acquire needs the lease key and its rules' keys in one Cluster hash slot, got {slots}; "
                 "put the shared part in a hash tag (redis_tokenbucket.hash_tagged)"
             )
         head = (str(concurrency.limit), str(concurrency.lease_ms), lease_id, str(weight))
@@ -374,14 +374,7 @@ class Requests:
             if decision.allowed:
                 charged.append(decision)
                 continue
-            refunded = []
-            for c in charged:
-                if c.cost > 0:
-                    reply = yield from self.engine.call("adjust", ((c.key, c.bucket, c.cost),))
-                    # It could pay on its own, as TB.MCONSUME would report it;
-                    # ADJUST's retry time (for cost 1) means nothing here.
-                    c = replace(Decision.from_reply(reply, c.key, c.bucket, c.cost), retry_after_ms=0)
-                refunded.append(c)
+            refunded = yield from self._refund(charged)
             rest = []
             for key, bucket, cost in groups[i + 1 :]:
                 reply = yield from self.engine.call("peek", ((key, bucket, cost),))
@@ -389,6 +382,20 @@ class Requests:
             decisions = (*refunded, decision, *rest)
             return MultiDecision(False, max(d.retry_after_ms for d in decisions), decisions, atomic=False)
         return MultiDecision(True, max(d.retry_after_ms for d in charged), tuple(charged), atomic=False)
+
+    def _refund(self, charged: Sequence[Decision]) -> Plan[list[Decision]]:
+        """Gives back what a decision key by key charged before a later key
+        denied: each charge refunded (TB.ADJUST, or TB.QADJUST for a quota),
+        its decision what the all-or-nothing call would report."""
+        refunded = []
+        for c in charged:
+            if c.cost > 0:
+                reply = yield from self.engine.call("adjust", ((c.key, c.bucket, c.cost),))
+                # It could pay on its own, as TB.MCONSUME would report it;
+                # ADJUST's retry time (for cost 1) means nothing here.
+                c = replace(Decision.from_reply(reply, c.key, c.bucket, c.cost), retry_after_ms=0)
+            refunded.append(c)
+        return refunded
 
     def _plan_reset(self, key: KeyT) -> Plan[bool]:
         cache = self.denial_cache
@@ -432,9 +439,9 @@ class Requests:
         return lease
 
     def _plan_acquire_each(self, req: LeaseRequest) -> Plan[Lease]:
-        """An acquire whose buckets are in a slot that is moving: the
-        buckets charged key by key (all or none, as `_plan_each`), then
-        the lease alone, whose being busy gives the buckets back. The
+        """An acquire whose rules are in a slot that is moving: the rules
+        charged key by key (all or none, as `_plan_each`), then the lease
+        alone, whose being busy gives the rules back. The
         answer TB.ACQUIRE would give, but not atomic: a call in between may
         see the buckets charged for a lease that does not come."""
         many = yield from self._plan_each(req.groups)
@@ -448,14 +455,8 @@ class Requests:
                 many.decisions, held="none",
             )  # fmt: skip
         lease = lease_from_reply((yield from self.engine.call("acquire", (), (req.key, req.head))), alone, False)
-        decisions = list(many.decisions)
-        if not lease.acquired:
-            for i, d in enumerate(decisions):
-                if d.cost > 0:
-                    reply = yield from self.engine.call("adjust", ((d.key, d.bucket, d.cost),))
-                    # Given back: the bucket could pay, as TB.ACQUIRE reports it.
-                    decisions[i] = replace(Decision.from_reply(reply, d.key, d.bucket, d.cost), retry_after_ms=0)
-        lease.decisions = tuple(decisions)
+        # Busy: the rules are given back, and could pay, as TB.ACQUIRE reports them.
+        lease.decisions = tuple(many.decisions if lease.acquired else (yield from self._refund(many.decisions)))
         return lease
 
     def _plan_renew(self, req: LeaseRequest, lease: Lease) -> Plan[bool]:
@@ -517,20 +518,16 @@ def migrating(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith(("TRYAGAIN", "ASK "))
 
 
-def check_groups(given: list[Any], quotas: bool = True) -> list[Group]:
+def check_groups(given: list[Any]) -> list[Group]:
     """Rules given as (key, rule) or (key, rule, cost), checked in the
-    module's order: their count, then each left to right; `quotas` False
-    where only buckets may go (an acquire's)."""
+    module's order: their count, then each left to right."""
     if len(given) > MAX_GROUPS:
         raise invalid("groups", "too_many_groups")
     checked: list[Group] = []
     for i, group in enumerate(given, 1):
         key, bucket, *cost = group
         key = check_key(key, i)
-        if quotas:
-            check_rule(bucket, i)
-        else:
-            check_bucket(bucket, i)
+        check_rule(bucket, i)
         if len(cost) > 1:
             raise ValueError(f"group {i}: expected (key, bucket) or (key, bucket, cost)")
         checked.append((key, bucket, check_amount(cost[0] if cost else 1, bucket, i)))
@@ -542,12 +539,6 @@ def lease_request(op: Op, lease: Lease) -> LeaseRequest:
         raise TypeError(f"expected a Lease (what acquire returns), got {type(lease).__name__}")
     head: Args = (lease.id, str(lease.concurrency.lease_ms)) if op == "renew" else (lease.id,)
     return LeaseRequest(op, lease.key, lease.concurrency, lease.id, lease.weight, (), head)
-
-
-def check_bucket(bucket: Any, group: Optional[int] = None) -> None:
-    if not isinstance(bucket, Bucket):
-        where = "" if group is None else f" (group {group})"
-        raise TypeError(f"expected a Bucket{where}, got {type(bucket).__name__}")
 
 
 def check_rule(rule: Any, group: Optional[int] = None) -> None:

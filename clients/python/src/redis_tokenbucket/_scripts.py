@@ -59,6 +59,13 @@ def _clause(rule: Rule, amount: float) -> tuple[str, ...]:
     return ("QUOTA" if rule.kind == "quota" else "BUCKET", *_rule_args(rule, amount))
 
 
+def _keyed_clause(key: KeyT, rule: Rule, amount: float) -> tuple[Any, ...]:
+    """A TB.ACQUIRE clause: a TB.CHARGE clause with its key after the
+    keyword."""
+    keyword, *rest = _clause(rule, amount)
+    return (keyword, key, *rest)
+
+
 LeaseHead = tuple[KeyT, Args]
 """A lease operation's key and the arguments before its buckets: `limit
 lease_ms id weight` (acquire), `id` (release), `id lease_ms` (renew), none
@@ -86,10 +93,11 @@ def module_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = No
     """TB.<OP> key max rate amount [key max rate amount ...] (a quota's
     `key limit period amount [OFFSET m]`), then `after` (WAIT max_ms); for
     TB.CHARGE numkeys key... [WAIT max_ms] clause...; for a lease
-    operation TB.<OP> key head... [BUCKET bkey max rate cost ...]"""
+    operation TB.<OP> key head... [BUCKET bkey max rate cost | QUOTA qkey
+    limit period cost [OFFSET m] ...]"""
     if lease is not None:
         key, head = lease
-        return (COMMANDS[op], key, *head, *(a for k, b, n in groups for a in ("BUCKET", k, *b._limit_args, encode(n))))
+        return (COMMANDS[op], key, *head, *(a for k, r, n in groups for a in _keyed_clause(k, r, n)))
     if op == "charge":
         return (COMMANDS[op], len(groups), *_keys(groups), *after, *_clauses(groups))
     if len(groups) == 1:  # the common case, without the generator
@@ -127,12 +135,12 @@ FUNCTIONS: dict[Op, tuple[str, str]] = {
 def fcall_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None, after: Args = ()) -> Args:
     """FCALL tb_<op> numkeys key... max rate amount ... [WAIT max_ms];
     tb_charge's numkeys key... [WAIT max_ms] clause...; for a lease
-    operation the lease key comes first, then the bucket keys, then its
-    head, then max rate cost per bucket (lua/tb.lua's form)."""
+    operation the lease key comes first, then the clause keys, then its
+    head, then the clauses (lua/tb.lua's form, see `_lease_clauses`)."""
     command, function = FUNCTIONS[op]
     if lease is not None:
         key, head = lease
-        return (command, function, 1 + len(groups), key, *_keys(groups), *head, *_limits(groups))
+        return (command, function, 1 + len(groups), key, *_keys(groups), *head, *_lease_clauses(groups))
     return (command, function, len(groups), *_keys(groups), *_arguments(op, groups, after))
 
 
@@ -150,6 +158,15 @@ def _limits(groups: Sequence[Group]) -> list[str]:
 
 def _clauses(groups: Sequence[Group]) -> list[str]:
     return [a for _, r, n in groups for a in _clause(r, n)]
+
+
+def _lease_clauses(groups: Sequence[Group]) -> list[str]:
+    """tb_acquire's clauses: with a quota among them, as tb_charge's; of
+    buckets alone, `max rate cost` each, the form every version of the
+    library reads."""
+    if any(r.kind == "quota" for _, r, _ in groups):
+        return _clauses(groups)
+    return _limits(groups)
 
 
 def _arguments(op: Op, groups: Sequence[Group], after: Args) -> list[Any]:
@@ -175,7 +192,7 @@ def eval_args(op: Op, groups: Sequence[Group], lease: Optional[LeaseHead] = None
     needs Redis 7, and Redis 6.2 is what this backend is mostly for."""
     if lease is not None:
         key, head = lease
-        return (1 + len(groups), key, *_keys(groups), op, *head, *_limits(groups))
+        return (1 + len(groups), key, *_keys(groups), op, *head, *_lease_clauses(groups))
     return (len(groups), *_keys(groups), op, *_arguments(op, groups, after))
 
 

@@ -186,8 +186,9 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         on_error: Optional[OnError] = None,
     ) -> Lease:
         """Takes `weight` of the key's `concurrency.limit` slots for
-        `concurrency.lease_ms`, charging every `(key, bucket, cost)` of
-        `buckets` in the same decision, all or nothing (TB.ACQUIRE). `id`
+        `concurrency.lease_ms`, charging every `(key, rule, cost)` of
+        `buckets` (a Bucket or a Quota) in the same decision, all or
+        nothing (TB.ACQUIRE). `id`
         names the lease (a new UUID by default); acquiring a live id again
         renews it. The Lease says whether it was acquired, and when to
         retry if not."""

@@ -74,9 +74,10 @@ local function reservation(opts, rules, many)
   return { "WAIT", string.format("%d", ms) }
 end
 
--- Buckets (and quotas, but for an acquire's) given as {key, rule} or
--- {key, rule, cost}, checked in the module's order: their count, then
--- each left to right, then duplicates.
+-- Buckets and quotas given as {key, rule} or {key, rule, cost}, checked
+-- in the module's order: their count, then each left to right, then (for
+-- an acquire's, beside its lease key) a rule on the lease key, then
+-- duplicates.
 local function check_groups(given, lease_key)
   if type(given) ~= "table" then error({ usage = "groups must be a list of {key, bucket, cost}" }, 0) end
   if #given > contract.MAX_GROUPS then error(bucket_mod.invalid("groups", "too_many_groups"), 0) end
@@ -85,7 +86,7 @@ local function check_groups(given, lease_key)
     local g = given[i]
     if type(g) ~= "table" then error({ usage = "group " .. i .. ": expected {key, bucket, cost}" }, 0) end
     local key = bucket_mod.check_key(g[1], i)
-    local b = lease_key ~= nil and bucket_mod.bucket(g[2], i) or rule_of(g[2], i)
+    local b = rule_of(g[2], i)
     local cost = g[3]
     if cost == nil then cost = 1 end
     out[i] = { key, b, check_amount(cost, b, i) }
@@ -163,6 +164,30 @@ local function plan_one(ctx, send, req)
   return d
 end
 
+-- Gives back what a decision key by key charged before a later key
+-- denied: each charge refunded (TB.ADJUST, or TB.QADJUST for a quota),
+-- its decision what the all-or-nothing call would report. The decisions,
+-- or nil and the error.
+local function refund(ctx, send, charged)
+  local out = {}
+  for j = 1, #charged do
+    local c = charged[j]
+    if c.cost > 0 then
+      local cg = { c.key, c.bucket, c.cost }
+      local r, rerr = ctx.engine:call(send, "adjust", { cg })
+      if r == nil then return nil, rerr end
+      local refunded, ferr = decision_mod.one(r, cg, "consume")
+      if refunded == nil then return nil, ferr end
+      -- It could pay on its own, as TB.MCONSUME would report it; ADJUST's
+      -- retry time (for cost 1) means nothing here.
+      refunded.allowed, refunded.retry_after_ms, refunded.delay_ms = true, 0, 0
+      c = refunded
+    end
+    out[#out + 1] = c
+  end
+  return out
+end
+
 -- All-or-nothing without TB.MCONSUME, for keys in several Cluster slots:
 -- charge bucket by bucket in order; when one denies, refund those already
 -- charged and peek at the rest, so the answer is the one TB.MCONSUME would
@@ -179,21 +204,8 @@ local function plan_each(ctx, send, groups, after)
     local d, serr = decision_mod.one(reply, g, "consume")
     if d == nil then return nil, serr end
     if not d.allowed then
-      local decisions = {}
-      for j = 1, #charged do
-        local c = charged[j]
-        if c.cost > 0 then
-          local cg = { c.key, c.bucket, c.cost }
-          local r, rerr = ctx.engine:call(send, "adjust", { cg })
-          if r == nil then return nil, rerr end
-          local refunded, ferr = decision_mod.one(r, cg, "consume")
-          if refunded == nil then return nil, ferr end
-          -- It could pay on its own, as TB.MCONSUME would report it.
-          refunded.allowed, refunded.retry_after_ms = true, 0
-          c = refunded
-        end
-        decisions[#decisions + 1] = c
-      end
+      local decisions, rerr = refund(ctx, send, charged)
+      if decisions == nil then return nil, rerr end
       decisions[#decisions + 1] = d
       local retry = d.retry_after_ms
       for j = i + 1, #groups do
@@ -247,9 +259,9 @@ local function plan_many(ctx, send, req)
   return result
 end
 
--- An acquire whose buckets are in a slot that is moving: the buckets
--- charged key by key (all or none, as plan_each), then the lease alone,
--- whose being busy gives them back. TB.ACQUIRE's answer, not atomic.
+-- An acquire whose rules are in a slot that is moving: the rules charged
+-- key by key (all or none, as plan_each), then the lease alone, whose
+-- being busy gives them back. TB.ACQUIRE's answer, not atomic.
 local function plan_acquire_each(ctx, send, req)
   local many, err = plan_each(ctx, send, req.groups)
   if many == nil then return nil, err end
@@ -270,18 +282,10 @@ local function plan_acquire_each(ctx, send, req)
   if lease == nil then return nil, lerr end
   local decisions = many.decisions
   if not lease.acquired then
-    for i = 1, #decisions do
-      local d = decisions[i]
-      if d.cost > 0 then
-        local g = { d.key, d.bucket, d.cost }
-        local r, rerr = ctx.engine:call(send, "adjust", { g })
-        if r == nil then return nil, rerr end
-        local back = decision_mod.one(r, g, "consume")
-        -- Given back: the bucket could pay, as TB.ACQUIRE reports it.
-        back.allowed, back.retry_after_ms, back.delay_ms = true, 0, 0
-        decisions[i] = back
-      end
-    end
+    -- Busy: the rules are given back, and could pay, as TB.ACQUIRE reports them.
+    local rerr
+    decisions, rerr = refund(ctx, send, decisions)
+    if decisions == nil then return nil, rerr end
   end
   lease.decisions = decisions
   return lease
@@ -416,7 +420,7 @@ function _M.many(ctx, groups, opts)
   return j
 end
 
--- A lease's acquire, with the buckets it charges in the same call.
+-- A lease's acquire, with the buckets and quotas it charges in the same call.
 function _M.acquire(ctx, key, concurrency, opts)
   opts = opts or {}
   local timeout, on_error = options(ctx, opts)
@@ -433,7 +437,7 @@ function _M.acquire(ctx, key, concurrency, opts)
     local all = { key }
     for i = 1, #keys do all[i + 1] = keys[i] end
     if spans_slots(ctx, all) then
-      error({ usage = "acquire needs the lease key and its buckets in one Cluster hash slot: put the shared "
+      error({ usage = "acquire needs the lease key and its rules' keys in one Cluster hash slot: put the shared "
         .. "part in a hash tag ({...})", cross_slot = true }, 0)
     end
   end

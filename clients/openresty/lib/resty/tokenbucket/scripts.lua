@@ -81,12 +81,10 @@ end
 -- FCALL_RO tb_version 0: the version of the library a server has loaded.
 _M.VERSION_ARGS = { "FCALL_RO", "tb_version", "0" }
 
--- Each group's `max rate amount`, after its key when with_keys, and
--- after "BUCKET" when marked.
-local function append_limits(out, groups, with_keys, mark)
+-- Each group's `max rate amount`, after its key when with_keys.
+local function append_limits(out, groups, with_keys)
   for i = 1, #groups do
     local g = groups[i]
-    if mark then out[#out + 1] = mark end
     if with_keys then out[#out + 1] = g[1] end
     out[#out + 1] = g[2].args[1]
     out[#out + 1] = g[2].args[2]
@@ -94,17 +92,38 @@ local function append_limits(out, groups, with_keys, mark)
   end
 end
 
+local function has_quota(groups)
+  for i = 1, #groups do
+    if groups[i][2].kind == "quota" then return true end
+  end
+  return false
+end
+
+-- tb_acquire's clauses: with a quota among them, as tb_charge's; of
+-- buckets alone, `max rate cost` each, the form every version of the
+-- library reads.
+local function append_lease_clauses(out, groups)
+  if not has_quota(groups) then return append_limits(out, groups) end
+  for i = 1, #groups do append_rule(out, groups[i][2], groups[i][3], true) end
+end
+
 -- TB.<OP> key max rate amount [key max rate amount ...] (a quota's `key
 -- limit period amount [OFFSET m]`) then `after` (WAIT max_ms); TB.CHARGE
 -- numkeys key... [WAIT max_ms] clause...; for a lease operation TB.<OP>
--- key head... [BUCKET bkey max rate cost ...].
+-- key head... [BUCKET bkey max rate cost | QUOTA qkey limit period cost
+-- [OFFSET m] ...].
 function _M.module_args(op, groups, lease, after)
   local out = { contract.COMMANDS[op] }
   if lease then
     out[2] = lease[1]
     local head = lease[2]
     for i = 1, #head do out[#out + 1] = head[i] end
-    append_limits(out, groups, true, "BUCKET")
+    for i = 1, #groups do
+      local g = groups[i]
+      out[#out + 1] = g[2].kind == "quota" and "QUOTA" or "BUCKET"
+      out[#out + 1] = g[1]
+      append_rule(out, g[2], g[3])
+    end
     return out
   end
   if op == "charge" then
@@ -121,8 +140,8 @@ function _M.module_args(op, groups, lease, after)
 end
 
 -- Lua takes keys and arguments apart: every key first (for a lease
--- operation the lease key, then the bucket keys), then the head, then one
--- `max rate amount` group per bucket key, in the same order.
+-- operation the lease key, then the clause keys), then the head, then
+-- each key's rule, in the same order.
 local function keys_then_args(out, groups, lease)
   if lease then
     out[#out + 1] = tostring(1 + #groups)
@@ -140,7 +159,7 @@ function _M.fcall_args(op, groups, lease, after)
   local out = keys_then_args({ f[1], f[2] }, groups, lease)
   if lease then
     append(out, lease[2])
-    append_limits(out, groups)
+    append_lease_clauses(out, groups)
     return out
   end
   return append_arguments(out, op, groups, after)
@@ -155,7 +174,7 @@ function _M.eval_tail(op, groups, lease, after)
   out[#out + 1] = op
   if lease then
     append(out, lease[2])
-    append_limits(out, groups)
+    append_lease_clauses(out, groups)
     return out
   end
   return append_arguments(out, op, groups, after)
