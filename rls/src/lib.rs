@@ -3,9 +3,12 @@
 //! no Redis or gRPC types; `grpc`, `engine` and `http` are the edges.
 
 pub mod config;
+pub mod engine;
 pub mod error;
+pub mod grpc;
 pub mod keys;
 pub mod matcher;
 pub mod plan;
 pub mod reply;
+pub mod settings;
 pub mod unit;
