@@ -595,3 +595,36 @@ async fn http_healthcheck_and_grpc_health_answer() {
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
 }
+
+#[tokio::test]
+async fn redis_gone_is_unavailable_and_back_is_served_again() {
+    let mut redis = Server::start();
+    let config =
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 10}\n";
+    let mut rls = start(config, &redis, &[]);
+    let mut c = client(&rls).await;
+    let one = || request("d", vec![descriptor(&[("k", "v")])], 0);
+    assert_eq!(codes(&ask(&mut c, one()).await), vec![(OK, 9)]);
+    redis.kill9();
+    let e = c.should_rate_limit(one()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(e.message().starts_with("redis: "), "{e:?}");
+    assert!(
+        rls.child.try_wait().unwrap().is_none(),
+        "tb-rls keeps running"
+    );
+    let same = redis.config.clone();
+    redis.restart_with(same);
+    // The connection manager reconnects in the background: a bounded wait.
+    let mut answer = None;
+    for _ in 0..100 {
+        if let Ok(r) = c.should_rate_limit(one()).await {
+            answer = Some(r.into_inner());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let r = answer.expect("served again once Redis is back");
+    // A fresh server without persistence: a full bucket.
+    assert_eq!(codes(&r), vec![(OK, 9)]);
+}
