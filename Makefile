@@ -77,7 +77,7 @@ FUZZ_STATUS  := target/fuzz-smoke.status
 FUZZ_SECONDS ?= 120
 
 .PHONY: help build run check test test-rust test-matrix test-examples test-python test-dist \
-        test-prometheus test-node test-openresty lint lint-docs lint-rust lint-python lint-prometheus lint-node lint-generated contract \
+        test-prometheus test-node test-openresty test-rls lint lint-docs lint-rust lint-python lint-prometheus lint-node lint-generated contract \
         deps build-deps run-deps prometheus-deps openresty-deps venv python-tools python-wheel node-tools install dist \
         bench bench-python bench-node bench-gateway bench-leases bench-failover charts bench-prometheus bench-nginx run-nginx \
         fuzz fuzz-smoke soak clean
@@ -167,7 +167,7 @@ prometheus-deps: deps venv $(VENV)/.prometheus-tools ## Debian's Prometheus and 
 # integration suite on the rest of the matrix, the example, the Python
 # package, a fuzz smoke run, and the release tarball on a fresh server. Each
 # runs once: the prerequisites are targets, not sub-makes.
-test: deps venv build lint test-rust fuzz-smoke test-matrix test-examples test-python test-node test-openresty test-prometheus test-dist ## install what is missing, build, run every test
+test: deps venv build lint test-rust test-rls fuzz-smoke test-matrix test-examples test-python test-node test-openresty test-prometheus test-dist ## install what is missing, build, run every test
 	@echo "all tests passed; $$(cat $(FUZZ_STATUS))"
 
 # The fast loop for an edit, on a built tree (`make build` once): no server
@@ -187,10 +187,16 @@ $(NODE_CLIENT)/test/node_modules/.package-lock.json: $(NODE_CLIENT)/test/package
 	cd $(NODE_CLIENT)/test && npm ci --no-audit --no-fund --loglevel=error
 
 test-rust: deps venv build ## unit, property and integration tests on Redis 7.0
-	cargo test --workspace --release
+	cargo test --workspace --release --exclude tb-rls
 	@# tb-core's unit tests again with overflow checks (a debug build): its
 	@# integer arithmetic must not wrap, which a release build would hide.
 	cargo test -p tb-core --lib
+
+# tb-rls (rls/): its unit tests, then a real tb-rls process against a real
+# redis-server 7.0, with the module and with the Lua library alone. A
+# debug build: the release profile's fat LTO is there for the module.
+test-rls: run-deps build ## tb-rls, Envoy's rate limit service: unit tests and gRPC tests on Redis 7.0
+	cargo test -p tb-rls
 
 test-matrix: deps venv build ## the integration suite on Redis 8.2 and Valkey 9.1
 	bash scripts/test-matrix.sh

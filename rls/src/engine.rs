@@ -1,0 +1,318 @@
+//! Redis: every limit of a request in one TB.MCONSUME (the module), or
+//! `FCALL tb_mconsume` (the Functions library) where the module is not
+//! loaded, found at startup as the clients find it: the call refused as
+//! an unknown command means the next backend.
+
+use crate::error::Error;
+use crate::plan::Group;
+use crate::reply::Bucket;
+use redis::aio::ConnectionManager;
+use redis::Value;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The Functions library, loaded where the module is missing.
+pub const LIBRARY: &str = include_str!("../../lua/tb.lua");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Module,
+    Functions,
+}
+
+pub struct Engine {
+    conn: ConnectionManager,
+    /// true: the Functions library.
+    functions: AtomicBool,
+}
+
+fn redis_err(e: &redis::RedisError) -> Error {
+    Error::Redis(format!("redis: {e}"))
+}
+
+/// The server says this command doesn't exist here, or this user may not run it.
+fn refused(text: &str) -> bool {
+    let t = text.to_lowercase();
+    t.contains("unknown command") || t.contains("no permissions to run")
+}
+
+fn function_missing(text: &str) -> bool {
+    text.to_lowercase().contains("function not found")
+}
+
+/// The library's version, as `tb_version` answers it.
+pub fn library_version() -> &'static str {
+    let marker = "local LIBRARY_VERSION = '";
+    LIBRARY
+        .find(marker)
+        .and_then(|at| {
+            let rest = &LIBRARY[at + marker.len()..];
+            rest.find('\'').map(|end| &rest[..end])
+        })
+        .unwrap_or("")
+}
+
+fn mconsume(backend: Backend, groups: &[Group]) -> redis::Cmd {
+    let mut cmd;
+    match backend {
+        Backend::Module => {
+            cmd = redis::cmd("TB.MCONSUME");
+            for g in groups {
+                cmd.arg(&g.key)
+                    .arg(g.max)
+                    .arg(g.rate.to_string())
+                    .arg(g.cost);
+            }
+        }
+        Backend::Functions => {
+            cmd = redis::cmd("FCALL");
+            cmd.arg("tb_mconsume").arg(groups.len());
+            for g in groups {
+                cmd.arg(&g.key);
+            }
+            for g in groups {
+                cmd.arg(g.max).arg(g.rate.to_string()).arg(g.cost);
+            }
+        }
+    }
+    cmd
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        _ => None,
+    }
+}
+
+/// `[allowed, retry_after_ms, b1, b2, ...]` with `n` buckets.
+fn parse(reply: &Value, n: usize) -> Result<Vec<Bucket>, Error> {
+    let bad = || {
+        Error::Redis(format!(
+            "redis: TB.MCONSUME answered what it never answers: {reply:?}"
+        ))
+    };
+    let Value::Array(items) = reply else {
+        return Err(bad());
+    };
+    if items.len() != n + 2 {
+        return Err(bad());
+    }
+    let mut buckets = Vec::with_capacity(n);
+    for item in &items[2..] {
+        let Value::Array(b) = item else {
+            return Err(bad());
+        };
+        let [a, rem, retry, reset] = b.as_slice() else {
+            return Err(bad());
+        };
+        let (Some(a), Some(rem), Some(retry), Some(reset)) =
+            (int(a), int(rem), int(retry), int(reset))
+        else {
+            return Err(bad());
+        };
+        buckets.push(Bucket {
+            allowed: a == 1,
+            remaining: rem,
+            retry_after_ms: u64::try_from(retry).unwrap_or(0),
+            reset_after_ms: u64::try_from(reset).unwrap_or(0),
+        });
+    }
+    Ok(buckets)
+}
+
+impl Engine {
+    /// Connects to `url` and finds the backend.
+    pub async fn connect(url: &str) -> Result<Engine, Error> {
+        let client =
+            redis::Client::open(url).map_err(|e| Error::Usage(format!("--redis {url}: {e}")))?;
+        let conn = ConnectionManager::new(client)
+            .await
+            .map_err(|e| Error::Redis(format!("redis at {url}: {e}")))?;
+        let engine = Engine {
+            conn,
+            functions: AtomicBool::new(false),
+        };
+        engine.detect().await?;
+        Ok(engine)
+    }
+
+    pub fn backend(&self) -> Backend {
+        if self.functions.load(Ordering::Relaxed) {
+            Backend::Functions
+        } else {
+            Backend::Module
+        }
+    }
+
+    /// The module if TB.MCONSUME runs (a cost-0 check writes nothing),
+    /// else the Functions library, loaded if missing or not ours.
+    pub async fn detect(&self) -> Result<Backend, Error> {
+        let mut conn = self.conn.clone();
+        let probe = [Group {
+            key: "rls:{probe}".into(),
+            max: 1,
+            rate: 1.0,
+            cost: 0,
+        }];
+        let module_said = match mconsume(Backend::Module, &probe)
+            .query_async::<Value>(&mut conn)
+            .await
+        {
+            Ok(_) => {
+                self.functions.store(false, Ordering::Relaxed);
+                return Ok(Backend::Module);
+            }
+            Err(e) if refused(&e.to_string()) => e.to_string(),
+            Err(e) => return Err(redis_err(&e)),
+        };
+        let version: Result<String, _> = redis::cmd("FCALL_RO")
+            .arg("tb_version")
+            .arg(0)
+            .query_async(&mut conn)
+            .await;
+        let ours = matches!(&version, Ok(v) if v == library_version());
+        if !ours {
+            if let Err(e) = &version {
+                if !function_missing(&e.to_string()) && !refused(&e.to_string()) {
+                    return Err(redis_err(e));
+                }
+            }
+            let loaded: Result<String, _> = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(LIBRARY)
+                .query_async(&mut conn)
+                .await;
+            if let Err(e) = loaded {
+                return Err(Error::Redis(format!(
+                    "redis: neither the module nor the Functions library can run here (TB.MCONSUME: {module_said}; FUNCTION LOAD: {e})"
+                )));
+            }
+        }
+        self.functions.store(true, Ordering::Relaxed);
+        Ok(Backend::Functions)
+    }
+
+    /// The enforced call's buckets (none if `enforced` is empty) and one
+    /// bucket per shadow group, in one round trip. A backend gone since
+    /// startup (a failover to a server without it, FUNCTION FLUSH) is
+    /// found again and the call sent once more: a refused call ran nothing.
+    pub async fn decide(
+        &self,
+        enforced: &[Group],
+        shadow: &[Group],
+    ) -> Result<(Vec<Bucket>, Vec<Bucket>), Error> {
+        match self.send(enforced, shadow).await {
+            Err(e) if refused(&e.to_string()) || function_missing(&e.to_string()) => {
+                self.detect().await?;
+                self.send(enforced, shadow)
+                    .await
+                    .map_err(|e| redis_err(&e))?
+            }
+            other => other.map_err(|e| redis_err(&e))?,
+        }
+    }
+
+    async fn send(
+        &self,
+        enforced: &[Group],
+        shadow: &[Group],
+    ) -> Result<Result<(Vec<Bucket>, Vec<Bucket>), Error>, redis::RedisError> {
+        let backend = self.backend();
+        let mut pipe = redis::pipe();
+        if !enforced.is_empty() {
+            pipe.add_command(mconsume(backend, enforced));
+        }
+        for g in shadow {
+            pipe.add_command(mconsume(backend, std::slice::from_ref(g)));
+        }
+        if enforced.is_empty() && shadow.is_empty() {
+            return Ok(Ok((Vec::new(), Vec::new())));
+        }
+        let mut conn = self.conn.clone();
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        Ok(self.parse_all(&replies, enforced, shadow))
+    }
+
+    fn parse_all(
+        &self,
+        replies: &[Value],
+        enforced: &[Group],
+        shadow: &[Group],
+    ) -> Result<(Vec<Bucket>, Vec<Bucket>), Error> {
+        let mut at = 0;
+        let mut first = Vec::new();
+        if !enforced.is_empty() {
+            first = parse(replies.first().unwrap_or(&Value::Nil), enforced.len())?;
+            at = 1;
+        }
+        let mut rest = Vec::with_capacity(shadow.len());
+        for i in 0..shadow.len() {
+            let b = parse(replies.get(at + i).unwrap_or(&Value::Nil), 1)?;
+            rest.extend(b);
+        }
+        Ok((first, rest))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_library_version_is_read_from_the_library() {
+        let v = library_version();
+        assert!(!v.is_empty() && !v.contains('\''), "{v}");
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_shape_is_an_error_not_a_panic() {
+        assert!(parse(&Value::Nil, 1).is_err());
+        assert!(parse(&Value::Array(vec![Value::Int(1), Value::Int(0)]), 1).is_err());
+        let good = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(0),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Int(9),
+                Value::Int(0),
+                Value::Int(100),
+            ]),
+        ]);
+        let b = parse(&good, 1).unwrap();
+        assert_eq!(
+            (b[0].allowed, b[0].remaining, b[0].reset_after_ms),
+            (true, 9, 100)
+        );
+    }
+
+    #[test]
+    fn both_backends_send_every_group() {
+        let g = vec![
+            Group {
+                key: "a".into(),
+                max: 2,
+                rate: 0.5,
+                cost: 1,
+            },
+            Group {
+                key: "b".into(),
+                max: 3,
+                rate: 1.0,
+                cost: 0,
+            },
+        ];
+        let packed =
+            |c: redis::Cmd| String::from_utf8_lossy(&c.get_packed_command()).replace("\r\n", " ");
+        let m = packed(mconsume(Backend::Module, &g));
+        assert!(
+            m.contains("TB.MCONSUME $1 a $1 2 $3 0.5 $1 1 $1 b $1 3 $1 1 $1 0"),
+            "{m}"
+        );
+        let f = packed(mconsume(Backend::Functions, &g));
+        assert!(
+            f.contains("FCALL $11 tb_mconsume $1 2 $1 a $1 b $1 2 $3 0.5 $1 1 $1 3 $1 1 $1 0"),
+            "{f}"
+        );
+    }
+}

@@ -1,0 +1,84 @@
+//! tb-rls: load the config, find the Redis backend, serve gRPC (RLS v3 and
+//! grpc.health.v1) and HTTP /healthcheck until SIGINT or SIGTERM.
+
+use clap::Parser;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use std::process::ExitCode;
+use std::sync::Arc;
+use tb_rls::config::Config;
+use tb_rls::engine::Engine;
+use tb_rls::error::Error;
+use tb_rls::grpc::Service;
+use tb_rls::settings::{Flags, Settings};
+
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+async fn run() -> Result<(), Error> {
+    let settings = Settings::resolve(Flags::parse(), |k| std::env::var(k).ok())?;
+    let config = Arc::new(Config::load(&settings.config)?);
+    let engine = Arc::new(Engine::connect(&settings.redis).await?);
+    let bind = |addr: &str| {
+        let addr = addr.to_string();
+        async move {
+            tokio::net::TcpListener::bind(&addr)
+                .await
+                .map_err(|e| Error::Usage(format!("cannot listen on {addr}: {e}")))
+        }
+    };
+    let grpc = bind(&settings.grpc_addr).await?;
+    let http = bind(&settings.http_addr).await?;
+    let shown =
+        |l: &tokio::net::TcpListener| l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    // One line a supervisor (or a test) reads to learn the bound ports.
+    println!(
+        "tb-rls: serving grpc={} http={} backend={:?} domains={}",
+        shown(&grpc),
+        shown(&http),
+        engine.backend(),
+        config.domains.len()
+    );
+    let service = Service::new(config, engine, settings.headers);
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<RateLimitServiceServer<Service>>()
+        .await;
+    let app = axum::Router::new().route("/healthcheck", axum::routing::get(|| async { "OK" }));
+    let http_task = tokio::spawn(async move {
+        axum::serve(http, app)
+            .with_graceful_shutdown(shutdown())
+            .await
+    });
+    let incoming = tonic::transport::server::TcpIncoming::from(grpc);
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(RateLimitServiceServer::new(service))
+        .serve_with_incoming_shutdown(incoming, shutdown())
+        .await
+        .map_err(|e| Error::Usage(format!("gRPC server: {e}")))?;
+    http_task.abort();
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tb-rls: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
