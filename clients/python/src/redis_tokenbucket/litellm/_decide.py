@@ -39,7 +39,7 @@ class Refusal:
     limits that answered."""
 
     status: int
-    retry_after: int
+    retry_after: int  # whole seconds
     limit: Optional[Limit]
     answered: tuple[tuple[Limit, Union[Decision, Lease]], ...] = ()
 
@@ -77,6 +77,9 @@ async def decide(
         groups.append((limit.key, limit.rule, cost))
         if limit.kind == "tokens":
             tokens.append((limit, cost))
+    # Under "local", a degraded denial is the in-process limit's: a 429 like
+    # Redis's; under "closed" it is Redis failing: a 503.
+    local = lim.on_error == "local"
     taken: list[Lease] = []
     for i, slot in enumerate(slots):
         carries = groups if (i == len(slots) - 1 and not cluster) else []
@@ -84,7 +87,7 @@ async def decide(
         lease = await lim.acquire(slot.key, slot.rule, buckets=carries, id=lease_id)
         if not lease.acquired:
             await _give_back(lim, taken)
-            return _refused_lease(slot, lease, by_key)
+            return _refused_lease(slot, lease, by_key, local)
         taken.append(lease)
         if carries:
             groups = []
@@ -97,7 +100,7 @@ async def decide(
         many = await lim.consume_many(groups)
         if not many.allowed:
             await _give_back(lim, taken)
-            return _refused_many(many, by_key, answered)
+            return _refused_many(many, by_key, answered, local)
         answered += [(by_key[str(d.key)], d) for d in many.decisions]
         degraded = degraded or many.degraded
     holds = [lim.keep(lease) for lease in taken]
@@ -115,10 +118,10 @@ async def _give_back(lim: Limiter, taken: list[Lease]) -> None:
                         lease.concurrency.lease_ms)  # fmt: skip
 
 
-def _refused_lease(slot: Limit, lease: Lease, by_key: dict[str, Limit]) -> Refusal:
+def _refused_lease(slot: Limit, lease: Lease, by_key: dict[str, Limit], local: bool) -> Refusal:
     answered: tuple[tuple[Limit, Union[Decision, Lease]], ...] = ((slot, lease),)
     answered += tuple((by_key[str(d.key)], d) for d in lease.decisions)
-    if lease.shed or lease.degraded:
+    if lease.shed or (lease.degraded and not local):
         return Refusal(503, max(lease.retry_after, 1), None)
     if lease.busy:
         return Refusal(429, lease.retry_after, slot, answered)
@@ -127,9 +130,9 @@ def _refused_lease(slot: Limit, lease: Lease, by_key: dict[str, Limit]) -> Refus
 
 
 def _refused_many(
-    many: MultiDecision, by_key: dict[str, Limit], answered: list[tuple[Limit, Union[Decision, Lease]]]
+    many: MultiDecision, by_key: dict[str, Limit], answered: list[tuple[Limit, Union[Decision, Lease]]], local: bool
 ) -> Refusal:
-    if many.shed or many.degraded:
+    if many.shed or (many.degraded and not local):
         return Refusal(503, max(many.retry_after, 1), None)
     denied = many.tightest
     got = tuple(answered) + tuple((by_key[str(d.key)], d) for d in many.decisions)
