@@ -38,7 +38,9 @@ class TokenBucketHook(CustomLogger):
         super().__init__()
         self.rules = rules
         self._limiter = limiter
-        self._cluster = False
+        # A Cluster limiter's keys of one request lie in several slots: its
+        # leases can't carry the buckets (see _decide).
+        self._cluster = limiter is not None and isinstance(limiter.client, redis.asyncio.RedisCluster)
         # The requests admitted and not yet settled, by LiteLLM's call id.
         self.open: dict[str, Reservation] = {}
 
