@@ -30,6 +30,11 @@ PY_CLIENT     := clients/python
 PY_TOOL_PKGS  := build==1.6.1 hatchling==1.33.0 ruff==0.17.5 mypy==2.4.1
 PY_TEST_PKGS  := redis==5.0.8 pytest==8.3.4 fastapi==0.115.6 httpx==0.28.1 pydantic==2.10.4 \
                  fakeredis==2.41.0 lupa==2.8
+# The LiteLLM proxy hook's tests run on the oldest and the newest litellm
+# the package's `litellm` extra allows, each in a venv of its own
+# (clients/python/.venv-litellm-<version>; litellm is too heavy for the others).
+LITELLM_VERSIONS := 1.108.0 1.108.7
+LITELLM_TEST_PKGS := pytest==8.3.4 httpx==0.28.1 lupa==2.8
 # And again with what `pip install` brings a user today: the newest versions
 # the package's bounds allow.
 PY_LATEST_PKGS := redis fastapi httpx pydantic pytest fakeredis lupa
@@ -77,7 +82,7 @@ FUZZ_STATUS  := target/fuzz-smoke.status
 FUZZ_SECONDS ?= 120
 
 .PHONY: help build run check test test-rust test-matrix test-examples test-python test-dist \
-        test-prometheus test-node test-openresty test-rls lint lint-docs lint-rust lint-python lint-prometheus lint-node lint-generated contract \
+        test-prometheus test-node test-openresty test-rls test-litellm lint lint-docs lint-rust lint-python lint-prometheus lint-node lint-generated contract \
         deps build-deps run-deps prometheus-deps openresty-deps venv python-tools python-wheel node-tools install dist \
         bench bench-python bench-node bench-gateway bench-leases bench-failover charts bench-prometheus bench-nginx run-nginx \
         fuzz fuzz-smoke soak clean
@@ -167,7 +172,7 @@ prometheus-deps: deps venv $(VENV)/.prometheus-tools ## Debian's Prometheus and 
 # integration suite on the rest of the matrix, the example, the Python
 # package, a fuzz smoke run, and the release tarball on a fresh server. Each
 # runs once: the prerequisites are targets, not sub-makes.
-test: deps venv build lint test-rust test-rls fuzz-smoke test-matrix test-examples test-python test-node test-openresty test-prometheus test-dist ## install what is missing, build, run every test
+test: deps venv build lint test-rust test-rls fuzz-smoke test-matrix test-examples test-python test-litellm test-node test-openresty test-prometheus test-dist ## install what is missing, build, run every test
 	@echo "all tests passed; $$(cat $(FUZZ_STATUS))"
 
 # The fast loop for an edit, on a built tree (`make build` once): no server
@@ -209,6 +214,19 @@ test-examples: deps venv build python-tools ## the FastAPI gateway example's tes
 test-python: deps venv build python-wheel ## the Python package, from its wheel, on every server (pinned and newest libraries)
 	bash scripts/test-python.sh pinned $(PY_TEST_PKGS)
 	bash scripts/test-python.sh latest $(PY_LATEST_PKGS)
+
+# The package from this checkout, installed over each venv's litellm.
+test-litellm: deps build ## the LiteLLM proxy hook against real proxies (two sharing Redis: module, Lua library), on litellm 1.108.0 and 1.108.7
+	@for v in $(LITELLM_VERSIONS); do \
+	  venv=$(CURDIR)/$(PY_CLIENT)/.venv-litellm-$$v; \
+	  if [ ! -f $$venv/.installed ]; then \
+	    rm -rf $$venv && python3 -m venv $$venv && \
+	    $$venv/bin/pip install -q --disable-pip-version-check "litellm[proxy]==$$v" $(LITELLM_TEST_PKGS) && \
+	    touch $$venv/.installed || exit 1; \
+	  fi; \
+	  $$venv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall ./$(PY_CLIENT) >/dev/null && \
+	  echo "== litellm $$v" && (cd $(PY_CLIENT) && $$venv/bin/pytest -q tests/test_litellm.py) || exit 1; \
+	done
 
 # `python -m build` makes the sdist and, from it, the wheel (the build hook
 # copies lua/ in).
