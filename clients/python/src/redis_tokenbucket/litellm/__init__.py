@@ -55,7 +55,7 @@ def from_env() -> TokenBucketHook:
 
 
 def _proxy_config_path() -> Any:
-    from litellm.proxy import proxy_server
+    from litellm.proxy import proxy_server  # type: ignore[import-not-found, unused-ignore]
 
     return getattr(proxy_server, "user_config_file_path", None)
 

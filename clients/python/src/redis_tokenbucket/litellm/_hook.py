@@ -13,8 +13,11 @@ from typing import Any, Optional
 
 import redis.asyncio
 from fastapi import HTTPException
-from litellm.integrations.custom_logger import CustomLogger
-from litellm.proxy.common_utils.proxy_rate_limit_error import ProxyRateLimitError, map_v3_rate_limit_type
+from litellm.integrations.custom_logger import CustomLogger  # type: ignore[import-not-found, unused-ignore]
+from litellm.proxy.common_utils.proxy_rate_limit_error import (  # type: ignore[import-not-found, unused-ignore]
+    ProxyRateLimitError,
+    map_v3_rate_limit_type,
+)
 
 from .._hold import background
 from ..asyncio import Limiter
@@ -26,7 +29,7 @@ from ._rules import Rules
 log = logging.getLogger("redis_tokenbucket.litellm")
 
 
-class TokenBucketHook(CustomLogger):
+class TokenBucketHook(CustomLogger):  # type: ignore[misc, unused-ignore]
     """Rate limits for LiteLLM's proxy, in Redis, exact across instances.
 
     ``TokenBucketHook(rules)``; the proxy loads the package's instance,
@@ -144,7 +147,7 @@ def _delta_text(chunk: Any) -> str:
 def _stream_usage(reservation: Reservation, completion: str) -> int:
     """A stream's tokens when it reports no usage: the prompt's, plus the
     streamed text's as LiteLLM counts them."""
-    import litellm
+    import litellm  # type: ignore[import-not-found, unused-ignore]
 
     if not completion:
         return reservation.prompt_tokens
