@@ -265,8 +265,13 @@ async def take_stream_slots(
         refuse_lease(deployment)
     try:
         lease, fields = await take_user_slot(request, principal, budget)
-    except BaseException:
+    except BaseException as exc:
         await give_back(limiter, deployment)
+        if isinstance(exc, GatewayError) and exc.status == 429 and exc.headers is not None:
+            # The user's refusal names both policies, as an admitted stream
+            # does; the deployment's slot is back, so it counts as free.
+            given_back = replace(deployment, in_use=deployment.in_use - deployment.weight)
+            exc.headers = with_fields(rate_limit_headers(given_back), exc.headers)
         raise
     return [deployment, lease], with_fields(rate_limit_headers(deployment), fields)
 

@@ -81,7 +81,12 @@ def test_a_full_set_of_streams_is_a_429_that_charges_nothing(make_client, server
     assert res.status_code == 429
     assert res.json() == {"error": "rate_limited", "dimension": "streams", "retry_after": 60}
     assert res.headers["Retry-After"] == "60"
-    assert res.headers["RateLimit"].startswith('"streams";r=0;t=60, "user";r=3;')
+    # Both policies named, as on an admitted stream; the deployment's slot
+    # is back, so all 5 are free.
+    assert res.headers["RateLimit-Policy"].startswith(
+        '"model_streams";q=5;qu="concurrent-requests", "streams";q=2;qu="concurrent-requests", "user";q=3;'
+    )
+    assert res.headers["RateLimit"].startswith('"model_streams";r=5, "streams";r=0;t=60, "user";r=3;')
     # All or nothing: no request token, no LLM token spent, and the
     # deployment's slot given back.
     assert server.peek(r, "rl:user:u-free", LIMITS.tiers["free"].user)[1] == 3
