@@ -122,8 +122,13 @@ const REMEMBERED = 10_000;
  *
  * A function `limit` (a limit per request) makes a bucket per limit: the
  * Store calls it with the request, which express-rate-limit does not pass
- * to stores, so the middleware must be wrapped: `app.use(store.wrap(rateLimit({ ..., store })))`.
+ * to stores, so the middleware must be wrapped: `app.use(store.wrap(rateLimit({ ..., store })))`;
+ * unwrapped, the app stops at startup with a TypeError naming store.wrap.
  */
+const NEEDS_WRAP =
+  "TokenBucketStore: a function `limit` needs the request, which express-rate-limit does not give " +
+  "a store: wrap the middleware, app.use(store.wrap(rateLimit({ ..., store })))";
+
 export class TokenBucketStore {
   readonly localKeys = false;
   private readonly given: Bucket | undefined;
@@ -142,6 +147,7 @@ export class TokenBucketStore {
   // was counted under (what get and resetKey use outside a request).
   private readonly buckets = new Map<number, Limits>();
   private readonly lastLimit = new Map<string, number>();
+  private wrapped = false;
 
   constructor(
     readonly limiter: Limiter,
@@ -187,8 +193,15 @@ export class TokenBucketStore {
       );
     }
     this.windowMs = windowMs;
-    if (typeof limit === "function") this.limitOf = limit;
-    else this.fixed = this.limitsOf(limit);
+    if (typeof limit === "function") {
+      this.limitOf = limit;
+      // rateLimit() calls init before its middleware can be wrapped, so the
+      // check waits for the app's setup to finish: an unwrapped middleware
+      // could only fail every request, so it stops the app at startup.
+      setImmediate(() => {
+        if (!this.wrapped) throw new TypeError(NEEDS_WRAP);
+      });
+    } else this.fixed = this.limitsOf(limit);
   }
 
   /**
@@ -197,6 +210,7 @@ export class TokenBucketStore {
    * `limit` needs. Its `resetKey` and `getKey` stay.
    */
   wrap<M extends (request: Request, response: Response, next: NextFunction) => unknown>(middleware: M): M {
+    this.wrapped = true;
     const wrapped = (request: Request, response: Response, next: NextFunction) =>
       current.run({ request, response }, () => middleware(request, response, next));
     return Object.assign(wrapped, middleware) as unknown as M;
@@ -216,10 +230,7 @@ export class TokenBucketStore {
     }
     const request = current.getStore();
     if (request === undefined) {
-      throw new TypeError(
-        "TokenBucketStore: a function `limit` needs the request, which express-rate-limit does not give " +
-          "a store: wrap the middleware, app.use(store.wrap(rateLimit({ ..., store })))",
-      );
+      throw new TypeError(NEEDS_WRAP);
     }
     if (request.limits === undefined) {
       const limit = await this.limitOf(request.request, request.response);

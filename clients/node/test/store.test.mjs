@@ -4,6 +4,7 @@
 // of the request.
 
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
 import { after, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import express from "express";
@@ -163,17 +164,7 @@ test("a function limit: each request's limit is its own bucket (store.wrap gives
   app.use(limited);
   app.get("/", ok);
   app.get("/fail", (_req, res) => res.status(500).send("no"));
-  // The same, unwrapped: the store can't know the limit.
-  const bare = express();
-  const errors = [];
-  bare.use(expressRateLimit({ windowMs: HOUR, limit: () => 2, store: new TokenBucketStore(lim), logger: erlLogger() }));
-  bare.get("/", ok);
-  bare.use((error, _req, res, _next) => {
-    errors.push(error.message);
-    res.status(500).send("x");
-  });
   const s = await serve(app);
-  const b = await serve(bare);
   try {
     const run = async (n, headers) => {
       const out = [];
@@ -199,12 +190,34 @@ test("a function limit: each request's limit is its own bucket (store.wrap gives
     await limited.resetKey("alice");
     assert.deepEqual(await run(1, { "x-user": "alice" }), [200]);
     assert.equal((await limited.getKey("alice")).totalHits, 1);
-    // Unwrapped: a clear error, not a count against a guessed limit.
-    assert.equal((await get(`${b.url}/`)).status, 500);
-    assert.match(errors[0], /function `limit`.*store\.wrap/);
   } finally {
     s.close();
-    b.close();
     c.close();
   }
+});
+
+test("a function limit unwrapped stops the app at startup, naming store.wrap, not a 500 per request", () => {
+  // The store can't know such a limit without the request: an app that
+  // forgot store.wrap must not start, let alone serve 500s.
+  const app = (wrap) => `
+    const express = require("express");
+    const { rateLimit } = require("express-rate-limit");
+    const { Limiter } = require("redis-tokenbucket");
+    const { TokenBucketStore } = require("redis-tokenbucket/express");
+    const Redis = require("ioredis");
+    const store = new TokenBucketStore(new Limiter(new Redis({ lazyConnect: true })));
+    const limited = rateLimit({ windowMs: 60000, limit: () => 2, store });
+    express().use(${wrap ? "store.wrap(limited)" : "limited"});
+    setTimeout(() => console.log("serving"), 50);`;
+  const run = (wrap) => spawnSync(process.execPath, ["-e", app(wrap)], { encoding: "utf8", timeout: 10_000 });
+  const bare = run(false);
+  assert.notEqual(bare.status, 0);
+  assert.match(
+    bare.stderr,
+    /TypeError: TokenBucketStore: a function `limit` needs the request.*store\.wrap\(rateLimit/,
+  );
+  assert.doesNotMatch(bare.stdout, /serving/);
+  const wrapped = run(true);
+  assert.equal(wrapped.status, 0, wrapped.stderr);
+  assert.equal(wrapped.stdout, "serving\n");
 });
