@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any, Optional
 
@@ -22,6 +23,7 @@ from tbasgi import PeerFromHeader, read_then_disconnect
 from tbservers import free_port
 
 import redis_tokenbucket.asyncio as tb_asyncio
+import redis_tokenbucket.fastapi
 from redis_tokenbucket import Bucket, Concurrency
 from redis_tokenbucket.fastapi import (
     QUOTA_EXCEEDED,
@@ -191,10 +193,38 @@ def test_the_fields_of_rate_limit_and_concurrency_dependencies_add_up(module_tar
     assert in_flight(module_target) == 0
 
 
-def test_the_dependency_needs_install(module_target: Target):
-    app = make_app(module_target.server.port, "dependency", handlers=False)
-    with TestClient(app, raise_server_exceptions=True) as client, pytest.raises(RuntimeError, match="install"):
-        client.get("/v1/plain", headers={"X-API-Key": "k1"})
+def test_without_install_the_app_says_so_at_startup_and_takes_no_slot(
+    module_target: Target, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    """An app built inside the server's event loop (as uvicorn loads it)
+    without install(app) is told once, before any request; each request
+    that would hold a slot is then a 500 naming the fix, with no traceback
+    and no slot taken. With install(app), nothing is said."""
+    monkeypatch.setattr(redis_tokenbucket.fastapi, "_installed", False)
+    monkeypatch.setattr(redis_tokenbucket.fastapi, "_told_uninstalled", False)
+    port = module_target.server.port
+
+    async def load(handlers: bool) -> FastAPI:
+        app = make_app(port, "dependency", handlers=handlers)
+        await asyncio.sleep(0)  # the server's next turn, before any request
+        return app
+
+    with caplog.at_level(logging.ERROR, logger="redis_tokenbucket"):
+        app = asyncio.run(load(False))
+    told = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(told) == 1 and "install(app) was not called" in told[0]
+    with TestClient(app, raise_server_exceptions=True) as client:
+        for _ in range(3):
+            res = client.get("/v1/plain", headers={"X-API-Key": "k1"})
+            assert res.status_code == 500
+            assert "needs install(app)" in res.json()["detail"]["detail"]
+    assert in_flight(module_target) == 0
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1  # said once
+    caplog.clear()
+    monkeypatch.setattr(redis_tokenbucket.fastapi, "_told_uninstalled", False)
+    with caplog.at_level(logging.ERROR, logger="redis_tokenbucket"):
+        asyncio.run(load(True))
+    assert not [r for r in caplog.records if r.levelno == logging.ERROR]
 
 
 @pytest.mark.parametrize("policy", ["open", "closed"])

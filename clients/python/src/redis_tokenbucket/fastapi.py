@@ -25,9 +25,10 @@ Redis's word (shed under overload, or Redis failing under the policy
 # No `from __future__ import annotations` here: FastAPI reads the
 # dependency's signature at run time, and can't resolve string annotations
 # on a callable instance.
+import asyncio
 import json
 import logging
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -36,6 +37,7 @@ from starlette.responses import JSONResponse, Response
 from ._decision import MultiDecision
 from ._http import QUOTA_EXCEEDED, ConcurrencyRule, Holds, MissingIdentity, Rule, Then, add_fields
 from ._lease import Lease
+from ._requests import OnError
 from ._starlette import (
     HEADERS_SCOPE_KEY,
     HOLDS_SCOPE_KEY,
@@ -107,8 +109,15 @@ def install(app: Any) -> None:
     itself: JSONResponse, StreamingResponse...), and holds the request's
     leases until the response's last byte is sent. Call it before the app
     starts."""
+    global _installed
+    _installed = True
     app.add_exception_handler(RateLimitRefused, _refused_handler)
     app.add_middleware(RateLimitHeaders)
+
+
+# Whether install(app) has run in this process: what ConcurrencyLimit's
+# startup check asks, since a dependency never sees its app before a request.
+_installed = False
 
 
 async def hold_until_sent(request: Request, limiter: Limiter, lease: Lease, then: Optional[Then] = None) -> None:
@@ -119,7 +128,7 @@ async def hold_until_sent(request: Request, limiter: Limiter, lease: Lease, then
     `install(app)`. `Busy` if the lease was not acquired."""
     holds = request.scope.get(HOLDS_SCOPE_KEY)
     if not isinstance(holds, Holds):
-        raise RuntimeError(_NEEDS_INSTALL)
+        _refuse_uninstalled()
     hold = limiter.keep(lease)
     await hold.__aenter__()
     holds.add(hold, then)
@@ -129,6 +138,38 @@ _NEEDS_INSTALL = (
     "holding a lease until the response is sent needs install(app): its middleware releases the lease after "
     "the last byte (use ConcurrencyMiddleware for an app without it)"
 )
+_told_uninstalled = False
+
+
+def _refuse_uninstalled() -> NoReturn:
+    """A request that needs install(app)'s middleware in an app without
+    it: nothing can release its slot, so it is refused with a 500 naming
+    the fix, logged once rather than a traceback per request."""
+    global _told_uninstalled
+    if not _told_uninstalled:
+        _told_uninstalled = True
+        log.error("%s; every request that holds a slot is refused with a 500 until it is called", _NEEDS_INSTALL)
+    body = {"type": "about:blank", "title": "Internal Server Error", "status": 500, "detail": _NEEDS_INSTALL}
+    raise RateLimitRefused(JSONResponse(body, status_code=500), body)
+
+
+def _check_installed_at_startup() -> None:
+    """Says at startup, once, that install(app) was never called, where it
+    can: an ASGI server that loads the app inside its event loop (uvicorn
+    does) runs this once the app's module has run, before any request. A
+    dependency built outside a running loop is checked at its first request."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+
+    def check() -> None:
+        global _told_uninstalled
+        if not _installed and not _told_uninstalled:
+            _told_uninstalled = True
+            log.error("ConcurrencyLimit is used, and install(app) was not called as the app loaded: %s", _NEEDS_INSTALL)
+
+    loop.call_soon(check)
 
 
 # ---- the dependencies ------------------------------------------------------------------
@@ -185,10 +226,22 @@ class ConcurrencyLimit(ConcurrencyLimitBase):
     failing under "closed" is a 503; "open" admits. Returns the Lease (None
     when the rule does not apply)."""
 
+    def __init__(
+        self,
+        limiter: Limiter,
+        rule: ConcurrencyRule,
+        *rules: Rule,
+        on_error: Optional[OnError] = None,
+        timeout: Optional[float] = None,
+        legacy_headers: bool = False,
+    ) -> None:
+        super().__init__(limiter, rule, *rules, on_error=on_error, timeout=timeout, legacy_headers=legacy_headers)
+        _check_installed_at_startup()
+
     async def __call__(self, request: Request) -> Optional[Lease]:
         holds = request.scope.get(HOLDS_SCOPE_KEY)
         if not isinstance(holds, Holds):
-            raise RuntimeError(_NEEDS_INSTALL)
+            _refuse_uninstalled()
         try:
             held = await self.hold(request)
         except MissingIdentity as missing:
