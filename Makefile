@@ -49,6 +49,8 @@ OPENRESTY      := clients/openresty
 OPENRESTY_PKGS := nginx libnginx-mod-http-lua lua-nginx-redis lua-cjson luajit2
 OPENRESTY_LIB  := $(OPENRESTY)/lib/resty/tokenbucket/library.lua
 NGINX_PORT     ?= 8080
+RLS_GRPC_PORT  ?= 8081
+RLS_HTTP_PORT  ?= 8082
 # `make install PREFIX=... [DESTDIR=...]` and `make dist`.
 PREFIX       ?= /usr/local
 MODULEDIR     = $(PREFIX)/lib/redis/modules
@@ -84,7 +86,7 @@ FUZZ_SECONDS ?= 120
 .PHONY: help build run check test test-rust test-matrix test-examples test-python test-dist \
         test-prometheus test-node test-openresty test-rls test-litellm lint lint-docs lint-rust lint-python lint-prometheus lint-node lint-generated contract \
         deps build-deps run-deps prometheus-deps openresty-deps venv python-tools python-wheel node-tools install dist \
-        bench bench-python bench-node bench-gateway bench-leases bench-failover charts bench-prometheus bench-nginx run-nginx \
+        bench bench-python bench-node bench-gateway bench-leases bench-failover charts bench-prometheus bench-nginx run-nginx run-rls \
         fuzz fuzz-smoke soak clean
 
 # Grouped under the `# ---- name ----` headings below, in file order.
@@ -116,6 +118,11 @@ $(OPENRESTY_LIB): lua/tb.lua lua/gen_eval.py $(OPENRESTY)/gen_library.py
 
 run-nginx: openresty-deps $(OPENRESTY_LIB) ## the nginx gateway example on 127.0.0.1:8080 (NGINX_PORT=...), Redis at GATEWAY_REDIS_URL (`make run`'s by default)
 	bash examples/nginx-gateway/run.sh $(NGINX_PORT)
+
+run-rls: build ## tb-rls, Envoy's rate limit service, on examples/envoy's limits: gRPC 127.0.0.1:8081, HTTP :8082, Redis at `make run`'s PORT
+	cargo build --release -p tb-rls
+	target/release/tb-rls --config examples/envoy/ratelimit --redis redis://127.0.0.1:$(PORT)/ \
+	  --grpc-addr 127.0.0.1:$(RLS_GRPC_PORT) --http-addr 127.0.0.1:$(RLS_HTTP_PORT)
 
 contract: ## rewrite every copy of contract/contract.json (Rust, Lua, Python, Node, OpenResty)
 	python3 contract/gen.py
