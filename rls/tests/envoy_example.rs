@@ -15,10 +15,14 @@ fn example(file: &str) -> PathBuf {
         .join(file)
 }
 
+/// One action: its descriptor key, the header its value comes from, and
+/// a generic_key's fixed value.
+type Action = (String, Option<String>, Option<String>);
+
 /// Each `rate_limits` entry of envoy.yaml's routes: its descriptor keys,
 /// in order, and the header each one comes from (None: a generic_key,
 /// whose value is fixed).
-fn actions() -> Vec<Vec<(String, Option<String>, Option<String>)>> {
+fn actions() -> Vec<Vec<Action>> {
     let text = std::fs::read_to_string(example("envoy.yaml")).unwrap();
     let docs = Yaml::load_from_str(&text).unwrap();
     let mut out = Vec::new();
