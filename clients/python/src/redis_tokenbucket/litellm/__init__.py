@@ -42,7 +42,7 @@ def from_env() -> TokenBucketHook:
     config = os.environ.get("CONFIG_FILE_PATH") or _proxy_config_path()
     if not config:
         raise RulesError(f"no rules: set {RULES_ENV} to a rules file, or add a {SECTION} section to config.yaml")
-    import yaml
+    import yaml  # type: ignore[import-untyped, unused-ignore]
 
     try:
         with open(config) as f:

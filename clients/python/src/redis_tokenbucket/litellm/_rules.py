@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
+import yaml  # type: ignore[import-untyped, unused-ignore]
 
 from .._bucket import Bucket
 from .._lease import Concurrency
