@@ -13,6 +13,7 @@ async_pre_call_hook before the call, then the success or failure hook.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import importlib.util
 import os
 from collections import Counter
@@ -377,6 +378,38 @@ def test_bad_input_is_a_400_naming_it_and_a_huge_max_tokens_reserves_the_whole_b
     run(body())
 
 
+def test_calendar_budgets_reserve_settle_and_refund_within_the_period(db_redis: Server):
+    async def body() -> None:
+        budgets = [{"tokens": 1000, "per": "day"}, {"requests": 3, "per": "month", "offset": 60}]
+        hook = hook_on(db_redis, tiers={"default": {"key": {"budgets": budgets}}})
+        auth = UserAPIKeyAuth(api_key="sk-budget")
+        first = await admit(hook, auth, request(max_tokens=900))
+        denied = await refused(hook, auth, request(max_tokens=900))  # 900 more don't fit today
+        assert denied.headers["rate_limit_type"] == "tokens"
+        assert denied.headers["x-ratelimit-key-limit-tokens-day"] == "1000"
+        assert "1000 tokens a day" in str(denied.detail)
+        # A quota doesn't refill: the wait is until the next UTC midnight.
+        now = datetime.datetime.now(datetime.timezone.utc)
+        midnight = datetime.datetime.combine(now.date() + datetime.timedelta(days=1), datetime.time(), now.tzinfo)
+        assert abs(int(denied.headers["retry-after"]) - (midnight - now).total_seconds()) <= 2
+        # Settled to its usage, the rest of the day's budget is back.
+        await hook.async_post_call_success_hook(first, auth, {"usage": {"total_tokens": 40}})
+        second = await admit(hook, auth, request(max_tokens=900))
+        # A failed call gives its whole reservation back.
+        await hook.async_post_call_failure_hook(second, Exception("upstream 500"), auth)
+        third = await admit(hook, auth, request(max_tokens=900))
+        await hook.async_post_call_success_hook(third, auth, {"usage": {"total_tokens": 10}})
+        # Three requests this month (the denial counted none): the fourth is refused.
+        over = await refused(hook, auth, request(max_tokens=1))
+        assert over.headers["rate_limit_type"] == "requests"
+        assert over.headers["x-ratelimit-key-remaining-requests-month"] == "0"
+        with db_redis.client() as admin:
+            used = {k.decode().rsplit(":", 1)[0]: admin.hget(k, "used") for k in admin.keys("llm:key:*")}
+        assert used == {"llm:key:tokens:day": b"50", "llm:key:requests:month+60": b"3"}
+
+    run(body())
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -387,6 +420,23 @@ def test_bad_input_is_a_400_naming_it_and_a_huge_max_tokens_reserves_the_whole_b
         ({"tiers": {"default": {"key": {"parallel": 2_000_000}}}}, "test: tiers.default.key: limit must be"),
         ({"models": {"gpt": {"tpm": 1.5}}}, "test: models.gpt: tpm must be a whole number >= 1, got 1.5"),
         ({"lease_ms": 0}, "test: lease_ms must be a whole number >= 1, got 0"),
+        (
+            {"tiers": {"default": {"key": {"budgets": [{"tokens": 5, "per": "fortnight"}]}}}},
+            "test: tiers.default.key.budgets[0]: period must be",
+        ),
+        (
+            {"models": {"gpt": {"budgets": [{"tokens": 5, "requests": 1, "per": "day"}]}}},
+            "test: models.gpt.budgets[0]: give one of requests or tokens",
+        ),
+        (
+            {"models": {"gpt": {"budgets": [{"tokens": 5, "per": "day", "offset": 1440}]}}},
+            "test: models.gpt.budgets[0]: offset must be",
+        ),
+        (
+            {"models": {"gpt": {"budgets": [{"tokens": 5, "per": "day"}, {"tokens": 9, "per": "DAY"}]}}},
+            "test: models.gpt.budgets[1]: a second tokens budget per day",
+        ),
+        ({"models": {"gpt": {"budgets": {"tokens": 5}}}}, "test: models.gpt.budgets: must be a list of budgets"),
     ],
 )
 def test_malformed_rules_are_refused_naming_the_field(spec: dict[str, Any], message: str):
@@ -401,3 +451,13 @@ def test_a_rules_file_that_cant_be_read_is_named(tmp_path: Path):
     (tmp_path / "bad.yaml").write_text("tiers: [unclosed")
     with pytest.raises(RulesError, match=r"bad\.yaml: not YAML"):
         load(str(tmp_path / "bad.yaml"))
+
+
+def test_the_examples_rules_load_with_their_budgets():
+    rules = load(str(Path(__file__).resolve().parents[3] / "examples" / "litellm" / "rules.yaml"))
+    team = rules.tiers["pro"]["team"]
+    assert [(b.kind, b.amount, b.per, b.offset) for b in team.budgets] == [
+        ("tokens", 100_000_000, "month", 0),
+        ("requests", 50_000, "day", -300),
+    ]
+    assert rules.tiers["default"]["key"].budgets[0].per == "month"

@@ -25,6 +25,7 @@ from .._bucket import Bucket
 from .._decision import Decision, MultiDecision
 from .._hold import AsyncHold
 from .._lease import Concurrency, Lease
+from .._quota import Quota, Rule
 from ..asyncio import Limiter
 from ._limits import Limit
 
@@ -63,8 +64,9 @@ async def decide(
     lim: Limiter, limits: list[Limit], reserve: int, lease_id: str, cluster: bool
 ) -> Union[Reservation, Refusal]:
     """Admits the request against every limit or none; `reserve` is the
-    tokens charged to each token bucket (at most its whole minute)."""
-    groups: list[tuple[str, Bucket, float]] = []
+    tokens charged to each token bucket (at most its whole minute) and
+    each token budget (at most its whole period)."""
+    groups: list[tuple[str, Rule, float]] = []
     tokens: list[tuple[Limit, int]] = []
     by_key: dict[str, Limit] = {}
     slots: list[Limit] = []
@@ -155,7 +157,7 @@ async def settle(lim: Limiter, reservation: Reservation, used: Optional[int]) ->
         delta = charged - (used if used is not None else 0)
         if delta == 0:
             continue
-        assert isinstance(limit.rule, Bucket)
+        assert isinstance(limit.rule, (Bucket, Quota))
         try:
             await lim.adjust(limit.key, limit.rule, delta, on_error="open")
         except Exception as exc:

@@ -1,8 +1,9 @@
 """The headers of a refusal, as LiteLLM's own limiter sends them:
 `retry-after`, `rate_limit_type`, and `x-ratelimit-<dimension>-
-{remaining,limit}-<kind>` for each limit that answered, plus OpenAI's
-`x-ratelimit-{limit,remaining}-{requests,tokens}` of the tightest of each
-kind, which OpenAI SDKs read."""
+{remaining,limit}-<kind>` for each limit that answered (`-<kind>-<period>`
+for a calendar budget, as `x-ratelimit-key-remaining-tokens-month`), plus
+OpenAI's `x-ratelimit-{limit,remaining}-{requests,tokens}` of the
+tightest of each kind, budgets included, which OpenAI SDKs read."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def limit_headers(answered: Answered) -> dict[str, str]:
         if answer.degraded or answer.shed:
             continue
         remaining = answer.remaining if isinstance(answer, Lease) else max(answer.remaining, 0)
-        headers[f"x-ratelimit-{limit.dimension}-remaining-{limit.kind}"] = str(remaining)
-        headers[f"x-ratelimit-{limit.dimension}-limit-{limit.kind}"] = str(limit.limit)
+        kind = f"{limit.kind}-{limit.period}" if limit.period else limit.kind
+        headers[f"x-ratelimit-{limit.dimension}-remaining-{kind}"] = str(remaining)
+        headers[f"x-ratelimit-{limit.dimension}-limit-{kind}"] = str(limit.limit)
         if limit.kind != "max_parallel_requests" and remaining < tightest.get(limit.kind, (0, remaining + 1))[1]:
             tightest[limit.kind] = (limit.limit, remaining)
     for kind, (most, left) in tightest.items():
@@ -50,8 +52,14 @@ def refusal_detail(refusal: Refusal) -> str:
         return (
             f"Rate limiting is unavailable (Redis failing, or this proxy too busy); retry in {refusal.retry_after} s."
         )
-    unit = {"requests": "requests a minute", "tokens": "tokens a minute", "max_parallel_requests": "in flight"}
+    if limit.period is None:
+        unit = {"requests": "requests a minute", "tokens": "tokens a minute", "max_parallel_requests": "in flight"}
+        per = unit[limit.kind]
+    elif limit.period[0].isdigit():  # a fixed period, "3600s"
+        per = f"{limit.kind} per {limit.period}"
+    else:
+        per = f"{limit.kind} a {limit.period}"
     return (
         f"Rate limit exceeded for {limit.dimension}. Limit type: {limit.kind}. "
-        f"Current limit: {limit.limit} {unit[limit.kind]}. Retry in {refusal.retry_after} s."
+        f"Current limit: {limit.limit} {per}. Retry in {refusal.retry_after} s."
     )

@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional, Union
 
 from .._bucket import Bucket
 from .._lease import Concurrency
+from .._quota import Quota
 from ._rules import Limits, Rules, per_minute
 
 # LiteLLM's names for the three kinds (its rate_limit_type).
@@ -27,17 +28,19 @@ class BadRequest(ValueError):
 class Limit:
     """One limit a request meets: `dimension` (key, user, team, end_user,
     model: per key and model group; deployment: the model group for all
-    callers), its `kind`, the Redis `key` and the rule charged there."""
+    callers), its `kind`, the Redis `key` and the rule charged there; a
+    calendar budget's `period` ("day", "month", "3600s"), else None."""
 
     dimension: str
     kind: Kind
     key: str
-    rule: Union[Bucket, Concurrency]
+    rule: Union[Bucket, Quota, Concurrency]
     limit: int
+    period: Optional[str] = None
 
     @property
     def name(self) -> str:
-        return f"{self.dimension}:{self.kind}"
+        return f"{self.dimension}:{self.kind}" + (f":{self.period}" if self.period else "")
 
 
 def hashed(value: str) -> str:
@@ -144,6 +147,13 @@ def _limits(rules: Rules, dimension: str, identity: str, limits: Limits) -> list
         name = f"{dimension}:max_parallel_requests"
         rule = rules.concurrency(limits.parallel, name)
         out.append(Limit(dimension, "max_parallel_requests", f"{base}:parallel:{identity}", rule, limits.parallel))
+    for budget in limits.budgets:
+        quota = budget.quota(f"{dimension}:{budget.kind}:{budget.per}")
+        # The offset is in the key: a budget whose local midnight moves
+        # starts a key of its own rather than reading another's period.
+        shift = f"{budget.offset:+d}" if budget.offset else ""
+        key = f"{base}:{budget.kind}:{quota.label}{shift}:{identity}"
+        out.append(Limit(dimension, budget.kind, key, quota, budget.amount, quota.label))
     return out
 
 

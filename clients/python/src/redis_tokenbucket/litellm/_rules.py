@@ -11,19 +11,23 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml  # type: ignore[import-untyped, unused-ignore]
 
 from .._bucket import Bucket
 from .._lease import Concurrency
+from .._quota import Quota
 from .._requests import OnError
 
 # The dimensions a tier limits, as LiteLLM names what they identify: the
 # virtual key (by its hash), the key's user and team, the end user (the
 # request's `user`), and the model group per key.
 DIMENSIONS = ("key", "user", "team", "end_user", "model")
-LIMIT_FIELDS = ("rpm", "tpm", "parallel")
+LIMIT_FIELDS = ("rpm", "tpm", "parallel", "budgets")
+# A budget: requests or tokens per calendar period (a quota), as
+# `{tokens: 1000000, per: month, offset: 60}`.
+BUDGET_FIELDS = ("requests", "tokens", "per", "offset")
 ON_ERROR = ("open", "closed", "local")
 TOP_FIELDS = (
     "redis_url",
@@ -46,20 +50,39 @@ class RulesError(ValueError):
 
 
 @dataclass(frozen=True)
+class Budget:
+    """`amount` requests or tokens per calendar period: a Quota, whose use
+    resets at the period's start (`per`: day, week, month, year, or whole
+    seconds from the epoch; `offset`: minutes ahead of UTC)."""
+
+    kind: Literal["requests", "tokens"]
+    amount: int
+    per: Union[str, int]
+    offset: int = 0
+
+    def quota(self, name: str) -> Quota:
+        return Quota(self.amount, self.per, self.offset, name=name)
+
+
+@dataclass(frozen=True)
 class Limits:
     """What one dimension may spend: requests a minute, tokens a minute
     (each a token bucket: a burst of the whole minute's worth, refilled
-    evenly), and requests in flight (a lease each). None is no limit."""
+    evenly), requests in flight (a lease each), and budgets per calendar
+    period. None is no limit."""
 
     rpm: Optional[int] = None
     tpm: Optional[int] = None
     parallel: Optional[int] = None
+    budgets: tuple[Budget, ...] = ()
 
     def merged(self, rpm: Any = None, tpm: Any = None, parallel: Any = None) -> Limits:
         """These limits with the ones LiteLLM stores on a key, user or team
         taking their place where set (an int >= 1; anything else is ignored,
-        as LiteLLM ignores it)."""
-        return Limits(_stored(rpm, self.rpm), _stored(tpm, self.tpm), _stored(parallel, self.parallel))
+        as LiteLLM ignores it). LiteLLM stores no calendar budgets: the
+        rules' stay."""
+        rpm, tpm = _stored(rpm, self.rpm), _stored(tpm, self.tpm)
+        return Limits(rpm, tpm, _stored(parallel, self.parallel), self.budgets)
 
 
 def _stored(value: Any, default: Optional[int]) -> Optional[int]:
@@ -176,8 +199,40 @@ def limits(spec: Any, where: str) -> Limits:
     unknown = sorted(set(map(str, spec)) - set(LIMIT_FIELDS))
     if unknown:
         raise RulesError(f"{where}: unknown limit {unknown[0]!r} (limits: {', '.join(LIMIT_FIELDS)})")
-    got = {name: integer(spec, name, where, None) for name in LIMIT_FIELDS}
-    return Limits(**got)
+    got = {name: integer(spec, name, where, None) for name in ("rpm", "tpm", "parallel")}
+    return Limits(**got, budgets=budgets(spec.get("budgets", []), f"{where}.budgets"))
+
+
+def budgets(spec: Any, where: str) -> tuple[Budget, ...]:
+    """`[{tokens: N, per: month}, {requests: N, per: day, offset: 60}]`,
+    each checked as the Quota it becomes."""
+    if not isinstance(spec, list):
+        raise RulesError(f"{where}: must be a list of budgets like {{tokens: 1000000, per: month}}, got {spec!r}")
+    out: list[Budget] = []
+    for i, item in enumerate(spec):
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            raise RulesError(f"{at}: must be a mapping like {{tokens: 1000000, per: month}}, got {item!r}")
+        unknown = sorted(set(map(str, item)) - set(BUDGET_FIELDS))
+        if unknown:
+            raise RulesError(f"{at}: unknown field {unknown[0]!r} (fields: {', '.join(BUDGET_FIELDS)})")
+        kinds = [k for k in ("requests", "tokens") if k in item]
+        if len(kinds) != 1:
+            raise RulesError(f"{at}: give one of requests or tokens, got {item!r}")
+        kind: Literal["requests", "tokens"] = "requests" if kinds[0] == "requests" else "tokens"
+        if "per" not in item:
+            raise RulesError(f"{at}: per is missing (day, week, month, year or seconds)")
+        budget = Budget(kind, integer(item, kind, at, None), item["per"], item.get("offset", 0))
+        try:
+            quota = budget.quota("check")
+        except ValueError as exc:
+            raise RulesError(f"{at}: {exc}") from None
+        # The checked period ("day" for "DAY"); one budget per kind and period.
+        budget = Budget(kind, budget.amount, quota.period, quota.offset)
+        if any(b.kind == kind and b.per == budget.per for b in out):
+            raise RulesError(f"{at}: a second {kind} budget per {quota.label}")
+        out.append(budget)
+    return tuple(out)
 
 
 def integer(data: Mapping[str, Any], name: str, where: str, default: Optional[int]) -> Any:
