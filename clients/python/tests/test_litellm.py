@@ -247,9 +247,10 @@ def test_malformed_rules_stop_the_proxy_at_start_naming_the_file_and_field(stub:
 # Built as the proxy's auth builds them, and the hook called as the proxy calls it.
 
 
-@pytest.fixture(scope="module")
-def db_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server("redis-7.0", tmp_path_factory.mktemp("db-redis"), module=True).start()
+@pytest.fixture(scope="module", params=["module", "library"])
+def db_redis(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    module = request.param == "module"
+    server = Server("redis-7.0", tmp_path_factory.mktemp(f"db-redis-{request.param}"), module=module).start()
     yield server
     server.stop()
 
