@@ -411,6 +411,49 @@ def test_calendar_budgets_reserve_settle_and_refund_within_the_period(db_redis: 
     run(body())
 
 
+def test_max_delay_holds_a_request_for_its_turn_and_a_cancel_gives_it_back(db_redis: Server):
+    async def body() -> None:
+        # A burst of 30, then one every 2 s; a lease beside, so the leases go first.
+        hook = hook_on(db_redis, max_delay=2.0, tiers={"default": {"key": {"rpm": 30, "parallel": 100}}})
+        slept: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            slept.append(seconds)
+
+        async def cancelled(seconds: float) -> None:
+            raise asyncio.CancelledError
+
+        hook.limiter.sleep = sleep
+        auth = UserAPIKeyAuth(api_key="sk-paced")
+        for i in range(30):
+            await admit(hook, auth, request(litellm_call_id=f"burst-{i}"))
+        assert slept == []
+        await admit(hook, auth, request(litellm_call_id="paced"))  # its turn within 2 s
+        assert len(slept) == 1 and 0 < slept[0] <= 2.0
+        denied = await refused(hook, auth, request(litellm_call_id="too-late"))  # the turn after: over
+        assert denied.status_code == 429 and int(denied.headers["retry-after"]) >= 2
+        assert "too-late" not in hook.open
+        for i in range(30):
+            await hook.async_post_call_success_hook(request(litellm_call_id=f"burst-{i}"), auth, {})
+        await asyncio.sleep(2)  # the paced one's turn passes
+        # A caller that leaves while it waits gives its turn and its slot back.
+        hook.limiter.sleep = cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await admit(hook, auth, request(litellm_call_id="gone"))
+        assert "gone" not in hook.open
+        await asyncio.sleep(0.1)  # the shielded refund and release land
+        hook.limiter.sleep = sleep
+        await admit(hook, auth, request(litellm_call_id="next"))  # one turn away, not two
+        assert 0 < slept[-1] <= 2.0
+        with db_redis.client() as admin:
+            (lease_key,) = admin.keys("llm:key:parallel:*")
+        assert await hook.limiter.in_flight(lease_key) == 2  # paced and next
+        for call in ("paced", "next"):
+            await hook.async_post_call_success_hook(request(litellm_call_id=call), auth, {})
+
+    run(body())
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -51,23 +51,30 @@ class Reservation:
 
     holds: list[AsyncHold]
     tokens: list[tuple[Limit, int]]  # each token bucket and what it was charged
+    requests: list[Limit]  # each request bucket (charged 1)
     answered: tuple[tuple[Limit, Union[Decision, Lease]], ...]
     degraded: bool = False
     # The prompt's tokens, to count a stream's usage when it reports none.
     prompt_tokens: int = 0
     model: str = ""
+    # With max_delay, the wait before the call may go (a reservation).
+    delay_ms: int = 0
     settled: bool = False
     watchdog: Optional[asyncio.TimerHandle] = field(default=None, repr=False)
 
 
 async def decide(
-    lim: Limiter, limits: list[Limit], reserve: int, lease_id: str, cluster: bool
+    lim: Limiter, limits: list[Limit], reserve: int, lease_id: str, cluster: bool, max_wait: Optional[float] = None
 ) -> Union[Reservation, Refusal]:
     """Admits the request against every limit or none; `reserve` is the
     tokens charged to each token bucket (at most its whole minute) and
-    each token budget (at most its whole period)."""
+    each token budget (at most its whole period). With `max_wait`, buckets
+    short of tokens within that many seconds reserve them (TB.CHARGE WAIT)
+    and the Reservation's delay_ms is the wait; TB.ACQUIRE can't reserve,
+    so the leases then go first, on their own, as on a Cluster."""
     groups: list[tuple[str, Rule, float]] = []
     tokens: list[tuple[Limit, int]] = []
+    requests: list[Limit] = []
     by_key: dict[str, Limit] = {}
     slots: list[Limit] = []
     for limit in limits:
@@ -79,12 +86,14 @@ async def decide(
         groups.append((limit.key, limit.rule, cost))
         if limit.kind == "tokens":
             tokens.append((limit, cost))
+        else:
+            requests.append(limit)
     # Under "local", a degraded denial is the in-process limit's: a 429 like
     # Redis's; under "closed" it is Redis failing: a 503.
     local = lim.on_error == "local"
     taken: list[Lease] = []
     for i, slot in enumerate(slots):
-        carries = groups if (i == len(slots) - 1 and not cluster) else []
+        carries = groups if (i == len(slots) - 1 and not cluster and max_wait is None) else []
         assert isinstance(slot.rule, Concurrency)
         lease = await lim.acquire(slot.key, slot.rule, buckets=carries, id=lease_id)
         if not lease.acquired:
@@ -99,16 +108,19 @@ async def decide(
         answered += [(by_key[str(d.key)], d) for d in lease.decisions]
     degraded = any(lease.degraded for lease in taken)
     if groups:
-        many = await lim.consume_many(groups)
+        many = await lim.consume_many(groups, max_wait=max_wait)
         if not many.allowed:
             await _give_back(lim, taken)
             return _refused_many(many, by_key, answered, local)
         answered += [(by_key[str(d.key)], d) for d in many.decisions]
         degraded = degraded or many.degraded
+        delay_ms = 0 if many.degraded else many.delay_ms
+    else:
+        delay_ms = 0
     holds = [lim.keep(lease) for lease in taken]
     for hold in holds:
         await hold.__aenter__()  # renewed in the background until settled
-    return Reservation(holds, tokens, tuple(answered), degraded)
+    return Reservation(holds, tokens, requests, tuple(answered), degraded, delay_ms=delay_ms)
 
 
 async def _give_back(lim: Limiter, taken: list[Lease]) -> None:
@@ -141,11 +153,13 @@ def _refused_many(
     return Refusal(429, many.retry_after, by_key[str(denied.key)], got)
 
 
-async def settle(lim: Limiter, reservation: Reservation, used: Optional[int]) -> None:
+async def settle(lim: Limiter, reservation: Reservation, used: Optional[int], *, ran: bool = True) -> None:
     """Ends a request once: every slot released, and each token bucket
     adjusted from what was reserved to `used` (None: the call failed, and
-    the reservation is refunded whole). Errors are logged: the request's
-    answer is already given."""
+    the reservation is refunded whole). A request that never ran (`ran`
+    False: cancelled while it waited its turn) has its request buckets
+    refunded too. Errors are logged: the request's answer is already
+    given."""
     if reservation.settled:
         return
     reservation.settled = True
@@ -153,8 +167,10 @@ async def settle(lim: Limiter, reservation: Reservation, used: Optional[int]) ->
         reservation.watchdog.cancel()
     for hold in reservation.holds:
         await hold.__aexit__(None, None, None)  # a shielded release; failures are logged there
-    for limit, charged in reservation.tokens:
-        delta = charged - (used if used is not None else 0)
+    refunds = [(limit, charged - (used if used is not None else 0)) for limit, charged in reservation.tokens]
+    if not ran:
+        refunds += [(limit, 1) for limit in reservation.requests]
+    for limit, delta in refunds:
         if delta == 0:
             continue
         assert isinstance(limit.rule, (Bucket, Quota))

@@ -72,7 +72,8 @@ class TokenBucketHook(CustomLogger):  # type: ignore[misc, unused-ignore]
             call_id = data["litellm_call_id"] = str(uuid.uuid4())
         model = str(data["model"])
         prompt = prompt_tokens(model, data) if any(limit.kind == "tokens" for limit in limits) else 0
-        outcome = await decide(self.limiter, limits, prompt + budget, call_id, self._cluster)
+        max_wait = self.rules.max_delay
+        outcome = await decide(self.limiter, limits, prompt + budget, call_id, self._cluster, max_wait)
         if isinstance(outcome, Refusal):
             raise _exception(outcome, model)
         outcome.prompt_tokens, outcome.model = prompt, model
@@ -80,6 +81,15 @@ class TokenBucketHook(CustomLogger):  # type: ignore[misc, unused-ignore]
         outcome.watchdog = asyncio.get_running_loop().call_later(
             self.rules.max_request_s, lambda: background(self._expire(call_id))
         )
+        if outcome.delay_ms > 0:
+            try:
+                await self.limiter.sleep(outcome.delay_ms / 1000)  # its turn, paced by the buckets
+            except asyncio.CancelledError:
+                # The caller left before its turn: nothing ran, all is given back.
+                reservation = self.open.pop(call_id, None)
+                if reservation is not None:
+                    await asyncio.shield(background(settle(self.limiter, reservation, None, ran=False)))
+                raise
         return data
 
     async def async_post_call_success_hook(self, data: dict[str, Any], user_api_key_dict: Any, response: Any) -> Any:

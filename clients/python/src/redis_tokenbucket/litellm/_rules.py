@@ -38,6 +38,7 @@ TOP_FIELDS = (
     "default_max_tokens",
     "lease_ms",
     "max_request_s",
+    "max_delay",
     "tier_field",
     "require",
     "tiers",
@@ -111,6 +112,9 @@ class Rules:
     # A request not settled by then (a hook LiteLLM never called) has its
     # slots released; its reservation stays charged.
     max_request_s: float = 600.0
+    # Seconds a request over its buckets may wait its turn (a reservation)
+    # instead of a 429; None: refused at once.
+    max_delay: Optional[float] = None
     tier_field: str = "tier"
     require: tuple[str, ...] = ()
     tiers: Mapping[str, Mapping[str, Limits]] = field(default_factory=dict)
@@ -183,6 +187,7 @@ def parse(data: Any, source: str) -> Rules:
         default_max_tokens=integer(data, "default_max_tokens", source, defaults.default_max_tokens),
         lease_ms=integer(data, "lease_ms", source, defaults.lease_ms),
         max_request_s=seconds(data, "max_request_s", source, defaults.max_request_s) or defaults.max_request_s,
+        max_delay=seconds(data, "max_delay", source, None, optional=True),
         tier_field=text(data, "tier_field", source, defaults.tier_field),
         require=tuple(require),
         tiers=tiers,
