@@ -13,6 +13,9 @@ The copies:
 * clients/node/src/contract.ts;
 * clients/openresty/lib/resty/tokenbucket/contract.lua.
 
+The limit strings' grammar ("limit_strings") goes to the three clients
+only: the module and the Lua library take numbers, never a limit string.
+
 Limits are written as the literal text the data file gives ("1e12"), so
 every language reads the same double. Message templates keep their
 run-time placeholders ({arg}, {in_group}, ...); the limits' placeholders
@@ -59,7 +62,48 @@ def load() -> dict:
             if placeholder not in contract["placeholders"]:
                 sys.exit(f"contract.json: error {name!r} uses an undeclared placeholder {{{placeholder}}}")
     contract["rendered"] = errors
+    contract["limit_strings"]["rendered_error"] = limit_strings_error(contract["limit_strings"])
     return contract
+
+
+def limit_strings_error(spec: dict) -> str:
+    """The limit strings' grammar checked (each client's parser leans on
+    these rules), and its error with {units} filled in."""
+    aliases: dict[str, str] = {}
+    for unit, u in spec["units"].items():
+        if not (isinstance(u["seconds"], int) and u["seconds"] > 0):
+            sys.exit(f"contract.json: limit_strings unit {unit!r}: seconds must be a positive integer")
+        for alias in u["aliases"]:
+            # Lowercase ASCII letters: the parsers lowercase ASCII only, and
+            # read a unit as the letters after the multiple.
+            if not re.fullmatch(r"[a-z]+", alias):
+                sys.exit(f"contract.json: limit_strings alias {alias!r} is not lowercase ASCII letters")
+            if alias in aliases:
+                sys.exit(f"contract.json: limit_strings alias {alias!r} names both {aliases[alias]} and {unit}")
+            aliases[alias] = unit
+    for per in spec["per"]:
+        if not (per == "/" or re.fullmatch(r"[a-z]+", per)):
+            sys.exit(f"contract.json: limit_strings per {per!r}: expected '/' or a lowercase word")
+    for sep in spec["separators"]:
+        # One character that can't stand inside a limit.
+        if len(sep) != 1 or re.fullmatch(r"[a-z0-9./ +-]", sep):
+            sys.exit(f"contract.json: limit_strings separator {sep!r} is not one character outside the grammar")
+    least, most = spec["multiple"]["least"], spec["multiple"]["most"]
+    if not (isinstance(least, int) and isinstance(most, int) and 1 <= least <= most < 2**53):
+        sys.exit("contract.json: limit_strings multiple: expected whole numbers 1 <= least <= most < 2^53")
+    error = spec["error"].replace("{units}", ", ".join(spec["units"]))
+    if re.findall(r"\{(\w+)\}", error) != ["limit"]:
+        sys.exit("contract.json: limit_strings error: expected one {limit} mark (and {units})")
+    return error
+
+
+def limit_aliases(spec: dict) -> list[tuple[str, str]]:
+    return [(alias, unit) for unit, u in spec["units"].items() for alias in u["aliases"]]
+
+
+def limit_strings_doc(spec: dict) -> list[str]:
+    """Each unit's line: its seconds, and why where contract.json says."""
+    return [f"{unit}: {u['seconds']} s{' (' + u['doc'] + ')' if 'doc' in u else ''}" for unit, u in spec["units"].items()]
 
 
 def cargo_version() -> str:
@@ -251,6 +295,27 @@ def python(c: dict, version: str) -> str:
         out.append(f"{upper('unavailable_replies' if name == 'unavailable' else name)} = (")
         out.extend(f"    {json.dumps(r)}," for r in c["classify"][name])
         out.append(")")
+    ls = c["limit_strings"]
+    out.append("")
+    out.append("# The limit strings Bucket.parse and Bucket.parse_many read")
+    out.append("# (contract.json's \"limit_strings\"). The units in seconds:")
+    out.extend(f"#   {line}" for line in limit_strings_doc(ls))
+    out.append("LIMIT_UNITS = {")
+    out.extend(f"    {json.dumps(unit)}: {u['seconds']}," for unit, u in ls["units"].items())
+    out.append("}")
+    out.append("# What each unit may be written as (lowercase; the parser lowercases).")
+    out.append("LIMIT_ALIASES = {")
+    out.extend(f"    {json.dumps(alias)}: {json.dumps(unit)}," for alias, unit in limit_aliases(ls))
+    out.append("}")
+    out.append("# Between N and the unit: a symbol, or a word with spaces around it.")
+    out.append(f"LIMIT_PER = ({', '.join(json.dumps(p) for p in ls['per'])},)")
+    out.append("# Between the limits of a list (parse_many).")
+    out.append(f"LIMIT_SEPARATORS = ({', '.join(json.dumps(p) for p in ls['separators'])},)")
+    out.append("# The k of N/k units: a whole number in this range.")
+    out.append(f"LIMIT_MULTIPLE_LEAST = {ls['multiple']['least']}")
+    out.append(f"LIMIT_MULTIPLE_MOST = {ls['multiple']['most']}")
+    out.append("# A limit string outside the grammar; {limit} is the string.")
+    out.append(f"LIMIT_ERROR = {json.dumps(ls['rendered_error'])}")
     return "\n".join(out) + "\n"
 
 
@@ -299,6 +364,29 @@ def node(c: dict, version: str) -> str:
         out.append(f"export const {upper('unavailable_replies' if name == 'unavailable' else name)}: readonly string[] = [")
         out.extend(f"  {json.dumps(r)}," for r in c["classify"][name])
         out.append("];")
+    ls = c["limit_strings"]
+    out.append("")
+    out.append("/**")
+    out.append(" * The limit strings Bucket.parse and Bucket.parseMany read")
+    out.append(" * (contract.json's \"limit_strings\"). The units in seconds:")
+    out.extend(f" * - {line}" for line in limit_strings_doc(ls))
+    out.append(" */")
+    out.append("export const LIMIT_UNITS: ReadonlyMap<string, number> = new Map([")
+    out.extend(f"  [{json.dumps(unit)}, {u['seconds']}]," for unit, u in ls["units"].items())
+    out.append("]);")
+    out.append("/** What each unit may be written as (lowercase; the parser lowercases). A Map: no inherited keys. */")
+    out.append("export const LIMIT_ALIASES: ReadonlyMap<string, string> = new Map([")
+    out.extend(f"  [{json.dumps(alias)}, {json.dumps(unit)}]," for alias, unit in limit_aliases(ls))
+    out.append("]);")
+    out.append("/** Between N and the unit: a symbol, or a word with spaces around it. */")
+    out.append(f"export const LIMIT_PER: readonly string[] = [{', '.join(json.dumps(p) for p in ls['per'])}];")
+    out.append("/** Between the limits of a list (parseMany). */")
+    out.append(f"export const LIMIT_SEPARATORS: readonly string[] = [{', '.join(json.dumps(p) for p in ls['separators'])}];")
+    out.append("/** The k of N/k units: a whole number in this range. */")
+    out.append(f"export const LIMIT_MULTIPLE_LEAST = {ls['multiple']['least']};")
+    out.append(f"export const LIMIT_MULTIPLE_MOST = {ls['multiple']['most']};")
+    out.append("/** A limit string outside the grammar; {limit} is the string. */")
+    out.append(f"export const LIMIT_ERROR = {json.dumps(ls['rendered_error'])};")
     return "\n".join(out) + "\n"
 
 
@@ -350,6 +438,27 @@ def openresty(c: dict, version: str) -> str:
     out.append(f"-- {c['classify']['about']}")
     out.append(f"_M.UNAVAILABLE_REPLIES = {{ {', '.join(lua_string(r) for r in c['classify']['unavailable'])} }}")
     out.append(f"_M.LOCAL_EXHAUSTION = {{ {', '.join(lua_string(r) for r in c['classify']['local_exhaustion'])} }}")
+    ls = c["limit_strings"]
+    out.append("")
+    out.append("-- The limit strings bucket.parse and bucket.parse_many read")
+    out.append("-- (contract.json's \"limit_strings\"). The units in seconds, in order:")
+    out.extend(f"--   {line}" for line in limit_strings_doc(ls))
+    out.append("_M.LIMIT_UNITS = {")
+    out.extend(f"  {{ {lua_string(unit)}, {u['seconds']} }}," for unit, u in ls["units"].items())
+    out.append("}")
+    out.append("-- What each unit may be written as (lowercase; the parser lowercases).")
+    out.append("_M.LIMIT_ALIASES = {")
+    out.extend(f"  [{lua_string(alias)}] = {lua_string(unit)}," for alias, unit in limit_aliases(ls))
+    out.append("}")
+    out.append("-- Between N and the unit: a symbol, or a word with spaces around it.")
+    out.append(f"_M.LIMIT_PER = {{ {', '.join(lua_string(p) for p in ls['per'])} }}")
+    out.append("-- Between the limits of a list (parse_many).")
+    out.append(f"_M.LIMIT_SEPARATORS = {{ {', '.join(lua_string(p) for p in ls['separators'])} }}")
+    out.append("-- The k of N/k units: a whole number in this range.")
+    out.append(f"_M.LIMIT_MULTIPLE_LEAST = {ls['multiple']['least']}")
+    out.append(f"_M.LIMIT_MULTIPLE_MOST = {ls['multiple']['most']}")
+    out.append("-- A limit string outside the grammar; {limit} is the string.")
+    out.append(f"_M.LIMIT_ERROR = {lua_string(ls['rendered_error'])}")
     out.append("")
     out.append("return _M")
     return "\n".join(out) + "\n"

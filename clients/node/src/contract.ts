@@ -130,3 +130,59 @@ export const LOCAL_EXHAUSTION: readonly string[] = [
   "ENOBUFS",
   "ENOMEM",
 ];
+
+/**
+ * The limit strings Bucket.parse and Bucket.parseMany read
+ * (contract.json's "limit_strings"). The units in seconds:
+ * - second: 1 s
+ * - minute: 60 s
+ * - hour: 3600 s
+ * - day: 86400 s
+ * - month: 2592000 s (30 days, as limits counts a month)
+ * - year: 31104000 s (12 months of 30 days, as limits counts a year)
+ */
+export const LIMIT_UNITS: ReadonlyMap<string, number> = new Map([
+  ["second", 1],
+  ["minute", 60],
+  ["hour", 3600],
+  ["day", 86400],
+  ["month", 2592000],
+  ["year", 31104000],
+]);
+/** What each unit may be written as (lowercase; the parser lowercases). A Map: no inherited keys. */
+export const LIMIT_ALIASES: ReadonlyMap<string, string> = new Map([
+  ["s", "second"],
+  ["sec", "second"],
+  ["secs", "second"],
+  ["second", "second"],
+  ["seconds", "second"],
+  ["m", "minute"],
+  ["min", "minute"],
+  ["mins", "minute"],
+  ["minute", "minute"],
+  ["minutes", "minute"],
+  ["h", "hour"],
+  ["hr", "hour"],
+  ["hrs", "hour"],
+  ["hour", "hour"],
+  ["hours", "hour"],
+  ["d", "day"],
+  ["day", "day"],
+  ["days", "day"],
+  ["mo", "month"],
+  ["month", "month"],
+  ["months", "month"],
+  ["y", "year"],
+  ["yr", "year"],
+  ["year", "year"],
+  ["years", "year"],
+]);
+/** Between N and the unit: a symbol, or a word with spaces around it. */
+export const LIMIT_PER: readonly string[] = ["/", "per"];
+/** Between the limits of a list (parseMany). */
+export const LIMIT_SEPARATORS: readonly string[] = [";", ",", "|"];
+/** The k of N/k units: a whole number in this range. */
+export const LIMIT_MULTIPLE_LEAST = 1;
+export const LIMIT_MULTIPLE_MOST = 1000000;
+/** A limit string outside the grammar; {limit} is the string. */
+export const LIMIT_ERROR = "invalid limit '{limit}': expected N/unit or N per [k] unit, units: second, minute, hour, day, month, year";

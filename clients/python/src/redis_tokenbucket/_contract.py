@@ -134,3 +134,57 @@ LOCAL_EXHAUSTION = (
     "ENOBUFS",
     "ENOMEM",
 )
+
+# The limit strings Bucket.parse and Bucket.parse_many read
+# (contract.json's "limit_strings"). The units in seconds:
+#   second: 1 s
+#   minute: 60 s
+#   hour: 3600 s
+#   day: 86400 s
+#   month: 2592000 s (30 days, as limits counts a month)
+#   year: 31104000 s (12 months of 30 days, as limits counts a year)
+LIMIT_UNITS = {
+    "second": 1,
+    "minute": 60,
+    "hour": 3600,
+    "day": 86400,
+    "month": 2592000,
+    "year": 31104000,
+}
+# What each unit may be written as (lowercase; the parser lowercases).
+LIMIT_ALIASES = {
+    "s": "second",
+    "sec": "second",
+    "secs": "second",
+    "second": "second",
+    "seconds": "second",
+    "m": "minute",
+    "min": "minute",
+    "mins": "minute",
+    "minute": "minute",
+    "minutes": "minute",
+    "h": "hour",
+    "hr": "hour",
+    "hrs": "hour",
+    "hour": "hour",
+    "hours": "hour",
+    "d": "day",
+    "day": "day",
+    "days": "day",
+    "mo": "month",
+    "month": "month",
+    "months": "month",
+    "y": "year",
+    "yr": "year",
+    "year": "year",
+    "years": "year",
+}
+# Between N and the unit: a symbol, or a word with spaces around it.
+LIMIT_PER = ("/", "per",)
+# Between the limits of a list (parse_many).
+LIMIT_SEPARATORS = (";", ",", "|",)
+# The k of N/k units: a whole number in this range.
+LIMIT_MULTIPLE_LEAST = 1
+LIMIT_MULTIPLE_MOST = 1000000
+# A limit string outside the grammar; {limit} is the string.
+LIMIT_ERROR = "invalid limit '{limit}': expected N/unit or N per [k] unit, units: second, minute, hour, day, month, year"
