@@ -250,6 +250,11 @@ def lua(c: dict, current: str) -> str:
 # ---- Python -----------------------------------------------------------------
 
 
+def python_tuple(items: list[str]) -> str:
+    # No trailing comma past one item: ruff format would explode the tuple.
+    return "(" + ", ".join(json.dumps(i) for i in items) + ("," if len(items) == 1 else "") + ")"
+
+
 def python(c: dict, version: str) -> str:
     # Templates are long lines by nature: E501 is off for this file.
     out = ["# ruff: noqa: E501", f'"""{NOTICE}', "", "The contract's numbers and messages (contract/contract.json).", '"""', ""]
@@ -308,14 +313,15 @@ def python(c: dict, version: str) -> str:
     out.extend(f"    {json.dumps(alias)}: {json.dumps(unit)}," for alias, unit in limit_aliases(ls))
     out.append("}")
     out.append("# Between N and the unit: a symbol, or a word with spaces around it.")
-    out.append(f"LIMIT_PER = ({', '.join(json.dumps(p) for p in ls['per'])},)")
+    out.append(f"LIMIT_PER = {python_tuple(ls['per'])}")
     out.append("# Between the limits of a list (parse_many).")
-    out.append(f"LIMIT_SEPARATORS = ({', '.join(json.dumps(p) for p in ls['separators'])},)")
+    out.append(f"LIMIT_SEPARATORS = {python_tuple(ls['separators'])}")
     out.append("# The k of N/k units: a whole number in this range.")
     out.append(f"LIMIT_MULTIPLE_LEAST = {ls['multiple']['least']}")
     out.append(f"LIMIT_MULTIPLE_MOST = {ls['multiple']['most']}")
     out.append("# A limit string outside the grammar; {limit} is the string.")
-    out.append(f"LIMIT_ERROR = {json.dumps(ls['rendered_error'])}")
+    # In parentheses, as ruff format writes a string past the line's length.
+    out.append(f"LIMIT_ERROR = (\n    {json.dumps(ls['rendered_error'])}\n)")
     return "\n".join(out) + "\n"
 
 

@@ -181,6 +181,10 @@ def test_bad_names_and_groups():
         lim.consume("a", (10, 1))  # type: ignore[arg-type]
 
 
+# The grammar error after the limit it names (contract.json, as rendered).
+GRAMMAR = ": expected N/unit or N per [k] unit, units: second, minute, hour, day, month, year"
+
+
 @pytest.mark.parametrize(
     "limit, max_, fill_seconds",
     [
@@ -190,6 +194,13 @@ def test_bad_names_and_groups():
         ("5000/day", 5000, 86400),
         (" 2.5 / second ", 2.5, 1),
         ("1e3/day", 1000, 86400),
+        ("10/min", 10, 60),
+        ("10 per minute", 10, 60),
+        ("100/5minutes", 100, 300),
+        ("100 per 5 minutes", 100, 300),
+        ("7 PER 2 Hrs", 7, 7200),
+        ("1/mo", 1, 30 * 86400),
+        ("12/year", 12, 360 * 86400),
     ],
 )
 def test_parse_is_a_burst_of_n_refilled_over_the_period(limit: str, max_: float, fill_seconds: float):
@@ -211,16 +222,41 @@ def test_parse_is_a_token_bucket_not_a_window(module_target: Target):
 @pytest.mark.parametrize(
     "limit, field, message",
     [
-        ("10/minutes", "limit", "limit must be N/second, N/minute, N/hour or N/day, got '10/minutes'"),
-        ("10 per minute", "limit", "limit must be N/second, N/minute, N/hour or N/day, got '10 per minute'"),
-        ("/minute", "limit", "limit must be N/second, N/minute, N/hour or N/day, got '/minute'"),
+        ("10/fortnight", "limit", "invalid limit '10/fortnight'" + GRAMMAR),
+        (" 10 perminute ", "limit", "invalid limit '10 perminute'" + GRAMMAR),
+        ("/minute", "limit", "invalid limit '/minute'" + GRAMMAR),
+        ("10/0 minutes", "limit", "invalid limit '10/0 minutes'" + GRAMMAR),
+        ("10/second;1000/day", "limit", "invalid limit '10/second;1000/day'" + GRAMMAR),
+        ("10/" + "9" * 5000 + "s", "limit", f"invalid limit '10/{'9' * 5000}s'" + GRAMMAR),
+        ("10/mínute", "limit", "invalid limit '10/mínute'" + GRAMMAR),
         ("ten/minute", "max", "max must be a finite decimal number"),
         ("0/minute", "max", "max must be > 0 and <= 1e12"),
         ("-5/second", "max", "max must be > 0 and <= 1e12"),
-        (10, "limit", "limit must be N/second, N/minute, N/hour or N/day, got 10"),
+        ("1/400 years", "rate", "rate is too low for max: max/rate must be <= 1e10 seconds"),
+        (10, "limit", "invalid limit '10'" + GRAMMAR),
     ],
 )
 def test_parse_refuses_anything_else(limit: str, field: str, message: str):
     with pytest.raises(InvalidArgument) as raised:
         Bucket.parse(limit)
     assert (raised.value.field, str(raised.value)) == (field, message)
+
+
+def test_parse_many_reads_each_limit_of_a_list_in_order():
+    buckets = Bucket.parse_many("10/second; 1000/day, 5 per hour|1/y")
+    assert [(b.max, b.rate) for b in buckets] == [(10, 10), (1000, 1000 / 86400), (5, 5 / 3600), (1, 1 / (360 * 86400))]
+    assert Bucket.parse_many("3/minute") == [Bucket.parse("3/minute")]
+
+
+@pytest.mark.parametrize(
+    "limits, message",
+    [
+        ("10/second;", "invalid limit ''" + GRAMMAR),
+        ("10/second; 1/fortnight", "invalid limit '1/fortnight'" + GRAMMAR),
+        (None, "invalid limit 'None'" + GRAMMAR),
+    ],
+)
+def test_parse_many_names_the_limit_it_refuses(limits: str, message: str):
+    with pytest.raises(InvalidArgument) as raised:
+        Bucket.parse_many(limits)
+    assert (raised.value.field, str(raised.value)) == ("limit", message)

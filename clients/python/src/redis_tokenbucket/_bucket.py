@@ -11,7 +11,19 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, ClassVar, Optional
 
-from ._contract import MAX_CAPACITY, MAX_FILL_SECONDS, MAX_RATE, message
+from ._contract import (
+    LIMIT_ALIASES,
+    LIMIT_ERROR,
+    LIMIT_MULTIPLE_LEAST,
+    LIMIT_MULTIPLE_MOST,
+    LIMIT_PER,
+    LIMIT_SEPARATORS,
+    LIMIT_UNITS,
+    MAX_CAPACITY,
+    MAX_FILL_SECONDS,
+    MAX_RATE,
+    message,
+)
 from ._keys import KeyT as KeyT  # where the other modules have always imported it from
 
 # [+-] (digits [. digits] | . digits) [(e|E) [+-] digits], ASCII digits only:
@@ -22,9 +34,13 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)
 _HUGE = 2**1024
 _ULP_BOUND = 2.0**-50
 
-# Bucket.parse: "N/period", and the periods in seconds.
-_PERIODS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
-_LIMIT = re.compile(r"\s*(?P<n>[^/\s]+)\s*/\s*(?P<period>[a-z]+)\s*")
+# Limit strings (contract.json's "limit_strings"). ASCII whitespace only,
+# as Lua's %s and the Node parser read it: the three must agree on a string.
+_SPACE = " \t\n\r\f\v"
+# N: whatever stands before the per word or "/"; number() then checks it.
+_COUNT = re.compile(r"([^/ \t\n\r\f\v]+)[ \t\n\r\f\v]*(.*)", re.S)
+# [k] unit, after the per word.
+_UNIT = re.compile(r"([0-9]*)[ \t\n\r\f\v]*([a-z]+)")
 
 
 class InvalidArgument(ValueError):
@@ -162,20 +178,74 @@ class Bucket:
 
     @classmethod
     def parse(cls, limit: str, name: Optional[str] = None) -> Bucket:
-        """`"N/second"`, `"N/minute"`, `"N/hour"` or `"N/day"` as a bucket of
-        `max=N` refilled at `N` per period::
+        """A limit string as the `limits` library (and slowapi) writes it,
+        `"N/unit"`, `"N/k units"`, `"N per unit"` or `"N per k units"`, as
+        a bucket of `max=N` refilled at `N` per `k` units::
 
             Bucket.parse("10/minute")  # Bucket(max=10, rate=10/60): a burst of 10, then one every 6 s
+            Bucket.parse("100 per 5 minutes")  # Bucket(max=100, rate=100/300)
+
+        Units: second, minute, hour, day, month (30 days), year (360 days),
+        singular or plural, or s, sec, m, min, h, hr, d, mo, y; case is
+        ignored. `InvalidArgument` (field `limit`) names a string outside
+        that grammar; N is then checked as the bucket's `max`.
 
         A token bucket, not a window: the whole N may be spent at once, and
         tokens come back one by one through the period, never all at a
         window's edge. So a client that spent them waits period/N for the
         next one, and the most it gets in any period is about 2N (the burst,
-        then the period's refill).
+        then the period's refill). `"1000/day"` is such a bucket too, not a
+        budget that resets at midnight: that is a `Quota`.
         """
-        match = _LIMIT.fullmatch(limit) if isinstance(limit, str) else None
-        period = _PERIODS.get(match["period"]) if match else None
-        if match is None or period is None:
-            raise InvalidArgument("limit", f"limit must be N/second, N/minute, N/hour or N/day, got {limit!r}")
-        n = number(match["n"], "max")
-        return cls(n, n / period, name)
+        count, seconds = _read_limit(limit)
+        n = number(count, "max")
+        return cls(n, n / seconds, name)
+
+    @classmethod
+    def parse_many(cls, limits: str) -> list[Bucket]:
+        """Several limit strings joined by `;`, `,` or `|`
+        (`"10/second;1000/day"`), as `limits.parse_many` reads them: one
+        bucket each, in order. Each needs a key of its own (a bucket's key
+        holds one bucket), as `consume_many` groups, say."""
+        if not isinstance(limits, str):
+            raise _limit_error(limits)
+        parts = [limits]
+        for separator in LIMIT_SEPARATORS:
+            parts = [piece for part in parts for piece in part.split(separator)]
+        return [cls.parse(part) for part in parts]
+
+
+def _limit_error(limit: object) -> InvalidArgument:
+    text = limit.strip(_SPACE) if isinstance(limit, str) else str(limit)
+    return InvalidArgument("limit", LIMIT_ERROR.format(limit=text))
+
+
+def _read_limit(limit: object) -> tuple[str, int]:
+    """A limit string's N (as written) and its k units in seconds, or the
+    grammar's error naming it; in the same steps as the Node and
+    OpenResty parsers, so all three read a string alike."""
+    if not isinstance(limit, str) or not limit.isascii():
+        raise _limit_error(limit)
+    head = _COUNT.fullmatch(limit.strip(_SPACE))
+    if head is None:
+        raise _limit_error(limit)
+    rest = head[2].lower()
+    for per in LIMIT_PER:
+        # A word needs a space after it ("10 per minute", not "10 perminute");
+        # one before it is there already, N ending at the first space.
+        if rest.startswith(per) and (per == "/" or rest[len(per) : len(per) + 1] in tuple(_SPACE)):
+            tail = _UNIT.fullmatch(rest[len(per) :].lstrip(_SPACE))
+            break
+    else:
+        raise _limit_error(limit)
+    unit = LIMIT_ALIASES.get(tail[2]) if tail else None
+    if tail is None or unit is None:
+        raise _limit_error(limit)
+    digits = tail[1].lstrip("0") or tail[1]
+    # Too many digits is out of range already; int() would refuse thousands.
+    if len(digits) > len(str(LIMIT_MULTIPLE_MOST)):
+        raise _limit_error(limit)
+    multiple = int(digits) if digits else 1
+    if not LIMIT_MULTIPLE_LEAST <= multiple <= LIMIT_MULTIPLE_MOST:
+        raise _limit_error(limit)
+    return head[1], multiple * LIMIT_UNITS[unit]

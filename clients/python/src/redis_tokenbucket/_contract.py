@@ -180,11 +180,13 @@ LIMIT_ALIASES = {
     "years": "year",
 }
 # Between N and the unit: a symbol, or a word with spaces around it.
-LIMIT_PER = ("/", "per",)
+LIMIT_PER = ("/", "per")
 # Between the limits of a list (parse_many).
-LIMIT_SEPARATORS = (";", ",", "|",)
+LIMIT_SEPARATORS = (";", ",", "|")
 # The k of N/k units: a whole number in this range.
 LIMIT_MULTIPLE_LEAST = 1
 LIMIT_MULTIPLE_MOST = 1000000
 # A limit string outside the grammar; {limit} is the string.
-LIMIT_ERROR = "invalid limit '{limit}': expected N/unit or N per [k] unit, units: second, minute, hour, day, month, year"
+LIMIT_ERROR = (
+    "invalid limit '{limit}': expected N/unit or N per [k] unit, units: second, minute, hour, day, month, year"
+)
