@@ -3,7 +3,20 @@
 // where it is written instead of as an error reply on a request path.
 
 import { brand } from "./brand.js";
-import { type ErrorName, MAX_CAPACITY, MAX_FILL_SECONDS, MAX_RATE, message } from "./contract.js";
+import {
+  type ErrorName,
+  LIMIT_ALIASES,
+  LIMIT_ERROR,
+  LIMIT_MULTIPLE_LEAST,
+  LIMIT_MULTIPLE_MOST,
+  LIMIT_PER,
+  LIMIT_SEPARATORS,
+  LIMIT_UNITS,
+  MAX_CAPACITY,
+  MAX_FILL_SECONDS,
+  MAX_RATE,
+  message,
+} from "./contract.js";
 
 /** A Redis key: a string, or a Buffer for binary keys. */
 export type Key = string | Buffer;
@@ -159,25 +172,73 @@ export class Bucket {
   }
 
   /**
-   * `"N/second"`, `"N/minute"`, `"N/hour"` or `"N/day"` as a bucket of
-   * `max` N refilled at N per period, as the Python package's and the
-   * OpenResty module's `parse`: a token bucket, not a window (the N may go
-   * at once, then one comes back every period/N).
+   * A limit string as the `limits` library (and slowapi) writes it,
+   * `"N/unit"`, `"N/k units"`, `"N per unit"` or `"N per k units"`, as a
+   * bucket of `max` N refilled at N per k units, as the Python package's
+   * and the OpenResty module's `parse` (one grammar, contract.ts): units
+   * second, minute, hour, day, month (30 days), year (360 days), singular
+   * or plural, or s, sec, m, min, h, hr, d, mo, y; case ignored. A token
+   * bucket, not a window (the N may go at once, then one comes back every
+   * period/N); `"1000/day"` too, never a budget reset at midnight (that
+   * is a Quota).
    */
   static parse(limit: string, name?: string): Bucket {
-    const match = typeof limit === "string" ? LIMIT.exec(limit) : null;
-    const period = match ? PERIODS[match[2] as string] : undefined;
-    if (match === null || period === undefined) {
-      throw new InvalidArgument(
-        "limit",
-        `limit must be N/second, N/minute, N/hour or N/day, got ${JSON.stringify(limit)}`,
-      );
-    }
-    const n = number(match[1], "max");
-    return new Bucket({ max: n, rate: n / period, ...(name === undefined ? {} : { name }) });
+    const [count, seconds] = readLimit(limit);
+    const n = number(count, "max");
+    return new Bucket({ max: n, rate: n / seconds, ...(name === undefined ? {} : { name }) });
+  }
+
+  /**
+   * Several limit strings joined by `;`, `,` or `|` (`"10/second;1000/day"`),
+   * as `limits.parse_many` reads them: one bucket each, in order. Each
+   * needs a key of its own (a key holds one bucket).
+   */
+  static parseMany(limits: string): Bucket[] {
+    if (typeof limits !== "string") throw limitError(limits);
+    let parts = [limits];
+    for (const separator of LIMIT_SEPARATORS) parts = parts.flatMap((part) => part.split(separator));
+    return parts.map((part) => Bucket.parse(part));
   }
 }
 
-// Bucket.parse: "N/period", and the periods in seconds.
-const PERIODS: Record<string, number> = { second: 1, minute: 60, hour: 3600, day: 86400 };
-const LIMIT = /^\s*([^/\s]+)\s*\/\s*([a-z]+)\s*$/;
+// Limit strings (contract.ts's LIMIT_*). ASCII whitespace only, as Lua's %s
+// and the Python parser read it: the three must agree on a string.
+const SPACE = " \t\n\r\f\v";
+const TRIM = /^[ \t\n\r\f\v]+|[ \t\n\r\f\v]+$/g;
+// N: whatever stands before the per word or "/"; number() then checks it.
+const COUNT = /^([^/ \t\n\r\f\v]+)[ \t\n\r\f\v]*([\s\S]*)$/;
+// [k] unit, after the per word.
+const UNIT = /^([0-9]*)[ \t\n\r\f\v]*([a-z]+)$/;
+
+function limitError(limit: unknown): InvalidArgument {
+  const text = typeof limit === "string" ? limit.replace(TRIM, "") : String(limit);
+  return new InvalidArgument(
+    "limit",
+    LIMIT_ERROR.replace("{limit}", () => text),
+  );
+}
+
+/**
+ * A limit string's N (as written) and its k units in seconds, or the
+ * grammar's error naming it; in the same steps as the Python and OpenResty
+ * parsers, so all three read a string alike.
+ */
+function readLimit(limit: unknown): [string, number] {
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: ASCII is the range
+  if (typeof limit !== "string" || /[^\x00-\x7f]/.test(limit)) throw limitError(limit);
+  const head = COUNT.exec(limit.replace(TRIM, ""));
+  if (head === null) throw limitError(limit);
+  const rest = (head[2] as string).toLowerCase();
+  let tail: RegExpExecArray | null = null;
+  const per = LIMIT_PER.find(
+    // A word needs a space after it ("10 per minute", not "10 perminute");
+    // one before it is there already, N ending at the first space.
+    (p) => rest.startsWith(p) && (p === "/" || SPACE.includes(rest.charAt(p.length) || "x")),
+  );
+  if (per !== undefined) tail = UNIT.exec(rest.slice(per.length).replace(/^[ \t\n\r\f\v]+/, ""));
+  const unit = tail === null ? undefined : LIMIT_ALIASES.get(tail[2] as string);
+  if (tail === null || unit === undefined) throw limitError(limit);
+  const multiple = tail[1] === "" ? 1 : Number(tail[1]);
+  if (!(multiple >= LIMIT_MULTIPLE_LEAST && multiple <= LIMIT_MULTIPLE_MOST)) throw limitError(limit);
+  return [head[1] as string, multiple * (LIMIT_UNITS.get(unit) as number)];
+}

@@ -159,11 +159,58 @@ test("consumeMany reports the module's first error, with its group", async () =>
   }
 });
 
-test("Bucket.parse reads N/period as the other packages do", () => {
+// The grammar error after the limit it names (contract.json, as rendered).
+const GRAMMAR = ": expected N/unit or N per [k] unit, units: second, minute, hour, day, month, year";
+
+test("Bucket.parse reads limits' strings as the other packages do", () => {
   const b = Bucket.parse("10/minute", "user");
   assert.deepEqual([b.max, b.rate, b.name], [10, 10 / 60, "user"]);
   assert.deepEqual([Bucket.parse(" 3 / second ").max, Bucket.parse("86400/day").rate], [3, 1]);
-  assert.throws(() => Bucket.parse("10/fortnight"), /limit must be N\/second, N\/minute, N\/hour or N\/day/);
+  for (const [limit, max, seconds] of [
+    ["10/min", 10, 60],
+    ["10 per minute", 10, 60],
+    ["100/5minutes", 100, 300],
+    ["100 per 5 minutes", 100, 300],
+    ["7 PER 2 Hrs", 7, 7200],
+    ["1/mo", 1, 30 * 86400],
+    ["12/year", 12, 360 * 86400],
+    ["1e3/d", 1000, 86400],
+  ]) {
+    const parsed = Bucket.parse(limit);
+    assert.deepEqual([parsed.max, parsed.rate], [max, max / seconds], limit);
+  }
+  for (const limit of [
+    "10/fortnight",
+    "10 perminute",
+    "10/0 minutes",
+    "10/second;1000/day",
+    "10/mínute",
+    "10/constructor",
+  ]) {
+    assert.throws(
+      () => Bucket.parse(` ${limit} `),
+      (e) => e instanceof InvalidArgument && e.field === "limit" && e.message === `invalid limit '${limit}'${GRAMMAR}`,
+      limit,
+    );
+  }
   assert.throws(() => Bucket.parse("x/minute"), /max must be a finite decimal number/);
   assert.throws(() => Bucket.parse("0/minute"), /max must be > 0/);
+  assert.throws(() => Bucket.parse("1/400 years"), /rate is too low for max/);
+});
+
+test("Bucket.parseMany reads each limit of a list in order, and names the one it refuses", () => {
+  const buckets = Bucket.parseMany("10/second; 1000/day, 5 per hour|1/y");
+  assert.deepEqual(
+    buckets.map((b) => [b.max, b.rate]),
+    [
+      [10, 10],
+      [1000, 1000 / 86400],
+      [5, 5 / 3600],
+      [1, 1 / (360 * 86400)],
+    ],
+  );
+  assert.throws(() => Bucket.parseMany("10/second;"), { field: "limit", message: `invalid limit ''${GRAMMAR}` });
+  assert.throws(() => Bucket.parseMany("10/second; 1/fortnight"), {
+    message: `invalid limit '1/fortnight'${GRAMMAR}`,
+  });
 });
