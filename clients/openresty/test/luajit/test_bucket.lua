@@ -48,10 +48,38 @@ function T.numbers_are_sent_as_their_shortest_round_trip()
   end
 end
 
+-- The grammar error after the limit it names (contract.json, as rendered).
+local GRAMMAR = ": expected N/unit or N per [k] unit, units: second, minute, hour, day, month, year"
+
 function T.limits_parse_as_token_buckets()
   local x = b.parse("10/minute", "user")
   h.eq({ x.max, x.rate, x.name }, { 10, 10 / 60, "user" })
-  h.eq(message(b.parse, "10 per minute"), "limit must be N/second, N/minute, N/hour or N/day, got 10 per minute")
+  for _, case in ipairs({
+    { "10/min", 10, 60 }, { "10 per minute", 10, 60 }, { "100/5minutes", 100, 300 },
+    { "100 per 5 minutes", 100, 300 }, { "7 PER 2 Hrs", 7, 7200 }, { "1/mo", 1, 30 * 86400 },
+    { "12/year", 12, 360 * 86400 }, { " 3 / second ", 3, 1 }, { "1e3/d", 1000, 86400 },
+  }) do
+    local y = b.parse(case[1])
+    h.eq({ y.max, y.rate }, { case[2], case[2] / case[3] }, case[1])
+  end
+  for _, limit in ipairs({ "10/fortnight", "10 perminute", "10/0 minutes", "10/second;1000/day", "10/m\195\173nute" }) do
+    local ok, err = pcall(b.parse, " " .. limit .. " ")
+    h.ok(not ok, limit)
+    h.eq({ err.field, err.message }, { "limit", "invalid limit '" .. limit .. "'" .. GRAMMAR })
+  end
+  h.eq(message(b.parse, "10/" .. string.rep("9", 5000) .. "s"), "invalid limit '10/" .. string.rep("9", 5000) .. "s'" .. GRAMMAR)
+  h.eq(message(b.parse, "ten/minute"), "max must be a finite decimal number")
+  h.eq(message(b.parse, "0/minute"), "max must be > 0 and <= 1e12")
+  h.eq(message(b.parse, "1/400 years"), "rate is too low for max: max/rate must be <= 1e10 seconds")
+end
+
+function T.limit_lists_parse_in_order()
+  local list = b.parse_many("10/second; 1000/day, 5 per hour|1/y")
+  local got = {}
+  for i, x in ipairs(list) do got[i] = { x.max, x.rate } end
+  h.eq(got, { { 10, 10 }, { 1000, 1000 / 86400 }, { 5, 5 / 3600 }, { 1, 1 / (360 * 86400) } })
+  h.eq(message(b.parse_many, "10/second;"), "invalid limit ''" .. GRAMMAR)
+  h.eq(message(b.parse_many, "10/second; 1/fortnight"), "invalid limit '1/fortnight'" .. GRAMMAR)
 end
 
 function T.concurrency_and_weights()

@@ -8,7 +8,7 @@ local contract = require "resty.tokenbucket.contract"
 local type, tostring, tonumber = type, tostring, tonumber
 local huge = math.huge
 local format, find, match = string.format, string.find, string.match
-local setmetatable, getmetatable = setmetatable, getmetatable
+local setmetatable, getmetatable, ipairs = setmetatable, getmetatable, ipairs
 
 local _M = {}
 
@@ -138,17 +138,74 @@ function _M.bucket(spec, group)
     ident = encode(max) .. ":" .. encode(rate) }, Bucket)
 end
 
--- "N/second", "N/minute", "N/hour" or "N/day": a burst of N, then one token
--- every period/N (a token bucket, not a window).
-local PERIODS = { second = 1, minute = 60, hour = 3600, day = 86400 }
-function _M.parse(limit, name)
-  local n, period = match(type(limit) == "string" and limit or "", "^%s*([^/%s]+)%s*/%s*(%a+)%s*$")
-  if not n or not PERIODS[period] then
-    error(setmetatable({ field = "limit", message = "limit must be N/second, N/minute, N/hour or N/day, got "
-      .. tostring(limit), usage = true }, Invalid), 0)
+-- Limit strings (contract.lua's LIMIT_*), in the same steps as the Python
+-- and Node parsers, so all three read a string alike. %s is ASCII
+-- whitespace here (the C locale), as the others read it.
+local UNIT_SECONDS = {}
+for _, unit in ipairs(contract.LIMIT_UNITS) do UNIT_SECONDS[unit[1]] = unit[2] end
+local MULTIPLE_DIGITS = #tostring(contract.LIMIT_MULTIPLE_MOST)
+
+local function limit_error(limit)
+  local text = type(limit) == "string" and match(limit, "^%s*(.-)%s*$") or tostring(limit)
+  local message = contract.LIMIT_ERROR:gsub("{limit}", function() return text end)
+  error(setmetatable({ field = "limit", message = message, usage = true }, Invalid), 0)
+end
+
+-- A limit string's N (as written) and its k units in seconds, or raises
+-- the grammar's error naming it.
+local function read_limit(limit)
+  if type(limit) ~= "string" or find(limit, "[\128-\255]") then limit_error(limit) end
+  local count, rest = match(match(limit, "^%s*(.-)%s*$"), "^([^/%s]+)%s*(.*)$")
+  if not count then limit_error(limit) end
+  rest = rest:lower()
+  local multiple, alias
+  for _, per in ipairs(contract.LIMIT_PER) do
+    -- A word needs a space after it ("10 per minute", not "10 perminute");
+    -- one before it is there already, N ending at the first space.
+    local after = rest:sub(#per + 1)
+    if rest:sub(1, #per) == per and (per == "/" or find(after, "^%s")) then
+      multiple, alias = match(after, "^%s*(%d*)%s*(%l+)$")
+      break
+    end
   end
-  local count = number(n, "max")
-  return _M.bucket({ max = count, rate = count / PERIODS[period], name = name })
+  local unit = alias and contract.LIMIT_ALIASES[alias]
+  if not unit then limit_error(limit) end
+  local digits = multiple:gsub("^0+", "")
+  if digits == "" and multiple ~= "" then digits = "0" end
+  -- Too many digits is out of range already.
+  if #digits > MULTIPLE_DIGITS then limit_error(limit) end
+  local k = digits == "" and 1 or tonumber(digits)
+  if k < contract.LIMIT_MULTIPLE_LEAST or k > contract.LIMIT_MULTIPLE_MOST then limit_error(limit) end
+  return count, k * UNIT_SECONDS[unit]
+end
+
+-- A limit string as the `limits` library (and slowapi) writes it: "N/unit",
+-- "N/k units", "N per unit" or "N per k units" (units second, minute,
+-- hour, day, month, year, plural or s, sec, m, min, h, hr, d, mo, y; case
+-- ignored), as a burst of N, then one token every (k units)/N: a token
+-- bucket, not a window, and "1000/day" no budget reset at midnight (that
+-- is a quota).
+function _M.parse(limit, name)
+  local count, seconds = read_limit(limit)
+  local n = number(count, "max")
+  return _M.bucket({ max = n, rate = n / seconds, name = name })
+end
+
+-- Several limit strings joined by ";", "," or "|" ("10/second;1000/day"),
+-- as limits' parse_many reads them: a list of buckets, in order. Each needs
+-- a key of its own (a key holds one bucket).
+function _M.parse_many(limits)
+  if type(limits) ~= "string" then limit_error(limits) end
+  local separators = {}
+  for _, sep in ipairs(contract.LIMIT_SEPARATORS) do separators[sep] = true end
+  local out, from = {}, 1
+  for i = 1, #limits + 1 do
+    if i > #limits or separators[limits:sub(i, i)] then
+      out[#out + 1] = _M.parse(limits:sub(from, i - 1))
+      from = i + 1
+    end
+  end
+  return out
 end
 
 -- An integer argument within bounds, with the module's messages.
