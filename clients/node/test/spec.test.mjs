@@ -80,6 +80,7 @@ for (const s of scenarios) {
   if (s.subject === "classify") test(title, () => runClassify(s));
   else if (s.subject === "breaker") test(title, () => runBreaker(s));
   else if (s.subject === "cache") test(title, () => runCache(s));
+  else if (s.subject === "limit_strings") test(title, () => runLimitStrings(s));
   else if (s.subject === "limiter") {
     for (const fake of ["ioredis", "node-redis"]) test(`${title} [${fake}]`, () => runLimiter(s, fake));
   } else throw new Error(`${s.file}: ${s.name}: unknown subject ${s.subject}`);
@@ -87,7 +88,9 @@ for (const s of scenarios) {
 
 test("the spec has scenarios in every area", () => {
   const subjects = new Set(scenarios.map((s) => s.subject));
-  for (const subject of ["classify", "breaker", "cache", "limiter"]) assert.ok(subjects.has(subject), subject);
+  for (const subject of ["classify", "breaker", "cache", "limiter", "limit_strings"]) {
+    assert.ok(subjects.has(subject), subject);
+  }
 });
 
 // ---- errors, as each library makes them --------------------------------------------
@@ -152,6 +155,34 @@ function runClassify(s) {
     }
   }
   assert.ok(ran > 0 || s.cases.every((c) => c.error.library !== undefined), "no case ran");
+}
+
+// ---- limit strings -----------------------------------------------------------------
+
+const LIMIT_CASE_FIELDS = new Set(["parse", "parse_many", "bucket", "buckets", "error", "why", "clients"]);
+
+function runLimitStrings(s) {
+  let ran = 0;
+  for (const c of s.cases) {
+    const unknown = Object.keys(c).filter((k) => !LIMIT_CASE_FIELDS.has(k));
+    assert.deepEqual(unknown, [], `the node runner can't read ${unknown} in ${JSON.stringify(c)}`);
+    if (c.clients !== undefined && !c.clients.includes(CLIENT)) continue;
+    ran++;
+    const many = "parse_many" in c;
+    const text = many ? c.parse_many : c.parse;
+    const parse = () => (many ? Bucket.parseMany(text) : [Bucket.parse(text)]);
+    if (c.error !== undefined) {
+      assert.throws(parse, (e) => {
+        assert.deepEqual({ field: e.field, message: e.message }, c.error, JSON.stringify(text));
+        return e.name === "InvalidArgument";
+      });
+      continue;
+    }
+    // Exact doubles: every client computes N / (k * unit seconds) alike.
+    const got = parse().map((b) => ({ max: b.max, rate: b.rate }));
+    assert.deepEqual(got, many ? c.buckets : [c.bucket], JSON.stringify(text));
+  }
+  assert.ok(ran > 0, "no case ran");
 }
 
 // ---- the breaker -------------------------------------------------------------------

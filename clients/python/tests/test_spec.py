@@ -23,7 +23,17 @@ import redis.exceptions
 from redis.connection import DefaultParser
 
 import redis_tokenbucket.asyncio as tb_asyncio
-from redis_tokenbucket import Breaker, Bucket, CircuitOpenError, Concurrency, Decision, DenialCache, Limiter, Quota
+from redis_tokenbucket import (
+    Breaker,
+    Bucket,
+    CircuitOpenError,
+    Concurrency,
+    Decision,
+    DenialCache,
+    InvalidArgument,
+    Limiter,
+    Quota,
+)
 from redis_tokenbucket._breaker import CALL, PROBE, SKIP
 from redis_tokenbucket._classify import classify
 from redis_tokenbucket._errors import NoBackendError, Shed
@@ -62,7 +72,7 @@ def _params() -> Iterator[Any]:
     for file, s in SCENARIOS:
         title = f"{file}: {s['name']}"
         subject = s["subject"]
-        if subject not in ("classify", "breaker", "cache", "limiter"):
+        if subject not in ("classify", "breaker", "cache", "limiter", "limit_strings"):
             raise AssertionError(f"{title}: unknown subject {subject!r}")
         skip = () if _applies(s) else (pytest.mark.skip(reason=f"for {', '.join(s['clients'])} only"),)
         if subject != "limiter":
@@ -83,6 +93,8 @@ def test_scenario(scenario: dict[str, Any], flavour: Optional[str]) -> None:
         run_breaker(scenario)
     elif subject == "cache":
         run_cache(scenario)
+    elif subject == "limit_strings":
+        run_limit_strings(scenario)
     elif flavour == "sync":
         run_sync_limiter(scenario)
     else:
@@ -91,7 +103,7 @@ def test_scenario(scenario: dict[str, Any], flavour: Optional[str]) -> None:
 
 def test_the_spec_has_scenarios_in_every_area() -> None:
     subjects = {s["subject"] for _, s in SCENARIOS}
-    assert subjects >= {"classify", "breaker", "cache", "limiter"}
+    assert subjects >= {"classify", "breaker", "cache", "limiter", "limit_strings"}
     assert sum(1 for _, s in SCENARIOS if _applies(s)) > 50
 
 
@@ -177,6 +189,34 @@ def run_classify(s: dict[str, Any]) -> None:
             ran += 1
             assert classify(error) == case["kind"], f"{case['error']} as {type(error).__name__}: {error}"
     assert ran > 0 or all("library" in c["error"] for c in s["cases"]), "no case ran"
+
+
+# ---- limit strings -------------------------------------------------------------------
+
+LIMIT_CASE_FIELDS = {"parse", "parse_many", "bucket", "buckets", "error", "why", "clients"}
+
+
+def run_limit_strings(s: dict[str, Any]) -> None:
+    ran = 0
+    for case in s["cases"]:
+        unknown = set(case) - LIMIT_CASE_FIELDS
+        assert not unknown, f"the python runner can't read {sorted(unknown)} in {case}"
+        if CLIENT not in case.get("clients", [CLIENT]):
+            continue
+        ran += 1
+        many = "parse_many" in case
+        text = case["parse_many"] if many else case["parse"]
+        if "error" in case:
+            with pytest.raises(InvalidArgument) as raised:
+                Bucket.parse_many(text) if many else Bucket.parse(text)
+            got = {"field": raised.value.field, "message": str(raised.value)}
+            assert got == case["error"], repr(text)
+            continue
+        buckets = Bucket.parse_many(text) if many else [Bucket.parse(text)]
+        want = case["buckets"] if many else [case["bucket"]]
+        # Exact doubles: every client computes N / (k * unit seconds) alike.
+        assert [{"max": b.max, "rate": b.rate} for b in buckets] == want, repr(text)
+    assert ran > 0, "no case ran"
 
 
 # ---- the breaker ---------------------------------------------------------------------

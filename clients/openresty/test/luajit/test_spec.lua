@@ -469,7 +469,43 @@ end
 
 -- ---- the scenarios, one test each ------------------------------------------------------
 
-local RUN = { classify = run_classify, breaker = run_breaker, cache = run_cache, limiter = run_limiter }
+-- ---- limit strings --------------------------------------------------------------------
+
+local LIMIT_CASE_FIELDS = { parse = true, parse_many = true, bucket = true, buckets = true, error = true, why = true,
+  clients = true }
+
+local function run_limit_strings(s)
+  local ran = 0
+  for i, c in ipairs(s.cases) do
+    for k in pairs(c) do
+      if not LIMIT_CASE_FIELDS[k] then error("the openresty runner can't read " .. k .. " in case " .. i) end
+    end
+    local applies = c.clients == nil
+    for _, name in ipairs(c.clients or {}) do if name == CLIENT then applies = true end end
+    if applies then
+      ran = ran + 1
+      local many = c.parse_many ~= nil
+      local text = many and c.parse_many or c.parse
+      local where = "case " .. i .. " " .. cjson.encode(text)
+      local ok, res = pcall(many and bucket_mod.parse_many or bucket_mod.parse, text)
+      if c.error ~= nil then
+        h.ok(not ok, where .. ": expected an error")
+        h.eq({ field = res.field, message = res.message }, c.error, where)
+      else
+        h.ok(ok, where .. ": " .. tostring(res))
+        local list = many and res or { res }
+        local got = {}
+        -- Exact doubles: every client computes N / (k * unit seconds) alike.
+        for j, b in ipairs(list) do got[j] = { max = b.max, rate = b.rate } end
+        h.eq(got, many and c.buckets or { c.bucket }, where)
+      end
+    end
+  end
+  h.ok(ran > 0, "no case ran")
+end
+
+local RUN = { classify = run_classify, breaker = run_breaker, cache = run_cache, limiter = run_limiter,
+  limit_strings = run_limit_strings }
 
 local listing = io.popen("ls " .. SPEC .. "/*.json")
 local files = {}
