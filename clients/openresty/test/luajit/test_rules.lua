@@ -16,6 +16,12 @@ local CONFIG = {
     hash_tag = true },
 }
 
+function T.a_rules_limit_is_any_limit_string()
+  local r = rules.new({ rules = { { name = "burst", limit = "100 per 5 minutes", key = "$x" } } })
+  local groups = r:evaluate(vars({ x = "a" }), {})
+  h.eq({ groups[1][1], groups[1][2].max, groups[1][2].rate, groups[1][2].name }, { "rl:burst:a", 100, 100 / 300, "burst" })
+end
+
 function T.keys_from_variables_and_functions()
   local r = rules.new(CONFIG)
   local groups, lease = r:evaluate(vars({ binary_remote_addr = "\127\0\0\1", http_x_user = "alice" }),
@@ -74,6 +80,9 @@ function T.rules_are_checked_when_loaded()
     'resty.tokenbucket rules: rule u: key must be an nginx variable ("$http_x_api_key") or a function, got x')
   h.eq(err({ rules = { { name = "u", max = 1, rate = 1, limit = "1/second", key = "$x" } } }),
     'resty.tokenbucket rules: rule u: give one of bucket, limit ("N/minute"), max and rate, or quota ({limit, period})')
+  h.eq(err({ rules = { { name = "u", limit = "10/fortnight", key = "$x" } } }),
+    "resty.tokenbucket rules: rule u: invalid limit '10/fortnight': expected N/unit or N per [k] unit, units: second, "
+      .. "minute, hour, day, month, year")
   h.eq(err({ rules = { { name = "u", max = 1, rate = 1, key = "$x" }, { name = "u", max = 2, rate = 1, key = "$y" } } }),
     "resty.tokenbucket rules: rule u: two rules of one name would share their Redis keys")
   h.eq(err({ rules = {} }), "resty.tokenbucket rules: no rules and no concurrency: nothing to limit")
