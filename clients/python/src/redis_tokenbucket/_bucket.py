@@ -37,6 +37,7 @@ _ULP_BOUND = 2.0**-50
 # Limit strings (contract.json's "limit_strings"). ASCII whitespace only,
 # as Lua's %s and the Node parser read it: the three must agree on a string.
 _SPACE = " \t\n\r\f\v"
+_SPACES = frozenset(_SPACE)  # a set: "" is in every string, never in this
 # N: whatever stands before the per word or "/"; number() then checks it.
 _COUNT = re.compile(r"([^/ \t\n\r\f\v]+)[ \t\n\r\f\v]*(.*)", re.S)
 # [k] unit, after the per word.
@@ -233,7 +234,7 @@ def _read_limit(limit: object) -> tuple[str, int]:
     for per in LIMIT_PER:
         # A word needs a space after it ("10 per minute", not "10 perminute");
         # one before it is there already, N ending at the first space.
-        if rest.startswith(per) and (per == "/" or rest[len(per) : len(per) + 1] in tuple(_SPACE)):
+        if rest.startswith(per) and (per == "/" or rest[len(per) : len(per) + 1] in _SPACES):
             tail = _UNIT.fullmatch(rest[len(per) :].lstrip(_SPACE))
             break
     else:
