@@ -111,6 +111,10 @@ def test_concurrent_requests_across_two_instances_stay_within_each_budget(deploy
         assert END_USER_RPM <= admitted[user] <= END_USER_RPM + 1, (user, admitted)
     denied = [r for r in answers if r.status_code != 200]
     assert denied and all(r.status_code == 429 for r in denied), Counter(r.status_code for r in answers)
+    for r in answers:
+        if r.status_code == 200:  # what the limit had left, as LiteLLM's own limiter says on a 200
+            assert r.headers["x-ratelimit-end_user-limit-requests"] == str(END_USER_RPM)
+            assert 0 <= int(r.headers["x-ratelimit-end_user-remaining-requests"]) < END_USER_RPM
     for r in denied:
         assert int(r.headers["retry-after"]) >= 1
         assert r.headers["rate_limit_type"] == "requests"
@@ -280,8 +284,14 @@ def test_a_keys_stored_rpm_limit_is_used(db_redis: Server):
     async def body() -> None:
         hook = hook_on(db_redis)
         auth = UserAPIKeyAuth(api_key="sk-virtual-1", rpm_limit=2)
+        left = []
         for _ in range(2):
-            await admit(hook, auth, request())
+            data = await admit(hook, auth, request())
+            headers = await hook.async_post_call_response_headers_hook(data, auth, None)
+            assert headers is not None and headers["x-ratelimit-key-limit-requests"] == "2"
+            left.append(headers["x-ratelimit-key-remaining-requests"])
+            assert await hook.async_post_call_response_headers_hook(data, auth, None) is None  # once
+        assert left == ["1", "0"]
         denied = await refused(hook, auth, request())
         assert denied.status_code == 429
         assert denied.headers["rate_limit_type"] == "requests"

@@ -22,7 +22,7 @@ from litellm.proxy.common_utils.proxy_rate_limit_error import (  # type: ignore[
 from .._hold import background
 from ..asyncio import Limiter
 from ._decide import Refusal, Reservation, decide, settle, used_tokens
-from ._headers import refusal_detail, refusal_headers
+from ._headers import limit_headers, refusal_detail, refusal_headers
 from ._limits import BadRequest, completion_budget, prompt_tokens, request_limits
 from ._rules import Rules
 
@@ -46,6 +46,9 @@ class TokenBucketHook(CustomLogger):  # type: ignore[misc, unused-ignore]
         self._cluster = limiter is not None and isinstance(limiter.client, redis.asyncio.RedisCluster)
         # The requests admitted and not yet settled, by LiteLLM's call id.
         self.open: dict[str, Reservation] = {}
+        # An admitted request's x-ratelimit-* fields, until the proxy asks
+        # for its response's headers (after settling, on some paths).
+        self.headers: dict[str, dict[str, str]] = {}
 
     @property
     def limiter(self) -> Limiter:
@@ -78,9 +81,13 @@ class TokenBucketHook(CustomLogger):  # type: ignore[misc, unused-ignore]
             raise _exception(outcome, model)
         outcome.prompt_tokens, outcome.model = prompt, model
         self.open[call_id] = outcome
-        outcome.watchdog = asyncio.get_running_loop().call_later(
-            self.rules.max_request_s, lambda: background(self._expire(call_id))
-        )
+        loop = asyncio.get_running_loop()
+        outcome.watchdog = loop.call_later(self.rules.max_request_s, lambda: background(self._expire(call_id)))
+        headers = limit_headers(outcome.answered)
+        if headers:
+            self.headers[call_id] = headers
+            # Dropped if the proxy never asks (a path without the headers hook).
+            loop.call_later(self.rules.max_request_s, lambda: self.headers.pop(call_id, None))
         if outcome.delay_ms > 0:
             try:
                 await self.limiter.sleep(outcome.delay_ms / 1000)  # its turn, paced by the buckets
@@ -91,6 +98,19 @@ class TokenBucketHook(CustomLogger):  # type: ignore[misc, unused-ignore]
                     await asyncio.shield(background(settle(self.limiter, reservation, None, ran=False)))
                 raise
         return data
+
+    async def async_post_call_response_headers_hook(
+        self,
+        data: dict[str, Any],
+        user_api_key_dict: Any,
+        response: Any,
+        request_headers: Optional[dict[str, str]] = None,
+        litellm_call_info: Optional[dict[str, Any]] = None,
+    ) -> Optional[dict[str, str]]:
+        """The x-ratelimit-* fields of an admitted request, as LiteLLM's
+        own limiter sends them on a 200: what each limit had left when the
+        request was admitted."""
+        return self.headers.pop(str(data.get("litellm_call_id")), None)
 
     async def async_post_call_success_hook(self, data: dict[str, Any], user_api_key_dict: Any, response: Any) -> Any:
         if data.get("stream") is True:
