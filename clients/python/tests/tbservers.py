@@ -111,8 +111,17 @@ class Server:
                      "--cluster-config-file", str(self.workdir / f"nodes-{self.port}.conf")]  # fmt: skip
         return [*args, *self.args]
 
-    def _start_once(self) -> bool:
-        self.port = free_port(self.host)
+    def restart(self) -> Server:
+        """Starts a stopped server again on its port, where its clients
+        point (an outage ended)."""
+        self.stop()
+        if not self._start_once(keep_port=True):
+            raise RuntimeError(f"{self.kind} could not bind port {self.port} again, see {self.log}")
+        return self
+
+    def _start_once(self, keep_port: bool = False) -> bool:
+        if not keep_port:
+            self.port = free_port(self.host)
         args = self.command()
         self.log.write_text("")
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

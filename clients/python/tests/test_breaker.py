@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import redis
-import tbservers
 from conftest import SLOW, all_connections_busy, run
 from tbservers import Server
 
@@ -26,14 +25,6 @@ class Clock:
         return self.now
 
 
-def restart_on_same_port(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Starts a stopped server again where the limiter's client points."""
-    port = server.port
-    monkeypatch.setattr(tbservers, "free_port", lambda host="127.0.0.1": port)
-    server.start()
-    monkeypatch.undo()
-
-
 @pytest.fixture
 def own_server(tmp_path: Path) -> Any:
     server = Server("redis-7.0", tmp_path / "own", module=True).start()
@@ -42,7 +33,7 @@ def own_server(tmp_path: Path) -> Any:
     server.stop()
 
 
-def test_redis_killed_opens_the_breaker_and_back_closes_it(own_server: Server, monkeypatch: pytest.MonkeyPatch):
+def test_redis_killed_opens_the_breaker_and_back_closes_it(own_server: Server):
     clock = Clock()
     events: list[DecisionEvent] = []
     lim = Limiter(
@@ -57,7 +48,7 @@ def test_redis_killed_opens_the_breaker_and_back_closes_it(own_server: Server, m
     assert [e.breaker for e in events[1:]] == ["closed", "closed", "open"]
     # Redis is back, but the breaker is open: the policy answers without
     # touching the network (a try would have reached Redis and passed).
-    restart_on_same_port(own_server, monkeypatch)
+    own_server.restart()
     for _ in range(5):
         assert lim.consume("k", B).degraded
     with pytest.raises(CircuitOpenError):

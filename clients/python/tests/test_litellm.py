@@ -16,6 +16,7 @@ import asyncio
 import datetime
 import importlib.util
 import os
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -227,9 +228,58 @@ def test_redis_stopped_each_policy_holds(stub: Stub, tmp_path: Path):
                 assert Counter(codes) == Counter({200: END_USER_RPM, 429: 3}), codes
         closed = run(post_all([(by_policy["closed"], chat("fast", "frank"))]))[0]
         assert int(closed.headers["retry-after"]) >= 1
+        # Redis back (empty, on the same port): exact again once the breaker's
+        # cooldown (2 s by default) has passed and one call has probed (the
+        # calls beside a probe get the policy's answer), whatever the policy.
+        server.restart()
+        time.sleep(2.5)
+        for policy, proxy in by_policy.items():
+            probe = run(post_all([(proxy, chat("fast", f"probe-{policy}"))]))[0]
+            assert probe.status_code == 200, (policy, probe.text)
+            codes = [r.status_code for r in run(post_all([(proxy, chat("fast", f"grace-{policy}"))] * n))]
+            assert Counter(codes) == Counter({200: END_USER_RPM, 429: 3}), (policy, codes)
     finally:
         for p in proxies:
             p.stop()
+        server.stop()
+
+
+def test_a_proxy_killed_mid_stream_frees_its_slots_when_the_leases_expire(stub: Stub, tmp_path: Path):
+    server = Server("redis-7.0", tmp_path / "redis", module=True).start()
+    try:
+        (proxy,) = start_proxies(tmp_path, config(stub), [rules(server.port, lease_ms=1500)])
+    except BaseException:
+        server.stop()
+        raise
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(timeout=30, headers=AUTH) as client:
+            streams = []
+            for i in range(SLOW_PARALLEL):
+                req = client.build_request(
+                    "POST", f"{proxy.url}/v1/chat/completions", json=chat("slow", f"killed-{i}", stream=True)
+                )
+                resp = await client.send(req, stream=True)
+                assert resp.status_code == 200
+                lines = resp.aiter_lines()
+                await lines.__anext__()  # streaming (the iterator kept: dropping it would close the stream)
+                streams.append(lines)
+            with Limiter(server.client()) as lim:
+                (key,) = [k.decode() for k in lim.client.scan_iter("llm:model:parallel:*")]
+                await asyncio.sleep(2)  # past one lease time: the renewals keep the slots
+                assert lim.in_flight(key) == SLOW_PARALLEL
+                proxy.stop()  # SIGKILL: no hook runs, nothing is released
+                assert lim.in_flight(key) == SLOW_PARALLEL
+                for _ in range(100):
+                    if lim.in_flight(key) == 0:
+                        break
+                    await asyncio.sleep(0.1)
+                assert lim.in_flight(key) == 0  # expired, no slot leaked
+
+    try:
+        run(scenario())
+    finally:
+        proxy.stop()
         server.stop()
 
 
