@@ -76,52 +76,30 @@ impl Config {
     /// The `.yaml`/`.yml` files of `dir`, in name order (the peer's
     /// RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config layout); none is an error.
     pub fn load_dir(dir: &Path) -> Result<Config, Error> {
-        let shown = dir.display().to_string();
-        let entries =
-            std::fs::read_dir(dir).map_err(|e| Error::config(&shown, 0, e.to_string()))?;
-        let mut files = Vec::new();
-        for entry in entries {
-            let path = entry
-                .map_err(|e| Error::config(&shown, 0, e.to_string()))?
-                .path();
-            let yaml = matches!(
-                path.extension().and_then(|x| x.to_str()),
-                Some("yaml" | "yml")
-            );
-            if yaml && path.is_file() {
-                files.push(path);
-            }
-        }
-        if files.is_empty() {
-            return Err(Error::config(
-                &shown,
-                0,
-                "no .yaml or .yml file in this directory",
-            ));
-        }
-        files.sort();
-        let mut config = Config::default();
-        for path in files {
-            config.add_file(&path)?;
-        }
-        Ok(config)
+        Config::from_texts(&read_dir_texts(dir)?)
     }
 
     /// `path`: a file, or a directory of files.
     pub fn load(path: &Path) -> Result<Config, Error> {
-        if path.is_dir() {
-            return Config::load_dir(path);
-        }
-        let mut config = Config::default();
-        config.add_file(path)?;
-        Ok(config)
+        Config::from_texts(&Config::read_texts(path)?)
     }
 
-    fn add_file(&mut self, path: &Path) -> Result<(), Error> {
-        let shown = path.display().to_string();
-        let text =
-            std::fs::read_to_string(path).map_err(|e| Error::config(&shown, 0, e.to_string()))?;
-        self.add_str(&shown, &text)
+    /// Each file's name and text, as `load` reads them: what a reload
+    /// compares with the last texts it saw.
+    pub fn read_texts(path: &Path) -> Result<Vec<(String, String)>, Error> {
+        if path.is_dir() {
+            return read_dir_texts(path);
+        }
+        Ok(vec![read_text(path)?])
+    }
+
+    /// The config of these files (name, text), in this order.
+    pub fn from_texts(files: &[(String, String)]) -> Result<Config, Error> {
+        let mut config = Config::default();
+        for (path, text) in files {
+            config.add_str(path, text)?;
+        }
+        Ok(config)
     }
 
     /// Adds one file's text, named `path` in errors. A domain already
@@ -138,6 +116,40 @@ impl Config {
         self.domains.insert(domain.0, node);
         Ok(())
     }
+}
+
+fn read_text(path: &Path) -> Result<(String, String), Error> {
+    let shown = path.display().to_string();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| Error::config(&shown, 0, e.to_string()))?;
+    Ok((shown, text))
+}
+
+fn read_dir_texts(dir: &Path) -> Result<Vec<(String, String)>, Error> {
+    let shown = dir.display().to_string();
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::config(&shown, 0, e.to_string()))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|e| Error::config(&shown, 0, e.to_string()))?
+            .path();
+        let yaml = matches!(
+            path.extension().and_then(|x| x.to_str()),
+            Some("yaml" | "yml")
+        );
+        if yaml && path.is_file() {
+            files.push(path);
+        }
+    }
+    if files.is_empty() {
+        return Err(Error::config(
+            &shown,
+            0,
+            "no .yaml or .yml file in this directory",
+        ));
+    }
+    files.sort();
+    files.iter().map(|p| read_text(p)).collect()
 }
 
 /// A scalar's text and whether it was written plain (not quoted).

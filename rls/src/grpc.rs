@@ -1,10 +1,10 @@
 //! ShouldRateLimit: the protos in, the plan, one Redis round trip, the
 //! reply out.
 
-use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::plan::{plan, Descriptor, Request};
+use crate::reload::Live;
 use crate::reply::{reply, HeaderNames};
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub struct Service {
-    pub config: Arc<Config>,
+    /// Swapped by a reload: each call plans on the one it read first.
+    pub config: Arc<Live>,
     pub engine: Arc<Engine>,
     pub headers: Option<HeaderNames>,
     /// Whether Redis is failing now: its cause is logged once, not per call.
@@ -25,7 +26,7 @@ pub struct Service {
 }
 
 impl Service {
-    pub fn new(config: Arc<Config>, engine: Arc<Engine>, headers: Option<HeaderNames>) -> Self {
+    pub fn new(config: Arc<Live>, engine: Arc<Engine>, headers: Option<HeaderNames>) -> Self {
         Service {
             config,
             engine,
@@ -65,7 +66,7 @@ impl RateLimitService for Service {
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let request = to_request(request.into_inner());
-        let plan = plan(&self.config, &request)
+        let plan = plan(&self.config.get(), &request)
             .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
         let (enforced, shadow) = match self.engine.decide(&plan.enforced, &plan.shadow).await {
             Ok(r) => {

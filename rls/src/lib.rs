@@ -9,6 +9,7 @@ pub mod grpc;
 pub mod keys;
 pub mod matcher;
 pub mod plan;
+pub mod reload;
 pub mod reply;
 pub mod settings;
 pub mod unit;

@@ -5,10 +5,10 @@ use clap::Parser;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use std::process::ExitCode;
 use std::sync::Arc;
-use tb_rls::config::Config;
 use tb_rls::engine::Engine;
 use tb_rls::error::Error;
 use tb_rls::grpc::Service;
+use tb_rls::reload::{Source, Watcher};
 use tb_rls::settings::{Flags, Settings};
 
 async fn shutdown() {
@@ -28,7 +28,10 @@ async fn shutdown() {
 
 async fn run() -> Result<(), Error> {
     let settings = Settings::resolve(Flags::parse(), |k| std::env::var(k).ok())?;
-    let config = Arc::new(Config::load(&settings.config)?);
+    let (watcher, config) = Watcher::load(Source {
+        path: settings.config.clone(),
+        root: settings.watch_root.clone(),
+    })?;
     let engine = Arc::new(Engine::connect(&settings.redis).await?);
     let bind = |addr: &str| {
         let addr = addr.to_string();
@@ -48,8 +51,13 @@ async fn run() -> Result<(), Error> {
         shown(&grpc),
         shown(&http),
         engine.backend(),
-        config.domains.len()
+        config.get().domains.len()
     );
+    if let Some(every) = settings.reload_every {
+        watcher
+            .spawn(every)
+            .map_err(|e| Error::Usage(format!("cannot start the config reload: {e}")))?;
+    }
     let service = Service::new(config, engine, settings.headers);
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter

@@ -5,6 +5,7 @@ use crate::error::Error;
 use crate::reply::HeaderNames;
 use clap::Parser;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -24,6 +25,9 @@ pub struct Flags {
     /// HTTP address of /healthcheck (default: HOST:PORT, 0.0.0.0:8080).
     #[arg(long)]
     pub http_addr: Option<String>,
+    /// How often the config is read again for a reload, in ms; 0: never.
+    #[arg(long, default_value_t = 1000)]
+    pub watch_interval_ms: u64,
 }
 
 #[derive(Debug, PartialEq)]
@@ -33,6 +37,11 @@ pub struct Settings {
     pub grpc_addr: String,
     pub http_addr: String,
     pub headers: Option<HeaderNames>,
+    /// None: no reload.
+    pub reload_every: Option<Duration>,
+    /// RUNTIME_WATCH_ROOT (when `config` comes from RUNTIME_ROOT): the
+    /// root whose symlink swap publishes a new config.
+    pub watch_root: Option<PathBuf>,
 }
 
 impl Settings {
@@ -43,12 +52,28 @@ impl Settings {
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| default.to_string())
         };
-        let config = flags.config.unwrap_or_else(|| {
-            let mut p = PathBuf::from(var("RUNTIME_ROOT", "/srv/runtime_data/current"));
-            p.push(var("RUNTIME_SUBDIRECTORY", ""));
-            p.push(var("RUNTIME_APPDIRECTORY", "config"));
-            p
-        });
+        let flag = |name: &str| -> Result<bool, Error> {
+            match var(name, "").as_str() {
+                "" => Ok(true),
+                "true" | "1" | "TRUE" | "True" => Ok(true),
+                "false" | "0" | "FALSE" | "False" => Ok(false),
+                other => Err(Error::Usage(format!("{name}={other}: give true or false"))),
+            }
+        };
+        // The peer's default: the root is watched for a symlink swap.
+        let watch_root_var = flag("RUNTIME_WATCH_ROOT")?;
+        let (config, watch_root) = match flags.config {
+            Some(path) => (path, None),
+            None => {
+                let root = PathBuf::from(var("RUNTIME_ROOT", "/srv/runtime_data/current"));
+                let mut p = root.clone();
+                p.push(var("RUNTIME_SUBDIRECTORY", ""));
+                p.push(var("RUNTIME_APPDIRECTORY", "config"));
+                (p, watch_root_var.then_some(root))
+            }
+        };
+        let reload_every =
+            (flags.watch_interval_ms > 0).then(|| Duration::from_millis(flags.watch_interval_ms));
         let redis = match flags.redis {
             Some(url) => url,
             None => {
@@ -96,6 +121,8 @@ impl Settings {
             grpc_addr,
             http_addr,
             headers,
+            reload_every,
+            watch_root,
         })
     }
 }
@@ -134,6 +161,16 @@ mod tests {
         assert_eq!(s.http_addr, "0.0.0.0:9001");
         assert_eq!(s.config, PathBuf::from("/data/ratelimit/config"));
         assert_eq!(s.headers, None);
+        assert_eq!(s.watch_root, Some(PathBuf::from("/data")));
+        assert_eq!(s.reload_every, Some(Duration::from_secs(1)));
+        let s = resolve(
+            &["--watch-interval-ms", "0"],
+            &[("RUNTIME_WATCH_ROOT", "false")],
+        )
+        .unwrap();
+        assert_eq!((s.watch_root, s.reload_every), (None, None));
+        let e = resolve(&[], &[("RUNTIME_WATCH_ROOT", "yes")]).unwrap_err();
+        assert_eq!(e.to_string(), "RUNTIME_WATCH_ROOT=yes: give true or false");
     }
 
     #[test]
@@ -155,6 +192,10 @@ mod tests {
         assert_eq!(
             (s.config, s.redis.as_str(), s.grpc_addr.as_str()),
             (PathBuf::from("x.yaml"), "redis://h:1/", "127.0.0.1:0")
+        );
+        assert_eq!(
+            s.watch_root, None,
+            "a --config of its own is watched as it is"
         );
     }
 

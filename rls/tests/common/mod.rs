@@ -1,0 +1,164 @@
+//! A real tb-rls process for the reload and failure tests: its flags, its
+//! stderr as lines, and a tonic client.
+#![allow(dead_code)]
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor, RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+use testkit::Server;
+use tonic::transport::Channel;
+
+/// A tb-rls process, killed on drop, with its scratch directory.
+pub struct Rls {
+    pub child: Child,
+    pub grpc: String,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Drop for Rls {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Rls {
+    /// The next line tb-rls writes to stderr, waiting at most `within`.
+    pub fn stderr_line(&self, within: Duration) -> Option<String> {
+        self.stderr.recv_timeout(within).ok()
+    }
+
+    /// Waits (bounded) for a stderr line holding `needle`; the lines before it.
+    pub fn wait_stderr(&self, needle: &str) -> (String, Vec<String>) {
+        let mut before = Vec::new();
+        while let Some(line) = self.stderr_line(Duration::from_secs(20)) {
+            if line.contains(needle) {
+                return (line, before);
+            }
+            before.push(line);
+        }
+        panic!("no stderr line with {needle:?}; saw {before:?}");
+    }
+
+    /// Every stderr line written so far.
+    pub fn stderr_so_far(&self) -> Vec<String> {
+        self.stderr.try_iter().collect()
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .unwrap()
+    }
+}
+
+pub fn scratch(name: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tb-rls-{}-{name}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// tb-rls on `config` (written to a file of its own), with `args`.
+pub fn start(config: &str, redis: &Server, args: &[&str]) -> Rls {
+    let dir = scratch("cfg");
+    let path = dir.join("config.yaml");
+    std::fs::write(&path, config).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tb-rls"))
+        .arg("--config")
+        .arg(&path)
+        .arg("--redis")
+        .arg(redis.url())
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let grpc = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("grpc="))
+        .unwrap_or_else(|| panic!("no grpc= in {line:?}"))
+        .to_string();
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Rls {
+        child,
+        grpc,
+        dir,
+        config: path,
+        stderr: rx,
+    }
+}
+
+pub fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: pairs
+            .iter()
+            .map(|(k, v)| rate_limit_descriptor::Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+/// One descriptor `k=v` of domain `d`.
+pub fn one() -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "d".into(),
+        descriptors: vec![descriptor(&[("k", "v")])],
+        hits_addend: 0,
+    }
+}
+
+/// (code, remaining) of each status.
+pub fn codes(r: &RateLimitResponse) -> Vec<(i32, u32)> {
+    r.statuses
+        .iter()
+        .map(|s| (s.code, s.limit_remaining))
+        .collect()
+}
+
+/// A limit of `n` a day on `k` in domain `d`.
+pub fn daily(n: u32) -> String {
+    format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: day, requests_per_unit: {n}}}\n")
+}
+
+/// SIGSTOP or SIGCONT to a redis-server.
+pub fn signal(redis: &Server, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &redis.pid().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {}", redis.pid());
+}

@@ -1,0 +1,103 @@
+//! Config reload under load: the file rewritten while calls run, a bad
+//! file among the rewrites; no call fails and each new limit takes over.
+
+mod common;
+
+use common::{daily, one, start};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use testkit::Server;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_under_load_fails_no_call_and_a_bad_file_keeps_the_old_one() {
+    let redis = Server::start();
+    let rls = start(&daily(100_000), &redis, &["--watch-interval-ms", "50"]);
+    // The limit the latest answer was decided on.
+    let seen = Arc::new(AtomicU32::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let mut c = rls.client().await;
+        let (seen, stop) = (Arc::clone(&seen), Arc::clone(&stop));
+        tasks.push(tokio::spawn(async move {
+            let mut limits = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let r = c.should_rate_limit(one()).await.unwrap().into_inner();
+                assert_eq!(r.overall_code, Code::Ok as i32);
+                let n = r.statuses[0]
+                    .current_limit
+                    .as_ref()
+                    .unwrap()
+                    .requests_per_unit;
+                seen.fetch_max(n, Ordering::Relaxed);
+                limits.push(n);
+            }
+            limits
+        }));
+    }
+    let wait_for = |n: u32| {
+        let seen = Arc::clone(&seen);
+        async move {
+            for _ in 0..400 {
+                if seen.load(Ordering::Relaxed) == n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            panic!("limit {n} never served");
+        }
+    };
+    wait_for(100_000).await;
+    std::fs::write(&rls.config, daily(200_000)).unwrap();
+    rls.wait_stderr("config reloaded: domains=1");
+    wait_for(200_000).await;
+    // A bad file: logged once, with its path and line; the old limit serves on.
+    let bad = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n";
+    std::fs::write(&rls.config, bad).unwrap();
+    let (line, _) = rls.wait_stderr("config not reloaded");
+    assert!(
+        line.ends_with(&format!(
+            "{}:4: invalid rate limit unit 'fortnight'",
+            rls.config.display()
+        )),
+        "{line}"
+    );
+    std::fs::write(&rls.config, daily(300_000)).unwrap();
+    let (_, between) = rls.wait_stderr("config reloaded: domains=1");
+    assert!(between.is_empty(), "the bad file logged once: {between:?}");
+    wait_for(300_000).await;
+    std::fs::write(&rls.config, daily(400_000)).unwrap();
+    rls.wait_stderr("config reloaded: domains=1");
+    wait_for(400_000).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut calls = 0;
+    for t in tasks {
+        let limits = t.await.unwrap();
+        calls += limits.len();
+        assert!(
+            limits.windows(2).all(|w| w[0] <= w[1]),
+            "a call never plans on a config older than the one before it"
+        );
+        assert!(limits
+            .iter()
+            .all(|n| [100_000, 200_000, 300_000, 400_000].contains(n)));
+    }
+    assert!(calls > 8, "{calls} calls");
+}
+
+#[tokio::test]
+async fn without_a_watch_the_file_is_read_once() {
+    let redis = Server::start();
+    let rls = start(&daily(5), &redis, &["--watch-interval-ms", "0"]);
+    let mut c = rls.client().await;
+    std::fs::write(&rls.config, daily(50)).unwrap();
+    // Two of the calls that a 50 ms watch would have been polled across.
+    for left in [4, 3] {
+        let r = c.should_rate_limit(one()).await.unwrap().into_inner();
+        assert_eq!(common::codes(&r), vec![(Code::Ok as i32, left)]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(rls.stderr_so_far().is_empty());
+}
