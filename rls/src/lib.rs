@@ -2,6 +2,7 @@
 //! buckets. The mapping (config, matching, plan, reply) is plain Rust with
 //! no Redis or gRPC types; `grpc`, `engine` and `http` are the edges.
 
+pub mod breaker;
 pub mod config;
 pub mod engine;
 pub mod error;

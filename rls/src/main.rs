@@ -32,7 +32,18 @@ async fn run() -> Result<(), Error> {
         path: settings.config.clone(),
         root: settings.watch_root.clone(),
     })?;
-    let engine = Arc::new(Engine::connect(&settings.redis).await?);
+    let deadline = settings.failure.redis_timeout;
+    // A frozen Redis at startup stops it, named, rather than hanging it.
+    let engine = tokio::time::timeout(deadline, Engine::connect(&settings.redis))
+        .await
+        .map_err(|_| {
+            Error::Redis(format!(
+                "redis at {}: no answer within {} ms (--redis-timeout)",
+                settings.redis,
+                deadline.as_millis()
+            ))
+        })??;
+    let engine = Arc::new(engine);
     let bind = |addr: &str| {
         let addr = addr.to_string();
         async move {
@@ -58,7 +69,7 @@ async fn run() -> Result<(), Error> {
             .spawn(every)
             .map_err(|e| Error::Usage(format!("cannot start the config reload: {e}")))?;
     }
-    let service = Service::new(config, engine, settings.headers);
+    let service = Service::new(config, engine, settings.headers, settings.failure);
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<RateLimitServiceServer<Service>>()

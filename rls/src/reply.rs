@@ -167,6 +167,27 @@ fn headers_of(statuses: &[Status], names: &HeaderNames) -> Vec<(String, String)>
     ]
 }
 
+/// The answer of `--on-redis-error open` when Redis failed: what needed
+/// Redis is OK with no limit and no numbers (none was read: none is made
+/// up); what was decided here (`requests_per_unit: 0`, `unlimited`, a
+/// cost above the max) stands.
+pub fn admitted_without_redis(plan: &Plan, headers: Option<&HeaderNames>) -> Reply {
+    let decisions = plan
+        .decisions
+        .iter()
+        .map(|d| match d {
+            Decision::Enforced { .. } | Decision::Shadow { .. } => Decision::NoLimit,
+            other => other.clone(),
+        })
+        .collect();
+    let plan = Plan {
+        decisions,
+        enforced: Vec::new(),
+        shadow: Vec::new(),
+    };
+    reply(&plan, &[], &[], headers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,6 +235,48 @@ mod tests {
             enforced: vec![group(); groups],
             shadow: vec![group(); shadow],
         }
+    }
+
+    #[test]
+    fn admitted_without_redis_makes_up_no_number_and_keeps_local_denials() {
+        let decisions = vec![
+            Decision::Enforced {
+                limit: shown(10),
+                group: 0,
+            },
+            Decision::Shadow {
+                limit: shown(3),
+                call: 0,
+            },
+            Decision::Unlimited,
+        ];
+        let r = admitted_without_redis(&plan(decisions.clone(), 1, 1), None);
+        assert!(!r.over);
+        let fields: Vec<_> = r
+            .statuses
+            .iter()
+            .map(|s| (s.over, s.limit.is_some(), s.remaining, s.until_reset_ms))
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                (false, false, 0, None),
+                (false, false, 0, None),
+                (false, false, u32::MAX, None)
+            ]
+        );
+        let mut with_zero = decisions;
+        with_zero.push(Decision::Local {
+            limit: shown(0),
+            over: true,
+            shadow: false,
+        });
+        let r = admitted_without_redis(&plan(with_zero, 1, 1), Some(&HeaderNames::default()));
+        assert!(r.over, "a limit of 0 denies without Redis");
+        assert_eq!(
+            r.headers[0],
+            ("RateLimit-Limit".to_string(), "0".to_string())
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Flags, and envoyproxy/ratelimit's environment variables where a flag
 //! is not given (so its manifests work by changing the image).
 
+use crate::breaker::Limits;
 use crate::error::Error;
 use crate::reply::HeaderNames;
 use clap::Parser;
@@ -28,6 +29,65 @@ pub struct Flags {
     /// How often the config is read again for a reload, in ms; 0: never.
     #[arg(long, default_value_t = 1000)]
     pub watch_interval_ms: u64,
+    /// Each call's Redis deadline, a duration such as 250ms or 2s; past it
+    /// the call is a Redis failure (default: REDIS_TIMEOUT, else 1s).
+    #[arg(long)]
+    pub redis_timeout: Option<String>,
+    /// What a call answers when Redis fails: closed (gRPC UNAVAILABLE, so
+    /// Envoy's failure_mode_deny decides) or open (OK).
+    #[arg(long, value_enum, default_value_t = OnError::Closed)]
+    pub on_redis_error: OnError,
+    /// Redis failures within --breaker-window-ms that open the breaker; 0: no breaker.
+    #[arg(long, default_value_t = 5)]
+    pub breaker_failures: usize,
+    #[arg(long, default_value_t = 10_000)]
+    pub breaker_window_ms: u64,
+    /// How long an open breaker answers without Redis before one call probes it.
+    #[arg(long, default_value_t = 2_000)]
+    pub breaker_cooldown_ms: u64,
+    /// Decisions waiting on Redis at once; beyond, a call is answered
+    /// RESOURCE_EXHAUSTED at once. 0: no bound.
+    #[arg(long, default_value_t = 1000)]
+    pub max_in_flight: usize,
+}
+
+/// The failure policy.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    Open,
+    Closed,
+}
+
+/// A Go duration (the peer's REDIS_TIMEOUT): decimal numbers, each with a
+/// unit of ns, us, µs, ms, s, m or h, e.g. `1.5s`, `1m30s`, `250ms`.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let mut total = 0f64;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += number * seconds;
+    }
+    Duration::try_from_secs_f64(total).ok()
 }
 
 #[derive(Debug, PartialEq)]
@@ -42,6 +102,18 @@ pub struct Settings {
     /// RUNTIME_WATCH_ROOT (when `config` comes from RUNTIME_ROOT): the
     /// root whose symlink swap publishes a new config.
     pub watch_root: Option<PathBuf>,
+    pub failure: Failure,
+}
+
+/// What a call does when Redis fails or is slow.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub redis_timeout: Duration,
+    pub on_error: OnError,
+    /// None: no breaker.
+    pub breaker: Option<Limits>,
+    /// None: no bound.
+    pub max_in_flight: Option<usize>,
 }
 
 impl Settings {
@@ -71,6 +143,35 @@ impl Settings {
                 p.push(var("RUNTIME_APPDIRECTORY", "config"));
                 (p, watch_root_var.then_some(root))
             }
+        };
+        let (timeout_text, timeout_name) = match &flags.redis_timeout {
+            Some(t) => (t.clone(), "--redis-timeout"),
+            None => (var("REDIS_TIMEOUT", "1s"), "REDIS_TIMEOUT"),
+        };
+        let redis_timeout = parse_duration(&timeout_text)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "{timeout_name} {timeout_text}: give a duration above 0 such as 250ms or 2s"
+                ))
+            })?;
+        for (name, v) in [
+            ("--breaker-window-ms", flags.breaker_window_ms),
+            ("--breaker-cooldown-ms", flags.breaker_cooldown_ms),
+        ] {
+            if v == 0 {
+                return Err(Error::Usage(format!("{name} 0: give at least 1")));
+            }
+        }
+        let failure = Failure {
+            redis_timeout,
+            on_error: flags.on_redis_error,
+            breaker: (flags.breaker_failures > 0).then_some(Limits {
+                failures: flags.breaker_failures,
+                window_ms: flags.breaker_window_ms,
+                cooldown_ms: flags.breaker_cooldown_ms,
+            }),
+            max_in_flight: (flags.max_in_flight > 0).then_some(flags.max_in_flight),
         };
         let reload_every =
             (flags.watch_interval_ms > 0).then(|| Duration::from_millis(flags.watch_interval_ms));
@@ -123,6 +224,7 @@ impl Settings {
             headers,
             reload_every,
             watch_root,
+            failure,
         })
     }
 }
@@ -197,6 +299,65 @@ mod tests {
             s.watch_root, None,
             "a --config of its own is watched as it is"
         );
+    }
+
+    #[test]
+    fn the_failure_model_reads_redis_timeout_as_the_peer_writes_it() {
+        let s = resolve(&[], &[]).unwrap();
+        assert_eq!(
+            s.failure,
+            Failure {
+                redis_timeout: Duration::from_secs(1),
+                on_error: OnError::Closed,
+                breaker: Some(Limits {
+                    failures: 5,
+                    window_ms: 10_000,
+                    cooldown_ms: 2_000
+                }),
+                max_in_flight: Some(1000),
+            }
+        );
+        let s = resolve(&[], &[("REDIS_TIMEOUT", "1m30.5s")]).unwrap();
+        assert_eq!(s.failure.redis_timeout, Duration::from_millis(90_500));
+        let s = resolve(
+            &[
+                "--redis-timeout",
+                "250ms",
+                "--on-redis-error",
+                "open",
+                "--breaker-failures",
+                "0",
+                "--max-in-flight",
+                "0",
+            ],
+            &[("REDIS_TIMEOUT", "10s")],
+        )
+        .unwrap();
+        assert_eq!(s.failure.redis_timeout, Duration::from_millis(250));
+        assert_eq!(s.failure.on_error, OnError::Open);
+        assert_eq!((s.failure.breaker, s.failure.max_in_flight), (None, None));
+        for (args, env, want) in [
+            (
+                &[][..],
+                &[("REDIS_TIMEOUT", "10")][..],
+                "REDIS_TIMEOUT 10: give a duration above 0 such as 250ms or 2s",
+            ),
+            (
+                &["--redis-timeout", "0s"][..],
+                &[][..],
+                "--redis-timeout 0s: give a duration above 0 such as 250ms or 2s",
+            ),
+            (
+                &["--breaker-cooldown-ms", "0"][..],
+                &[][..],
+                "--breaker-cooldown-ms 0: give at least 1",
+            ),
+        ] {
+            assert_eq!(resolve(args, env).unwrap_err().to_string(), want);
+        }
+        assert_eq!(parse_duration("1h2m"), Some(Duration::from_secs(3720)));
+        assert_eq!(parse_duration("5x"), None);
+        assert_eq!(parse_duration("ms"), None);
     }
 
     #[test]
