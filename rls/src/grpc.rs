@@ -133,18 +133,18 @@ impl Service {
             )));
         };
         let enter = match &self.breaker {
-            Some(b) => b.enter(self.now_ms()),
+            Some(b) => match b.enter(self.now_ms()) {
+                Enter::Skip => {
+                    let why = Error::Redis(format!(
+                        "redis: not called: the breaker is open after {} failures, for {} ms at a time",
+                        b.limits.failures, b.limits.cooldown_ms
+                    ));
+                    return self.by_policy(plan, &why);
+                }
+                other => other,
+            },
             None => Enter::Call,
         };
-        if enter == Enter::Skip {
-            let limits = self.breaker.as_ref().map(|b| b.limits);
-            let why = Error::Redis(format!(
-                "redis: not called: the breaker is open after {} failures, for {} ms at a time",
-                limits.map(|l| l.failures).unwrap_or(0),
-                limits.map(|l| l.cooldown_ms).unwrap_or(0)
-            ));
-            return self.by_policy(plan, &why);
-        }
         let probe = enter == Enter::Probe;
         let deadline = self.failure.redis_timeout;
         let answer =

@@ -101,3 +101,54 @@ async fn without_a_watch_the_file_is_read_once() {
     }
     assert!(rls.stderr_so_far().is_empty());
 }
+
+/// The peer's layout, RUNTIME_ROOT a symlink swapped to publish (as a
+/// Kubernetes ConfigMap does): each swap is served, the old target may go.
+#[tokio::test]
+async fn a_symlink_swap_of_runtime_root_is_served() {
+    let redis = Server::start();
+    let dir = common::scratch("root");
+    let publish = |version: u32, limit: u32| {
+        let target = dir.join(format!("v{version}"));
+        std::fs::create_dir_all(target.join("ratelimit/config")).unwrap();
+        std::fs::write(target.join("ratelimit/config/limits.yaml"), daily(limit)).unwrap();
+        let next = dir.join("next");
+        std::os::unix::fs::symlink(&target, &next).unwrap();
+        std::fs::rename(&next, dir.join("current")).unwrap();
+    };
+    publish(1, 5);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tb-rls"));
+    cmd.args(["--watch-interval-ms", "50"])
+        .env("RUNTIME_ROOT", dir.join("current"))
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("RUNTIME_WATCH_ROOT", "true");
+    let config = dir.join("current/ratelimit/config");
+    let rls = common::launch(cmd, &redis, dir.clone(), config);
+    let mut c = rls.client().await;
+    let limit = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit
+    };
+    assert_eq!(
+        limit(&c.should_rate_limit(one()).await.unwrap().into_inner()),
+        5
+    );
+    for (version, n) in [(2, 50), (3, 500)] {
+        publish(version, n);
+        std::fs::remove_dir_all(dir.join(format!("v{}", version - 1))).unwrap();
+        rls.wait_stderr("config reloaded: domains=1");
+        assert_eq!(
+            limit(&c.should_rate_limit(one()).await.unwrap().into_inner()),
+            n
+        );
+    }
+    assert!(
+        !rls.stderr_so_far()
+            .iter()
+            .any(|l| l.contains("not reloaded")),
+        "no swap was read half done"
+    );
+}

@@ -79,13 +79,18 @@ pub fn start(config: &str, redis: &Server, args: &[&str]) -> Rls {
     let dir = scratch("cfg");
     let path = dir.join("config.yaml");
     std::fs::write(&path, config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tb-rls"))
-        .arg("--config")
-        .arg(&path)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tb-rls"));
+    cmd.arg("--config").arg(&path).args(args);
+    launch(cmd, redis, dir, path)
+}
+
+/// `cmd` (tb-rls with its config given) on `redis`, on free ports; `dir`
+/// is removed with it, `config` is what a test rewrites.
+pub fn launch(mut cmd: Command, redis: &Server, dir: PathBuf, config: PathBuf) -> Rls {
+    let mut child = cmd
         .arg("--redis")
         .arg(redis.url())
         .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -113,7 +118,7 @@ pub fn start(config: &str, redis: &Server, args: &[&str]) -> Rls {
         child,
         grpc,
         dir,
-        config: path,
+        config,
         stderr: rx,
     }
 }
