@@ -1,109 +1,18 @@
 //! A real tb-rls process against a real redis-server, called with a tonic
 //! client built from the same envoy-types protos.
 
+mod common;
+
+use common::{codes, command, descriptor, start, start_env, OK, OVER};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor, RateLimitDescriptor,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::io::{Read, Write};
 use testkit::{Config as ServerConfig, Server};
 use tonic::transport::Channel;
-
-/// A tb-rls process, killed on drop.
-struct Rls {
-    child: Child,
-    grpc: String,
-    http: String,
-    line: String,
-    dir: PathBuf,
-}
-
-impl Drop for Rls {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn scratch(name: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "tb-rls-{}-{name}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn command(config: &str, redis: &Server, env: &[(&str, &str)]) -> (Command, PathBuf) {
-    let dir = scratch("cfg");
-    let path = dir.join("config.yaml");
-    std::fs::write(&path, config).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tb-rls"));
-    cmd.arg("--config")
-        .arg(&path)
-        .arg("--redis")
-        .arg(redis.url())
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    (cmd, dir)
-}
-
-fn start(config: &str, redis: &Server, env: &[(&str, &str)]) -> Rls {
-    let (mut cmd, dir) = command(config, redis, env);
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let field = |name: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(name))
-            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-            .to_string()
-    };
-    let (grpc, http) = (field("grpc="), field("http="));
-    Rls {
-        child,
-        grpc,
-        http,
-        line,
-        dir,
-    }
-}
-
-async fn client(rls: &Rls) -> RateLimitServiceClient<Channel> {
-    RateLimitServiceClient::connect(format!("http://{}", rls.grpc))
-        .await
-        .unwrap()
-}
-
-fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: pairs
-            .iter()
-            .map(|(k, v)| rate_limit_descriptor::Entry {
-                key: k.to_string(),
-                value: v.to_string(),
-            })
-            .collect(),
-        ..RateLimitDescriptor::default()
-    }
-}
 
 fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
     RateLimitRequest {
@@ -117,17 +26,6 @@ async fn ask(c: &mut RateLimitServiceClient<Channel>, r: RateLimitRequest) -> Ra
     c.should_rate_limit(r).await.unwrap().into_inner()
 }
 
-const OK: i32 = Code::Ok as i32;
-const OVER: i32 = Code::OverLimit as i32;
-
-/// (code, remaining) of each status.
-fn codes(r: &RateLimitResponse) -> Vec<(i32, u32)> {
-    r.statuses
-        .iter()
-        .map(|s| (s.code, s.limit_remaining))
-        .collect()
-}
-
 // Day and hour units throughout: a bucket refills too slowly to change a
 // count while a test runs.
 const MESSAGING: &str = "domain: messaging\ndescriptors:\n  - key: message_type\n    value: marketing\n    descriptors:\n      - key: to_number\n        rate_limit:\n          unit: day\n          requests_per_unit: 5\n  - key: to_number\n    rate_limit:\n      unit: day\n      requests_per_unit: 100\n";
@@ -137,7 +35,7 @@ async fn the_peers_example_2_request_by_request_and_a_denial_charges_nothing() {
     let redis = Server::start();
     let rls = start(MESSAGING, &redis, &[]);
     assert!(rls.line.contains("backend=Module"), "{}", rls.line);
-    let mut c = client(&rls).await;
+    let mut c = rls.client().await;
     let both = || {
         request(
             "messaging",
@@ -196,7 +94,7 @@ async fn the_peers_examples_3_5_and_7_zero_unlimited_and_replaces() {
     let redis = Server::start();
     let config = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: remote_address\n    value: 50.0.0.5\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: ldap\n    rate_limit: {unlimited: true}\n  - key: key_1\n    value: value_1\n    descriptors:\n      - key: user\n        value: bkthomps\n        rate_limit: {name: specific_limit, requests_per_unit: 5, unit: day}\n  - key: key_2\n    value: value_2\n    descriptors:\n      - key: user\n        value: bkthomps\n        rate_limit:\n          replaces: [{name: specific_limit}]\n          requests_per_unit: 10\n          unit: day\n";
     let rls = start(config, &redis, &[]);
-    let mut c = client(&rls).await;
+    let mut c = rls.client().await;
     let r = ask(
         &mut c,
         request(
@@ -266,7 +164,7 @@ async fn hits_addend_is_the_cost_and_zero_only_checks() {
         &redis,
         &[],
     );
-    let mut c = client(&rls).await;
+    let mut c = rls.client().await;
     let k = || descriptor(&[("k", "v")]);
     assert_eq!(
         codes(&ask(&mut c, request("d", vec![k()], 3)).await),
@@ -304,12 +202,13 @@ async fn hits_addend_is_the_cost_and_zero_only_checks() {
 async fn shadow_mode_answers_ok_and_never_stops_the_enforced_charge() {
     let redis = Server::start();
     let config = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 3}\n  - key: ip\n    shadow_mode: true\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
-    let rls = start(
+    let rls = start_env(
         config,
         &redis,
+        &[],
         &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")],
     );
-    let mut c = client(&rls).await;
+    let mut c = rls.client().await;
     let both = || {
         request(
             "d",
@@ -353,7 +252,7 @@ async fn each_wildcard_value_has_its_bucket_unless_shared() {
     let redis = Server::start();
     let config = "domain: d\ndescriptors:\n  - key: path\n    value: /api/*\n    rate_limit: {unit: day, requests_per_unit: 2}\n  - key: files\n    value: a/*\n    share_threshold: true\n    rate_limit: {unit: day, requests_per_unit: 2}\n";
     let rls = start(config, &redis, &[]);
-    let mut c = client(&rls).await;
+    let mut c = rls.client().await;
     for p in ["/api/a", "/api/b"] {
         for left in [1, 0] {
             let r = ask(&mut c, request("d", vec![descriptor(&[("path", p)])], 0)).await;
@@ -406,7 +305,7 @@ async fn two_instances_on_one_redis_give_the_exact_budget() {
     let mut tasks = Vec::new();
     for rls in [&a, &b] {
         for _ in 0..4 {
-            let mut c = client(rls).await;
+            let mut c = rls.client().await;
             tasks.push(tokio::spawn(async move {
                 let mut admitted = 0;
                 for _ in 0..10 {
@@ -432,7 +331,7 @@ async fn the_lua_library_alone_serves_the_same_answers() {
     let redis = Server::with(ServerConfig::without_module());
     let rls = start(MESSAGING, &redis, &[]);
     assert!(rls.line.contains("backend=Functions"), "{}", rls.line);
-    let mut c = client(&rls).await;
+    let mut c = rls.client().await;
     let both = || {
         request(
             "messaging",
@@ -476,7 +375,7 @@ async fn bad_requests_get_a_clear_status_and_the_service_goes_on() {
         &redis,
         &[],
     );
-    let mut c = client(&rls).await;
+    let mut c = rls.client().await;
     let refused = |r: Result<tonic::Response<RateLimitResponse>, tonic::Status>| {
         let e = r.unwrap_err();
         (e.code(), e.message().to_string())
@@ -548,7 +447,6 @@ fn a_bad_config_stops_startup_with_path_line_and_reason() {
     let (mut cmd, dir) = command(
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
         &redis,
-        &[],
     );
     let out = cmd.output().unwrap();
     assert!(!out.status.success());
@@ -602,7 +500,7 @@ async fn redis_gone_is_unavailable_and_back_is_served_again() {
     let config =
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 10}\n";
     let mut rls = start(config, &redis, &[]);
-    let mut c = client(&rls).await;
+    let mut c = rls.client().await;
     let one = || request("d", vec![descriptor(&[("k", "v")])], 0);
     assert_eq!(codes(&ask(&mut c, one()).await), vec![(OK, 9)]);
     redis.kill9();

@@ -1,10 +1,12 @@
-//! A real tb-rls process for the reload and failure tests: its flags, its
-//! stderr as lines, and a tonic client.
+//! A real tb-rls process for the integration tests (rls.rs, reload.rs,
+//! failure.rs): its flags, its first stdout line, its stderr as lines, and
+//! a tonic client built from the same envoy-types protos.
 #![allow(dead_code)]
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor, RateLimitDescriptor,
 };
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use std::io::{BufRead, BufReader};
@@ -15,10 +17,16 @@ use std::time::Duration;
 use testkit::Server;
 use tonic::transport::Channel;
 
+pub const OK: i32 = Code::Ok as i32;
+pub const OVER: i32 = Code::OverLimit as i32;
+
 /// A tb-rls process, killed on drop, with its scratch directory.
 pub struct Rls {
     pub child: Child,
     pub grpc: String,
+    pub http: String,
+    /// The first stdout line: the bound addresses and the backend.
+    pub line: String,
     pub dir: PathBuf,
     pub config: PathBuf,
     stderr: mpsc::Receiver<String>,
@@ -74,23 +82,50 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// tb-rls on `config` (written to a file of its own), with `args`.
-pub fn start(config: &str, redis: &Server, args: &[&str]) -> Rls {
+/// tb-rls on `config` (written to config.yaml in a scratch directory,
+/// returned) and `redis`, on free ports, not started.
+pub fn command(config: &str, redis: &Server) -> (Command, PathBuf) {
     let dir = scratch("cfg");
-    let path = dir.join("config.yaml");
-    std::fs::write(&path, config).unwrap();
+    std::fs::write(dir.join("config.yaml"), config).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tb-rls"));
-    cmd.arg("--config").arg(&path).args(args);
-    launch(cmd, redis, dir, path)
+    cmd.arg("--config").arg(dir.join("config.yaml"));
+    on(&mut cmd, redis);
+    (cmd, dir)
 }
 
-/// `cmd` (tb-rls with its config given) on `redis`, on free ports; `dir`
-/// is removed with it, `config` is what a test rewrites.
+/// `--redis` and free loopback ports.
+fn on(cmd: &mut Command, redis: &Server) {
+    cmd.arg("--redis").arg(redis.url()).args([
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+}
+
+/// tb-rls on `config`, with `args`.
+pub fn start(config: &str, redis: &Server, args: &[&str]) -> Rls {
+    start_env(config, redis, args, &[])
+}
+
+/// tb-rls on `config`, with `args` and environment variables `env`.
+pub fn start_env(config: &str, redis: &Server, args: &[&str], env: &[(&str, &str)]) -> Rls {
+    let (mut cmd, dir) = command(config, redis);
+    cmd.args(args).envs(env.iter().copied());
+    let path = dir.join("config.yaml");
+    spawn(cmd, dir, path)
+}
+
+/// `cmd` (tb-rls with its config given, by flag or environment) on
+/// `redis`, on free ports; `dir` is removed with it, `config` is what a
+/// test rewrites.
 pub fn launch(mut cmd: Command, redis: &Server, dir: PathBuf, config: PathBuf) -> Rls {
+    on(&mut cmd, redis);
+    spawn(cmd, dir, config)
+}
+
+fn spawn(mut cmd: Command, dir: PathBuf, config: PathBuf) -> Rls {
     let mut child = cmd
-        .arg("--redis")
-        .arg(redis.url())
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -99,11 +134,13 @@ pub fn launch(mut cmd: Command, redis: &Server, dir: PathBuf, config: PathBuf) -
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let grpc = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("grpc="))
-        .unwrap_or_else(|| panic!("no grpc= in {line:?}"))
-        .to_string();
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .to_string()
+    };
+    let (grpc, http) = (field("grpc="), field("http="));
     let (tx, rx) = mpsc::channel();
     let err = child.stderr.take().unwrap();
     std::thread::spawn(move || {
@@ -117,6 +154,8 @@ pub fn launch(mut cmd: Command, redis: &Server, dir: PathBuf, config: PathBuf) -
     Rls {
         child,
         grpc,
+        http,
+        line,
         dir,
         config,
         stderr: rx,
