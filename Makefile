@@ -224,16 +224,7 @@ test-python: deps venv build python-wheel ## the Python package, from its wheel,
 
 # The package from this checkout, installed over each venv's litellm.
 test-litellm: deps build ## the LiteLLM proxy hook against real proxies (two sharing Redis: module, Lua library), on litellm 1.108.0 and 1.108.7
-	@for v in $(LITELLM_VERSIONS); do \
-	  venv=$(CURDIR)/$(PY_CLIENT)/.venv-litellm-$$v; \
-	  if [ ! -f $$venv/.installed ]; then \
-	    rm -rf $$venv && python3 -m venv $$venv && \
-	    $$venv/bin/pip install -q --disable-pip-version-check "litellm[proxy]==$$v" $(LITELLM_TEST_PKGS) && \
-	    touch $$venv/.installed || exit 1; \
-	  fi; \
-	  $$venv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall ./$(PY_CLIENT) >/dev/null && \
-	  echo "== litellm $$v" && (cd $(PY_CLIENT) && $$venv/bin/pytest -q tests/test_litellm.py) || exit 1; \
-	done
+	bash scripts/test-litellm.sh "$(LITELLM_VERSIONS)" $(LITELLM_TEST_PKGS)
 
 # `python -m build` makes the sdist and, from it, the wheel (the build hook
 # copies lua/ in).
