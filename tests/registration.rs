@@ -194,6 +194,150 @@ fn key_specs_say_peek_reads_and_the_writers_update() {
     );
 }
 
+/// The quota commands and TB.CHARGE: QPEEK's one key is read, the others'
+/// read and updated. TB.CHARGE's keys are the `numkeys` after its count,
+/// whatever follows them: WAIT's time, a quota's OFFSET and keys spelt
+/// like the keywords are never taken for keys, or hide one.
+#[test]
+fn key_specs_of_the_quota_commands_and_charge() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let flags_of = |c: &mut redis::Connection, args: &[&str]| -> Vec<(String, Vec<String>)> {
+        redis::cmd("COMMAND")
+            .arg("GETKEYSANDFLAGS")
+            .arg(args)
+            .query(c)
+            .unwrap_or_else(|e| panic!("COMMAND GETKEYSANDFLAGS {args:?}: {e}"))
+    };
+    let read = vec!["RO".to_string(), "access".to_string()];
+    let update = vec!["RW".to_string(), "access".to_string(), "update".to_string()];
+    let each = |keys: &[&str], flags: &Vec<String>| -> Vec<(String, Vec<String>)> {
+        keys.iter()
+            .map(|k| (k.to_string(), flags.clone()))
+            .collect()
+    };
+    for args in [
+        &["TB.QPEEK", "rl:q", "10", "DAY"][..],
+        &["TB.QPEEK", "rl:q", "10", "DAY", "2"],
+        &["TB.QPEEK", "rl:q", "10", "MONTH", "OFFSET", "-300"],
+        &["TB.QPEEK", "rl:q", "10", "3600", "2", "OFFSET", "330"],
+    ] {
+        assert_eq!(getkeys(&mut c, args), ["rl:q"], "{args:?}");
+        assert_eq!(flags_of(&mut c, args), each(&["rl:q"], &read), "{args:?}");
+    }
+    for args in [
+        &["TB.QUOTA", "rl:q", "10", "DAY"][..],
+        &["TB.QUOTA", "rl:q", "10", "WEEK", "3"],
+        &["TB.QUOTA", "rl:q", "10", "DAY", "OFFSET", "60"],
+        &["TB.QUOTA", "rl:q", "10", "YEAR", "3", "OFFSET", "-60"],
+        &["TB.QADJUST", "rl:q", "10", "DAY", "-3"],
+        &["TB.QADJUST", "rl:q", "10", "DAY", "4", "OFFSET", "60"],
+    ] {
+        assert_eq!(getkeys(&mut c, args), ["rl:q"], "{args:?}");
+        assert_eq!(flags_of(&mut c, args), each(&["rl:q"], &update), "{args:?}");
+    }
+    let charges: [(&[&str], &[&str]); 5] = [
+        (
+            &["TB.CHARGE", "1", "rl:b", "BUCKET", "10", "1", "1"],
+            &["rl:b"],
+        ),
+        (
+            &[
+                "TB.CHARGE",
+                "2",
+                "rl:m",
+                "rl:q",
+                "BUCKET",
+                "60",
+                "1",
+                "1",
+                "QUOTA",
+                "1000",
+                "MONTH",
+                "7",
+            ],
+            &["rl:m", "rl:q"],
+        ),
+        (
+            &[
+                "TB.CHARGE",
+                "2",
+                "rl:m",
+                "rl:q",
+                "WAIT",
+                "250",
+                "BUCKET",
+                "60",
+                "1",
+                "1",
+                "QUOTA",
+                "1000",
+                "MONTH",
+                "7",
+            ],
+            &["rl:m", "rl:q"],
+        ),
+        // A quota clause with OFFSET before a bucket clause, under WAIT.
+        (
+            &[
+                "TB.CHARGE",
+                "3",
+                "rl:q",
+                "rl:m",
+                "rl:d",
+                "WAIT",
+                "5000",
+                "QUOTA",
+                "1000",
+                "DAY",
+                "1",
+                "OFFSET",
+                "-300",
+                "BUCKET",
+                "60",
+                "1",
+                "1",
+                "QUOTA",
+                "10",
+                "3600",
+                "1",
+            ],
+            &["rl:q", "rl:m", "rl:d"],
+        ),
+        // Keys spelt like the keywords are keys, and only the counted ones.
+        (
+            &[
+                "TB.CHARGE",
+                "3",
+                "WAIT",
+                "QUOTA",
+                "OFFSET",
+                "WAIT",
+                "9",
+                "QUOTA",
+                "5",
+                "DAY",
+                "1",
+                "OFFSET",
+                "60",
+                "BUCKET",
+                "5",
+                "1",
+                "1",
+                "QUOTA",
+                "5",
+                "WEEK",
+                "1",
+            ],
+            &["WAIT", "QUOTA", "OFFSET"],
+        ),
+    ];
+    for (args, keys) in charges {
+        assert_eq!(getkeys(&mut c, args), keys, "{args:?}");
+        assert_eq!(flags_of(&mut c, args), each(keys, &update), "{args:?}");
+    }
+}
+
 /// `COMMAND DOCS`: summary, since, complexity and typed arguments, which
 /// redis-cli turns into hints as the user types.
 #[test]
