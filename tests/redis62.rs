@@ -148,3 +148,154 @@ fn leases_and_their_bucket_keys_on_redis_6_2() {
     assert!(err.starts_with("NOPERM"), "{err}");
     assert_eq!(int(&mut c, "EXISTS", "secret"), 0);
 }
+
+/// Quotas and TB.CHARGE on Redis 6.2: the replies, the hash and its expiry
+/// at the period's end, all or nothing, and (no key specs on 6.2) the
+/// `getkeys-api` answer that shows TB.CHARGE's counted keys to ACL key
+/// patterns, past WAIT and a quota's OFFSET.
+#[test]
+fn quotas_and_charge_on_redis_6_2() {
+    let s = Server::with(redis62(true));
+    let mut c = s.conn();
+    assert!(info_field(&mut c, "server", "redis_version").starts_with("6.2."));
+    let ints = |c: &mut redis::Connection, args: &[&str]| -> Vec<i64> {
+        redis::cmd(args[0])
+            .arg(&args[1..])
+            .query(c)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    };
+    // A fixed period of an hour: it ends at the next whole hour since the
+    // epoch, which is where the key expires (PTTL, read between two
+    // readings of the server's clock, as above).
+    let t0 = server_time_us(&mut c) / 1000;
+    let q = ints(&mut c, &["TB.QUOTA", "rl:q", "10", "3600", "3"]);
+    let t1 = server_time_us(&mut c) / 1000;
+    assert_eq!(q[..3], [1, 7, 0]);
+    let h = hgetall(&mut c, "rl:q");
+    assert_eq!(h["used"], "3");
+    let start: i64 = h["start"].parse().unwrap();
+    assert_eq!(start % 3600, 0, "{h:?}");
+    let end = (start + 3600) * 1000;
+    assert!(
+        end - t1 <= q[3] && q[3] <= end - t0,
+        "reset {}, period ends at {end}, called between {t0} and {t1}",
+        q[3]
+    );
+    let pttl = int(&mut c, "PTTL", "rl:q");
+    let t2 = server_time_us(&mut c) / 1000;
+    assert!(
+        end - t2 <= pttl && pttl <= end - t1,
+        "pttl {pttl}, period ends at {end}, read between {t1} and {t2}"
+    );
+    assert_eq!(
+        ints(&mut c, &["TB.QPEEK", "rl:q", "10", "3600", "7"])[..3],
+        [1, 7, 0]
+    );
+    let denied = ints(&mut c, &["TB.QUOTA", "rl:q", "10", "3600", "8"]);
+    assert_eq!(denied[..2], [0, 7]);
+    assert_eq!(
+        ints(&mut c, &["TB.QADJUST", "rl:q", "10", "3600", "2"])[..2],
+        [1, 9]
+    );
+    assert_eq!(hgetall(&mut c, "rl:q")["used"], "1");
+    let err = error_of(
+        &mut c,
+        redis::cmd("TB.QUOTA").arg(&["rl:q", "10", "FORTNIGHT"]),
+    );
+    assert!(
+        err.starts_with("ERR period must be DAY, WEEK, MONTH, YEAR"),
+        "{err}"
+    );
+    let err = error_of(
+        &mut c,
+        redis::cmd("TB.CHARGE").arg(&["1", "rl:q", "QUOTA", "0", "DAY", "1"]),
+    );
+    assert_eq!(err, "ERR limit must be > 0 and <= 1e12 (group 1)");
+
+    // A bucket beside a quota: both charged, or neither.
+    let charge = |c: &mut redis::Connection, quota_cost: &str| -> (i64, i64, Vec<i64>, Vec<i64>) {
+        let r: (i64, i64, Vec<i64>, Vec<i64>) = redis::cmd("TB.CHARGE")
+            .arg(&[
+                "2", "rl:b", "rl:d", "WAIT", "1000", "BUCKET", "10", "1", "4", "QUOTA", "5", "DAY",
+                quota_cost, "OFFSET", "60",
+            ])
+            .query(c)
+            .expect("TB.CHARGE");
+        r
+    };
+    let (allowed, retry, b, d) = charge(&mut c, "2");
+    assert_eq!(
+        (allowed, retry, &b[..3], &d[..3]),
+        (1, 0, &[1, 6, 0][..], &[1, 3, 0][..])
+    );
+    let before = (hgetall(&mut c, "rl:b"), hgetall(&mut c, "rl:d"));
+    let (allowed, _, b, d) = charge(&mut c, "4");
+    assert_eq!((allowed, b[0], d[..2].to_vec()), (0, 1, vec![0, 3]));
+    assert_eq!(
+        (hgetall(&mut c, "rl:b"), hgetall(&mut c, "rl:d")),
+        before,
+        "a quota's denial charges no bucket"
+    );
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg(&[
+            "GETKEYS",
+            "TB.CHARGE",
+            "2",
+            "rl:b",
+            "rl:d",
+            "WAIT",
+            "1000",
+            "QUOTA",
+            "5",
+            "DAY",
+            "1",
+            "OFFSET",
+            "60",
+            "BUCKET",
+            "10",
+            "1",
+            "4",
+        ])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys, ["rl:b", "rl:d"]);
+    let mut limited = s.conn_as("limited", &["~rl:*", "-@all", "+tb.charge", "+tb.quota"]);
+    for args in [
+        &[
+            "TB.CHARGE",
+            "2",
+            "rl:b",
+            "secret",
+            "BUCKET",
+            "10",
+            "1",
+            "1",
+            "QUOTA",
+            "5",
+            "DAY",
+            "1",
+        ][..],
+        &[
+            "TB.CHARGE",
+            "1",
+            "secret",
+            "WAIT",
+            "10",
+            "QUOTA",
+            "5",
+            "DAY",
+            "1",
+            "OFFSET",
+            "60",
+        ],
+        &["TB.QUOTA", "secret", "5", "DAY"],
+    ] {
+        let err = error_of(&mut limited, redis::cmd(args[0]).arg(&args[1..]));
+        assert!(err.starts_with("NOPERM"), "{args:?}: {err}");
+    }
+    assert_eq!(int(&mut c, "EXISTS", "secret"), 0);
+    assert_eq!(
+        ints(&mut limited, &["TB.QUOTA", "rl:other", "5", "DAY"])[..2],
+        [1, 4]
+    );
+}
