@@ -2,7 +2,8 @@
 """Writes the checked-in seed corpora fuzz/corpus/{args,state,bucket}/.
 
 The formats are the ones testkit/src/oracles/mod.rs decodes:
-  args    argv joined with "\\n" (argv[0] picks the parser);
+  args    argv joined with "\\n" (argv[0] picks the parser: the quota
+          commands and TB.CHARGE have theirs);
   state   one flags byte ("3": both fields present), tokens "\\n" ts;
   bucket  flags u8 | max f64 | rate f64 | a u16 | b u16 | tokens f64 | t u16
           | ts i64 | now i64 | dt i32 | cost f64 | c u16 | delta f64 | d u16
@@ -37,6 +38,7 @@ def argv(*parts):
 
 
 C, P, A, M = "TB.CONSUME", "TB.PEEK", "TB.ADJUST", "TB.MCONSUME"
+ACQUIRE, Q, QP, QA, CH = "TB.ACQUIRE", "TB.QUOTA", "TB.QPEEK", "TB.QADJUST", "TB.CHARGE"
 
 args = [
     ("consume-valid", argv(C, "k", "10", "1", "1")),
@@ -74,6 +76,44 @@ args = [
     ("arity-long", argv(C, "k", "1", "1", "1", "1")),
     ("adjust-nan-delta", argv(A, "k", "10", "1", "nan")),
     ("mconsume-many", argv(M, *[x for i in range(64) for x in (f"k{i}", "10", "1", "1")], "k7", "10", "1", "1")),
+    ("acquire-bad", argv(ACQUIRE, "k", "0", "-1", "", "")),
+    ("acquire-bucket", argv(ACQUIRE, "k", "8", "30000", "id", "2", "BUCKET", "b", "10", "1", "1")),
+    ("acquire-id-named-bucket", argv("tb.acquire", "k", "8", "1", "BUCKET", "BUCKET", "b", "10", "1", "1",
+                                     "bucket", "c", "5", "2", "0")),
+    # WAIT max_ms: after the cost or in its place, its bounds, misspelt.
+    ("consume-wait", argv(C, "k", "10", "1", "3", "WAIT", "5000")),
+    ("peek-wait-default-cost", argv(P, "k", "10", "1", "wait", "0")),
+    ("consume-wait-bound", argv(C, "k", "10", "1", "1", "WAIT", "100000000000000")),
+    ("consume-wait-above-bound", argv(C, "k", "10", "1", "1", "WAIT", "100000000000001")),
+    ("consume-wait-not-integer", argv(C, "k", "10", "1", "WAIT", "1.5")),
+    ("consume-waits", argv(C, "k", "10", "1", "1", "WAITS", "5")),
+    # Calendar quotas.
+    ("quota-valid", argv(Q, "q", "1000000", "DAY", "1200")),
+    ("quota-default-cost", argv(Q, "q", "10", "month")),
+    ("quota-offset", argv(Q, "q", "10", "WEEK", "OFFSET", "-300")),
+    ("qpeek-cost-offset", argv(QP, "q", "10", "3600", "2", "offset", "1439")),
+    ("qadjust-offset", argv(QA, "q", "10", "YEAR", "-4.5", "OFFSET", "330")),
+    ("qadjust-no-delta", argv(QA, "q", "10", "DAY")),
+    ("quota-bad-period", argv(Q, "q", "10", "FORTNIGHT")),
+    ("quota-period-bound", argv(Q, "q", "10", "10000000001")),
+    ("quota-offset-out-of-range", argv(Q, "q", "10", "DAY", "1", "OFFSET", "1440")),
+    ("quota-expected-offset", argv(Q, "q", "10", "DAY", "1", "2")),
+    ("quota-cost-above-limit", argv(Q, "q", "0.5", "DAY")),
+    ("quota-cost-too-small", argv(Q, "q", "1e12", "DAY", "0.00001")),
+    # TB.CHARGE: counted keys, WAIT, both clauses, OFFSET, and its errors.
+    ("charge-two", argv(CH, "2", "m", "q", "BUCKET", "60", "1", "1", "QUOTA", "1000000", "MONTH", "1200")),
+    ("charge-wait-offset", argv(CH, "3", "q", "m", "d", "WAIT", "5000", "QUOTA", "1000", "DAY", "1", "OFFSET",
+                                "-300", "BUCKET", "60", "1", "1", "quota", "10", "3600", "1")),
+    ("charge-keyword-keys", argv(CH, "3", "WAIT", "QUOTA", "OFFSET", "WAIT", "9", "QUOTA", "5", "DAY", "1",
+                                 "OFFSET", "60", "BUCKET", "5", "1", "1", "QUOTA", "5", "WEEK", "1")),
+    ("charge-dup", argv(CH, "2", "a", "a", "BUCKET", "1", "1", "1", "QUOTA", "1", "DAY", "1")),
+    ("charge-expected-clause", argv(CH, "1", "k", "BUCKETS", "1", "1", "1")),
+    ("charge-numkeys-zero", argv(CH, "0", "k", "BUCKET", "1", "1", "1")),
+    ("charge-numkeys-too-many", argv(CH, "10001", "k", "BUCKET", "1", "1", "1")),
+    ("charge-numkeys-past-end", argv(CH, "5", "a", "b")),
+    ("charge-offset-cut", argv(CH, "1", "k", "QUOTA", "5", "DAY", "1", "OFFSET")),
+    ("charge-left-over", argv(CH, "1", "k", "BUCKET", "1", "1", "1", "1")),
+    ("charge-wait-cut", argv(CH, "1", "k", "WAIT")),
 ]
 
 state = [
@@ -99,6 +139,8 @@ state = [
     ("f64-nan-bits", struct.pack("<d", math.nan)),
     ("f64-max-bits", struct.pack("<d", 1.7976931348623157e308)),
     ("i64-min-bits", struct.pack("<q", -(2**63))),
+    # Found by the fuzzer: a point's place below 1 (it once wrapped).
+    ("fraction-below-one", b"3" + b".5\n6"),
 ]
 
 
@@ -135,6 +177,10 @@ bucket_seeds = [
     ("raw-zero-rate", bucket(RAW, 10.0, 0.0, tokens=1.0, ts=NOW, now=NOW, cost=5.0, delta=1.0)),
     ("raw-negative", bucket(RAW, -10.0, -1.0, tokens=-1.0, ts=NOW, now=NOW, cost=-5.0, delta=-1.0)),
     ("raw-fill-too-slow", bucket(RAW, 1e11, 1.0, tokens=0.0, ts=NOW, now=NOW, cost=1.0, delta=1.0)),
+    # Found by the fuzzer, as the fuzzer wrote it (see the state seed).
+    ("fraction-below-one", bytes.fromhex(
+        "170000000000002440000000000000f03f000000009c75ffffffd12fbe55d1440600ffffffffff"
+        "ffffffffffffffffff00000040000000000000f03f000000009c75ffffffffffff37ffffff3fff")),
 ]
 
 

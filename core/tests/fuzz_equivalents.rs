@@ -151,6 +151,261 @@ fn argv() -> impl Strategy<Value = Vec<Vec<u8>>> {
     })
 }
 
+/// Numbers that are mostly valid limits, costs and deltas, else anything
+/// number-like.
+fn biased_number() -> BoxedStrategy<Vec<u8>> {
+    prop_oneof![
+        3 => prop::sample::select(vec![
+            "1", "2", "3", "5", "10", "60", "100", "0.5", "1000", "1e6", "0", "-3", "1e12",
+        ])
+        .prop_map(|s| s.as_bytes().to_vec()),
+        1 => number_arg(),
+    ]
+    .boxed()
+}
+
+/// A keyword as sent (any case), or a near miss: misspelt, or a number.
+fn keyword(word: &'static str) -> BoxedStrategy<Vec<u8>> {
+    prop_oneof![
+        6 => Just(word.as_bytes().to_vec()),
+        2 => Just(word.to_ascii_lowercase().into_bytes()),
+        1 => Just(format!("{word}S").into_bytes()),
+        1 => number_arg(),
+    ]
+    .boxed()
+}
+
+/// Integers around the documented bounds, and the usual rejects.
+fn integer_among(values: Vec<&'static str>) -> BoxedStrategy<Vec<u8>> {
+    prop_oneof![
+        4 => prop::sample::select(values).prop_map(|s| s.as_bytes().to_vec()),
+        1 => int_arg(),
+    ]
+    .boxed()
+}
+
+/// WAIT's `max_ms`: 0 to 1e14.
+fn max_ms_arg() -> BoxedStrategy<Vec<u8>> {
+    integer_among(vec![
+        "0",
+        "1",
+        "250",
+        "5000",
+        "+5",
+        "100000000000000",
+        "100000000000001",
+        "-1",
+        "1.5",
+        "1e3",
+        "x",
+        "",
+    ])
+    .boxed()
+}
+
+/// OFFSET's minutes: -1439 to 1439.
+fn minutes_arg() -> BoxedStrategy<Vec<u8>> {
+    integer_among(vec![
+        "0", "60", "-300", "330", "1439", "-1439", "1440", "-1440", "+60", "-0", "1.5", "x", "",
+    ])
+    .boxed()
+}
+
+/// A quota's period: the four names in any case, or seconds from 1 to 1e10.
+fn period_arg() -> BoxedStrategy<Vec<u8>> {
+    integer_among(vec![
+        "DAY",
+        "day",
+        "Week",
+        "MONTH",
+        "year",
+        "FORTNIGHT",
+        "DAYS",
+        "3600",
+        "1",
+        "+60",
+        "0",
+        "-1",
+        "10000000000",
+        "10000000001",
+        "1.5",
+        "",
+    ])
+    .boxed()
+}
+
+/// Drops up to `cut` arguments from the end (never the name).
+fn cut(mut a: Vec<Vec<u8>>, cut: usize) -> Vec<Vec<u8>> {
+    let keep = a.len().saturating_sub(cut).max(1);
+    a.truncate(keep);
+    a
+}
+
+/// TB.CONSUME and TB.PEEK with `WAIT max_ms`, with or without the cost,
+/// sometimes cut short or misspelt.
+fn consume_wait_argv() -> BoxedStrategy<Vec<Vec<u8>>> {
+    (
+        prop::sample::select(vec!["TB.CONSUME", "tb.peek", "TB.PEEK"]),
+        key_arg(),
+        biased_number(),
+        biased_number(),
+        prop::option::of(biased_number()),
+        keyword("WAIT"),
+        max_ms_arg(),
+        prop_oneof![6 => Just(0usize), 1 => 1..3usize],
+    )
+        .prop_map(|(name, key, max, rate, cost, wait, ms, n)| {
+            let mut a = vec![name.as_bytes().to_vec(), key, max, rate];
+            a.extend(cost);
+            a.extend([wait, ms]);
+            cut(a, n)
+        })
+        .boxed()
+}
+
+/// Mostly one of `valid` (so that calls of several arguments are often
+/// accepted as a whole), else `other`: the near misses.
+fn mostly(valid: Vec<&'static str>, other: BoxedStrategy<Vec<u8>>) -> BoxedStrategy<Vec<u8>> {
+    prop_oneof![
+        9 => prop::sample::select(valid).prop_map(|s| s.as_bytes().to_vec()),
+        1 => other,
+    ]
+    .boxed()
+}
+
+fn good_limit() -> BoxedStrategy<Vec<u8>> {
+    mostly(vec!["10", "60", "100", "1000", "1e6"], biased_number())
+}
+
+fn good_rate() -> BoxedStrategy<Vec<u8>> {
+    mostly(vec!["1", "0.5", "40", "1000"], biased_number())
+}
+
+/// Costs no larger than any of `good_limit`'s.
+fn good_cost() -> BoxedStrategy<Vec<u8>> {
+    mostly(vec!["0", "1", "2", "0.5", "10"], biased_number())
+}
+
+fn good_period() -> BoxedStrategy<Vec<u8>> {
+    mostly(
+        vec!["DAY", "week", "MONTH", "Year", "3600", "60"],
+        period_arg(),
+    )
+}
+
+fn good_keyword(word: &'static str) -> BoxedStrategy<Vec<u8>> {
+    mostly(vec![word], keyword(word))
+}
+
+/// OFFSET and its minutes, or nothing.
+fn offset_clause() -> BoxedStrategy<Option<(Vec<u8>, Vec<u8>)>> {
+    let minutes = mostly(
+        vec!["60", "-300", "330", "-1439", "1439", "0"],
+        minutes_arg(),
+    );
+    prop::option::of((good_keyword("OFFSET"), minutes)).boxed()
+}
+
+/// TB.QUOTA, TB.QPEEK and TB.QADJUST: `key limit period [amount] [OFFSET
+/// minutes]`, sometimes with an argument too many or too few.
+fn quota_argv() -> BoxedStrategy<Vec<Vec<u8>>> {
+    (
+        prop::sample::select(vec!["TB.QUOTA", "tb.qpeek", "TB.QADJUST", "tb.qadjust"]),
+        key_arg(),
+        good_limit(),
+        good_period(),
+        prop::option::of(prop_oneof![3 => good_cost(), 1 => biased_number()]),
+        offset_clause(),
+        prop_oneof![8 => Just(None), 1 => biased_number().prop_map(Some)],
+        prop_oneof![6 => Just(0usize), 1 => 1..3usize],
+    )
+        .prop_map(|(name, key, limit, period, amount, offset, extra, n)| {
+            let mut a = vec![name.as_bytes().to_vec(), key, limit, period];
+            a.extend(amount);
+            if let Some((word, minutes)) = offset {
+                a.extend([word, minutes]);
+            }
+            a.extend(extra);
+            cut(a, n)
+        })
+        .boxed()
+}
+
+/// One TB.CHARGE clause: `BUCKET max rate cost` or `QUOTA limit period
+/// cost [OFFSET minutes]`, its keyword sometimes misspelt.
+fn charge_clause() -> BoxedStrategy<Vec<Vec<u8>>> {
+    prop_oneof![
+        (
+            good_keyword("BUCKET"),
+            good_limit(),
+            good_rate(),
+            good_cost()
+        )
+            .prop_map(|(w, m, r, c)| vec![w, m, r, c]),
+        (
+            good_keyword("QUOTA"),
+            good_limit(),
+            good_period(),
+            good_cost(),
+            offset_clause()
+        )
+            .prop_map(|(w, l, p, c, offset)| {
+                let mut a = vec![w, l, p, c];
+                if let Some((word, minutes)) = offset {
+                    a.extend([word, minutes]);
+                }
+                a
+            }),
+    ]
+    .boxed()
+}
+
+/// Keys: mostly of a few hundred names (a repeat now and then), else the
+/// short and odd ones, or spelt like TB.CHARGE's keywords.
+fn charge_key() -> BoxedStrategy<Vec<u8>> {
+    prop_oneof![
+        6 => (0u16..300).prop_map(|i| format!("k{i}").into_bytes()),
+        2 => key_arg(),
+        1 => prop::sample::select(vec!["WAIT", "BUCKET", "QUOTA", "OFFSET", "1"])
+            .prop_map(|s| s.as_bytes().to_vec()),
+    ]
+    .boxed()
+}
+
+/// TB.CHARGE: `numkeys key... [WAIT max_ms] clause...`, as many clauses
+/// as keys most of the time, `numkeys` right most of the time, and
+/// sometimes cut short.
+fn charge_argv() -> BoxedStrategy<Vec<Vec<u8>>> {
+    (1usize..5)
+        .prop_flat_map(|n| {
+            (
+                Just(n),
+                prop_oneof![
+                    8 => Just(n.to_string().into_bytes()),
+                    1 => prop::sample::select(vec![n + 1, n - 1, 10_001])
+                        .prop_map(|c| c.to_string().into_bytes()),
+                    1 => int_arg(),
+                ],
+                vec(charge_key(), n),
+                prop::option::of((good_keyword("WAIT"), max_ms_arg())),
+                vec(charge_clause(), n),
+                prop_oneof![8 => Just(None), 1 => charge_clause().prop_map(Some)],
+                prop_oneof![6 => Just(0usize), 1 => 1..4usize],
+            )
+        })
+        .prop_map(|(_, numkeys, keys, wait, clauses, extra, n)| {
+            let mut a = vec![b"TB.CHARGE".to_vec(), numkeys];
+            a.extend(keys);
+            if let Some((word, ms)) = wait {
+                a.extend([word, ms]);
+            }
+            a.extend(clauses.into_iter().flatten());
+            a.extend(extra.into_iter().flatten());
+            cut(a, n)
+        })
+        .boxed()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(20_000))]
 
@@ -183,6 +438,24 @@ proptest! {
     }
 
     #[test]
+    fn consume_wait_args_match_the_reference(a in consume_wait_argv()) {
+        let refs: Vec<&[u8]> = a.iter().map(Vec::as_slice).collect();
+        oracles::check_args(&refs);
+    }
+
+    #[test]
+    fn quota_args_match_the_reference(a in quota_argv()) {
+        let refs: Vec<&[u8]> = a.iter().map(Vec::as_slice).collect();
+        oracles::check_args(&refs);
+    }
+
+    #[test]
+    fn charge_args_match_the_reference(a in charge_argv()) {
+        let refs: Vec<&[u8]> = a.iter().map(Vec::as_slice).collect();
+        oracles::check_args(&refs);
+    }
+
+    #[test]
     fn args_from_raw_bytes(data in vec(any::<u8>(), 0..64)) {
         oracles::check_args(&oracles::argv_from_bytes(&data));
     }
@@ -210,6 +483,53 @@ fn mconsume_group_limit_and_late_duplicates() {
     }
     a.extend(group("k1234".into()));
     oracles::check_args(&refs(&a));
+}
+
+/// The generators above reach accepted calls as well as errors, so the
+/// properties are checked on both (a generator that only made errors
+/// would pass them trivially).
+#[test]
+fn the_command_generators_reach_accepted_calls_and_errors() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    use tb_core::args::{parse_consume, Memos};
+    use tb_core::charge::parse_charge;
+    use tb_core::quota::{parse_qadjust, parse_quota};
+
+    fn accepted(strategy: impl Strategy<Value = Vec<Vec<u8>>>, ok: fn(&[&[u8]]) -> bool) -> usize {
+        let mut runner = TestRunner::deterministic();
+        (0..2_000)
+            .filter(|_| {
+                let a = strategy.new_tree(&mut runner).expect("a value").current();
+                let refs: Vec<&[u8]> = a.iter().map(Vec::as_slice).collect();
+                ok(&refs)
+            })
+            .count()
+    }
+    let waits = accepted(consume_wait_argv(), |a| {
+        parse_consume(a, &Memos::new()).is_ok_and(|s| s.wait_ms.is_some())
+    });
+    let quotas = accepted(quota_argv(), |a| {
+        let q = if a[0].eq_ignore_ascii_case(b"TB.QADJUST") {
+            parse_qadjust(a)
+        } else {
+            parse_quota(a)
+        };
+        q.is_ok_and(|q| q.quota.offset_s != 0)
+    });
+    let charges = accepted(charge_argv(), |a| {
+        parse_charge(a, &Memos::new()).is_ok_and(|c| c.clauses.len() > 1)
+    });
+    for (what, n) in [
+        ("TB.CONSUME with WAIT", waits),
+        ("a quota with OFFSET", quotas),
+        ("TB.CHARGE of two keys or more", charges),
+    ] {
+        assert!(
+            (100..1_900).contains(&n),
+            "{what}: {n} of 2,000 generated calls accepted"
+        );
+    }
 }
 
 // ---- (b) state decoding ---------------------------------------------------------

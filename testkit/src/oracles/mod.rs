@@ -10,9 +10,12 @@
 //! * (a) argument parsing: never panics; the result is exactly what an
 //!   independent reference validator predicts, and any `Ok` is within the
 //!   documented bounds (0 < max <= 1e12, 0 < rate <= 1e12, max/rate <= 1e10,
-//!   0 <= cost <= max, all finite); TB.ACQUIRE's within its own (limit,
-//!   lease_ms, weight, its BUCKET clauses), with its keys where the key
-//!   specs say; lease values read back as written;
+//!   0 <= cost <= max, all finite); TB.CONSUME's WAIT, the quota commands
+//!   and TB.CHARGE likewise against references of their own (limit,
+//!   period, OFFSET, the clauses, the counted keys), every error's text
+//!   one of the contract's; TB.ACQUIRE's within its own (limit, lease_ms,
+//!   weight, its BUCKET clauses), with its keys where the key specs say;
+//!   lease values read back as written;
 //! * (b) state decoding: never panics; `Ok` values are finite; what is
 //!   encoded decodes back to the same bits;
 //! * (c) bucket arithmetic: never panics on any f64/i64; with valid limits
