@@ -1,5 +1,6 @@
-//! envoyproxy/ratelimit's YAML configuration, read unchanged, plus the
-//! token bucket's optional `rate_limit.burst`. Every refusal names the
+//! envoyproxy/ratelimit's YAML configuration, read unchanged, plus our
+//! optional `rate_limit.burst` (the bucket's max) and `rate_limit.calendar`
+//! with `utc_offset_minutes` (a calendar quota instead of a bucket). Every refusal names the
 //! file, the line and the reason; nothing of a refused file is kept.
 
 use crate::error::Error;
@@ -26,6 +27,12 @@ pub struct Limit {
     pub detailed_metric: bool,
     /// The bucket's max; None: `requests_per_unit`.
     pub burst: Option<u64>,
+    /// `calendar: true`: a quota of `requests_per_unit` per UTC day, ISO
+    /// week, calendar month or year (unit DAY to YEAR only), not a bucket.
+    pub calendar: bool,
+    /// The calendar's distance from UTC (the module's OFFSET); 0 unless
+    /// `calendar`.
+    pub utc_offset_minutes: i32,
     /// The descriptor's path in the config, `domain.key_value.key` (the
     /// peer's stats key).
     pub full_key: String,
@@ -51,7 +58,8 @@ pub struct Config {
     pub domains: HashMap<String, Node>,
 }
 
-/// Keys the peer accepts (its validKeys), and ours: `burst`.
+/// Keys the peer accepts (its validKeys), and ours: `burst`, `calendar`,
+/// `utc_offset_minutes`.
 const VALID_KEYS: &[&str] = &[
     "domain",
     "key",
@@ -70,7 +78,12 @@ const VALID_KEYS: &[&str] = &[
     "share_threshold",
     "metadata",
     "burst",
+    "calendar",
+    "utc_offset_minutes",
 ];
+
+/// The module's OFFSET bound, in minutes either side of UTC.
+pub const MAX_UTC_OFFSET_MINUTES: i64 = 1439;
 
 impl Config {
     /// The `.yaml`/`.yml` files of `dir`, in name order (the peer's
@@ -252,6 +265,28 @@ impl Reader<'_> {
         }
     }
 
+    /// A plain decimal integer, maybe negative, in `lo..=hi`.
+    fn signed(&self, node: &MarkedYaml<'_>, key: &str, lo: i64, hi: i64) -> Result<i64, Error> {
+        let bad = || self.err(node, format!("{key} must be an integer from {lo} to {hi}"));
+        let Some((t, true)) = scalar(node) else {
+            return Err(bad());
+        };
+        let (negative, digits) = match t.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, t.strip_prefix('+').unwrap_or(t)),
+        };
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let n = digits.parse::<i64>().map_err(|_| bad())?;
+        let n = if negative { -n } else { n };
+        if (lo..=hi).contains(&n) {
+            Ok(n)
+        } else {
+            Err(bad())
+        }
+    }
+
     /// A sequence of mappings (null: empty).
     fn list<'n, 'i>(
         &self,
@@ -374,6 +409,8 @@ impl Reader<'_> {
         let mut name = String::new();
         let mut replaces = Vec::new();
         let mut burst = None;
+        let mut calendar: Option<(bool, &MarkedYaml<'_>)> = None;
+        let mut offset: Option<(i64, &MarkedYaml<'_>)> = None;
         for (k, v) in self.mapping(block, "rate_limit")? {
             match k {
                 "requests_per_unit" => {
@@ -383,6 +420,13 @@ impl Reader<'_> {
                 "unlimited" => unlimited = self.boolean(v, k)?,
                 "name" => name = self.string(v, k)?,
                 "burst" => burst = Some((self.integer(v, k, 1, MAX_BURST)?, v)),
+                "calendar" => calendar = Some((self.boolean(v, k)?, v)),
+                "utc_offset_minutes" => {
+                    offset = Some((
+                        self.signed(v, k, -MAX_UTC_OFFSET_MINUTES, MAX_UTC_OFFSET_MINUTES)?,
+                        v,
+                    ))
+                }
                 "replaces" => {
                     for r in self.list(v, k)? {
                         let mut replaced = String::new();
@@ -429,6 +473,30 @@ impl Reader<'_> {
                 return Err(self.err(at, "replaces should not contain name of same descriptor"));
             }
         }
+        let is_calendar = matches!(calendar, Some((true, _)));
+        if let Some((true, at)) = calendar {
+            if unlimited {
+                return Err(self.err(at, "calendar does not apply to an unlimited limit"));
+            }
+            if unit.and_then(Unit::calendar_period).is_none() {
+                let text = unit_text.as_ref().map_or("", |(t, _)| t.as_str());
+                return Err(self.err(
+                    at,
+                    format!("calendar needs unit day, week, month or year, not '{text}'"),
+                ));
+            }
+            if let Some((_, b)) = burst {
+                return Err(self.err(
+                    b,
+                    "burst does not apply to a calendar limit: its budget is requests_per_unit",
+                ));
+            }
+        }
+        if let Some((_, at)) = offset {
+            if !is_calendar {
+                return Err(self.err(at, "utc_offset_minutes needs calendar: true"));
+            }
+        }
         // The module's bounds, so that no configured limit fails in Redis.
         if let (Some((b, at)), Some(u)) = (burst, unit) {
             if requests_per_unit == 0 {
@@ -451,6 +519,9 @@ impl Reader<'_> {
             shadow_mode,
             detailed_metric,
             burst: burst.map(|(b, _)| b),
+            calendar: is_calendar,
+            // Within ±1439 by the check above.
+            utc_offset_minutes: offset.map_or(0, |(m, _)| m as i32),
             full_key: full_key.to_string(),
         })
     }
@@ -655,6 +726,63 @@ mod tests {
         assert_eq!(
             err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0, burst: 5}\n"),
             "f.yaml:4: burst needs requests_per_unit above 0"
+        );
+    }
+
+    #[test]
+    fn calendar_takes_day_to_year_and_an_offset() {
+        let c = load("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: Month\n      requests_per_unit: 1000\n      calendar: true\n      utc_offset_minutes: -300\n  - key: plain\n    rate_limit: {unit: month, requests_per_unit: 5, calendar: false}\n").unwrap();
+        let l = c.domains["d"].children["k"].limit.as_ref().unwrap();
+        assert_eq!(
+            (l.calendar, l.utc_offset_minutes, l.unit),
+            (true, -300, Some(Unit::Month))
+        );
+        let plain = c.domains["d"].children["plain"].limit.as_ref().unwrap();
+        assert_eq!((plain.calendar, plain.utc_offset_minutes), (false, 0));
+        for unit in ["day", "WEEK", "year"] {
+            let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: 1, calendar: true, utc_offset_minutes: 1439}}\n");
+            assert!(
+                load(&text).unwrap().domains["d"].children["k"]
+                    .limit
+                    .as_ref()
+                    .unwrap()
+                    .calendar
+            );
+        }
+    }
+
+    #[test]
+    fn calendar_refusals_name_the_line_and_reason() {
+        assert_eq!(
+            err("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      calendar: true\n"),
+            "f.yaml:7: calendar needs unit day, week, month or year, not 'second'"
+        );
+        assert_eq!(
+            err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1, calendar: true}\n"),
+            "f.yaml:4: calendar needs unit day, week, month or year, not 'hour'"
+        );
+        assert_eq!(
+            err("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      calendar: true\n"),
+            "f.yaml:6: calendar does not apply to an unlimited limit"
+        );
+        assert_eq!(
+            err("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: day\n      requests_per_unit: 10\n      calendar: true\n      burst: 5\n"),
+            "f.yaml:8: burst does not apply to a calendar limit: its budget is requests_per_unit"
+        );
+        assert_eq!(
+            err("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: day\n      requests_per_unit: 10\n      utc_offset_minutes: 60\n"),
+            "f.yaml:7: utc_offset_minutes needs calendar: true"
+        );
+        for bad in ["1440", "-1440", "1.5", "'60'", "-+5", "x"] {
+            assert_eq!(
+                err(&format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: day\n      requests_per_unit: 10\n      calendar: true\n      utc_offset_minutes: {bad}\n")),
+                "f.yaml:8: utc_offset_minutes must be an integer from -1439 to 1439",
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1, calendar: sometimes}\n"),
+            "f.yaml:4: calendar must be true or false"
         );
     }
 

@@ -1,7 +1,9 @@
 //! Redis: every limit of a request in one TB.MCONSUME (the module), or
 //! `FCALL tb_mconsume` (the Functions library) where the module is not
 //! loaded, found at startup as the clients find it: the call refused as
-//! an unknown command means the next backend.
+//! an unknown command means the next backend. A request with a calendar
+//! quota goes as one TB.CHARGE (or `FCALL tb_charge`) instead, buckets and
+//! quotas all-or-nothing.
 
 use crate::error::Error;
 use crate::plan::Group;
@@ -51,6 +53,51 @@ pub fn library_version() -> &'static str {
         .unwrap_or("")
 }
 
+/// One all-or-nothing call of `groups`: TB.MCONSUME for buckets alone,
+/// as before calendar quotas (the cheaper command), TB.CHARGE as soon as
+/// one is a quota.
+fn call(backend: Backend, groups: &[Group]) -> redis::Cmd {
+    if groups.iter().any(|g| g.calendar.is_some()) {
+        charge(backend, groups)
+    } else {
+        mconsume(backend, groups)
+    }
+}
+
+/// `TB.CHARGE N keys... clauses...`, the library's `tb_charge` alike:
+/// `BUCKET max rate cost` or `QUOTA limit period cost [OFFSET minutes]`.
+fn charge(backend: Backend, groups: &[Group]) -> redis::Cmd {
+    let mut cmd = match backend {
+        Backend::Module => redis::cmd("TB.CHARGE"),
+        Backend::Functions => {
+            let mut c = redis::cmd("FCALL");
+            c.arg("tb_charge");
+            c
+        }
+    };
+    cmd.arg(groups.len());
+    for g in groups {
+        cmd.arg(&g.key);
+    }
+    for g in groups {
+        match g.calendar {
+            Some(c) => {
+                cmd.arg("QUOTA").arg(g.max).arg(c.period).arg(g.cost);
+                if c.utc_offset_minutes != 0 {
+                    cmd.arg("OFFSET").arg(c.utc_offset_minutes);
+                }
+            }
+            None => {
+                cmd.arg("BUCKET")
+                    .arg(g.max)
+                    .arg(g.rate.to_string())
+                    .arg(g.cost);
+            }
+        }
+    }
+    cmd
+}
+
 fn mconsume(backend: Backend, groups: &[Group]) -> redis::Cmd {
     let mut cmd;
     match backend {
@@ -84,11 +131,12 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
-/// `[allowed, retry_after_ms, b1, b2, ...]` with `n` buckets.
+/// `[allowed, retry_after_ms, b1, b2, ...]` with `n` buckets or quotas
+/// (TB.MCONSUME's reply and TB.CHARGE's alike).
 fn parse(reply: &Value, n: usize) -> Result<Vec<Bucket>, Error> {
     let bad = || {
         Error::Redis(format!(
-            "redis: TB.MCONSUME answered what it never answers: {reply:?}"
+            "redis: TB.MCONSUME or TB.CHARGE answered what it never answers: {reply:?}"
         ))
     };
     let Value::Array(items) = reply else {
@@ -153,6 +201,7 @@ impl Engine {
             max: 1,
             rate: 1.0,
             cost: 0,
+            calendar: None,
         }];
         let module_said = match mconsume(Backend::Module, &probe)
             .query_async::<Value>(&mut conn)
@@ -221,10 +270,10 @@ impl Engine {
         let backend = self.backend();
         let mut pipe = redis::pipe();
         if !enforced.is_empty() {
-            pipe.add_command(mconsume(backend, enforced));
+            pipe.add_command(call(backend, enforced));
         }
         for g in shadow {
-            pipe.add_command(mconsume(backend, std::slice::from_ref(g)));
+            pipe.add_command(call(backend, std::slice::from_ref(g)));
         }
         if enforced.is_empty() && shadow.is_empty() {
             return Ok(Ok((Vec::new(), Vec::new())));
@@ -294,12 +343,14 @@ mod tests {
                 max: 2,
                 rate: 0.5,
                 cost: 1,
+                calendar: None,
             },
             Group {
                 key: "b".into(),
                 max: 3,
                 rate: 1.0,
                 cost: 0,
+                calendar: None,
             },
         ];
         let packed =
@@ -312,6 +363,55 @@ mod tests {
         let f = packed(mconsume(Backend::Functions, &g));
         assert!(
             f.contains("FCALL $11 tb_mconsume $1 2 $1 a $1 b $1 2 $3 0.5 $1 1 $1 3 $1 1 $1 0"),
+            "{f}"
+        );
+        assert_eq!(
+            packed(call(Backend::Module, &g)),
+            m,
+            "buckets alone: MCONSUME"
+        );
+    }
+
+    #[test]
+    fn a_calendar_quota_makes_the_call_a_charge_on_both_backends() {
+        use crate::plan::Calendar;
+        let g = vec![
+            Group {
+                key: "q".into(),
+                max: 1000,
+                rate: 0.0,
+                cost: 3,
+                calendar: Some(Calendar {
+                    period: "MONTH",
+                    utc_offset_minutes: 0,
+                }),
+            },
+            Group {
+                key: "b".into(),
+                max: 60,
+                rate: 1.0,
+                cost: 3,
+                calendar: None,
+            },
+            Group {
+                key: "d".into(),
+                max: 50,
+                rate: 0.0,
+                cost: 3,
+                calendar: Some(Calendar {
+                    period: "DAY",
+                    utc_offset_minutes: -300,
+                }),
+            },
+        ];
+        let packed =
+            |c: redis::Cmd| String::from_utf8_lossy(&c.get_packed_command()).replace("\r\n", " ");
+        let clauses = "$1 q $1 b $1 d $5 QUOTA $4 1000 $5 MONTH $1 3 $6 BUCKET $2 60 $1 1 $1 3 $5 QUOTA $2 50 $3 DAY $1 3 $6 OFFSET $4 -300";
+        let m = packed(call(Backend::Module, &g));
+        assert!(m.contains(&format!("$9 TB.CHARGE $1 3 {clauses}")), "{m}");
+        let f = packed(call(Backend::Functions, &g));
+        assert!(
+            f.contains(&format!("$5 FCALL $9 tb_charge $1 3 {clauses}")),
             "{f}"
         );
     }

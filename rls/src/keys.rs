@@ -1,7 +1,8 @@
-//! The Redis key of a descriptor's bucket: `rls:{<domain>}:<k>=<v>;<k>=<v>`.
+//! The Redis key of a descriptor's bucket: `rls:{<domain>}:<k>=<v>;<k>=<v>`,
+//! and of its calendar quota: `rls:q:<period>:{<domain>}:...`.
 //!
 //! The domain is the hash tag, so all of a request's keys share a Cluster
-//! slot and one TB.MCONSUME decides them. Escaping (`\` before `\`, `}` in
+//! slot and one TB.MCONSUME (or TB.CHARGE) decides them. Escaping (`\` before `\`, `}` in
 //! the domain, and before `\`, `=`, `;` in entries) makes the layout
 //! unambiguous: two different (domain, entries) never share a key.
 
@@ -19,7 +20,35 @@ pub fn bucket_key<'a>(
     domain: &str,
     entries: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> String {
-    let mut key = String::from("rls:{");
+    keyed(String::from("rls:{"), domain, entries)
+}
+
+/// The calendar quota's key of the same descriptor:
+/// `rls:q:<period>[<offset>]:{<domain>}:...`, e.g. `rls:q:month:{d}:k=v`,
+/// `rls:q:day+330:{d}:k=v`. A bucket key always has `{` right after `rls:`,
+/// so the two never meet (a quota key used as a bucket is an error in
+/// Redis); the hash tag is the same, so they share the request's slot.
+/// The period and offset are in the key so that changing either in the
+/// config starts a fresh budget rather than reading another calendar's.
+pub fn quota_key<'a>(
+    domain: &str,
+    period: &str,
+    utc_offset_minutes: i32,
+    entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> String {
+    let mut prefix = format!("rls:q:{}", period.to_ascii_lowercase());
+    if utc_offset_minutes != 0 {
+        prefix.push_str(&format!("{utc_offset_minutes:+}"));
+    }
+    prefix.push_str(":{");
+    keyed(prefix, domain, entries)
+}
+
+fn keyed<'a>(
+    mut key: String,
+    domain: &str,
+    entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> String {
     escape(&mut key, domain, &['}']);
     key.push_str("}:");
     for (i, (k, v)) in entries.into_iter().enumerate() {
@@ -49,6 +78,28 @@ mod tests {
     }
 
     #[test]
+    fn a_quota_key_names_its_calendar_and_never_is_a_bucket_key() {
+        assert_eq!(
+            quota_key("d", "MONTH", 0, [("k", "v")]),
+            "rls:q:month:{d}:k=v"
+        );
+        assert_eq!(
+            quota_key("d", "DAY", 330, [("k", "v")]),
+            "rls:q:day+330:{d}:k=v"
+        );
+        assert_eq!(
+            quota_key("d", "DAY", -300, [("k", "v")]),
+            "rls:q:day-300:{d}:k=v"
+        );
+        // No domain or entry makes a bucket key that reads as a quota key.
+        for (domain, k) in [("d", "k"), ("q:month:{d", "k"), ("d", "q:month")] {
+            let bucket = bucket_key(domain, [(k, "v")]);
+            assert!(bucket.starts_with("rls:{"), "{bucket}");
+            assert_ne!(bucket, quota_key("d", "MONTH", 0, [("k", "v")]));
+        }
+    }
+
+    #[test]
     fn separators_in_values_cannot_collide() {
         let a = bucket_key("d", [("a", "b;c=d")]);
         let b = bucket_key("d", [("a", "b"), ("c", "d")]);
@@ -74,7 +125,9 @@ mod tests {
         for domain in ["plain", "with}brace", "with\\slash", "{"] {
             let a = bucket_key(domain, [("k", "v")]);
             let b = bucket_key(domain, [("other", "}{"), ("x", "y")]);
+            let q = quota_key(domain, "WEEK", -60, [("k", "v")]);
             assert_eq!(tag(&a), tag(&b), "{domain}");
+            assert_eq!(tag(&a), tag(&q), "{domain}");
         }
     }
 }

@@ -1,10 +1,11 @@
-//! A request's descriptors mapped to buckets: what to ask Redis, and what
+//! A request's descriptors mapped to buckets and calendar quotas: what to
+//! ask Redis, and what
 //! is decided without it (no limit, `unlimited`, replaced, a limit that can
 //! never pass).
 
 use crate::config::{Config, Limit};
 use crate::error::Error;
-use crate::keys::bucket_key;
+use crate::keys::{bucket_key, quota_key};
 use crate::matcher;
 use crate::unit::Unit;
 use std::collections::HashMap;
@@ -38,13 +39,25 @@ pub struct Shown {
     pub unit: Unit,
 }
 
-/// One bucket of a TB.MCONSUME call.
+/// One bucket of a TB.MCONSUME call, or one clause of a TB.CHARGE.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Group {
     pub key: String,
+    /// The bucket's max, or the quota's budget per period.
     pub max: u64,
+    /// Tokens per second; unused by a quota.
     pub rate: f64,
     pub cost: u64,
+    /// Some: a calendar quota (TB.CHARGE's QUOTA clause), not a bucket.
+    pub calendar: Option<Calendar>,
+}
+
+/// A calendar quota's period: the module's DAY, WEEK, MONTH or YEAR, and
+/// its OFFSET in minutes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Calendar {
+    pub period: &'static str,
+    pub utc_offset_minutes: i32,
 }
 
 /// What decides one descriptor.
@@ -137,6 +150,8 @@ pub fn plan(config: &Config, request: &Request) -> Result<Plan, Error> {
                     shadow_mode: false,
                     detailed_metric: false,
                     burst: None,
+                    calendar: false,
+                    utc_offset_minutes: 0,
                     full_key: String::new(),
                 };
                 Some((limit, vec![None; d.entries.len()]))
@@ -189,13 +204,23 @@ pub fn plan(config: &Config, request: &Request) -> Result<Plan, Error> {
             });
             continue;
         }
-        let key = bucket_key(
-            &request.domain,
-            d.entries
-                .iter()
-                .zip(shared)
-                .map(|((k, v), s)| (k.as_str(), s.as_deref().unwrap_or(v.as_str()))),
-        );
+        let entries = d
+            .entries
+            .iter()
+            .zip(shared)
+            .map(|((k, v), s)| (k.as_str(), s.as_deref().unwrap_or(v.as_str())));
+        // The config allows `calendar` only on DAY to YEAR.
+        let calendar = match unit.calendar_period() {
+            Some(period) if limit.calendar => Some(Calendar {
+                period,
+                utc_offset_minutes: limit.utc_offset_minutes,
+            }),
+            _ => None,
+        };
+        let key = match calendar {
+            Some(c) => quota_key(&request.domain, c.period, c.utc_offset_minutes, entries),
+            None => bucket_key(&request.domain, entries),
+        };
         let rate = f64::from(limit.requests_per_unit) / unit.seconds() as f64;
         if limit.shadow_mode {
             shadow.push(Group {
@@ -203,6 +228,7 @@ pub fn plan(config: &Config, request: &Request) -> Result<Plan, Error> {
                 max,
                 rate,
                 cost,
+                calendar,
             });
             decisions.push(Decision::Shadow {
                 limit: shown,
@@ -223,6 +249,7 @@ pub fn plan(config: &Config, request: &Request) -> Result<Plan, Error> {
                     max,
                     rate,
                     cost,
+                    calendar,
                 });
                 by_key.insert(key, enforced.len() - 1);
                 enforced.len() - 1
@@ -312,6 +339,51 @@ mod tests {
         assert_eq!((p.enforced[2].max, p.enforced[2].rate), (2_592_000, 1.0));
         assert_eq!(p.enforced[0].key, "rls:{d}:ip=1");
         assert!(p.shadow.is_empty());
+    }
+
+    const CAL: &str = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: month, requests_per_unit: 1000, calendar: true}\n  - key: team\n    rate_limit: {unit: day, requests_per_unit: 50, calendar: true, utc_offset_minutes: 330}\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 60}\n  - key: shadow\n    shadow_mode: true\n    rate_limit: {unit: week, requests_per_unit: 5, calendar: true}\n";
+
+    #[test]
+    fn calendar_limits_become_quotas_beside_the_buckets() {
+        let c = config(CAL);
+        let mut r = req(
+            "d",
+            vec![
+                desc(&[("user", "u")]),
+                desc(&[("team", "t")]),
+                desc(&[("ip", "1")]),
+                desc(&[("shadow", "s")]),
+            ],
+        );
+        r.hits_addend = 3;
+        let p = plan(&c, &r).unwrap();
+        let clauses: Vec<_> = p
+            .enforced
+            .iter()
+            .map(|g| (g.key.as_str(), g.max, g.cost, g.calendar))
+            .collect();
+        let cal = |period, utc_offset_minutes| {
+            Some(Calendar {
+                period,
+                utc_offset_minutes,
+            })
+        };
+        assert_eq!(
+            clauses,
+            vec![
+                ("rls:q:month:{d}:user=u", 1000, 3, cal("MONTH", 0)),
+                ("rls:q:day+330:{d}:team=t", 50, 3, cal("DAY", 330)),
+                ("rls:{d}:ip=1", 60, 3, None),
+            ]
+        );
+        assert_eq!(p.shadow.len(), 1);
+        assert_eq!(p.shadow[0].key, "rls:q:week:{d}:shadow=s");
+        assert_eq!(p.shadow[0].calendar, cal("WEEK", 0));
+        // A cost above the budget can never pass: decided here, the rest checked.
+        r.hits_addend = 51;
+        let p = plan(&c, &r).unwrap();
+        assert!(matches!(p.decisions[1], Decision::Local { over: true, .. }));
+        assert!(p.enforced.iter().all(|g| g.cost == 0));
     }
 
     #[test]

@@ -3,7 +3,10 @@
 
 use crate::plan::{Decision, Plan, Shown};
 
-/// One bucket's reply: `[allowed, remaining, retry_after_ms, reset_after_ms]`.
+/// One bucket's or quota's reply: `[allowed, remaining, retry_after_ms,
+/// reset_after_ms]`. A quota's reset is its period's end (0 while nothing
+/// is used), and a denial's retry the same end: its budget never refills
+/// within the period.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bucket {
     pub allowed: bool,
@@ -19,7 +22,8 @@ pub struct Status {
     pub limit: Option<Shown>,
     pub remaining: u32,
     /// When a request denied here passes, or, when OK, when the bucket is
-    /// full again; None where no bucket is involved.
+    /// full again (a quota: when its period ends); None where no bucket is
+    /// involved.
     pub until_reset_ms: Option<u64>,
 }
 
@@ -208,6 +212,7 @@ mod tests {
             max: 1,
             rate: 1.0,
             cost: 1,
+            calendar: None,
         }
     }
 

@@ -55,6 +55,18 @@ impl Unit {
         }
     }
 
+    /// The module's calendar period of this unit (TB.QUOTA's DAY, WEEK,
+    /// MONTH, YEAR); None below a day, which has no calendar.
+    pub fn calendar_period(self) -> Option<&'static str> {
+        match self {
+            Unit::Day => Some("DAY"),
+            Unit::Week => Some("WEEK"),
+            Unit::Month => Some("MONTH"),
+            Unit::Year => Some("YEAR"),
+            Unit::Second | Unit::Minute | Unit::Hour => None,
+        }
+    }
+
     /// Seconds in one unit: the window length envoyproxy/ratelimit uses.
     pub fn seconds(self) -> u64 {
         match self {
@@ -87,6 +99,23 @@ mod tests {
     fn lengths_are_the_peers() {
         let secs: Vec<u64> = ALL.iter().map(|u| u.seconds()).collect();
         assert_eq!(secs, [1, 60, 3600, 86400, 604800, 2592000, 31536000]);
+    }
+
+    #[test]
+    fn only_day_to_year_have_a_calendar() {
+        let periods: Vec<_> = ALL.iter().map(|u| u.calendar_period()).collect();
+        assert_eq!(
+            periods,
+            [
+                None,
+                None,
+                None,
+                Some("DAY"),
+                Some("WEEK"),
+                Some("MONTH"),
+                Some("YEAR")
+            ]
+        );
     }
 
     #[test]
