@@ -1,7 +1,8 @@
 //! envoyproxy/ratelimit's YAML configuration, read unchanged, plus our
 //! optional `rate_limit.burst` (the bucket's max) and `rate_limit.calendar`
-//! with `utc_offset_minutes` (a calendar quota instead of a bucket). Every refusal names the
-//! file, the line and the reason; nothing of a refused file is kept.
+//! with `utc_offset_minutes` (a calendar quota instead of a bucket). Every
+//! refusal names the file, the line and the reason; nothing of a refused
+//! file is kept.
 
 use crate::error::Error;
 use crate::unit::Unit;
@@ -520,7 +521,7 @@ impl Reader<'_> {
             detailed_metric,
             burst: burst.map(|(b, _)| b),
             calendar: is_calendar,
-            // Within ±1439 by the check above.
+            // Read within ±1439, so it fits.
             utc_offset_minutes: offset.map_or(0, |(m, _)| m as i32),
             full_key: full_key.to_string(),
         })
