@@ -386,3 +386,23 @@ async fn a_shadow_calendar_limit_answers_ok_and_never_stops_the_enforced_charge(
     let used: String = redis.conn().hget("rls:q:month:{d}:org=o", "used").unwrap();
     assert_eq!(used, "1");
 }
+
+#[test]
+fn calendar_on_a_unit_below_a_day_stops_startup_with_path_line_and_reason() {
+    let redis = Server::start();
+    let (mut cmd, dir) = common::command(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      calendar: true\n",
+        &redis,
+    );
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.trim(),
+        format!(
+            "tb-rls: {}:7: calendar needs unit day, week, month or year, not 'second'",
+            dir.join("config.yaml").display()
+        )
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
