@@ -4,6 +4,7 @@
 use crate::breaker::{Breaker, Enter};
 use crate::engine::Engine;
 use crate::error::Error;
+use crate::metrics::{Failed, Metrics, Tally};
 use crate::plan::{plan, Descriptor, Plan, Request};
 use crate::reload::Live;
 use crate::reply::{admitted_without_redis, reply, HeaderNames, Reply};
@@ -24,6 +25,7 @@ pub struct Service {
     pub config: Arc<Live>,
     pub engine: Arc<Engine>,
     pub headers: Option<HeaderNames>,
+    pub metrics: Arc<Metrics>,
     failure: Failure,
     breaker: Option<Breaker>,
     /// Decisions waiting on Redis now.
@@ -54,11 +56,13 @@ impl Service {
         engine: Arc<Engine>,
         headers: Option<HeaderNames>,
         failure: Failure,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Service {
             config,
             engine,
             headers,
+            metrics,
             breaker: failure.breaker.map(Breaker::new),
             failure,
             in_flight: AtomicUsize::new(0),
@@ -121,11 +125,35 @@ impl Service {
         }
     }
 
+    /// /metrics' text: the counters and the state now.
+    pub fn metrics_text(&self) -> String {
+        let open = self
+            .breaker
+            .as_ref()
+            .is_some_and(|b| b.state() != crate::breaker::State::Closed);
+        let in_flight = self.in_flight.load(Ordering::Relaxed) as u64;
+        self.metrics.render(&[
+            (
+                "ratelimit_service_redis_in_flight",
+                "Decisions waiting on Redis now",
+                in_flight,
+            ),
+            (
+                "ratelimit_service_breaker_open",
+                "1 while the breaker is open or half open",
+                u64::from(open),
+            ),
+        ])
+    }
+
     async fn decide(
         &self,
         plan: &Plan,
+        tally: &Tally,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let Some(_slot) = self.slot() else {
+            self.metrics.failed(Failed::Shed);
+            self.metrics.record(tally, plan, None);
             let max = self.failure.max_in_flight.unwrap_or(0);
             self.log_shed(max);
             return Err(tonic::Status::resource_exhausted(format!(
@@ -135,6 +163,8 @@ impl Service {
         let enter = match &self.breaker {
             Some(b) => match b.enter(self.now_ms()) {
                 Enter::Skip => {
+                    self.metrics.failed(Failed::BreakerSkip);
+                    self.metrics.record(tally, plan, None);
                     let why = Error::Redis(format!(
                         "redis: not called: the breaker is open after {} failures, for {} ms at a time",
                         b.limits.failures, b.limits.cooldown_ms
@@ -158,6 +188,7 @@ impl Service {
                 });
         match answer {
             Ok((enforced, shadow)) => {
+                self.metrics.record(tally, plan, Some((&enforced, &shadow)));
                 if let Some(b) = &self.breaker {
                     b.success(probe);
                 }
@@ -172,10 +203,18 @@ impl Service {
                 )))
             }
             Err(e) => {
+                self.metrics.record(tally, plan, None);
+                self.metrics.failed(match e {
+                    Error::Redis(_) => Failed::Redis,
+                    _ => Failed::Service,
+                });
                 let opened = match &self.breaker {
                     Some(b) => b.failure(probe, self.now_ms()),
                     None => false,
                 };
+                if opened {
+                    self.metrics.breaker_opened();
+                }
                 if !self.failing.swap(true, Ordering::Relaxed) {
                     eprintln!("tb-rls: {e}");
                 }
@@ -225,14 +264,30 @@ impl RateLimitService for Service {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        let request = to_request(request.into_inner());
-        let plan = plan(&self.config.get(), &request)
-            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        self.metrics.call();
+        let answer = self.answer(to_request(request.into_inner())).await;
+        if let Err(status) = &answer {
+            self.metrics.error(status.code());
+        }
+        answer
+    }
+}
+
+impl Service {
+    async fn answer(
+        &self,
+        request: Request,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let config = self.config.get();
+        let plan =
+            plan(&config, &request).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        let tally = self.metrics.tally(&config, &request, &plan);
         if plan.enforced.is_empty() && plan.shadow.is_empty() {
             // Decided here: no Redis, no slot, nothing for the breaker.
+            self.metrics.record(&tally, &plan, Some((&[], &[])));
             return Ok(response(reply(&plan, &[], &[], self.headers.as_ref())));
         }
-        self.decide(&plan).await
+        self.decide(&plan, &tally).await
     }
 }
 

@@ -9,6 +9,7 @@ pub mod error;
 pub mod grpc;
 pub mod keys;
 pub mod matcher;
+pub mod metrics;
 pub mod plan;
 pub mod reload;
 pub mod reply;

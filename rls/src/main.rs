@@ -1,5 +1,6 @@
 //! tb-rls: load the config, find the Redis backend, serve gRPC (RLS v3 and
-//! grpc.health.v1) and HTTP /healthcheck until SIGINT or SIGTERM.
+//! grpc.health.v1) and HTTP /healthcheck and /metrics until SIGINT or
+//! SIGTERM.
 
 use clap::Parser;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -8,6 +9,7 @@ use std::sync::Arc;
 use tb_rls::engine::Engine;
 use tb_rls::error::Error;
 use tb_rls::grpc::Service;
+use tb_rls::metrics::{near_ratio_from, Metrics};
 use tb_rls::reload::{Source, Watcher};
 use tb_rls::settings::{Flags, Settings};
 
@@ -28,10 +30,14 @@ async fn shutdown() {
 
 async fn run() -> Result<(), Error> {
     let settings = Settings::resolve(Flags::parse(), |k| std::env::var(k).ok())?;
+    let metrics = Arc::new(Metrics::new(near_ratio_from(
+        std::env::var("NEAR_LIMIT_RATIO").ok(),
+    )?));
     let (watcher, config) = Watcher::load(Source {
         path: settings.config.clone(),
         root: settings.watch_root.clone(),
     })?;
+    metrics.config_load(true);
     let deadline = settings.failure.redis_timeout;
     // A frozen Redis at startup stops it, named, rather than hanging it.
     let engine = tokio::time::timeout(deadline, Engine::connect(&settings.redis))
@@ -66,15 +72,38 @@ async fn run() -> Result<(), Error> {
     );
     if let Some(every) = settings.reload_every {
         watcher
-            .spawn(every)
+            .spawn(every, Arc::clone(&metrics))
             .map_err(|e| Error::Usage(format!("cannot start the config reload: {e}")))?;
     }
-    let service = Service::new(config, engine, settings.headers, settings.failure);
+    let service = Arc::new(Service::new(
+        config,
+        engine,
+        settings.headers,
+        settings.failure,
+        metrics,
+    ));
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<RateLimitServiceServer<Service>>()
         .await;
-    let app = axum::Router::new().route("/healthcheck", axum::routing::get(|| async { "OK" }));
+    let scraped = Arc::clone(&service);
+    let app = axum::Router::new()
+        .route("/healthcheck", axum::routing::get(|| async { "OK" }))
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let text = scraped.metrics_text();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        text,
+                    )
+                }
+            }),
+        );
     let http_task = tokio::spawn(async move {
         axum::serve(http, app)
             .with_graceful_shutdown(shutdown())
@@ -83,7 +112,7 @@ async fn run() -> Result<(), Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(grpc);
     tonic::transport::Server::builder()
         .add_service(health)
-        .add_service(RateLimitServiceServer::new(service))
+        .add_service(RateLimitServiceServer::from_arc(service))
         .serve_with_incoming_shutdown(incoming, shutdown())
         .await
         .map_err(|e| Error::Usage(format!("gRPC server: {e}")))?;

@@ -7,6 +7,7 @@
 
 use crate::config::Config;
 use crate::error::Error;
+use crate::metrics::Metrics;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -153,15 +154,23 @@ impl Watcher {
     }
 
     /// Polls every `every` on a thread of its own, for the process's life,
-    /// logging each reload and each refused config once.
-    pub fn spawn(mut self, every: std::time::Duration) -> std::io::Result<()> {
+    /// logging and counting each reload and each refused config once.
+    pub fn spawn(
+        mut self,
+        every: std::time::Duration,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<()> {
         std::thread::Builder::new()
             .name("tb-rls-reload".into())
             .spawn(move || loop {
                 std::thread::sleep(every);
                 match self.poll() {
-                    Outcome::Reloaded(n) => eprintln!("tb-rls: config reloaded: domains={n}"),
+                    Outcome::Reloaded(n) => {
+                        metrics.config_load(true);
+                        eprintln!("tb-rls: config reloaded: domains={n}")
+                    }
                     Outcome::Refused { error, first: true } => {
+                        metrics.config_load(false);
                         eprintln!(
                             "tb-rls: config not reloaded, the previous one serves on: {error}"
                         )
