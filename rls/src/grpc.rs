@@ -132,18 +132,7 @@ impl Service {
             .as_ref()
             .is_some_and(|b| b.state() != crate::breaker::State::Closed);
         let in_flight = self.in_flight.load(Ordering::Relaxed) as u64;
-        self.metrics.render(&[
-            (
-                "ratelimit_service_redis_in_flight",
-                "Decisions waiting on Redis now",
-                in_flight,
-            ),
-            (
-                "ratelimit_service_breaker_open",
-                "1 while the breaker is open or half open",
-                u64::from(open),
-            ),
-        ])
+        self.metrics.render(in_flight, open)
     }
 
     async fn decide(

@@ -32,6 +32,34 @@ pub struct Stats {
     pub shadow_mode: AtomicU64,
 }
 
+/// The per-descriptor stats, `ratelimit_service_rate_limit_<stat>`, and
+/// their help.
+pub const STATS: [(&str, &str); 5] = [
+    ("total_hits", "Hits (hits_addend) on each limit"),
+    (
+        "over_limit",
+        "Hits denied by each limit (shadow limits included)",
+    ),
+    (
+        "near_limit",
+        "Hits allowed beyond NEAR_LIMIT_RATIO of the bucket",
+    ),
+    ("within_limit", "Hits allowed by each limit"),
+    ("shadow_mode", "Hits over a shadow limit, answered OK"),
+];
+
+impl Stats {
+    fn get(&self, stat: &str) -> &AtomicU64 {
+        match stat {
+            "over_limit" => &self.over_limit,
+            "near_limit" => &self.near_limit,
+            "within_limit" => &self.within_limit,
+            "shadow_mode" => &self.shadow_mode,
+            _ => &self.total_hits,
+        }
+    }
+}
+
 /// The gRPC statuses tb-rls answers with, each counted.
 pub const ERROR_CODES: [tonic::Code; 4] = [
     tonic::Code::InvalidArgument,
@@ -300,9 +328,9 @@ impl Metrics {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The text exposition (format 0.0.4); `gauges` are the service's
-    /// state now: (name, help, value).
-    pub fn render(&self, gauges: &[(&str, &str, u64)]) -> String {
+    /// The text exposition (format 0.0.4), with the service's state now:
+    /// the decisions waiting on Redis, and whether the breaker is not closed.
+    pub fn render(&self, in_flight: u64, breaker_open: bool) -> String {
         let mut out = String::new();
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut rows: Vec<(String, String, Arc<Stats>)> = {
@@ -320,31 +348,7 @@ impl Metrics {
             }
         };
         rows.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-        type Pick = fn(&Stats) -> &AtomicU64;
-        let families: [(&str, &str, Pick); 5] = [
-            ("total_hits", "Hits (hits_addend) on each limit", |s| {
-                &s.total_hits
-            }),
-            (
-                "over_limit",
-                "Hits denied by each limit (shadow limits included)",
-                |s| &s.over_limit,
-            ),
-            (
-                "near_limit",
-                "Hits allowed beyond NEAR_LIMIT_RATIO of the bucket",
-                |s| &s.near_limit,
-            ),
-            ("within_limit", "Hits allowed by each limit", |s| {
-                &s.within_limit
-            }),
-            (
-                "shadow_mode",
-                "Hits over a shadow limit, answered OK",
-                |s| &s.shadow_mode,
-            ),
-        ];
-        for (stat, help, pick) in families {
+        for (stat, help) in STATS {
             let name = format!("ratelimit_service_rate_limit_{stat}");
             header(&mut out, &name, help, "counter");
             for (domain, path, s) in &rows {
@@ -353,7 +357,7 @@ impl Metrics {
                     "{name}{{domain=\"{}\",descriptor=\"{}\"}} {}",
                     escape(domain),
                     escape(path),
-                    load(pick(s))
+                    load(s.get(stat))
                 );
             }
         }
@@ -426,7 +430,18 @@ impl Metrics {
         ] {
             let _ = writeln!(out, "{name}{{err_type=\"{kind}\"}} {}", load(c));
         }
-        for (name, help, value) in gauges {
+        for (name, help, value) in [
+            (
+                "ratelimit_service_redis_in_flight",
+                "Decisions waiting on Redis now",
+                in_flight,
+            ),
+            (
+                "ratelimit_service_breaker_open",
+                "1 while the breaker is open or half open",
+                u64::from(breaker_open),
+            ),
+        ] {
             header(&mut out, name, help, "gauge");
             let _ = writeln!(out, "{name} {value}");
         }
@@ -534,7 +549,7 @@ mod tests {
         let p = plan(&c, &r).unwrap();
         let t = m.tally(&c, &r, &p);
         m.record(&t, &p, Some((&[bucket(false, 1)], &[])));
-        let text = m.render(&[]);
+        let text = m.render(0, false);
         let at = |stat: &str| {
             line(
                 &text,
@@ -568,7 +583,7 @@ mod tests {
             let t = m.tally(&c, &r, &p);
             m.record(&t, &p, None);
         }
-        let text = m.render(&[]);
+        let text = m.render(0, false);
         let totals: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
