@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -42,6 +43,23 @@ def client_series() -> dict[str, set[str]]:
         for sample in family.samples
         if sample.name.startswith(CLIENT_PREFIX) and not sample.name.endswith("_created")
     }
+
+
+# The series tb-rls serves on /metrics (rls/src/metrics.rs).
+RLS_PREFIX = "ratelimit_service_"
+RLS_METRICS = Path(__file__).resolve().parents[3] / "rls" / "src" / "metrics.rs"
+
+
+def rls_series() -> set[str]:
+    """Every series name rls/src/metrics.rs writes: its literal names and
+    the five per-descriptor families of its STATS, ratelimit_service_rate_limit_{stat}."""
+    src = RLS_METRICS.read_text()
+    names = set(re.findall(r'"(ratelimit_service_\w+)"', src))
+    table = re.search(r"pub const STATS: \[\(&str, &str\); 5\] = \[(.*?)\];", src, re.S)
+    assert table, f"no STATS table in {RLS_METRICS}"
+    stats = re.findall(r'\(\s*"(\w+)",', table.group(1))
+    assert len(stats) == 5, stats
+    return names | {f"ratelimit_service_rate_limit_{s}" for s in stats}
 
 
 def load() -> dict[str, Any]:

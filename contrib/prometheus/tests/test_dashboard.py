@@ -88,7 +88,7 @@ def test_queries_use_the_prometheus_datasource_variable(board: dict[str, Any]) -
 
 def test_every_query_parses_and_names_its_metrics(board: dict[str, Any]) -> None:
     queries = dashboard.queries(board)
-    assert len(queries) == 23  # 21 panel queries, the $instance and $gateway variables
+    assert len(queries) == 36  # 33 panel queries, the $instance, $gateway and $rls variables
     for q in queries:
         promql_parser.parse(q.expr)  # raises on a syntax error
         assert q.metric_names(), q.where
@@ -118,6 +118,34 @@ def test_the_client_series_are_the_examples_own(board: dict[str, Any]) -> None:
         for t in p.get("targets", []):
             if dashboard.CLIENT_PREFIX in t["expr"]:
                 assert "$gateway" in t["expr"] and "$instance" not in t["expr"], p["title"]
+
+
+def test_the_rls_series_are_tb_rls_own(board: dict[str, Any]) -> None:
+    """The tb-rls panels name only series rls/src/metrics.rs writes, with
+    its labels, under the $rls variable; its tests (rls/tests/metrics.rs)
+    check the values a real tb-rls serves."""
+    exported = dashboard.rls_series()
+    assert len(exported) == 17, sorted(exported)
+    used: set[str] = set()
+    for q in dashboard.queries(board):
+        for selector in q.selectors():
+            (name,) = Query(q.where, selector).metric_names()
+            if name.startswith(dashboard.RLS_PREFIX):
+                used.add(name)
+                assert name in exported, f"{q.where}: {name} is not a series of tb-rls"
+                labels = set(re.findall(r"(\w+)(?:=|!=|=~|!~)", selector)) - {"__name__"}
+                assert labels <= {"instance", "job"}, f"{q.where}: {selector}"
+    for stat in ("total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode"):
+        assert f"ratelimit_service_rate_limit_{stat}" in exported
+    assert used <= set(exported)
+    for p in dashboard.panels(board):
+        for t in p.get("targets", []):
+            if dashboard.RLS_PREFIX in t["expr"]:
+                assert "$rls" in t["expr"] and "$instance" not in t["expr"], p["title"]
+    by_title = {p["title"]: p for p in dashboard.panels(board)}
+    assert by_title["tb-rls over-limit share by descriptor"]["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    exprs = " ".join(t["expr"] for t in by_title["tb-rls over-limit share by descriptor"]["targets"])
+    assert "by (domain, descriptor)" in exprs
 
 
 def test_the_issues_panels_are_there(board: dict[str, Any]) -> None:
