@@ -151,7 +151,10 @@ impl Metrics {
         }
     }
 
-    fn stats(&self, domain: &str, path: &str, detailed: bool) -> Arc<Stats> {
+    /// The series of `path`, made if new; None when it is new, `detailed`
+    /// and MAX_DETAILED_SERIES are made (checked under the write lock, so
+    /// racing calls can't pass the bound).
+    fn stats(&self, domain: &str, path: &str, detailed: bool) -> Option<Arc<Stats>> {
         let read = |s: &HashMap<String, HashMap<String, Arc<Stats>>>| {
             s.get(domain).and_then(|d| d.get(path)).cloned()
         };
@@ -159,33 +162,28 @@ impl Metrics {
             Ok(s) => read(&s),
             Err(poisoned) => read(&poisoned.into_inner()),
         };
-        if let Some(s) = found {
-            return s;
+        if found.is_some() {
+            return found;
         }
         let mut series = match self.series.write() {
             Ok(s) => s,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let by_path = series.entry(domain.to_string()).or_default();
-        if let Some(s) = by_path.get(path) {
-            return Arc::clone(s);
+        if let Some(s) = series.get(domain).and_then(|d| d.get(path)) {
+            return Some(Arc::clone(s));
         }
         if detailed {
+            if self.detailed.load(Ordering::Relaxed) >= MAX_DETAILED_SERIES {
+                return None;
+            }
             self.detailed.fetch_add(1, Ordering::Relaxed);
         }
         let s = Arc::new(Stats::default());
-        by_path.insert(path.to_string(), Arc::clone(&s));
-        s
-    }
-
-    fn has(&self, domain: &str, path: &str) -> bool {
-        let has = |s: &HashMap<String, HashMap<String, Arc<Stats>>>| {
-            s.get(domain).is_some_and(|d| d.contains_key(path))
-        };
-        match self.series.read() {
-            Ok(s) => has(&s),
-            Err(poisoned) => has(&poisoned.into_inner()),
-        }
+        series
+            .entry(domain.to_string())
+            .or_default()
+            .insert(path.to_string(), Arc::clone(&s));
+        Some(s)
     }
 
     /// The stats each descriptor of `request` counts on, under the config
@@ -213,18 +211,18 @@ impl Metrics {
                 let cost = d
                     .hits_addend
                     .unwrap_or(u64::from(request.hits_addend.max(1)));
-                let stats = if m.limit.detailed_metric {
-                    let detailed = detailed_path(&d.entries, &m.shared);
-                    if self.has(&request.domain, &detailed)
-                        || self.detailed.load(Ordering::Relaxed) < MAX_DETAILED_SERIES
-                    {
-                        self.stats(&request.domain, &detailed, true)
-                    } else {
-                        self.detailed_overflow.fetch_add(1, Ordering::Relaxed);
-                        self.stats(&request.domain, path, false)
+                let detailed = m
+                    .limit
+                    .detailed_metric
+                    .then(|| detailed_path(&d.entries, &m.shared));
+                let stats = match detailed.and_then(|p| self.stats(&request.domain, &p, true)) {
+                    Some(s) => s,
+                    None => {
+                        if m.limit.detailed_metric {
+                            self.detailed_overflow.fetch_add(1, Ordering::Relaxed);
+                        }
+                        self.stats(&request.domain, path, false)?
                     }
-                } else {
-                    self.stats(&request.domain, path, false)
                 };
                 Some((stats, cost))
             })
