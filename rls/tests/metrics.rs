@@ -368,7 +368,9 @@ async fn redis_failures_and_reloads_are_counted() {
         "--redis-timeout",
         "200ms",
         "--breaker-failures",
-        "0",
+        "1",
+        "--breaker-cooldown-ms",
+        "600000",
         "--watch-interval-ms",
         "50",
     ];
@@ -376,19 +378,30 @@ async fn redis_failures_and_reloads_are_counted() {
     let mut c = rls.client().await;
     signal(&redis, "-STOP");
     let failed = c.should_rate_limit(req("api", &[("user", "a")], 2)).await;
+    // One failure opened the breaker: this one never reaches Redis.
+    let skipped = c.should_rate_limit(req("api", &[("user", "a")], 1)).await;
+    let zero = c.should_rate_limit(req("api", &[("zero", "z")], 0)).await;
     signal(&redis, "-CONT");
     assert_eq!(failed.unwrap_err().code(), tonic::Code::Unavailable);
+    assert_eq!(skipped.unwrap_err().code(), tonic::Code::Unavailable);
+    assert_eq!(zero.unwrap().into_inner().overall_code, OVER);
     let m = scrape(&rls.http);
-    // Hit, not decided: total_hits only, as the peer counts it before Redis.
-    assert_eq!(stats(&m, "api", "user"), [2.0, 0.0, 0.0, 0.0, 0.0]);
+    // Hit, not decided: total_hits only, as the peer counts it before Redis;
+    // what needs no Redis is decided in full.
+    assert_eq!(stats(&m, "api", "user"), [3.0, 0.0, 0.0, 0.0, 0.0]);
+    assert_eq!(stats(&m, "api", "zero"), [1.0, 0.0, 0.0, 1.0, 0.0]);
     let err = |code: &str| value(&m, "ratelimit_service_call_errors_total", &[("code", code)]);
-    assert_eq!(err("UNAVAILABLE"), 1.0);
+    assert_eq!(err("UNAVAILABLE"), 2.0);
     let redis_error = value(
         &m,
         "ratelimit_service_should_rate_limit_error",
         &[("err_type", "redis_error")],
     );
     assert_eq!(redis_error, 1.0);
+    let n = |name: &str| value(&m, name, &[]);
+    assert_eq!(n("ratelimit_service_breaker_opened_total"), 1.0);
+    assert_eq!(n("ratelimit_service_breaker_skipped_total"), 1.0);
+    assert_eq!(n("ratelimit_service_breaker_open"), 1.0);
 
     std::fs::write(&rls.config, "domain: api\ndescriptors: [{key: k, rate_limit: {unit: fortnight, requests_per_unit: 1}}]\n").unwrap();
     rls.wait_stderr("config not reloaded");
@@ -400,7 +413,48 @@ async fn redis_failures_and_reloads_are_counted() {
     let m = scrape(&rls.http);
     assert_eq!(value(&m, "ratelimit_service_config_load_success", &[]), 2.0);
     // The old config's series stay: a counter never goes back.
-    assert_eq!(stats(&m, "api", "user")[0], 2.0);
+    assert_eq!(stats(&m, "api", "user")[0], 3.0);
+}
+
+#[tokio::test]
+async fn a_shed_call_is_counted_and_the_one_in_flight_shows() {
+    let redis = Server::start();
+    let args = ["--redis-timeout", "60s", "--max-in-flight", "1"];
+    let rls = start(API, &redis, &args);
+    let mut c = rls.client().await;
+    signal(&redis, "-STOP");
+    let mut first = rls.client().await;
+    let waiting = tokio::spawn(async move {
+        first
+            .should_rate_limit(req("api", &[("user", "a")], 0))
+            .await
+            .map(|r| r.into_inner().overall_code)
+    });
+    // Bounded: the first call takes the one slot within a few scrapes.
+    let mut in_flight = 0.0;
+    for _ in 0..200 {
+        in_flight = value(&scrape(&rls.http), "ratelimit_service_redis_in_flight", &[]);
+        if in_flight == 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(in_flight, 1.0);
+    let shed = c.should_rate_limit(req("api", &[("user", "b")], 0)).await;
+    signal(&redis, "-CONT");
+    assert_eq!(shed.unwrap_err().code(), tonic::Code::ResourceExhausted);
+    assert_eq!(waiting.await.unwrap().unwrap(), OK);
+    let m = scrape(&rls.http);
+    assert_eq!(stats(&m, "api", "user"), [2.0, 1.0, 0.0, 0.0, 0.0]);
+    let n = |name: &str| value(&m, name, &[]);
+    assert_eq!(n("ratelimit_service_shed_total"), 1.0);
+    assert_eq!(n("ratelimit_service_redis_in_flight"), 0.0);
+    let err = value(
+        &m,
+        "ratelimit_service_call_errors_total",
+        &[("code", "RESOURCE_EXHAUSTED")],
+    );
+    assert_eq!(err, 1.0);
 }
 
 #[test]
