@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tb_rls::engine::Engine;
 use tb_rls::error::Error;
 use tb_rls::grpc::Service;
-use tb_rls::metrics::{near_ratio_from, Metrics};
+use tb_rls::metrics::{endpoint_from, near_ratio_from, Metrics};
 use tb_rls::reload::{Source, Watcher};
 use tb_rls::settings::{Flags, Settings};
 
@@ -28,6 +28,23 @@ async fn shutdown() {
     }
 }
 
+/// GET /metrics: the service's counters, as text.
+fn scrape(service: &Arc<Service>) -> axum::routing::MethodRouter {
+    let service = Arc::clone(service);
+    axum::routing::get(move || {
+        let text = service.metrics_text();
+        async move {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                text,
+            )
+        }
+    })
+}
+
 async fn run() -> Result<(), Error> {
     let settings = Settings::resolve(Flags::parse(), |k| std::env::var(k).ok())?;
     let metrics = Arc::new(Metrics::new(near_ratio_from(
@@ -37,6 +54,7 @@ async fn run() -> Result<(), Error> {
         path: settings.config.clone(),
         root: settings.watch_root.clone(),
     })?;
+    let endpoint = endpoint_from(|k| std::env::var(k).ok())?;
     metrics.config_load(true);
     let deadline = settings.failure.redis_timeout;
     // A frozen Redis at startup stops it, named, rather than hanging it.
@@ -60,15 +78,23 @@ async fn run() -> Result<(), Error> {
     };
     let grpc = bind(&settings.grpc_addr).await?;
     let http = bind(&settings.http_addr).await?;
+    let prometheus = match &endpoint {
+        Some(e) => Some(bind(&e.addr).await?),
+        None => None,
+    };
     let shown =
         |l: &tokio::net::TcpListener| l.local_addr().map(|a| a.to_string()).unwrap_or_default();
     // One line a supervisor (or a test) reads to learn the bound ports.
     println!(
-        "tb-rls: serving grpc={} http={} backend={:?} domains={}",
+        "tb-rls: serving grpc={} http={} backend={:?} domains={}{}",
         shown(&grpc),
         shown(&http),
         engine.backend(),
-        config.get().domains.len()
+        config.get().domains.len(),
+        prometheus
+            .as_ref()
+            .map(|l| format!(" prometheus={}", shown(l)))
+            .unwrap_or_default()
     );
     if let Some(every) = settings.reload_every {
         watcher
@@ -86,24 +112,17 @@ async fn run() -> Result<(), Error> {
     reporter
         .set_serving::<RateLimitServiceServer<Service>>()
         .await;
-    let scraped = Arc::clone(&service);
     let app = axum::Router::new()
         .route("/healthcheck", axum::routing::get(|| async { "OK" }))
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let text = scraped.metrics_text();
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        text,
-                    )
-                }
-            }),
-        );
+        .route("/metrics", scrape(&service));
+    if let (Some(listener), Some(e)) = (prometheus, &endpoint) {
+        let app = axum::Router::new().route(&e.path, scrape(&service));
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown())
+                .await
+        });
+    }
     let http_task = tokio::spawn(async move {
         axum::serve(http, app)
             .with_graceful_shutdown(shutdown())

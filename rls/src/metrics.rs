@@ -114,6 +114,51 @@ pub fn near_ratio_from(var: Option<String>) -> Result<f64, Error> {
     }
 }
 
+/// The peer's own Prometheus listener (USE_PROMETHEUS=true): /metrics
+/// also served on `addr` at `path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addr: String,
+    pub path: String,
+}
+
+/// USE_PROMETHEUS, PROMETHEUS_ADDR (`:9090`, Go's form: no host is every
+/// interface) and PROMETHEUS_PATH (`/metrics`), as the peer reads them.
+pub fn endpoint_from(env: impl Fn(&str) -> Option<String>) -> Result<Option<Endpoint>, Error> {
+    let var = |name: &str, default: &str| {
+        env(name)
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| default.to_string())
+    };
+    match var("USE_PROMETHEUS", "false").as_str() {
+        "true" | "1" | "TRUE" | "True" => {}
+        "false" | "0" | "FALSE" | "False" => return Ok(None),
+        other => {
+            return Err(Error::Usage(format!(
+                "USE_PROMETHEUS={other}: give true or false"
+            )))
+        }
+    }
+    let addr = var("PROMETHEUS_ADDR", ":9090");
+    let addr = match addr.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => addr,
+    };
+    let path = var("PROMETHEUS_PATH", "/metrics");
+    // A plain path: the router would read `{` or `*` as a capture.
+    let plain = path.len() > 1
+        && path.starts_with('/')
+        && path
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/-_.~".contains(c));
+    if !plain || path == "/healthcheck" {
+        return Err(Error::Usage(format!(
+            "PROMETHEUS_PATH={path}: give a path such as /metrics (letters, digits, / - _ . ~)"
+        )));
+    }
+    Ok(Some(Endpoint { addr, path }))
+}
+
 /// A request's descriptors, each with the stats it counts on and its cost
 /// (None where no limit applies), in the plan's order.
 pub struct Tally(Vec<Option<(Arc<Stats>, u64)>>);
@@ -592,6 +637,59 @@ mod tests {
         assert_eq!(
             line(&text, "ratelimit_service_detailed_metric_overflow_total "),
             "ratelimit_service_detailed_metric_overflow_total 5"
+        );
+    }
+
+    #[test]
+    fn the_peers_prometheus_variables() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(endpoint_from(env(&[])), Ok(None));
+        assert_eq!(
+            endpoint_from(env(&[("USE_PROMETHEUS", "true")])),
+            Ok(Some(Endpoint {
+                addr: "0.0.0.0:9090".into(),
+                path: "/metrics".into()
+            }))
+        );
+        let set = [
+            ("USE_PROMETHEUS", "1"),
+            ("PROMETHEUS_ADDR", "127.0.0.1:9102"),
+            ("PROMETHEUS_PATH", "/stats/prometheus"),
+        ];
+        let e = endpoint_from(|k| {
+            set.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        });
+        assert_eq!(
+            e,
+            Ok(Some(Endpoint {
+                addr: "127.0.0.1:9102".into(),
+                path: "/stats/prometheus".into()
+            }))
+        );
+        assert_eq!(
+            endpoint_from(env(&[("USE_PROMETHEUS", "yes")]))
+                .unwrap_err()
+                .to_string(),
+            "USE_PROMETHEUS=yes: give true or false"
+        );
+        let bad = [("USE_PROMETHEUS", "true"), ("PROMETHEUS_PATH", "/{x}")];
+        let e = endpoint_from(|k| {
+            bad.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        });
+        assert_eq!(
+            e.unwrap_err().to_string(),
+            "PROMETHEUS_PATH=/{x}: give a path such as /metrics (letters, digits, / - _ . ~)"
         );
     }
 

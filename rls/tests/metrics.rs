@@ -149,9 +149,13 @@ fn parse(text: &str) -> Result<BTreeMap<Series, f64>, String> {
 }
 
 fn get_metrics(http: &str) -> String {
-    let mut s = std::net::TcpStream::connect(http).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
+    get(http, "/metrics")
+}
+
+fn get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let ask = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(ask.as_bytes()).unwrap();
     let mut all = String::new();
     s.read_to_string(&mut all).unwrap();
     let (head, body) = all.split_once("\r\n\r\n").unwrap();
@@ -455,6 +459,32 @@ async fn a_shed_call_is_counted_and_the_one_in_flight_shows() {
         &[("code", "RESOURCE_EXHAUSTED")],
     );
     assert_eq!(err, 1.0);
+}
+
+#[tokio::test]
+async fn use_prometheus_serves_the_same_text_where_the_peer_does() {
+    let redis = Server::start();
+    let env = [
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", "127.0.0.1:0"),
+        ("PROMETHEUS_PATH", "/stats/prometheus"),
+    ];
+    let rls = start_env(API, &redis, &[], &env);
+    let prom = rls
+        .line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("prometheus="))
+        .unwrap_or_else(|| panic!("no prometheus= in {:?}", rls.line))
+        .to_string();
+    let mut c = rls.client().await;
+    assert_eq!(code(&mut c, req("api", &[("user", "a")], 3)).await, OK);
+    let text = get(&prom, "/stats/prometheus");
+    let m = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(stats(&m, "api", "user"), [3.0, 3.0, 0.0, 0.0, 0.0]);
+    assert_eq!(m, scrape(&rls.http));
+    drop(rls);
+    let plain = start(API, &redis, &[]);
+    assert!(!plain.line.contains("prometheus="), "{}", plain.line);
 }
 
 #[test]
