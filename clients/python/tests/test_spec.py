@@ -304,6 +304,8 @@ FIELDS = {
     "held",
     "lost",
     "delay_ms",
+    "shadow",
+    "rule",
 }
 
 
@@ -557,7 +559,10 @@ class FakeAsyncPipeline(FakePipeline):
         return replies
 
 
-LIMITER_OPTIONS = {"backend", "on_error", "timeout_ms", "denial_cache", "breaker", "wait_replicas", "wait_timeout_ms"}
+LIMITER_OPTIONS = {
+    "backend", "on_error", "timeout_ms", "denial_cache", "breaker", "wait_replicas", "wait_timeout_ms", "shadow",
+    "near_limit_ratio",
+}  # fmt: skip
 
 
 def limiter_options(s: dict[str, Any], clock: Clock) -> dict[str, Any]:
@@ -572,7 +577,9 @@ def limiter_options(s: dict[str, Any], clock: Clock) -> dict[str, Any]:
     else:
         breaker = Breaker(b["failures"], b["window_ms"] / 1000, b["cooldown_ms"] / 1000, clock=clock)
     entries = o.get("denial_cache")
-    return {
+    # Given only when the scenario sets it: the others hold the default.
+    ratio = {"near_limit_ratio": o["near_limit_ratio"]} if "near_limit_ratio" in o else {}
+    return ratio | {
         "backend": o.get("backend"),
         "timeout": o.get("timeout_ms", 100) / 1000,
         "on_error": o.get("on_error", "raise"),
@@ -580,13 +587,16 @@ def limiter_options(s: dict[str, Any], clock: Clock) -> dict[str, Any]:
         "denial_cache": DenialCache(entries, clock) if entries else None,
         "wait_replicas": o.get("wait_replicas", 0),
         "wait_timeout": o.get("wait_timeout_ms", 50) / 1000,
+        "shadow": o.get("shadow", False),
     }
 
 
 CALL_FIELDS = {
     "call", "key", "bucket", "quota", "cost", "delta", "groups", "concurrency", "id", "weight", "buckets", "lease",
-    "on_error", "max_wait_ms", "redis", "expect", "as",
+    "on_error", "max_wait_ms", "shadow", "redis", "expect", "event", "as",
 }  # fmt: skip
+
+EVENT_FIELDS = {"op", "policy", "allowed", "degraded", "shed", "cached", "backend", "outcome", "rule"}
 
 
 def rule_of(step: dict[str, Any]) -> Any:
@@ -615,6 +625,9 @@ def call_of(lim: Any, step: dict[str, Any], leases: dict[str, Any]) -> Callable[
 
     if "max_wait_ms" in step:
         options["max_wait"] = step["max_wait_ms"] / 1000
+    if "shadow" in step:
+        assert op in ("consume", "consume_many"), f"shadow is a consume's or a consume_many's, not {op}'s"
+        options["shadow"] = step["shadow"]
     if op in ("consume", "peek", "wait"):
         # The rule is built inside the call: one its client refuses is the call's usage error.
         return lambda: getattr(lim, op)(step["key"], rule_of(step), step.get("cost", 1), **options)
@@ -685,6 +698,17 @@ def judge(outcome: Outcome, step: dict[str, Any], leases: dict[str, Any], where:
     expect_fields(value, want, where)
 
 
+def check_event(events: list[Any], step: dict[str, Any], where: str) -> None:
+    """Compares the one event a call reported with the step's `event`."""
+    got, events[:] = list(events), []
+    if "event" not in step:
+        return
+    assert len(got) == 1, f"{where}: {len(got)} events, expected one"
+    for name, value in step["event"].items():
+        assert name in EVENT_FIELDS, f"{where}: the runner knows no event field {name}"
+        assert getattr(got[0], name) == value, f"{where}: event {name} is {getattr(got[0], name)!r}, expected {value!r}"
+
+
 def check_state(lim: Any, check: dict[str, Any], where: str) -> None:
     states: dict[str, Callable[[], Any]] = {
         "breaker": lambda: lim.breaker_state,
@@ -713,7 +737,8 @@ def common_step(lim: Any, clock: Clock, step: dict[str, Any], leases: dict[str, 
 def run_sync_limiter(s: dict[str, Any]) -> None:
     clock = Clock()
     script = Script()
-    lim = Limiter(FakeRedis(script), **limiter_options(s, clock))  # type: ignore[arg-type]
+    events: list[Any] = []
+    lim = Limiter(FakeRedis(script), on_decision=events.append, **limiter_options(s, clock))  # type: ignore[arg-type]
     sleeps = Sleeps(clock)
     lim.sleep = sleeps.record  # type: ignore[method-assign]
     leases: dict[str, Any] = {}
@@ -731,6 +756,7 @@ def run_sync_limiter(s: dict[str, Any]) -> None:
             outcome = (None, exc)
         script.end(active, where)
         judge(outcome, step, leases, where, sleeps.take())
+        check_event(events, step, where)
 
 
 async def outcome_of(call: Callable[[], Any]) -> Outcome:
@@ -758,7 +784,9 @@ def release_held(active: Active) -> None:
 async def run_async_limiter(s: dict[str, Any]) -> None:
     clock = Clock()
     script = Script()
-    lim = tb_asyncio.Limiter(FakeAsyncRedis(script), **limiter_options(s, clock))  # type: ignore[arg-type]
+    events: list[Any] = []
+    options = limiter_options(s, clock)
+    lim = tb_asyncio.Limiter(FakeAsyncRedis(script), on_decision=events.append, **options)  # type: ignore[arg-type]
     sleeps = Sleeps(clock)
     lim.sleep = sleeps.record_async  # type: ignore[method-assign]
     leases: dict[str, Any] = {}
@@ -772,7 +800,9 @@ async def run_async_limiter(s: dict[str, Any]) -> None:
             outcome = await outcome_of(call_of(lim, step, leases))
             script.end(active, where)
             judge(outcome, step, leases, where, sleeps.take())
+            check_event(events, step, where)
         elif "start" in step:
+            assert "event" not in step, f"{where}: a started call's event is not compared"
             call = {k: v for k, v in step.items() if k != "start"} | {"call": step["start"]}
             active = script.begin(call)
             task = asyncio.ensure_future(outcome_of(call_of(lim, call, leases)))
@@ -784,6 +814,7 @@ async def run_async_limiter(s: dict[str, Any]) -> None:
             outcome = await task
             script.end(active, where)
             judge(outcome, {**call, "expect": step.get("expect")}, leases, where)
+            events.clear()
         elif "burst" in step:
             active = script.begin(step, burst=True)
             before = len(script.sent)
@@ -791,6 +822,8 @@ async def run_async_limiter(s: dict[str, Any]) -> None:
             await settle(script)
             release_held(active)
             outcomes = await asyncio.gather(*tasks)
+            assert not any("event" in c for c in step["burst"]), f"{where}: a burst's events are not compared"
+            events.clear()
             script.end(active, where)
             for j, (c, o) in enumerate(zip(step["burst"], outcomes, strict=True), 1):
                 judge(o, {**c, "expect": step.get("expect_each")}, leases, f"{where}, call {j}")

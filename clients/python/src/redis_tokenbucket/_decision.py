@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Optional
 
 from ._keys import KeyT
 from ._quota import Rule
@@ -36,6 +37,9 @@ class Decision(_RetryAfter):
     this process was too busy to get Redis's answer in time (never
     admitted; `retry_after_ms` is a short back-off). `cached` marks a
     denial answered from the local denial cache without a round trip.
+    `shadow` marks a denial let through by shadow mode (`consume(...,
+    shadow=True)`, or a shadow limiter): admitted, `retry_after_ms` 0, the
+    other numbers the bucket's.
 
     For `adjust`, `cost` holds the delta, and `allowed` and
     `retry_after_ms` are about the next request of cost 1 (or `max`, if
@@ -56,12 +60,18 @@ class Decision(_RetryAfter):
     degraded: bool = False
     cached: bool = False
     shed: bool = False
+    shadow: bool = False
 
     @property
     def delay_ms(self) -> int:
         """An admitted reservation's wait before the caller may proceed;
         0 for every other call."""
         return self.retry_after_ms if self.allowed else 0
+
+    @property
+    def rule(self) -> Optional[str]:
+        """The name of the rule that decided: this bucket's (or quota's)."""
+        return self.bucket.name
 
     @property
     def wait_ms(self) -> int:
@@ -86,6 +96,7 @@ class Decision(_RetryAfter):
             degraded=False,
             cached=False,
             shed=False,
+            shadow=False,
         )
         return d
 
@@ -118,6 +129,15 @@ class MultiDecision(_RetryAfter):
     degraded: bool = False
     cached: bool = False
     shed: bool = False
+    # A denial let through by shadow mode (see Decision.shadow); each of
+    # `decisions` still says whether its bucket could pay.
+    shadow: bool = False
+
+    @property
+    def rule(self) -> Optional[str]:
+        """The name of the rule that decided: the tightest bucket's (None
+        without decisions)."""
+        return self.tightest.bucket.name if self.decisions else None
 
     @property
     def delay_ms(self) -> int:

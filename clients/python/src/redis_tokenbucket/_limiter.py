@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Generic, Optional, TypeVar, Union, cast
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -24,8 +25,9 @@ from ._breaker import Breaker
 from ._cache import DenialCache
 from ._cache import denial_cache as make_denial_cache
 from ._clients import check_client
+from ._decision import Decision, MultiDecision
 from ._engine import BackendName, Engine
-from ._events import DecisionEvent
+from ._events import DEFAULT_NEAR_LIMIT_RATIO, DecisionEvent, Outcome
 from ._keys import client_encoding
 from ._lease import Lease
 from ._policy import FailurePolicy
@@ -87,7 +89,13 @@ class LimiterBase(Generic[C]):
         on_decision: Optional[OnDecision] = None,
         wait_replicas: int = 0,
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+        shadow: bool = False,
+        near_limit_ratio: float = DEFAULT_NEAR_LIMIT_RATIO,
     ) -> None:
+        if not isinstance(shadow, bool):
+            raise TypeError(f"shadow must be True or False, got {shadow!r}")
+        self.shadow = shadow
+        self.near_limit_ratio = check_ratio(near_limit_ratio)
         check_client(client, asyncio=self._transport_class.asyncio)
         self.client = client
         cluster = isinstance(client, (RedisCluster, AsyncRedisCluster))
@@ -175,12 +183,15 @@ class LimiterBase(Generic[C]):
             timeout += self.wait_timeout  # the WAIT behind it is in the call's budget
         return timeout
 
-    def _settled(self, job: Job[T], result: T, started: float) -> T:
-        """Counts a lease an acquire took as held, and reports a decision
-        to the on_decision hook (never raising into the call)."""
+    def _settled(self, job: Job[T], result: T, started: float, shadow: Optional[bool] = None) -> T:
+        """Counts a lease an acquire took as held, lets a shadow call's
+        denial through, and reports a decision to the on_decision hook
+        (never raising into the call)."""
         req = job.req
         if isinstance(req, LeaseRequest) and req.op == "acquire":
             self._requests.took(req, cast(Lease, result))
+        if (self.shadow if shadow is None else shadow) and _shadowed(req):
+            result = cast(T, self._let_through(result))
         hook = self.on_decision
         if hook is None:
             return result
@@ -199,12 +210,62 @@ class LimiterBase(Generic[C]):
         d: Any = result
         allowed = d.acquired if isinstance(d, Lease) else d.allowed
         cached = getattr(d, "cached", False)
-        event = DecisionEvent(op, names, allowed, d.degraded, d.shed, cached, backend, latency, self.breaker_state)
+        outcome, rule = self._judged(d)
+        event = DecisionEvent(
+            op, names, allowed, d.degraded, d.shed, cached, backend, latency, self.breaker_state, outcome, rule
+        )
         try:
             hook(event)
         except Exception:
             log.exception("rate limiter: the on_decision hook raised; the decision stands")
         return result
+
+    @staticmethod
+    def _let_through(d: Any) -> Any:
+        """A bucket's denial as shadow mode answers it: admitted, marked
+        shadow, no wait. A denial nothing counted (shed, or the failure
+        policy's "closed") stands: on_error decides those, not the limit."""
+        if d.allowed or d.shed or (d.degraded and d.retry_after_ms == 0):
+            return d
+        log.info("rate limiter: shadow mode let through a request %s would deny", d.rule or "a rule")
+        return replace(d, allowed=True, retry_after_ms=0, shadow=True)
+
+    def _judged(self, d: Union[Decision, MultiDecision, Lease]) -> tuple[Outcome, str]:
+        """The event's outcome and the name of the rule that decided."""
+        if isinstance(d, Lease):
+            decisions: tuple[Decision, ...] = d.decisions
+            # A bucket decided only when it denied and a slot was free.
+            rule = None if not d.acquired and not d.busy and d.denied_by else d.concurrency.name
+            used = [(float(d.in_use), float(d.concurrency.limit))]
+            allowed, shadow = d.acquired, False
+        else:
+            decisions = d.decisions if isinstance(d, MultiDecision) else (d,)
+            rule, used, allowed, shadow = None, [], d.allowed, d.shadow
+        if rule is None and decisions:
+            rule = MultiDecision(allowed, 0, decisions).tightest.bucket.name
+        if shadow:
+            return "shadow_mode", rule or ""
+        if not allowed:
+            return "over_limit", rule or ""
+        if d.degraded:
+            return "within_limit", rule or ""
+        used += [(x.bucket.max - x.remaining, x.bucket.max) for x in decisions]
+        near = any(u >= self.near_limit_ratio * m for u, m in used)
+        return ("near_limit" if near else "within_limit"), rule or ""
+
+
+def _shadowed(req: object) -> bool:
+    """Whether shadow mode lets a call's denial through: a charge (peek,
+    adjust and leases are never shadowed)."""
+    return isinstance(req, ManyRequest) or (isinstance(req, OneRequest) and req.op == "consume")
+
+
+def check_ratio(ratio: Any) -> float:
+    """The `near_limit_ratio` option, checked."""
+    number = isinstance(ratio, (int, float)) and not isinstance(ratio, bool)
+    if not (number and 0 < ratio <= 1):
+        raise ValueError(f"near_limit_ratio must be a number in (0, 1], got {ratio!r}")
+    return float(ratio)
 
 
 def _writes(req: object) -> bool:

@@ -67,7 +67,15 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     - ``breaker``: the circuit breaker (``Breaker()``'s defaults: open
       after 5 failures in 10 s, probe after 2 s); False for none.
     - ``processes``: how many processes share each limit, for "local".
-    - ``on_decision``: called with a ``DecisionEvent`` for each decision.
+    - ``on_decision``: called with a ``DecisionEvent`` for each decision:
+      its ``outcome`` and the ``rule`` that decided.
+    - ``near_limit_ratio``: the share of a budget used from which an
+      admission is "near_limit" in the events (0.8, envoyproxy/ratelimit's).
+    - ``shadow``: dry-run: a bucket's denial of ``consume`` or
+      ``consume_many`` is answered admitted with ``shadow=True``
+      (``retry_after_ms`` 0), reported "shadow_mode" and logged (INFO).
+      The denial wrote nothing, as an enforced one, so the shadow counts
+      are what enforcement would deny. A shed or "closed" denial stands.
     - ``denial_cache``: a number of entries (or a ``DenialCache``) to answer
       known denials locally until their retry time; off by default.
     - ``wait_replicas``, ``wait_timeout``: ``WAIT wait_replicas
@@ -76,7 +84,8 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
       admission is a Redis failure (the ``on_error`` answer). 0 (the
       default) is off; refused on a Cluster client.
 
-    ``timeout`` and ``on_error`` can also be given per call. ``close()``
+    ``timeout`` and ``on_error`` can also be given per call, and
+    ``shadow`` per ``consume`` and ``consume_many``. ``close()``
     (or ``with``) closes the limiter's own connections, not the client.
     """
 
@@ -94,6 +103,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         max_wait: Optional[float] = None,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
+        shadow: Optional[bool] = None,
     ) -> Decision:
         """Charges `cost` tokens if the bucket holds them (TB.CONSUME), or
         `cost` of a Quota's period if it has them left (TB.QUOTA).
@@ -103,7 +113,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         Decision's `delay_ms` is the wait before proceeding (TB.CONSUME
         ... WAIT max_ms); `wait()` sleeps it for you."""
         options = self._options(timeout, on_error)
-        return self._run(self._requests.one("consume", key, bucket, cost, options, max_wait))
+        return self._run(self._requests.one("consume", key, bucket, cost, options, max_wait), shadow)
 
     def peek(
         self,
@@ -161,6 +171,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         max_wait: Optional[float] = None,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
+        shadow: Optional[bool] = None,
     ) -> MultiDecision:
         """Charges every `(key, rule, cost)` or none (TB.MCONSUME; TB.CHARGE
         when a rule is a Quota, or with `max_wait`, which reserves the
@@ -172,7 +183,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         not atomic. ``atomic=True`` raises CrossSlotError instead;
         ``atomic=False`` always goes bucket by bucket.
         """
-        return self._run(self._requests.many(groups, atomic, self._options(timeout, on_error), max_wait))
+        return self._run(self._requests.many(groups, atomic, self._options(timeout, on_error), max_wait), shadow)
 
     def acquire(
         self,
@@ -262,9 +273,9 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     ) -> None:
         self.close()
 
-    def _run(self, job: Job[T]) -> T:
+    def _run(self, job: Job[T], shadow: Optional[bool] = None) -> T:
         started = time.perf_counter()
         if job.plan is None:
-            return self._settled(job, cast(T, job.done), started)  # answered without a round trip
+            return self._settled(job, cast(T, job.done), started, shadow)  # answered without a round trip
         result = drive(self._policy.run(job), self._transport.send, self._budget(job))
-        return self._settled(job, result, started)
+        return self._settled(job, result, started, shadow)

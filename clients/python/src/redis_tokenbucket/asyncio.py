@@ -70,12 +70,13 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         max_wait: Optional[float] = None,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
+        shadow: Optional[bool] = None,
     ) -> Decision:
         """Charges `cost` tokens if the bucket holds them (TB.CONSUME), or
         of a Quota's period (TB.QUOTA); `max_wait` reserves, as in
         ``redis_tokenbucket.Limiter.consume``."""
         options = self._options(timeout, on_error)
-        return await self._run(self._requests.one("consume", key, bucket, cost, options, max_wait))
+        return await self._run(self._requests.one("consume", key, bucket, cost, options, max_wait), shadow)
 
     async def peek(
         self,
@@ -130,12 +131,13 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         max_wait: Optional[float] = None,
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
+        shadow: Optional[bool] = None,
     ) -> MultiDecision:
         """Charges every `(key, rule, cost)` or none (TB.MCONSUME, or
         TB.CHARGE with a Quota or `max_wait`); see
         ``redis_tokenbucket.Limiter.consume_many`` for Cluster slots."""
         options = self._options(timeout, on_error)
-        return await self._run(self._requests.many(groups, atomic, options, max_wait))
+        return await self._run(self._requests.many(groups, atomic, options, max_wait), shadow)
 
     async def acquire(
         self,
@@ -216,9 +218,9 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
     ) -> None:
         await self.aclose()
 
-    async def _run(self, job: Job[T]) -> T:
+    async def _run(self, job: Job[T], shadow: Optional[bool] = None) -> T:
         started = time.perf_counter()
         if job.plan is None:
-            return self._settled(job, cast(T, job.done), started)  # answered without a round trip
+            return self._settled(job, cast(T, job.done), started, shadow)  # answered without a round trip
         result = await drive(self._policy.run(job), self._transport.send, self._budget(job))
-        return self._settled(job, result, started)
+        return self._settled(job, result, started, shadow)
