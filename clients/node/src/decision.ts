@@ -13,6 +13,8 @@ export interface Flags {
   degraded?: boolean;
   cached?: boolean;
   shed?: boolean;
+  /** A bucket's denial let through by shadow mode: admitted, `retryAfterMs` 0. */
+  shadow?: boolean;
 }
 
 /**
@@ -24,7 +26,9 @@ export interface Flags {
  * for "local"). `shed` marks a refusal because this process was too busy
  * to get Redis's answer in time (never admitted; `retryAfterMs` is a short
  * back-off). `cached` marks a denial answered from the denial cache without
- * a round trip. For `adjust`, `cost` holds the delta, and `allowed` and
+ * a round trip. `shadow` marks a denial let through by shadow mode (a
+ * call's `shadow`, or a shadow limiter): admitted, `retryAfterMs` 0, the
+ * other numbers the bucket's. For `adjust`, `cost` holds the delta, and `allowed` and
  * `retryAfterMs` are about the next request of cost 1 (or `max`, if
  * smaller): whether it would pass now, else when it will.
  *
@@ -49,6 +53,7 @@ export class Decision {
   readonly degraded: boolean;
   readonly cached: boolean;
   readonly shed: boolean;
+  readonly shadow: boolean;
 
   constructor(
     allowed: boolean,
@@ -70,6 +75,12 @@ export class Decision {
     this.degraded = flags.degraded ?? false;
     this.cached = flags.cached ?? false;
     this.shed = flags.shed ?? false;
+    this.shadow = flags.shadow ?? false;
+  }
+
+  /** The name of the rule that decided: this bucket's (or quota's). */
+  get rule(): string | undefined {
+    return this.bucket.name;
   }
 
   /** A reply `[allowed, remaining, retry_after_ms, reset_after_ms]`. */
@@ -117,6 +128,7 @@ export class Decision {
         degraded: changes.degraded ?? this.degraded,
         cached: changes.cached ?? this.cached,
         shed: changes.shed ?? this.shed,
+        shadow: changes.shadow ?? this.shadow,
       },
     );
   }
@@ -146,6 +158,8 @@ export class MultiDecision {
   readonly degraded: boolean;
   readonly cached: boolean;
   readonly shed: boolean;
+  /** A denial let through by shadow mode; each of `decisions` still says whether its bucket could pay. */
+  readonly shadow: boolean;
   /** The optional HTTP rules skipped for a request with no identity. */
   readonly skipped: readonly string[];
 
@@ -158,6 +172,12 @@ export class MultiDecision {
     this.degraded = flags.degraded ?? false;
     this.cached = flags.cached ?? false;
     this.shed = flags.shed ?? false;
+    this.shadow = flags.shadow ?? false;
+  }
+
+  /** The name of the rule that decided: the tightest bucket's (undefined without decisions). */
+  get rule(): string | undefined {
+    return this.decisions.length > 0 ? this.tightest.bucket.name : undefined;
   }
 
   get retryAfter(): number {

@@ -30,4 +30,23 @@ export interface DecisionEvent {
   readonly latencyMs: number;
   /** The breaker's state after the call ("closed" without a breaker). */
   readonly breaker: BreakerState;
+  /**
+   * envoyproxy/ratelimit's names for its stats: "over_limit" (denied),
+   * "shadow_mode" (a denial shadow mode let through), "near_limit"
+   * (admitted, and what is used of a bucket, a quota or a lease's slots has
+   * reached the limiter's `nearLimitRatio` of it), else "within_limit" (a
+   * degraded admission has no numbers to judge).
+   */
+  readonly outcome: Outcome;
+  /**
+   * The name of the rule that decided ("" if unnamed): the denying bucket
+   * with the longest wait, else the one with the least share left; an
+   * acquire's Concurrency unless a bucket denied it with a slot free.
+   */
+  readonly rule: string;
 }
+
+export type Outcome = "within_limit" | "near_limit" | "over_limit" | "shadow_mode";
+
+/** envoyproxy/ratelimit's NEAR_LIMIT_RATIO default. */
+export const DEFAULT_NEAR_LIMIT_RATIO = 0.8;

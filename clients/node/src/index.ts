@@ -26,7 +26,8 @@ export {
   ReplicaWaitError,
   Shed,
 } from "./errors.js";
-export type { DecisionEvent } from "./events.js";
+export type { DecisionEvent, Outcome } from "./events.js";
+export { DEFAULT_NEAR_LIMIT_RATIO } from "./events.js";
 export { type HeaderOptions, mergeRateLimitHeaders, rateLimitHeaders } from "./headers.js";
 export type { LeaseKeeper } from "./hold.js";
 export { hashTagged } from "./keys.js";

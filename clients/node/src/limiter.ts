@@ -8,10 +8,10 @@ import { type Arg, type Connection, connect, type RedisLike } from "./adapters.j
 import { Breaker, type BreakerState } from "./breaker.js";
 import type { Amount, Key } from "./bucket.js";
 import { DenialCache } from "./cache.js";
-import type { Decision, MultiDecision } from "./decision.js";
+import { Decision, MultiDecision } from "./decision.js";
 import { type BackendName, Engine, type IO, type Logger } from "./engine.js";
 import { LimiterError } from "./errors.js";
-import type { DecisionEvent } from "./events.js";
+import { DEFAULT_NEAR_LIMIT_RATIO, type DecisionEvent, type Outcome } from "./events.js";
 import { Keeper, type LeaseKeeper } from "./hold.js";
 import { keyId } from "./keys.js";
 import { Busy, type Concurrency, Lease } from "./lease.js";
@@ -104,6 +104,16 @@ export interface LimiterOptions {
   waitTimeoutMs?: number;
   /** How `wait` sleeps a reservation's delay (default: a setTimeout promise); tests pass a fake clock's. */
   sleep?: (ms: number) => Promise<void>;
+  /**
+   * Dry-run: a bucket's denial of consume or consumeMany is answered
+   * admitted with `shadow: true` (`retryAfterMs` 0), reported
+   * "shadow_mode" and logged (info). The denial wrote nothing, as an
+   * enforced one, so the shadow counts are what enforcement would deny. A
+   * shed or "closed" denial stands. A call's `shadow` overrides it.
+   */
+  shadow?: boolean;
+  /** The share of a budget used from which an admission is "near_limit" in the events (default 0.8). */
+  nearLimitRatio?: number;
 }
 
 const SLEEP = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
@@ -128,6 +138,8 @@ export class Limiter {
   readonly waitReplicas: number;
   readonly waitTimeoutMs: number;
   onDecision: ((event: DecisionEvent) => void) | undefined;
+  readonly shadow: boolean;
+  readonly nearLimitRatio: number;
   /** Where warnings and degraded answers go (the `logger` option). */
   readonly logger: Logger;
   private readonly conn: Connection;
@@ -171,6 +183,15 @@ export class Limiter {
       );
     }
     this.onDecision = options.onDecision;
+    if (options.shadow !== undefined && typeof options.shadow !== "boolean") {
+      throw new TypeError(`shadow must be true or false, got ${String(options.shadow)}`);
+    }
+    this.shadow = options.shadow ?? false;
+    const ratio = options.nearLimitRatio ?? DEFAULT_NEAR_LIMIT_RATIO;
+    if (!(typeof ratio === "number" && ratio > 0 && ratio <= 1)) {
+      throw new RangeError(`nearLimitRatio must be a number in (0, 1], got ${String(ratio)}`);
+    }
+    this.nearLimitRatio = ratio;
     if (options.sleep !== undefined && typeof options.sleep !== "function") {
       throw new TypeError("sleep must be a function of ms returning a promise");
     }
@@ -217,7 +238,7 @@ export class Limiter {
    * `delayMs` saying how long to wait before going ahead.
    */
   async consume(key: Key, bucket: Rule, cost: Amount = 1, options?: ConsumeOptions): Promise<Decision> {
-    return this.run(oneJob(this.ctx, "consume", key, bucket, cost, options));
+    return this.run(oneJob(this.ctx, "consume", key, bucket, cost, options), options?.shadow);
   }
 
   /** What `consume` would answer, without charging (TB.PEEK, TB.QPEEK). */
@@ -252,7 +273,7 @@ export class Limiter {
 
   /** Charges every `[key, bucket, cost]` or none (TB.MCONSUME). */
   async consumeMany(groups: Iterable<GroupIn>, options: ManyOptions = {}): Promise<MultiDecision> {
-    return this.run(manyJob(this.ctx, groups, options));
+    return this.run(manyJob(this.ctx, groups, options), options.shadow);
   }
 
   /**
@@ -399,11 +420,11 @@ export class Limiter {
 
   // ---- running a job -----------------------------------------------------------------
 
-  private async run<T>(job: Job<T>): Promise<T> {
+  private async run<T>(job: Job<T>, shadow?: boolean): Promise<T> {
     if (this.closed) throw new LimiterError("the limiter is closed");
     const started = performance.now();
     const result = job.done !== undefined ? job.done : await this.policy.run(job, this.io(job));
-    return this.settled(job, result, started);
+    return this.settled(job, result, started, shadow);
   }
 
   /**
@@ -438,10 +459,13 @@ export class Limiter {
    * Counts a lease an acquire took as held, and reports a decision to the
    * onDecision hook (never throwing into the call).
    */
-  private settled<T>(job: Job<T>, result: T, started: number): T {
-    if (job.op === "acquire" && result instanceof Lease && result.acquired && job.lease !== undefined) {
+  private settled<T>(job: Job<T>, answer: T, started: number, shadow?: boolean): T {
+    if (job.op === "acquire" && answer instanceof Lease && answer.acquired && job.lease !== undefined) {
       this.held.add(heldId(job.lease));
     }
+    // Only a charge is shadowed: peek, adjust and leases let nothing through.
+    const charge = job.op === "consume" || job.op === "consume_many";
+    const result = charge && (shadow ?? this.shadow) ? (this.letThrough(answer as unknown as Verdict) as T) : answer;
     const hook = this.onDecision;
     const op = job.op;
     // Renewals, releases, in-flight reads, resets and probes decide
@@ -468,6 +492,7 @@ export class Limiter {
       backend: job.source ?? this.engine.backend ?? "",
       latencyMs: performance.now() - started,
       breaker: this.breakerState,
+      ...this.judged(result as unknown as Verdict | Lease),
     };
     try {
       hook(event);
@@ -476,7 +501,58 @@ export class Limiter {
     }
     return result;
   }
+  /**
+   * A bucket's denial as shadow mode answers it: admitted, marked shadow,
+   * no wait. A denial nothing counted (shed, or the failure policy's
+   * "closed") stands: onError decides those, not the limit.
+   */
+  private letThrough(d: Verdict): Verdict {
+    if (d.allowed || d.shed || (d.degraded && d.retryAfterMs === 0)) return d;
+    this.logger.info?.(`rate limiter: shadow mode let through a request ${d.rule ?? "a rule"} would deny`);
+    if (d instanceof Decision) return d.with({ allowed: true, retryAfterMs: 0, shadow: true });
+    return new MultiDecision(true, 0, d.decisions, {
+      atomic: d.atomic,
+      skipped: d.skipped,
+      degraded: d.degraded,
+      cached: d.cached,
+      shed: d.shed,
+      shadow: true,
+    });
+  }
+
+  /** The event's outcome and the name of the rule that decided. */
+  private judged(d: Verdict | Lease): { outcome: Outcome; rule: string } {
+    let decisions: readonly Decision[];
+    let rule: string | undefined;
+    const used: [number, number][] = [];
+    let allowed: boolean;
+    let shadow = false;
+    if (d instanceof Lease) {
+      decisions = d.decisions;
+      // A bucket decided only when it denied and a slot was free.
+      const byBucket = !d.acquired && !d.busy && decisions.some((x) => !x.allowed);
+      rule = byBucket ? undefined : (d.concurrency.name ?? "");
+      used.push([d.inUse, d.concurrency.limit]);
+      allowed = d.acquired;
+    } else {
+      decisions = d instanceof MultiDecision ? d.decisions : [d];
+      allowed = d.allowed;
+      shadow = d.shadow;
+    }
+    if (rule === undefined && decisions.length > 0) {
+      rule = new MultiDecision(allowed, 0, decisions).tightest.bucket.name;
+    }
+    const named = rule ?? "";
+    if (shadow) return { outcome: "shadow_mode", rule: named };
+    if (!allowed) return { outcome: "over_limit", rule: named };
+    if (d.degraded) return { outcome: "within_limit", rule: named };
+    for (const x of decisions) used.push([x.bucket.max - x.remaining, x.bucket.max]);
+    const near = used.some(([u, m]) => u >= this.nearLimitRatio * m);
+    return { outcome: near ? "near_limit" : "within_limit", rule: named };
+  }
 }
+
+type Verdict = Decision | MultiDecision;
 
 /** A lease's identity in `held`: its key and its id, as the bytes Redis sees. */
 function heldId(call: LeaseCall): string {

@@ -37,6 +37,8 @@ export interface ConsumeOptions extends CallOptions {
    * wait before going ahead. Such a call neither reads nor feeds the denial cache.
    */
   maxWaitMs?: number;
+  /** consume only: this call in shadow mode (default: the limiter's `shadow`). */
+  shadow?: boolean;
 }
 
 /** Options of wait: a call's, and the longest wait it may be given (required). */
@@ -56,6 +58,8 @@ export interface ManyOptions extends CallOptions {
    * consume's: admitted, the MultiDecision's `delayMs` is the wait.
    */
   maxWaitMs?: number;
+  /** This call in shadow mode (default: the limiter's `shadow`). */
+  shadow?: boolean;
 }
 
 /** `[key, rule]` or `[key, rule, cost]`: a Bucket or a Quota. */

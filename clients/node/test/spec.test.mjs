@@ -259,7 +259,23 @@ const FIELDS = {
   lost: "lost",
   delay_ms: "delayMs",
   slept_ms: "sleptMs",
+  shadow: "shadow",
+  rule: "rule",
 };
+
+// The event's fields, as the spec names them (the same words but latency).
+const EVENT_FIELDS = new Set(["op", "policy", "allowed", "degraded", "shed", "cached", "backend", "outcome", "rule"]);
+
+/** Compares the one event a call reported with the step's `event`, and forgets the events. */
+function checkEvent(events, step, where) {
+  const got = events.splice(0);
+  if (step.event === undefined) return;
+  assert.equal(got.length, 1, `${where}: ${got.length} events, expected one`);
+  for (const [name, value] of Object.entries(step.event)) {
+    assert.ok(EVENT_FIELDS.has(name), `${where}: the runner knows no event field ${name}`);
+    assert.equal(got[0][name], value, `${where}: event ${name}`);
+  }
+}
 
 function expectFields(got, want, where) {
   for (const [name, value] of Object.entries(want)) {
@@ -443,8 +459,21 @@ async function settle(redis) {
   }
 }
 
-function limiterOf(s, fake, clock, slept) {
+const LIMITER_OPTIONS = new Set([
+  "backend",
+  "on_error",
+  "timeout_ms",
+  "denial_cache",
+  "breaker",
+  "wait_replicas",
+  "wait_timeout_ms",
+  "shadow",
+  "near_limit_ratio",
+]);
+
+function limiterOf(s, fake, clock, slept, events) {
   const o = s.limiter ?? {};
+  for (const name of Object.keys(o)) assert.ok(LIMITER_OPTIONS.has(name), `the runner knows no limiter option ${name}`);
   const b = o.breaker;
   const breaker =
     b === false
@@ -462,6 +491,9 @@ function limiterOf(s, fake, clock, slept) {
     denialCache,
     ...(o.wait_replicas === undefined ? {} : { waitReplicas: o.wait_replicas }),
     ...(o.wait_timeout_ms === undefined ? {} : { waitTimeoutMs: o.wait_timeout_ms }),
+    ...(o.shadow === undefined ? {} : { shadow: o.shadow }),
+    ...(o.near_limit_ratio === undefined ? {} : { nearLimitRatio: o.near_limit_ratio }),
+    onDecision: (event) => events.push(event),
     logger: { error() {}, warn() {} },
     // wait's sleep: the fake clock moves by it, and the call reports it.
     sleep: async (ms) => {
@@ -482,6 +514,10 @@ function ruleOf(step) {
 async function invoke(limiter, step, leases, slept) {
   const options = step.on_error === undefined ? {} : { onError: step.on_error };
   if (step.max_wait_ms !== undefined) options.maxWaitMs = step.max_wait_ms;
+  if (step.shadow !== undefined) {
+    assert.ok(["consume", "consume_many"].includes(step.call), `shadow is a consume's or a consume_many's`);
+    options.shadow = step.shadow;
+  }
   // A group's rule: a bucket, or a quota (it has a period).
   const ruleIn = (b) => (b.period === undefined ? bucketOf(b) : new Quota(b));
   const group = ([key, b, cost]) => (cost === undefined ? [key, ruleIn(b)] : [key, ruleIn(b), cost]);
@@ -564,7 +600,8 @@ async function runLimiter(s, fake) {
   const clock = { now: START_MS };
   const redis = new FakeRedis(fake);
   const slept = { ms: 0 };
-  const limiter = limiterOf(s, redis.client(), clock, slept);
+  const events = [];
+  const limiter = limiterOf(s, redis.client(), clock, slept, events);
   const leases = new Map();
   const started = new Map(); // name -> {active, outcome}
   for (const [i, step] of s.steps.entries()) {
@@ -580,7 +617,9 @@ async function runLimiter(s, fake) {
       const outcome = await outcomeOf(invoke(limiter, step, leases, slept));
       redis.end(active, where);
       judge(outcome, step, leases, where);
+      checkEvent(events, step, where);
     } else if (step.start !== undefined) {
+      assert.equal(step.event, undefined, `${where}: a started call's event is not compared`);
       const call = { ...step, call: step.start };
       const active = redis.begin(call, step.as);
       started.set(step.as, { active, call, outcome: outcomeOf(invoke(limiter, call, leases, slept)) });
@@ -591,6 +630,7 @@ async function runLimiter(s, fake) {
       const outcome = await run.outcome;
       redis.end(run.active, where);
       judge(outcome, { ...run.call, expect: step.expect }, leases, where);
+      events.splice(0);
     } else if (step.burst !== undefined) {
       const active = redis.begin(step, where, true);
       const before = redis.sent.length;
@@ -598,6 +638,8 @@ async function runLimiter(s, fake) {
       await settle(redis);
       for (const release of active.held.splice(0)) release();
       const all = await Promise.all(outcomes);
+      assert.ok(!step.burst.some((c) => c.event !== undefined), `${where}: a burst's events are not compared`);
+      events.splice(0);
       redis.end(active, where);
       for (const [j, o] of all.entries()) {
         judge(o, { ...step.burst[j], expect: step.expect_each }, leases, `${where}, call ${j + 1}`);
