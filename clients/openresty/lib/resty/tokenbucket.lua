@@ -109,6 +109,8 @@ function _M.new(config)
     processes = config.processes,
     backend = config.backend,
     on_decision = config.on_decision,
+    shadow = config.shadow,
+    near_limit_ratio = config.near_limit_ratio,
   })
   local notes = logonce.new(dict, log, prefix)
   local self = setmetatable({
@@ -214,6 +216,26 @@ end
 
 -- ---- the access phase --------------------------------------------------------------
 
+-- Charges the shadow rules' groups in a call of their own, so that a
+-- shadow denial never stops an enforced charge (the decision is all or
+-- nothing) and an enforced denial never stops a shadow count. Under
+-- on_error "open": a shadow rule never refuses, whatever Redis does. Its
+-- decision goes to on_decision and the log only. The enforced groups are
+-- returned.
+function Edge:shadow_rules(groups)
+  local enforced, shadow = {}, {}
+  for i = 1, #groups do
+    local g = groups[i]
+    if g.shadow then shadow[#shadow + 1] = g else enforced[#enforced + 1] = g end
+  end
+  if #shadow == 0 then return groups end
+  local _, err = self.limiter:consume_many(shadow, { shadow = true, on_error = "open" })
+  if err ~= nil then
+    self.notes:report("shadow", 60, "error", "rate limiter: a shadow rule's call failed: " .. classify_mod.describe(err))
+  end
+  return enforced
+end
+
 -- access_by_lua: this request's decision under the rules. Admitted: the
 -- request goes on, with its RateLimit fields; else the refusal is sent
 -- (429 with the fields and a problem body, 503 shed or failing closed,
@@ -224,6 +246,7 @@ function Edge:access()
   local groups, lease_spec = rules:evaluate(var, ngx.ctx)
   if groups == nil then return self:bad_request(lease_spec) end
   local limiter = self.limiter
+  groups = self:shadow_rules(groups)
   if lease_spec then
     local lease, err = limiter:acquire(lease_spec.key, lease_spec.concurrency,
       { weight = lease_spec.weight, buckets = groups })

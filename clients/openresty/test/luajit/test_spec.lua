@@ -9,6 +9,7 @@ local h = require "helpers"
 local breaker_mod = require "resty.tokenbucket.breaker"
 local bucket_mod = require "resty.tokenbucket.bucket"
 local cache_mod = require "resty.tokenbucket.cache"
+local decision_mod = require "resty.tokenbucket.decision"
 local classify = require("resty.tokenbucket.classify").classify
 local library = require "resty.tokenbucket.library"
 local limiter_mod = require "resty.tokenbucket.limiter"
@@ -37,7 +38,27 @@ end
 local FIELDS = {
   allowed = true, remaining = true, retry_after_ms = true, reset_after_ms = true, degraded = true, shed = true,
   cached = true, acquired = true, in_use = true, expires_in_ms = true, held = true, lost = true, delay_ms = true,
+  shadow = true, rule = true,
 }
+
+-- The event's fields, as the spec names them (the same words but latency).
+local EVENT_FIELDS = {
+  op = true, policy = true, allowed = true, degraded = true, shed = true, cached = true, backend = true,
+  outcome = true, rule = true,
+}
+
+-- Compares the one event a call reported with the step's `event`, and
+-- forgets the events.
+local function check_event(events, step, where)
+  local got = {}
+  for i = 1, #events do got[i] = events[i]; events[i] = nil end
+  if step.event == nil then return end
+  h.eq(#got, 1, where .. ": events")
+  for name, value in pairs(step.event) do
+    if not EVENT_FIELDS[name] then fail(where, "the runner knows no event field " .. name) end
+    h.eq(got[1][name], value, where .. ": event " .. name)
+  end
+end
 
 local function expect_fields(got, want, where)
   if got == nil then fail(where, "no answer") end
@@ -47,7 +68,11 @@ local function expect_fields(got, want, where)
     else
       if not FIELDS[name] then fail(where, "the runner knows no field " .. name) end
       local v = got[name]
-      if v == nil and (name == "degraded" or name == "shed" or name == "cached" or name == "lost") then v = false end
+      -- The Lua answers are tables: a decision's rule is decision.rule's.
+      if name == "rule" then v = decision_mod.rule(got) end
+      if v == nil and (name == "degraded" or name == "shed" or name == "cached" or name == "lost" or name == "shadow") then
+        v = false
+      end
       h.eq(v, value, where .. ": " .. name)
     end
   end
@@ -286,8 +311,16 @@ local function new_redis()
   return r
 end
 
-local function limiter_of(s, redis, clock)
+local LIMITER_OPTIONS = {
+  backend = true, on_error = true, timeout_ms = true, denial_cache = true, breaker = true, wait_replicas = true,
+  wait_timeout_ms = true, shadow = true, near_limit_ratio = true,
+}
+
+local function limiter_of(s, redis, clock, events)
   local o = s.limiter or {}
+  for name in pairs(o) do
+    if not LIMITER_OPTIONS[name] then error("the runner knows no limiter option " .. name, 0) end
+  end
   local b = o.breaker
   local breaker
   if b == false then breaker = false
@@ -303,6 +336,9 @@ local function limiter_of(s, redis, clock)
     denial_cache = o.denial_cache,
     breaker = breaker,
     backend = o.backend,
+    shadow = o.shadow,
+    near_limit_ratio = o.near_limit_ratio,
+    on_decision = function(event) events[#events + 1] = event end,
     log = function() end,
     new_id = function() n = n + 1; return "made-" .. n end,
     library = library,
@@ -336,9 +372,12 @@ end
 
 -- The call a step makes: its answer, or nil and the error.
 local function invoke(lim, step, leases)
-  local opts = (step.on_error or step.max_wait_ms) and { on_error = step.on_error, max_wait_ms = step.max_wait_ms }
-    or nil
   local op = step.call
+  if step.shadow ~= nil and op ~= "consume" and op ~= "consume_many" then
+    error("shadow is a consume's or a consume_many's, not " .. tostring(op) .. "'s", 0)
+  end
+  local opts = (step.on_error or step.max_wait_ms or step.shadow ~= nil)
+    and { on_error = step.on_error, max_wait_ms = step.max_wait_ms, shadow = step.shadow } or nil
   if op == "consume" or op == "peek" then return lim[op](lim, step.key, rule_of(step), step.cost or 1, opts)
   elseif op == "wait" then return lim:delay(step.key, rule_of(step), step.cost or 1, opts)
   elseif op == "adjust" then return lim:adjust(step.key, rule_of(step), step.delta, opts)
@@ -426,7 +465,8 @@ end
 local function run_limiter(s)
   local clock = new_clock()
   local redis = new_redis()
-  local lim = limiter_of(s, redis, clock)
+  local events = {}
+  local lim = limiter_of(s, redis, clock, events)
   local leases, started = {}, {}
   for i, step in ipairs(s.steps) do
     local where = "step " .. i
@@ -439,7 +479,9 @@ local function run_limiter(s)
       local run = start(lim, step, leases)
       redis.finish(active, where)
       judge(run, step, step.expect, leases, where, clock.slept)
+      check_event(events, step, where)
     elseif step.start then
+      if step.event ~= nil then fail(where, "a started call's event is not compared") end
       local call = with(step, "call", step.start)
       local active = redis.begin(call)
       started[step.as] = { active = active, call = call, run = start(lim, call, leases) }
@@ -448,6 +490,7 @@ local function run_limiter(s)
       resume_held(s0.active)
       redis.finish(s0.active, where)
       judge(s0.run, s0.call, step.expect, leases, where)
+      check_event(events, {}, where)
     elseif step.burst then
       local active = redis.begin(step, true)
       local before = #redis.sent
@@ -455,7 +498,11 @@ local function run_limiter(s)
       for j, call in ipairs(step.burst) do runs[j] = start(lim, call, leases) end
       while #active.held > 0 do resume_held(active) end
       redis.finish(active, where)
-      for j, run in ipairs(runs) do judge(run, step.burst[j], step.expect_each, leases, where .. ", call " .. j) end
+      for j, run in ipairs(runs) do
+        if step.burst[j].event ~= nil then fail(where, "a burst's events are not compared") end
+        judge(run, step.burst[j], step.expect_each, leases, where .. ", call " .. j)
+      end
+      check_event(events, {}, where)
       for command, n in pairs(step.counts or {}) do
         local count = 0
         for k = before + 1, #redis.sent do

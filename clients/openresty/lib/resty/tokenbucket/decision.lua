@@ -52,6 +52,8 @@ local function decision(r, key, bucket, cost)
     degraded = false,
     cached = false,
     shed = false,
+    -- A bucket's denial let through by shadow mode: admitted, no wait.
+    shadow = false,
     -- An admitted reservation's wait before proceeding; 0 for all else.
     delay_ms = r[1] == 1 and r[3] or 0,
   }
@@ -80,6 +82,7 @@ local function multi(allowed, retry_after_ms, decisions, atomic)
     degraded = false,
     cached = false,
     shed = false,
+    shadow = false,
   }
 end
 _M.multi = multi
@@ -177,6 +180,14 @@ function _M.tightest(decisions)
     end
   end
   return best
+end
+
+-- The name of the rule that decided a decision (one bucket's, or a
+-- MultiDecision's tightest), or nil.
+function _M.rule(decision)
+  if decision.decisions == nil then return decision.bucket.name end
+  local d = _M.tightest(decision.decisions)
+  return d and d.bucket.name
 end
 
 -- A lease denied for want of a slot (not only by a bucket).

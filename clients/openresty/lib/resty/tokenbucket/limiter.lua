@@ -26,10 +26,11 @@ local contract = require "resty.tokenbucket.contract"
 local engine_mod = require "resty.tokenbucket.engine"
 local logonce = require "resty.tokenbucket.logonce"
 local memdict = require "resty.tokenbucket.memdict"
+local decision_mod = require "resty.tokenbucket.decision"
 local policy = require "resty.tokenbucket.policy"
 local requests = require "resty.tokenbucket.requests"
 
-local type, pcall, setmetatable, tostring = type, pcall, setmetatable, tostring
+local type, pairs, pcall, setmetatable, tostring = type, pairs, pcall, setmetatable, tostring
 local check_on_error, check_timeout = requests.check_on_error, requests.check_timeout
 
 local _M = {}
@@ -41,6 +42,9 @@ _M.DEFAULT_TIMEOUT_MS = 100
 _M.DETECT_TIMEOUT_MS = 1000
 -- What a shed decision tells the client to wait (HTTP Retry-After: 1).
 _M.SHED_RETRY_MS = policy.SHED_RETRY_MS
+-- envoyproxy/ratelimit's NEAR_LIMIT_RATIO default: an admission that
+-- leaves this share of a budget used is "near_limit" in the events.
+_M.DEFAULT_NEAR_LIMIT_RATIO = 0.8
 -- The key detect() peeks at, under `rl:` like the usual buckets.
 _M.PROBE_KEY = "rl:probe"
 
@@ -85,6 +89,8 @@ function _M.new(opts)
     processes = opts.processes or 1,
     new_id = opts.new_id or default_new_id,
     on_decision = opts.on_decision,
+    shadow = opts.shadow or false,
+    near_limit_ratio = opts.near_limit_ratio or _M.DEFAULT_NEAR_LIMIT_RATIO,
     -- What delay() sleeps with (seconds): ngx.sleep in nginx.
     sleep = opts.sleep or (ngx and ngx.sleep),
     library = opts.library or generated_library(),
@@ -93,6 +99,13 @@ function _M.new(opts)
   }, Limiter)
   if type(self.processes) ~= "number" or self.processes < 1 or self.processes % 1 ~= 0 then
     error("processes must be an integer >= 1", 2)
+  end
+  if type(self.shadow) ~= "boolean" then
+    error("shadow must be true or false, got " .. tostring(self.shadow), 2)
+  end
+  local ratio = self.near_limit_ratio
+  if type(ratio) ~= "number" or not (ratio > 0 and ratio <= 1) then
+    error("near_limit_ratio must be a number in (0, 1], got " .. tostring(ratio), 2)
   end
   if self.library.version ~= contract.LIBRARY_VERSION then
     error("resty.tokenbucket.library is of the Lua library " .. tostring(self.library.version)
@@ -128,9 +141,52 @@ end
 
 -- ---- running a call -------------------------------------------------------------
 
--- Counts a lease an acquire took as held, and reports a decision to the
--- on_decision hook (never raising into the call).
-local function settled(self, job, result, started)
+-- A bucket's denial as shadow mode answers it: admitted, marked shadow, no
+-- wait (a copy: a cached answer may be shared). A denial nothing counted
+-- (shed, or the failure policy's "closed") stands: on_error decides those,
+-- not the limit.
+local function let_through(self, d)
+  if d.allowed or d.shed or (d.degraded and d.retry_after_ms == 0) then return d end
+  local c = {}
+  for k, v in pairs(d) do c[k] = v end
+  c.allowed, c.retry_after_ms, c.delay_ms, c.shadow = true, 0, 0, true
+  self.logonce:report("shadow", 60, "info", "rate limiter: shadow mode let through a request "
+    .. tostring(decision_mod.rule(d) or "a rule") .. " would deny")
+  return c
+end
+
+-- The event's outcome (envoyproxy/ratelimit's names for its stats) and the
+-- name of the rule that decided ("" if unnamed).
+local function judged(self, req, d)
+  local decisions, rule, allowed = d.decisions, nil, d.allowed
+  local used = {}
+  if req.op == "acquire" then
+    allowed = d.acquired
+    -- A bucket decided only when it denied and a slot was free.
+    if d.acquired or decision_mod.busy(d) or #decision_mod.denied_by(d) == 0 then rule = d.concurrency.name or "" end
+    used[1] = { d.in_use, d.concurrency.limit }
+  elseif decisions == nil then
+    decisions = { d }
+  end
+  if rule == nil and #decisions > 0 then rule = decision_mod.tightest(decisions).bucket.name end
+  rule = rule or ""
+  if d.shadow then return "shadow_mode", rule end
+  if not allowed then return "over_limit", rule end
+  if d.degraded then return "within_limit", rule end
+  for i = 1, #decisions do
+    local b = decisions[i].bucket
+    used[#used + 1] = { b.max - decisions[i].remaining, b.max }
+  end
+  for i = 1, #used do
+    if used[i][1] >= self.near_limit_ratio * used[i][2] then return "near_limit", rule end
+  end
+  return "within_limit", rule
+end
+
+-- Counts a lease an acquire took as held, lets a shadow call's denial
+-- through, and reports a decision to the on_decision hook (never raising
+-- into the call).
+local function settled(self, job, result, started, shadow)
   local req = job.req
   if req.op == "acquire" and result and result.acquired then
     local ident = req.key .. "\0" .. req.id
@@ -139,10 +195,16 @@ local function settled(self, job, result, started)
       self.n_held = self.n_held + 1
     end
   end
+  if shadow == nil then shadow = self.shadow end
+  -- Only a charge is shadowed: peek, adjust and leases let nothing through.
+  if shadow and result ~= nil and (req.op == "consume" or req.op == "mconsume") then
+    result = let_through(self, result)
+  end
   local hook = self.on_decision
   if hook == nil or result == nil or req.names == nil then return result end
   local allowed
   if req.op == "acquire" then allowed = result.acquired else allowed = result.allowed end
+  local outcome, rule = judged(self, req, result)
   local event = {
     op = req.event_op or req.op,
     policy = req.names,
@@ -153,6 +215,8 @@ local function settled(self, job, result, started)
     backend = job.source or self.engine.backend or "",
     latency_s = self.clock() - started,
     breaker = self:breaker_state(),
+    outcome = outcome,
+    rule = rule,
   }
   local ok, err = pcall(hook, event)
   if not ok then
@@ -170,14 +234,14 @@ local function budget(self, job)
   return timeout
 end
 
-local function run(self, job)
+local function run(self, job, shadow)
   local started = self.clock()
-  if job.done ~= nil then return settled(self, job, job.done, started) end
+  if job.done ~= nil then return settled(self, job, job.done, started, shadow) end
   local transport, limit = self.send, budget(self, job)
   local send = function(args, key) return transport(args, key, limit) end
   local answer, err = policy.run(self, job, send)
   if answer == nil then return nil, err end
-  return settled(self, job, answer, started)
+  return settled(self, job, answer, started, shadow)
 end
 
 -- ---- the calls ------------------------------------------------------------------
@@ -189,10 +253,12 @@ local function checked(f, ...)
 end
 
 -- Charges `cost` (default 1) if the bucket holds it (TB.CONSUME).
+-- opts.shadow (default: the limiter's shadow): a bucket's denial is
+-- answered admitted, with shadow = true.
 function Limiter:consume(key, bucket, cost, opts)
   local j, err = checked(requests.one, self, "consume", key, bucket, cost, opts)
   if j == nil then return nil, err end
-  return run(self, j)
+  return run(self, j, opts and opts.shadow)
 end
 
 -- What consume would answer, without charging (TB.PEEK).
@@ -238,7 +304,7 @@ end
 function Limiter:consume_many(groups, opts)
   local j, err = checked(requests.many, self, groups, opts)
   if j == nil then return nil, err end
-  return run(self, j)
+  return run(self, j, opts and opts.shadow)
 end
 
 -- Takes a slot of `concurrency` on `key` (TB.ACQUIRE), with opts.buckets

@@ -19,6 +19,9 @@
 -- `max_key_bytes` (1024) bytes, and text: control bytes or invalid UTF-8
 -- refuse the request, unless the rule says `binary = true` (the default for
 -- $binary_* variables). Nothing is written to Redis for a refused request.
+-- A `shadow = true` rule is charged in a call of its own and never refuses
+-- (a request without its identity skips it): its denials are let through,
+-- reported "shadow_mode" to on_decision and logged.
 -- Plain Lua: the variable lookup is injected.
 
 local bucket_mod = require "resty.tokenbucket.bucket"
@@ -69,7 +72,8 @@ local function check_rule(rule, i, prefix)
   if find(rule.name, "{", 1, true) then fail(where .. ": name must not contain '{'") end
   where = "rule " .. rule.name
   local out = { name = rule.name, optional = rule.optional == true, hash_tag = rule.hash_tag == true,
-    prefix = check_prefix(rule.prefix or prefix, where) }
+    shadow = rule.shadow == true, prefix = check_prefix(rule.prefix or prefix, where) }
+  if rule.shadow ~= nil and type(rule.shadow) ~= "boolean" then fail(where .. ": shadow must be true or false") end
   local sources = (rule.bucket ~= nil and 1 or 0) + (rule.limit ~= nil and 1 or 0) + (rule.max ~= nil and 1 or 0)
     + (rule.quota ~= nil and 1 or 0)
   if sources ~= 1 then
@@ -195,7 +199,7 @@ local function identity(self, rule, var, ctx)
   end
   if type(value) == "table" then value = value[1] end -- a header sent twice: the first
   if value == nil or value == "" then
-    if rule.optional then return nil end
+    if rule.optional or rule.shadow then return nil end
     return false, refused(rule, "missing", spec)
   end
   if type(value) == "number" then value = tostring(value) end
@@ -224,7 +228,8 @@ local function called(rule, what, f, ctx)
   return res
 end
 
--- This request's groups {key, bucket, cost} and its lease {key,
+-- This request's groups {key, bucket, cost, shadow = true for a shadow
+-- rule's} and its lease {key,
 -- concurrency, weight} (or nil), or nil and a refusal {status, cause,
 -- detail}. `var(name)` reads an nginx variable; functions get `ctx`.
 function Rules:evaluate(var, ctx)
@@ -252,7 +257,7 @@ function Rules:evaluate(var, ctx)
         cost, bad = called(rule, "cost", rule.cost_fn, ctx)
         if cost == false then return nil, bad end
       end
-      groups[#groups + 1] = { redis_key(rule, id), b, cost == nil and 1 or cost }
+      groups[#groups + 1] = { redis_key(rule, id), b, cost == nil and 1 or cost, shadow = rule.shadow or nil }
     end
     ::continue::
   end
