@@ -37,13 +37,20 @@ IP = Rule(Bucket(5, SLOW, name="ip"), client_ip())
 
 
 @contextmanager
-def serve(port: int, how: str, rules: list[Rule], handlers: bool = True, **options: Any) -> Iterator[TestClient]:
+def serve(
+    port: int,
+    how: str,
+    rules: list[Rule],
+    handlers: bool = True,
+    limiter_options: Optional[dict[str, Any]] = None,
+    **options: Any,
+) -> Iterator[TestClient]:
     """A started app whose /v1/models is limited by `rules`, through the
     dependency or the middleware; /healthz is never limited."""
     app = FastAPI()
     if handlers:
         install(app)
-    limiter = tb_asyncio.Limiter(redis.asyncio.Redis(port=port))
+    limiter = tb_asyncio.Limiter(redis.asyncio.Redis(port=port), **(limiter_options or {}))
     if how == "middleware":
         app.add_middleware(
             RateLimitMiddleware,
@@ -423,3 +430,45 @@ def test_a_missing_identity_is_a_400_unless_the_rule_is_optional_or_falls_back(m
         ok = client.get("/v1/models")
         assert ok.status_code == 200 and "RateLimit-Policy" not in ok.headers
     assert seen[0].allowed and seen[0].decisions == () and seen[0].skipped == ("anon",)
+
+
+@pytest.mark.parametrize("how", ["dependency", "middleware"])
+def test_a_shadow_rule_is_charged_beside_and_never_refuses(
+    module_target: Target, how: str, caplog: pytest.LogCaptureFixture
+):
+    trial = Rule(Bucket(1, SLOW, name="trial"), api_key(), shadow=True)
+    events: list[Any] = []
+    caplog.set_level(logging.INFO, logger="redis_tokenbucket")
+    options = {"on_decision": events.append}
+    with serve(module_target.server.port, how, [KEY, trial], limiter_options=options) as client:
+        statuses = [client.get("/v1/models", headers={"X-API-Key": "k1"}) for _ in range(3)]
+        # Without the key the enforced rule refuses; the shadow one is skipped.
+        missing = client.get("/v1/models")
+    assert [r.status_code for r in statuses] == [200, 200, 429]
+    # The shadow rule puts no fields on the response and names no policy.
+    assert statuses[1].headers["RateLimit-Policy"] == '"key";q=2;w=2000'
+    assert statuses[2].json()["violated-policies"] == ["key"]
+    assert missing.status_code == 400
+    # Its denial did not stop the enforced charge (the third is refused by
+    # `key`), and it was counted for every request, the refused one too.
+    by_rule = {name: [e.outcome for e in events if e.policy == name] for name in ("key", "trial")}
+    assert by_rule == {
+        "key": ["within_limit", "near_limit", "over_limit"],
+        "trial": ["near_limit", "shadow_mode", "shadow_mode"],
+    }
+    assert all(e.allowed for e in events if e.policy == "trial")
+    assert "shadow mode let through a request trial would deny" in caplog.text
+
+
+@pytest.mark.parametrize("how", ["dependency", "middleware"])
+def test_a_shadow_limiter_answers_200_past_the_limit(module_target: Target, how: str):
+    events: list[Any] = []
+    options = {"on_decision": events.append, "shadow": True}
+    with serve(module_target.server.port, how, [KEY], limiter_options=options) as client:
+        statuses = [client.get("/v1/models", headers={"X-API-Key": "k1"}).status_code for _ in range(3)]
+    assert statuses == [200, 200, 200]
+    assert [(e.outcome, e.rule, e.allowed) for e in events] == [
+        ("within_limit", "key", True),
+        ("near_limit", "key", True),
+        ("shadow_mode", "key", True),
+    ]

@@ -110,7 +110,8 @@ async def identity_of(rule: Any, request: Any, name: Callable[[], Awaitable[str]
     identity = await of_request(rule.key, request)
     if identity is None and rule.fallback is not None:
         identity = await of_request(rule.fallback, request)
-    if identity is None and not rule.optional:
+    # A shadow rule never refuses: one without an identity is skipped.
+    if identity is None and not rule.optional and not getattr(rule, "shadow", False):
         raise MissingIdentity(await name())
     return None if identity is None else str(identity)
 
@@ -251,6 +252,12 @@ class Rule:
     Buckets of one rule that share a name share the key, so a caller who
     changes tier keeps the balance it has (a higher max adds no tokens at
     once). `cost` may be a function of the request too.
+
+    A `shadow` rule (dry-run) is charged as any other, in a call of its own
+    beside the enforced rules' (`charge_shadow`), and never refuses: its
+    denial is reported "shadow_mode" to the limiter's `on_decision` hook
+    and logged, never answered with a 429, and puts no fields on the
+    response; a request without its identity skips it.
     """
 
     bucket: Union[BucketOrQuota, BucketFunc[Any]]
@@ -259,8 +266,11 @@ class Rule:
     prefix: str = "rl"
     optional: bool = False
     fallback: Optional[KeyFunc[Any]] = None
+    shadow: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.shadow, bool):
+            raise TypeError(f"a Rule's shadow is True or False, got {self.shadow!r}")
         if isinstance(self.bucket, (Bucket, Quota)):
             _check_named(self.bucket)
             if not callable(self.cost):
@@ -314,6 +324,25 @@ async def groups_of(
             rule.claim(limiter, group[1])
         groups.append(group)
     return groups, tuple(skipped)
+
+
+def split_shadow(rules: Sequence[Rule]) -> tuple[tuple[Rule, ...], tuple[Rule, ...]]:
+    """The enforced rules and the shadow ones."""
+    return tuple(r for r in rules if not r.shadow), tuple(r for r in rules if r.shadow)
+
+
+async def charge_shadow(limiter: Limiter, rules: Sequence[Rule], request: Any, timeout: Optional[float]) -> None:
+    """Charges the shadow rules in a call of their own: the decision is all
+    or nothing, so a shadow denial in the enforced call would stop the
+    enforced rules' charge. Under on_error="open" and never raising: a
+    shadow rule never refuses a request, whatever Redis does; its decision
+    goes to the on_decision hook and the log only."""
+    try:
+        groups, _ = await groups_of(limiter, rules, request)
+        if groups:
+            await limiter.consume_many(groups, timeout=timeout, on_error="open", shadow=True)
+    except Exception:
+        log.exception("rate limiter: a shadow rule's call failed; the request goes on")
 
 
 async def of_request(func: Callable[[Any], Any], request: Any, kind: Any = object, what: str = "") -> Any:

@@ -30,9 +30,11 @@ from ._http import (
     Refusal,
     Rule,
     add_fields,
+    charge_shadow,
     client_address,
     groups_of,
     refusal_of,
+    split_shadow,
     trusted_networks,
 )
 from ._lease import Busy, Concurrency, Lease
@@ -213,6 +215,7 @@ class RateLimitBase:
             rule.claim(limiter)
         self.limiter = limiter
         self.rules: Sequence[Rule] = rules
+        self._enforced, self._shadow = split_shadow(rules)
         self.on_error = on_error
         self.timeout = timeout
         self.atomic = atomic
@@ -224,13 +227,21 @@ class RateLimitBase:
         when every rule is optional and has no identity; MissingIdentity
         when a rule that is not has none). With `max_delay` (seconds), a
         request the buckets can serve within it is admitted and delayed by
-        its reservation's wait, not refused."""
-        groups, skipped = await groups_of(self.limiter, self.rules, request)
+        its reservation's wait, not refused. The shadow rules are charged
+        beside, in a call of their own (`charge_shadow`)."""
+        groups, skipped = await groups_of(self.limiter, self._enforced, request)
+        shadow = charge_shadow(self.limiter, self._shadow, request, self.timeout) if self._shadow else None
         if not groups:
+            if shadow is not None:
+                await shadow
             return MultiDecision(True, 0, (), skipped=skipped)
-        decision = await self.limiter.consume_many(
+        enforced = self.limiter.consume_many(
             groups, atomic=self.atomic, max_wait=self.max_delay, timeout=self.timeout, on_error=self.on_error
         )
+        if shadow is None:
+            decision = await enforced
+        else:
+            decision, _ = await asyncio.gather(enforced, shadow)
         if decision.delay_ms > 0 and not decision.degraded:
             await self.limiter.sleep(decision.delay_ms / 1000)
         return replace(decision, skipped=skipped) if skipped else decision
@@ -265,6 +276,7 @@ class ConcurrencyLimitBase:
         self.limiter = limiter
         self.rule = rule
         self.rules: Sequence[Rule] = rules
+        self._enforced, self._shadow = split_shadow(rules)
         self.on_error = on_error
         self.timeout = timeout
         self.legacy_headers = legacy_headers
@@ -279,7 +291,9 @@ class ConcurrencyLimitBase:
         key, concurrency, weight = slot
         if not isinstance(self.rule.concurrency, Concurrency):
             self.rule.claim(self.limiter, concurrency)
-        groups, _ = await groups_of(self.limiter, self.rules, request)
+        if self._shadow:
+            await charge_shadow(self.limiter, self._shadow, request, self.timeout)
+        groups, _ = await groups_of(self.limiter, self._enforced, request)
         hold = self.limiter.hold(
             key, concurrency, weight, groups, timeout=self.timeout, on_error=self.on_error
         )  # fmt: skip
