@@ -57,6 +57,14 @@ export interface Rule<R = NodeRequest> {
    * a 400, so that leaving out a header never escapes a limit.
    */
   optional?: boolean;
+  /**
+   * Dry-run: the rule is charged as any other, in a consumeMany of its own
+   * beside the enforced rules' (so neither stops the other's charge), and
+   * never refuses: its denial is reported "shadow_mode" to the limiter's
+   * onDecision and logged, never answered with a 429, and puts no fields on
+   * the response. A request without its identity skips it.
+   */
+  shadow?: boolean;
   /** Tokens per request (default 1), or a function of the request. */
   cost?: Amount | ((request: R) => Amount);
   /** The first part of the Redis key (default "rl"). */
@@ -165,6 +173,9 @@ export function checkRules<R>(limiter: Limiter, rules: readonly Rule<R>[]): void
       else checkCost(rule.cost, rule.bucket);
     }
     if (rule.maxDelayMs !== undefined) checkMaxWait(rule.maxDelayMs, "consume", rule.bucket);
+    if (rule.shadow !== undefined && typeof rule.shadow !== "boolean") {
+      throw new TypeError(`rule ${rule.bucket.name}: shadow must be true or false`);
+    }
   }
   maxDelayOf(rules);
   claim(
@@ -200,13 +211,14 @@ function maxDelayOf<R>(rules: readonly Rule<R>[]): number | undefined {
 
 /** A request's identity for a rule: its key's, else its fallback's; MissingIdentity unless optional. */
 async function identityOf<R>(
-  rule: { key: KeyFunction<R>; fallback?: KeyFunction<R>; optional?: boolean },
+  rule: { key: KeyFunction<R>; fallback?: KeyFunction<R>; optional?: boolean; shadow?: boolean },
   request: R,
   name: string,
 ): Promise<string | undefined> {
   let identity = await rule.key(request);
   if (identity === undefined && rule.fallback !== undefined) identity = await rule.fallback(request);
-  if (identity === undefined && rule.optional !== true) throw new MissingIdentity(name);
+  // A shadow rule never refuses: one without an identity is skipped.
+  if (identity === undefined && rule.optional !== true && rule.shadow !== true) throw new MissingIdentity(name);
   return identity;
 }
 
@@ -228,6 +240,22 @@ async function groupsOf<R>(rules: readonly Rule<R>[], request: R): Promise<[Grou
 }
 
 /**
+ * Charges the shadow rules in a consumeMany of their own (the decision is
+ * all or nothing: a shadow denial in the enforced call would stop the
+ * enforced rules' charge), under onError "open" and never throwing: a
+ * shadow rule never refuses a request, whatever Redis does. Its decision
+ * goes to the onDecision hook and the log only.
+ */
+async function chargeShadow<R>(limiter: Limiter, rules: readonly Rule<R>[], request: R, timeoutMs?: number) {
+  try {
+    const [groups] = await groupsOf(rules, request);
+    if (groups.length > 0) await limiter.consumeMany(groups, { timeoutMs, onError: "open", shadow: true });
+  } catch (error) {
+    limiter.logger.error(`rate limiter: a shadow rule's call failed; the request goes on: ${String(error)}`);
+  }
+}
+
+/**
  * Charges a request against its rules in one consumeMany (no decisions,
  * and the rules in `skipped`, when every rule is optional and has no
  * identity; MissingIdentity when one that is not has none). With the
@@ -240,17 +268,26 @@ export async function check<R>(
   request: R,
   options: LimitOptions = {},
 ): Promise<MultiDecision> {
-  const [groups, skipped] = await groupsOf(rules, request);
-  if (groups.length === 0) return new MultiDecision(true, 0, [], { skipped });
+  const enforced = rules.filter((r) => r.shadow !== true);
+  const shadowRules = rules.filter((r) => r.shadow === true);
+  const [groups, skipped] = await groupsOf(enforced, request);
   const { atomic, onError, timeoutMs } = options;
-  const maxWaitMs = maxDelayOf(rules);
+  const shadow = shadowRules.length > 0 ? chargeShadow(limiter, shadowRules, request, timeoutMs) : undefined;
+  if (groups.length === 0) {
+    await shadow;
+    return new MultiDecision(true, 0, [], { skipped });
+  }
+  const maxWaitMs = maxDelayOf(enforced);
   const wait = maxWaitMs === undefined || !groups.some(([, b]) => b instanceof Bucket) ? undefined : maxWaitMs;
-  const m = await limiter.consumeMany(groups, {
-    atomic,
-    onError,
-    timeoutMs,
-    ...(wait === undefined ? {} : { maxWaitMs: wait }),
-  });
+  const [m] = await Promise.all([
+    limiter.consumeMany(groups, {
+      atomic,
+      onError,
+      timeoutMs,
+      ...(wait === undefined ? {} : { maxWaitMs: wait }),
+    }),
+    shadow,
+  ]);
   if (m.delayMs > 0 && !m.degraded) await limiter.sleep(m.delayMs);
   return skipped.length === 0 ? m : new MultiDecision(m.allowed, m.retryAfterMs, m.decisions, { ...m, skipped });
 }
@@ -331,7 +368,13 @@ export async function acquireFor<R>(
   if (identity === undefined) return undefined;
   checkNamed(concurrency);
   const weight = typeof rule.weight === "function" ? rule.weight(request) : (rule.weight ?? 1);
-  const [buckets] = await groupsOf(options.rules ?? [], request);
+  const rules = options.rules ?? [];
+  const shadowRules = rules.filter((r) => r.shadow === true);
+  if (shadowRules.length > 0) await chargeShadow(limiter, shadowRules, request, options.timeoutMs);
+  const [buckets] = await groupsOf(
+    rules.filter((r) => r.shadow !== true),
+    request,
+  );
   const key = `${policyKey(rule.prefix, concurrency.name)}:${identity}`;
   return limiter.acquire(key, concurrency, {
     weight,

@@ -253,3 +253,53 @@ test("policies of one name with different limits are refused when written: they 
   assert.throws(() => rateLimitHook(other, { rules: [{ bucket: ip2, key }], statusCode: 200 }), /statusCode must be/);
   assert.throws(() => ex.rateLimitMiddleware(other, { rules: [{ bucket: ip2, key }], message: 5 }), /message must be/);
 });
+
+test("a shadow rule is charged beside the enforced ones and never refuses: 200 past its limit, with the event", async () => {
+  const t = await target("redis-7.0+module");
+  const c = await client("ioredis", t.port);
+  const events = [];
+  const info = [];
+  const lim = new Limiter(c.client, {
+    onDecision: (e) => events.push(e),
+    logger: { error() {}, warn() {}, info: (m) => info.push(m) },
+  });
+  const KEY = new Bucket({ max: 2, rate: SLOW, name: "key" });
+  const TRIAL = new Bucket({ max: 1, rate: SLOW, name: "trial" });
+  const rules = (who) => [
+    { bucket: KEY, key: () => who },
+    { bucket: TRIAL, key: (req) => (req.headers["x-no-trial"] ? undefined : who), shadow: true },
+  ];
+  const app = Fastify({ forceCloseConnections: true });
+  app.get("/", { onRequest: rateLimitHook(lim, { rules: rules("f") }) }, async () => "ok");
+  const url = await listen(app);
+  const site = express();
+  site.get("/", ex.rateLimit(lim, { rules: rules("e") }), ok);
+  const s = await serve(site);
+  try {
+    for (const base of [url, s.url]) {
+      events.length = 0;
+      const answers = [await get(`${base}/`), await get(`${base}/`), await get(`${base}/`)];
+      assert.deepEqual(
+        answers.map((a) => a.status),
+        [200, 200, 429],
+        base,
+      );
+      // The shadow rule puts no fields on the response and names no policy.
+      assert.equal(answers[1].headers["ratelimit-policy"], '"key";q=2;w=2000');
+      assert.deepEqual(JSON.parse(answers[2].body)["violated-policies"], ["key"]);
+      // Its denial did not stop the enforced charge (the third is refused
+      // by `key`), and it was counted for every request, the refused one too.
+      const outcomes = (name) => events.filter((e) => e.policy === name).map((e) => e.outcome);
+      assert.deepEqual(outcomes("key"), ["within_limit", "near_limit", "over_limit"], base);
+      assert.deepEqual(outcomes("trial"), ["near_limit", "shadow_mode", "shadow_mode"], base);
+      assert.ok(events.filter((e) => e.policy === "trial").every((e) => e.allowed && e.rule === "trial"));
+      // Without its identity the shadow rule is skipped, never a 400.
+      const skipped = await get(`${base}/`, { "x-no-trial": "1" });
+      assert.equal(skipped.status, 429);
+    }
+    assert.ok(info.some((m) => m.includes("shadow mode let through a request trial would deny")));
+  } finally {
+    await app.close();
+    s.close();
+  }
+});
