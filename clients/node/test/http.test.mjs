@@ -301,5 +301,6 @@ test("a shadow rule is charged beside the enforced ones and never refuses: 200 p
   } finally {
     await app.close();
     s.close();
+    c.close();
   }
 });
