@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import redis
-from conftest import SLOW, burst, lua_config, one_limiter
+from conftest import LIMITED, SLOW, burst, lua_config, one_limiter
 
 
 def user_rule(max_: int) -> str:
@@ -137,3 +137,57 @@ def test_redis_keeps_no_key_for_a_request_nothing_charged(server, r: redis.Redis
     n = nginx(one_limiter(server.url, rules=[user_rule(1)]))
     assert n.get("/limited", {"X-User": "h"}).status == 200
     assert r.keys("rl:*") == [b"rl:user:h"]
+
+
+# The events of on_decision, counted per rule and outcome in the shared
+# dict (both workers), and read back.
+COUNT_EVENTS = "on_decision = function(e) ngx.shared.tokenbucket:incr('ev:' .. e.policy .. ':' .. e.outcome, 1, 0) end"
+EVENTS = """
+        location = /events {
+            content_by_lua_block {
+                for _, k in ipairs(ngx.shared.tokenbucket:get_keys(0)) do
+                    if k:sub(1, 3) == "ev:" then ngx.say(k:sub(4), " ", ngx.shared.tokenbucket:get(k)) end
+                end
+            }
+        }
+"""
+
+
+def events_of(n) -> dict[str, int]:
+    lines = n.get("/events").text.split("\n")
+    return {k: int(v) for k, v in (line.split(" ") for line in lines if line)}
+
+
+def test_a_shadow_rule_is_charged_beside_and_never_refuses(server, r, nginx):
+    trial = f'{{ name = "trial", max = 1, rate = {SLOW}, key = "$http_x_user", shadow = true }}'
+    limits = lua_config(server.url, rules=[user_rule(2), trial]).removesuffix("\n}") + ",\n  " + COUNT_EVENTS + "\n}"
+    n = nginx(f'limit = require("resty.tokenbucket").new({limits})', LIMITED + EVENTS)
+    answers = [n.get("/limited", {"X-User": "erin"}) for _ in range(3)]
+    assert [a.status for a in answers] == [200, 200, 429]
+    # The shadow rule puts no fields on the response and names no policy.
+    assert answers[1].headers["ratelimit-policy"] == '"user";q=2;w=2000'
+    assert answers[2].json()["violated-policies"] == ["user"]
+    # Its denial did not stop the enforced charge, and it was counted for
+    # every request, the refused one too.
+    assert events_of(n) == {
+        "user:within_limit": 1,
+        "user:near_limit": 1,
+        "user:over_limit": 1,
+        "trial:near_limit": 1,
+        "trial:shadow_mode": 2,
+    }
+    assert r.exists("rl:trial:erin") == 1
+    assert n.log_lines("shadow mode let through a request trial would deny")
+    # Without its identity the shadow rule is skipped, never a 400 (the
+    # enforced rule is optional here).
+    optional = '{ name = "user", max = 2, rate = 0.001, key = "$http_x_user", optional = true }'
+    trial_ip = f'{{ name = "trial", max = 1, rate = {SLOW}, key = "$http_x_trial", shadow = true }}'
+    m = nginx(one_limiter(server.url, rules=[optional, trial_ip]))
+    assert m.get("/limited", {"X-User": "fay"}).status == 200
+
+
+def test_a_shadow_limiter_answers_200_past_the_limit(server, r, nginx):
+    limits = lua_config(server.url, rules=[user_rule(1)], shadow=True).removesuffix("\n}") + ",\n  " + COUNT_EVENTS
+    n = nginx(f'limit = require("resty.tokenbucket").new({limits}\n}})', LIMITED + EVENTS)
+    assert [n.get("/limited", {"X-User": "gus"}).status for _ in range(3)] == [200, 200, 200]
+    assert events_of(n) == {"user:near_limit": 1, "user:shadow_mode": 2}
