@@ -394,3 +394,11 @@ test("options are checked", () => {
   assert.equal(new Limiter(fake).timeoutMs, 100);
   assert.equal(new Limiter(fake, { timeoutMs: null }).timeoutMs, null);
 });
+
+test("nearLimitRatio outside (0, 1] and a shadow that is not a boolean are refused, naming them", () => {
+  const fake = { status: "ready", call: async () => null };
+  for (const ratio of [0, -0.5, 1.5, "0.8", Number.NaN]) {
+    assert.throws(() => new Limiter(fake, { nearLimitRatio: ratio }), /nearLimitRatio must be a number in \(0, 1\]/);
+  }
+  assert.throws(() => new Limiter(fake, { shadow: "yes" }), /shadow must be true or false, got yes/);
+});

@@ -128,3 +128,14 @@ def test_repeated_failures_are_counted_not_flooded(caplog: pytest.LogCaptureFixt
     # Each policy has its own budget: a fail-closed answer is reported at once.
     lim.consume("k", B, on_error="closed")
     assert len(caplog.records) == 3 and "fail-closed" in caplog.records[2].getMessage()
+
+
+@pytest.mark.parametrize("ratio", [0, -0.5, 1.5, "0.8", True, float("nan")])
+def test_a_near_limit_ratio_outside_0_to_1_is_refused_naming_it(ratio: Any):
+    with pytest.raises(ValueError, match=r"near_limit_ratio must be a number in \(0, 1\], got"):
+        Limiter(redis.Redis(port=dead_port()), near_limit_ratio=ratio)
+
+
+def test_shadow_is_true_or_false():
+    with pytest.raises(TypeError, match="shadow must be True or False, got 'yes'"):
+        Limiter(redis.Redis(port=dead_port()), shadow="yes")  # type: ignore[arg-type]

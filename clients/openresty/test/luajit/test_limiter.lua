@@ -310,4 +310,15 @@ function T.a_missing_generated_library_says_how_to_make_it()
   h.eq(tostring(err):match("run `make` in the repository") ~= nil, true, tostring(err))
 end
 
+function T.near_limit_ratio_and_shadow_are_checked_naming_them()
+  local s = h.server({})
+  local base = { send = s.send, clock = h.clock(10) }
+  for _, ratio in ipairs({ 0, -0.5, 1.5, "0.8", 0 / 0 }) do
+    local ok, err = pcall(limiter.new, setmetatable({ near_limit_ratio = ratio }, { __index = base }))
+    h.ok(not ok and tostring(err):find("near_limit_ratio must be a number in (0, 1]", 1, true), tostring(ratio))
+  end
+  local ok, err = pcall(limiter.new, setmetatable({ shadow = "yes" }, { __index = base }))
+  h.ok(not ok and tostring(err):find("shadow must be true or false, got yes", 1, true), "shadow")
+end
+
 return T
