@@ -265,3 +265,18 @@ def test_hold_until_sent_holds_a_lease_the_route_took(module_target: Target):
     with TestClient(app) as client:
         assert client.get("/v1/own").text == "data: 0\n\ndata: 1\n\ndata: 2\n\n"
     assert settled == [0]  # released first, then `then`
+
+
+@pytest.mark.parametrize("how", ["dependency", "middleware"])
+def test_a_shadow_rule_beside_a_slot_is_charged_and_never_refuses(module_target: Target, how: str):
+    trial = Rule(Bucket(1, SLOW, name="trial"), api_key(), shadow=True)
+    app = make_app(module_target.server.port, how, rules=(KEY, trial))
+    events: list[Any] = []
+    app.state.limiter.on_decision = events.append
+    with TestClient(app) as client:
+        answers = [client.get("/v1/plain", headers={"X-API-Key": "k1"}) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    # The shadow rule is not in the slot's decision, nor in the fields.
+    assert answers[2].headers["ratelimit-policy"] == '"streams";q=1;qu="concurrent-requests", "key";q=5;w=5000'
+    assert [e.op for e in events if e.policy == "streams,key"] == ["acquire"] * 3
+    assert [e.outcome for e in events if e.policy == "trial"] == ["near_limit", "shadow_mode", "shadow_mode"]
