@@ -17,7 +17,7 @@ from typing import Protocol
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from redis_tokenbucket import DecisionEvent
 
-OUTCOMES = ("admitted", "denied", "cached_denial", "degraded_admitted", "degraded_denied", "shed")
+OUTCOMES = ("admitted", "denied", "shadow_denied", "cached_denial", "degraded_admitted", "degraded_denied", "shed")
 BREAKER_STATES = ("closed", "open", "half_open")
 # Seconds. A decision takes well under a millisecond on a local network; a
 # call's budget is the limiter's timeout (0.1 s by default; up to 1 s while
@@ -32,6 +32,8 @@ def outcome(event: DecisionEvent) -> str:
     """One of OUTCOMES: what the caller was told, and on whose word."""
     if event.shed:
         return "shed"  # this process was too busy to get Redis's answer
+    if event.outcome == "shadow_mode":
+        return "shadow_denied"  # a denial that shadow mode let through
     if event.cached:
         return "cached_denial"  # the local denial cache answered
     if event.degraded:

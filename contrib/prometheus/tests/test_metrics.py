@@ -12,6 +12,7 @@ import textwrap
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Literal
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -33,8 +34,12 @@ def event(
     policy: str = "user",
     backend: str = "module",
     latency_s: float = 0.0003,
+    shadow: bool = False,
 ) -> DecisionEvent:
-    return DecisionEvent(op, policy, allowed, degraded, shed, cached, backend, latency_s, "closed")
+    judged: Literal["within_limit", "over_limit", "shadow_mode"] = (
+        "shadow_mode" if shadow else ("within_limit" if allowed else "over_limit")
+    )
+    return DecisionEvent(op, policy, allowed, degraded, shed, cached, backend, latency_s, "closed", judged)
 
 
 # What the package can report (docs/failure-model.md): a cached answer is
@@ -43,6 +48,8 @@ CASES = [
     (event(allowed=True), "admitted"),
     (event(allowed=False), "denied"),
     (event(allowed=False, cached=True), "cached_denial"),
+    (event(allowed=True, shadow=True), "shadow_denied"),
+    (event(allowed=True, cached=True, shadow=True), "shadow_denied"),
     (event(allowed=True, degraded=True, backend=""), "degraded_admitted"),
     (event(allowed=False, degraded=True, backend=""), "degraded_denied"),
     (event(allowed=True, degraded=True, backend="local"), "degraded_admitted"),
@@ -67,12 +74,12 @@ def test_decisions_and_latency_by_their_labels() -> None:
             "redis_tokenbucket_decisions_total", {"op": op, "policy": policy, "outcome": result}
         )
 
-    assert [decisions("consume", "user", o) for o in OUTCOMES] == [1, 1, 1, 2, 1, 1]
+    assert [decisions("consume", "user", o) for o in OUTCOMES] == [1, 1, 2, 1, 2, 1, 1]
     assert decisions("acquire", "streams,user", "admitted") == 1
     latency = "redis_tokenbucket_decision_duration_seconds"
     # No backend answered: "none", not an empty label (which Prometheus drops).
     assert registry.get_sample_value(f"{latency}_count", {"op": "consume", "backend": "none"}) == 3
-    assert registry.get_sample_value(f"{latency}_count", {"op": "consume", "backend": "module"}) == 3
+    assert registry.get_sample_value(f"{latency}_count", {"op": "consume", "backend": "module"}) == 5
     assert registry.get_sample_value(f"{latency}_count", {"op": "consume", "backend": "local"}) == 1
     acquire = {"op": "acquire", "backend": "module"}
     assert registry.get_sample_value(f"{latency}_sum", acquire) == pytest.approx(0.02)
