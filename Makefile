@@ -86,7 +86,7 @@ FUZZ_SECONDS ?= 120
 .PHONY: help build run check test test-rust test-matrix test-examples test-python test-dist \
         test-prometheus test-node test-openresty test-rls test-litellm lint lint-docs lint-rust lint-python lint-prometheus lint-node lint-generated contract \
         deps build-deps run-deps prometheus-deps openresty-deps venv python-tools python-wheel node-tools install dist \
-        bench bench-python bench-node bench-gateway bench-leases bench-failover charts bench-prometheus bench-nginx run-nginx run-rls \
+        bench bench-python bench-node bench-gateway bench-litellm bench-leases bench-failover charts bench-prometheus bench-nginx run-nginx run-rls \
         fuzz fuzz-smoke soak clean
 
 # Grouped under the `# ---- name ----` headings below, in file order.
@@ -325,6 +325,13 @@ bench-node: deps build node-tools ## the Node client: its overhead per call, its
 bench-gateway: deps venv build python-tools ## the example gateway under wrk at 200/400/1000 connections, three runs each (the worst reported): req/s, admitted vs budget, 429s vs 503s, degraded
 	$(MAKE) --no-print-directory -C examples/fastapi-gateway install
 	$(PY) examples/fastapi-gateway/bench/gateway.py --report docs/benchmarks.md
+
+# In the newest litellm's venv, which `make test-litellm` makes and this
+# makes too if it is missing (the package from this checkout installed over it).
+LITELLM_BENCH := $(lastword $(LITELLM_VERSIONS))
+bench-litellm: deps build ## two LiteLLM proxies sharing Redis: no limiter, its router's rpm and parallel, this hook: admitted vs budget, streams vs cap, slots held, latency added
+	TB_LITELLM_SETUP_ONLY=1 bash scripts/test-litellm.sh "$(LITELLM_BENCH)" $(LITELLM_TEST_PKGS)
+	$(PY_CLIENT)/.venv-litellm-$(LITELLM_BENCH)/bin/python bench/litellm.py --report docs/benchmarks.md
 
 bench-leases: deps venv build ## lease calls on keys of 1 to 10,000 live leases (pairs, denials, a churn): module, FCALL, EVAL, a sorted-set script
 	$(PY) bench/leases.py --report docs/benchmarks.md

@@ -4,6 +4,7 @@
 # (clients/python/.venv-litellm-<version>, kept between runs: litellm is
 # hundreds of MB), and the package from this checkout is installed over it.
 #   scripts/test-litellm.sh "VERSION..." PACKAGE...   (PACKAGEs: the test tools)
+# TB_LITELLM_SETUP_ONLY=1 makes the venvs and skips the tests (`make bench-litellm`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 versions=$1
@@ -17,6 +18,9 @@ for v in $versions; do
     touch "$venv/.installed"
   fi
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall ./clients/python >/dev/null
+  if [ -n "${TB_LITELLM_SETUP_ONLY:-}" ]; then
+    continue
+  fi
   echo "== litellm $v"
   (cd clients/python && "$venv/bin/pytest" -q tests/test_litellm.py)
 done
