@@ -108,9 +108,10 @@ class Proxy:
         stop(self.proc)
 
 
-def start_proxies(workdir: Path, cfg: dict[str, Any], rules: list[dict[str, Any]]) -> list[Proxy]:
+def start_proxies(workdir: Path, cfg: dict[str, Any], rules: list[Optional[dict[str, Any]]]) -> list[Proxy]:
     """Proxies started together (each takes seconds to import LiteLLM),
-    then waited for; all are stopped if one fails."""
+    then waited for; all are stopped if one fails. A proxy's rules of None
+    leave TB_LITELLM_RULES unset."""
     proxies = [Proxy(workdir / f"proxy{i}", cfg, r) for i, r in enumerate(rules)]
     try:
         for p in proxies:
