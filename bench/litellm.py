@@ -44,7 +44,7 @@ from tbservers import Server  # noqa: E402
 # its latency is what checking a limit costs, not what a denial saves.
 RPM, PARALLEL, ROOMY = 50, 4, 100_000
 CLIENTS, EACH = 20, 8  # the burst on "fast": 160 requests against 50
-STREAMS = 3 * PARALLEL
+STREAMS, DROP_AT = 3 * PARALLEL, 20
 LAT_CLIENTS, LAT_EACH, ROUNDS = 2, 150, 10  # the latency load on "open", the ways' rounds interleaved
 WAYS = ("none", "built-in", "hook")
 
@@ -116,8 +116,9 @@ async def burst(proxies: list[Proxy], result: Result) -> None:
 
 
 async def streams(proxies: list[Proxy], result: Result) -> None:
-    """STREAMS streams at once on "slow"; every other one is dropped after
-    a few chunks (a client going away). The peak is how many admitted
+    """STREAMS streams at once on "slow"; every other one is dropped half
+    way (a client going away: late enough that the streams' starts, spread
+    by a busy machine, still overlap). The peak is how many admitted
     streams were running at once, from first chunk to last."""
     spans: list[tuple[float, float]] = []
     async with httpx.AsyncClient(timeout=120, headers=AUTH) as client:
@@ -137,7 +138,7 @@ async def streams(proxies: list[Proxy], result: Result) -> None:
                     if line.startswith("data:"):
                         first = first or time.monotonic()
                         chunks += 1
-                        if i % 2 and chunks >= 5:
+                        if i % 2 and chunks >= DROP_AT:
                             break
                 if first is not None:
                     spans.append((first, time.monotonic()))
@@ -270,8 +271,9 @@ and this package's hook (`redis_tokenbucket.litellm.hook`) with the same caps as
 
 The load: {CLIENTS} clients sending {EACH} requests each at once to "fast" ({CLIENTS * EACH} requests, half
 to each instance) against {RPM} a minute; then {STREAMS} streams at once on "slow" (4 s each, every other one
-dropped after 5 chunks) against {PARALLEL} in parallel; the latency is {LAT_CLIENTS} clients sending {LAT_EACH}
-requests each to a model whose limits leave room for all (what checking costs, not what denying saves).
+dropped after {DROP_AT} chunks of 40) against {PARALLEL} in parallel; the latency is {LAT_CLIENTS} clients
+sending {LAT_EACH} requests each to a model whose limits leave room for all
+(what checking costs, not what denying saves).
 
 The latency runs first, in {ROUNDS} rounds taking turns between the three ways (all six proxies up), so
 that the machine's noise falls on each alike; the machine was shared with other work (2 cores), so the
