@@ -31,12 +31,12 @@ sys.path.insert(0, str(ROOT / "clients/python/tests"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map
 
 # After the path and the environment above: the tests' helpers, unpackaged.
-import httpx  # noqa: E402
-import redis  # noqa: E402
-from doc_section import write_section  # noqa: E402
-from redis_tokenbucket import Limiter  # noqa: E402
-from tblitellm import AUTH, Proxy, Stub, chat, config, start_proxies  # noqa: E402
-from tbservers import Server  # noqa: E402
+import httpx
+import redis
+from doc_section import write_section
+from redis_tokenbucket import Limiter
+from tblitellm import AUTH, Proxy, Stub, chat, config, start_proxies
+from tbservers import Server
 
 # The budgets: "fast" admits RPM a minute (a bucket of RPM refilled at
 # RPM/60 a second), "slow" (a 4 s stream) PARALLEL at once, and "open"
