@@ -28,7 +28,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "clients/python/tests"))
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map
+os.environ.setdefault(
+    "LITELLM_LOCAL_MODEL_COST_MAP", "True"
+)  # never fetch the cost map
 
 # After the path and the environment above: the tests' helpers, unpackaged.
 import httpx
@@ -45,7 +47,11 @@ from tbservers import Server
 RPM, PARALLEL, ROOMY = 50, 4, 100_000
 CLIENTS, EACH = 20, 8  # the burst on "fast": 160 requests against 50
 STREAMS, DROP_AT = 3 * PARALLEL, 20
-LAT_CLIENTS, LAT_EACH, ROUNDS = 2, 150, 10  # the latency load on "open", the ways' rounds interleaved
+LAT_CLIENTS, LAT_EACH, ROUNDS = (
+    2,
+    150,
+    10,
+)  # the latency load on "open", the ways' rounds interleaved
 WAYS = ("none", "built-in", "hook")
 
 
@@ -75,11 +81,18 @@ def proxy_config(stub: Stub, way: str) -> dict[str, Any]:
     cfg = config(stub)
     models = [m for m in cfg["model_list"] if m["model_name"] in ("fast", "slow")]
     open_model = {**models[0], "model_name": "open"}
-    cfg["model_list"] = [*models, {**open_model, "litellm_params": dict(open_model["litellm_params"])}]
+    cfg["model_list"] = [
+        *models,
+        {**open_model, "litellm_params": dict(open_model["litellm_params"])},
+    ]
     if way != "hook":
         cfg["litellm_settings"]["callbacks"] = []
     if way == "built-in":
-        caps = {"fast": {"rpm": RPM}, "slow": {"max_parallel_requests": PARALLEL}, "open": {"rpm": ROOMY}}
+        caps = {
+            "fast": {"rpm": RPM},
+            "slow": {"max_parallel_requests": PARALLEL},
+            "open": {"rpm": ROOMY},
+        }
         for m in cfg["model_list"]:
             m["litellm_params"] = {**m["litellm_params"], **caps[m["model_name"]]}
     return cfg
@@ -89,7 +102,11 @@ def hook_rules(port: int) -> dict[str, Any]:
     return {
         "redis_url": f"redis://127.0.0.1:{port}/0",
         "on_error": "closed",
-        "models": {"fast": {"rpm": RPM}, "slow": {"parallel": PARALLEL}, "open": {"rpm": ROOMY}},
+        "models": {
+            "fast": {"rpm": RPM},
+            "slow": {"parallel": PARALLEL},
+            "open": {"rpm": ROOMY},
+        },
     }
 
 
@@ -102,11 +119,16 @@ def wait_for_minute_start_if_late(margin: float = 15.0) -> None:
 
 
 async def burst(proxies: list[Proxy], result: Result) -> None:
-    async with httpx.AsyncClient(timeout=60, headers=AUTH, limits=httpx.Limits(max_connections=200)) as client:
+    async with httpx.AsyncClient(
+        timeout=60, headers=AUTH, limits=httpx.Limits(max_connections=200)
+    ) as client:
 
         async def one(i: int) -> None:
             for j in range(EACH):
-                r = await client.post(f"{proxies[(i + j) % 2].url}/v1/chat/completions", json=chat("fast", f"u{i}"))
+                r = await client.post(
+                    f"{proxies[(i + j) % 2].url}/v1/chat/completions",
+                    json=chat("fast", f"u{i}"),
+                )
                 result.statuses[r.status_code] += 1
 
         start = time.monotonic()
@@ -125,7 +147,9 @@ async def streams(proxies: list[Proxy], result: Result) -> None:
 
         async def one(i: int) -> None:
             body = chat("slow", f"s{i}", stream=True)
-            req = client.build_request("POST", f"{proxies[i % 2].url}/v1/chat/completions", json=body)
+            req = client.build_request(
+                "POST", f"{proxies[i % 2].url}/v1/chat/completions", json=body
+            )
             resp = await client.send(req, stream=True)
             result.streams[resp.status_code] += 1
             try:
@@ -146,7 +170,10 @@ async def streams(proxies: list[Proxy], result: Result) -> None:
                 await resp.aclose()
 
         await asyncio.gather(*(one(i) for i in range(STREAMS)))
-    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
+    events = sorted(
+        [(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans],
+        key=lambda x: (x[0], x[1]),
+    )
     running = 0
     for _, step in events:
         running += step
@@ -159,14 +186,21 @@ async def latency(proxies: list[Proxy], result: Result, each: int) -> None:
         async def one(i: int) -> None:
             for j in range(each):
                 start = time.perf_counter()
-                r = await client.post(f"{proxies[(i + j) % 2].url}/v1/chat/completions", json=chat("open", f"l{i}"))
+                r = await client.post(
+                    f"{proxies[(i + j) % 2].url}/v1/chat/completions",
+                    json=chat("open", f"l{i}"),
+                )
                 if r.status_code == 200:
                     result.latencies.append(time.perf_counter() - start)
                 else:
                     result.statuses[r.status_code] += 1
 
-        for i in range(LAT_CLIENTS):  # each connection opened, and each proxy's path warm, before timing
-            await client.post(f"{proxies[i % 2].url}/v1/chat/completions", json=chat("open", "warm"))
+        for i in range(
+            LAT_CLIENTS
+        ):  # each connection opened, and each proxy's path warm, before timing
+            await client.post(
+                f"{proxies[i % 2].url}/v1/chat/completions", json=chat("open", "warm")
+            )
         await asyncio.gather(*(one(i) for i in range(LAT_CLIENTS)))
 
 
@@ -221,7 +255,13 @@ def unwrapped(text: str) -> str:
     write_section wraps (it leaves lines within its width as they are)."""
     out: list[str] = []
     for line in text.split("\n"):
-        joins = out and out[-1] and not out[-1].startswith("|") and line and not line.startswith(("|", "- "))
+        joins = (
+            out
+            and out[-1]
+            and not out[-1].startswith("|")
+            and line
+            and not line.startswith(("|", "- "))
+        )
         if joins:
             out[-1] += " " + line.strip()
         else:
@@ -234,7 +274,9 @@ def report(results: dict[str, Result]) -> str:
     rows = []
     for res in results.values():
         limited = res.way != "none"
-        fives = sum(n for s, n in res.statuses.items() if s >= 500) + sum(n for s, n in res.streams.items() if s >= 500)
+        fives = sum(n for s, n in res.statuses.items() if s >= 500) + sum(
+            n for s, n in res.streams.items() if s >= 500
+        )
         add50 = res.quantile(0.5) - base.quantile(0.5)
         add99 = res.quantile(0.99) - base.quantile(0.99)
         rows.append(
@@ -250,17 +292,25 @@ def report(results: dict[str, Result]) -> str:
 
     checks = [
         ("hook: requests admitted within one of the exact budget", exact(hook)),
-        ("hook: parallel streams within one of the cap", abs(hook.peak - PARALLEL) <= 1),
+        (
+            "hook: parallel streams within one of the cap",
+            abs(hook.peak - PARALLEL) <= 1,
+        ),
         ("hook: 0 parallel slots held after the load", hook.held == 0),
         (
             "hook: added p50 at most the built-in's",
-            hook.quantile(0.5) - base.quantile(0.5) <= built.quantile(0.5) - base.quantile(0.5),
+            hook.quantile(0.5) - base.quantile(0.5)
+            <= built.quantile(0.5) - base.quantile(0.5),
         ),
     ]
     marks = [f"{'PASS' if ok else 'MISS'} {what}" for what, ok in checks]
     built_exact = exact(built) and abs(built.peak - PARALLEL) <= 1
     today = datetime.date.today().isoformat()
-    per_instance = f": {PARALLEL} in each instance, as if each counted its own" if built.peak == 2 * PARALLEL else ""
+    per_instance = (
+        f": {PARALLEL} in each instance, as if each counted its own"
+        if built.peak == 2 * PARALLEL
+        else ""
+    )
     version = importlib.metadata.version("litellm")
     return unwrapped(f"""`make bench-litellm`, {today}: the LiteLLM proxy (litellm {version}) in two instances
 sharing one Redis 7.0 with the module, in front of the tests' OpenAI-compatible stub
@@ -300,7 +350,9 @@ The targets:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--report", type=Path, help="write the section into this Markdown file")
+    parser.add_argument(
+        "--report", type=Path, help="write the section into this Markdown file"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-litellm-") as tmp:
         workdir = Path(tmp)
@@ -312,11 +364,22 @@ def main() -> None:
             server.stop()
             stub.stop()
     for res in results.values():
-        print(res.way, dict(res.statuses), dict(res.streams), f"peak={res.peak} held={res.held}", flush=True)
+        print(
+            res.way,
+            dict(res.statuses),
+            dict(res.streams),
+            f"peak={res.peak} held={res.held}",
+            flush=True,
+        )
     text = report(results)
     print(text)
     if args.report:
-        write_section(args.report, "bench-litellm", text, "LiteLLM: the hook against its own limiter")
+        write_section(
+            args.report,
+            "bench-litellm",
+            text,
+            "LiteLLM: the hook against its own limiter",
+        )
 
 
 if __name__ == "__main__":
