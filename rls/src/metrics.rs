@@ -7,8 +7,7 @@
 
 use crate::config::Config;
 use crate::error::Error;
-use crate::matcher;
-use crate::plan::{Decision, Group, Plan, Request};
+use crate::plan::{self, Decision, Group, Plan, Request};
 use crate::reply::Bucket;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -242,28 +241,22 @@ impl Metrics {
             .descriptors
             .iter()
             .zip(&plan.decisions)
-            .map(|(d, decision)| {
+            .zip(&plan.matched)
+            .map(|((d, decision), m)| {
                 if matches!(decision, Decision::NoLimit | Decision::Unlimited) {
                     return None;
                 }
                 // An override without a configured match has no path: uncounted.
-                let m = matcher::find(config, &request.domain, &d.entries)?;
-                let path = m
-                    .limit
-                    .full_key
-                    .strip_prefix(&prefix)
-                    .unwrap_or(&m.limit.full_key);
-                let cost = d
-                    .hits_addend
-                    .unwrap_or(u64::from(request.hits_addend.max(1)));
+                let m = m.as_ref()?;
+                let path = m.full_key.strip_prefix(&prefix).unwrap_or(&m.full_key);
+                let cost = plan::cost_of(request, d);
                 let detailed = m
-                    .limit
                     .detailed_metric
                     .then(|| detailed_path(&d.entries, &m.shared));
                 let stats = match detailed.and_then(|p| self.stats(&request.domain, &p, true)) {
                     Some(s) => s,
                     None => {
-                        if m.limit.detailed_metric {
+                        if m.detailed_metric {
                             self.detailed_overflow.fetch_add(1, Ordering::Relaxed);
                         }
                         self.stats(&request.domain, path, false)?

@@ -81,9 +81,23 @@ pub enum Decision {
     Shadow { limit: Shown, call: usize },
 }
 
+/// Where a descriptor's limit sits in the config, as its metrics name it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Matched {
+    /// The limit's key path in the config (`domain.key_value...`).
+    pub full_key: String,
+    pub detailed_metric: bool,
+    /// The share_threshold pattern standing for each entry's value.
+    pub shared: Vec<Option<String>>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub decisions: Vec<Decision>,
+    /// Per descriptor, the config's limit it met (None: no match, or
+    /// Envoy's override, which is no config's), so metrics need not match
+    /// again.
+    pub matched: Vec<Option<Matched>>,
     /// All-or-nothing, in one call. Every cost is 0 (a check that writes
     /// nothing) when a local decision already denies the request.
     pub enforced: Vec<Group>,
@@ -107,7 +121,8 @@ impl Plan {
     }
 }
 
-fn cost_of(request: &Request, d: &Descriptor) -> u64 {
+/// A descriptor's hits: its own hits_addend, else the request's (0: 1).
+pub fn cost_of(request: &Request, d: &Descriptor) -> u64 {
     d.hits_addend
         .unwrap_or(u64::from(request.hits_addend.max(1)))
 }
@@ -132,6 +147,7 @@ pub fn plan(config: &Config, request: &Request) -> Result<Plan, Error> {
     // The limit each descriptor meets, owned (an override is no config's).
     let mut limits: Vec<Option<(Limit, Vec<Option<String>>)>> =
         Vec::with_capacity(request.descriptors.len());
+    let mut matched = Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.iter().enumerate() {
         let known = config.domains.contains_key(&request.domain);
         let found = match d.limit_override {
@@ -154,10 +170,18 @@ pub fn plan(config: &Config, request: &Request) -> Result<Plan, Error> {
                     utc_offset_minutes: 0,
                     full_key: String::new(),
                 };
+                matched.push(None);
                 Some((limit, vec![None; d.entries.len()]))
             }
-            _ => matcher::find(config, &request.domain, &d.entries)
-                .map(|m| (m.limit.clone(), m.shared)),
+            _ => {
+                let m = matcher::find(config, &request.domain, &d.entries);
+                matched.push(m.as_ref().map(|m| Matched {
+                    full_key: m.limit.full_key.clone(),
+                    detailed_metric: m.limit.detailed_metric,
+                    shared: m.shared.clone(),
+                }));
+                m.map(|m| (m.limit.clone(), m.shared))
+            }
         };
         limits.push(found);
     }
@@ -274,6 +298,7 @@ pub fn plan(config: &Config, request: &Request) -> Result<Plan, Error> {
     }
     let mut plan = Plan {
         decisions,
+        matched,
         enforced,
         shadow,
     };

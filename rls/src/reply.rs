@@ -186,6 +186,7 @@ pub fn admitted_without_redis(plan: &Plan, headers: Option<&HeaderNames>) -> Rep
         .collect();
     let plan = Plan {
         decisions,
+        matched: plan.matched.clone(),
         enforced: Vec::new(),
         shadow: Vec::new(),
     };
@@ -236,6 +237,7 @@ mod tests {
 
     fn plan(decisions: Vec<Decision>, groups: usize, shadow: usize) -> Plan {
         Plan {
+            matched: vec![None; decisions.len()],
             decisions,
             enforced: vec![group(); groups],
             shadow: vec![group(); shadow],
