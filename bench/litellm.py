@@ -206,8 +206,8 @@ async def latency(proxies: list[Proxy], result: Result, each: int) -> None:
 
 def slots_held(r: redis.Redis) -> int:
     """The leases live on the hook's parallel keys (TB.INFLIGHT on each)."""
-    lim = Limiter(r)
-    return sum(lim.in_flight(k.decode()) for k in r.scan_iter("llm:*parallel*"))
+    with Limiter(r) as lim:
+        return sum(lim.in_flight(k.decode()) for k in r.scan_iter("llm:*parallel*"))
 
 
 def start(way: str, stub: Stub, server: Server, workdir: Path) -> list[Proxy]:

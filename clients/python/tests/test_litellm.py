@@ -368,6 +368,20 @@ def test_max_parallel_requests_is_a_slot_released_by_the_failure_hook(db_redis: 
     run(body())
 
 
+def test_response_headers_not_asked_for_are_dropped_once_stale(db_redis: Server):
+    async def body() -> None:
+        hook = hook_on(db_redis, max_request_s=0.05)
+        auth = UserAPIKeyAuth(api_key="sk-stale", rpm_limit=5)
+        first = await admit(hook, auth, request())
+        assert list(hook.headers) == [first["litellm_call_id"]]
+        await asyncio.sleep(0.1)
+        second = await admit(hook, auth, request())  # the first one's fields are stale: gone
+        assert list(hook.headers) == [second["litellm_call_id"]]
+        assert await hook.async_post_call_response_headers_hook(first, auth, None) is None
+
+    run(body())
+
+
 def test_a_keys_tpm_limit_reserves_and_settles_on_usage(db_redis: Server):
     async def body() -> None:
         hook = hook_on(db_redis)
@@ -438,7 +452,18 @@ def test_bad_input_is_a_400_naming_it_and_a_huge_max_tokens_reserves_the_whole_b
     run(body())
 
 
+def clear_of_midnight(*offsets_min: int) -> None:
+    """Waits out the last half minute of a day at UTC and at each offset, so
+    that a test's period doesn't end under it."""
+    for offset in (0, *offsets_min):
+        into_day = (time.time() + offset * 60) % 86400
+        if into_day > 86400 - 30:
+            time.sleep(86400 - into_day + 1)
+
+
 def test_calendar_budgets_reserve_settle_and_refund_within_the_period(db_redis: Server):
+    clear_of_midnight(60)
+
     async def body() -> None:
         budgets = [{"tokens": 1000, "per": "day"}, {"requests": 3, "per": "month", "offset": 60}]
         hook = hook_on(db_redis, tiers={"default": {"key": {"budgets": budgets}}})

@@ -191,16 +191,18 @@ function _M.parse(limit, name)
   return _M.bucket({ max = n, rate = n / seconds, name = name })
 end
 
+-- What joins several limit strings, as a set.
+local SEPARATORS = {}
+for _, sep in ipairs(contract.LIMIT_SEPARATORS) do SEPARATORS[sep] = true end
+
 -- Several limit strings joined by ";", "," or "|" ("10/second;1000/day"),
 -- as limits' parse_many reads them: a list of buckets, in order. Each needs
 -- a key of its own (a key holds one bucket).
 function _M.parse_many(limits)
   if type(limits) ~= "string" then limit_error(limits) end
-  local separators = {}
-  for _, sep in ipairs(contract.LIMIT_SEPARATORS) do separators[sep] = true end
   local out, from = {}, 1
   for i = 1, #limits + 1 do
-    if i > #limits or separators[limits:sub(i, i)] then
+    if i > #limits or SEPARATORS[limits:sub(i, i)] then
       out[#out + 1] = _M.parse(limits:sub(from, i - 1))
       from = i + 1
     end

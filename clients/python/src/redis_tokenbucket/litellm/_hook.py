@@ -46,9 +46,10 @@ class TokenBucketHook(CustomLogger):  # type: ignore[misc, unused-ignore]
         self._cluster = limiter is not None and isinstance(limiter.client, redis.asyncio.RedisCluster)
         # The requests admitted and not yet settled, by LiteLLM's call id.
         self.open: dict[str, Reservation] = {}
-        # An admitted request's x-ratelimit-* fields, until the proxy asks
-        # for its response's headers (after settling, on some paths).
-        self.headers: dict[str, dict[str, str]] = {}
+        # An admitted request's x-ratelimit-* fields and when they go
+        # stale, until the proxy asks for its response's headers (after
+        # settling, on some paths); in admission order.
+        self.headers: dict[str, tuple[float, dict[str, str]]] = {}
 
     @property
     def limiter(self) -> Limiter:
@@ -83,11 +84,7 @@ class TokenBucketHook(CustomLogger):  # type: ignore[misc, unused-ignore]
         self.open[call_id] = outcome
         loop = asyncio.get_running_loop()
         outcome.watchdog = loop.call_later(self.rules.max_request_s, lambda: background(self._expire(call_id)))
-        headers = limit_headers(outcome.answered)
-        if headers:
-            self.headers[call_id] = headers
-            # Dropped if the proxy never asks (a path without the headers hook).
-            loop.call_later(self.rules.max_request_s, lambda: self.headers.pop(call_id, None))
+        self._keep_headers(call_id, limit_headers(outcome.answered), loop.time())
         if outcome.delay_ms > 0:
             try:
                 await self.limiter.sleep(outcome.delay_ms / 1000)  # its turn, paced by the buckets
@@ -110,7 +107,20 @@ class TokenBucketHook(CustomLogger):  # type: ignore[misc, unused-ignore]
         """The x-ratelimit-* fields of an admitted request, as LiteLLM's
         own limiter sends them on a 200: what each limit had left when the
         request was admitted."""
-        return self.headers.pop(str(data.get("litellm_call_id")), None)
+        kept = self.headers.pop(str(data.get("litellm_call_id")), None)
+        return kept[1] if kept is not None else None
+
+    def _keep_headers(self, call_id: str, headers: dict[str, str], now: float) -> None:
+        # Fields the proxy never asked for (a path without the headers hook)
+        # are dropped once stale, oldest first: no timer per request.
+        while self.headers:
+            oldest = next(iter(self.headers))
+            if self.headers[oldest][0] > now:
+                break
+            del self.headers[oldest]
+        if headers:
+            self.headers.pop(call_id, None)  # a reused id goes to the back
+            self.headers[call_id] = (now + self.rules.max_request_s, headers)
 
     async def async_post_call_success_hook(self, data: dict[str, Any], user_api_key_dict: Any, response: Any) -> Any:
         if data.get("stream") is True:
