@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::plan::{self, Decision, Group, Plan, Request};
 use crate::reply::Bucket;
+use crate::settings::{env_bool, env_var};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -102,7 +103,8 @@ pub struct Metrics {
 /// The near_limit ratio from NEAR_LIMIT_RATIO (unset: 0.8), a number in
 /// [0, 1].
 pub fn near_ratio_from(var: Option<String>) -> Result<f64, Error> {
-    let Some(text) = var else {
+    // Unset or empty is the default, as for every variable of the peer's.
+    let Some(text) = var.filter(|v| !v.is_empty()) else {
         return Ok(NEAR_LIMIT_RATIO);
     };
     match text.trim().parse::<f64>() {
@@ -124,19 +126,9 @@ pub struct Endpoint {
 /// USE_PROMETHEUS, PROMETHEUS_ADDR (`:9090`, Go's form: no host is every
 /// interface) and PROMETHEUS_PATH (`/metrics`), as the peer reads them.
 pub fn endpoint_from(env: impl Fn(&str) -> Option<String>) -> Result<Option<Endpoint>, Error> {
-    let var = |name: &str, default: &str| {
-        env(name)
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| default.to_string())
-    };
-    match var("USE_PROMETHEUS", "false").as_str() {
-        "true" | "1" | "TRUE" | "True" => {}
-        "false" | "0" | "FALSE" | "False" => return Ok(None),
-        other => {
-            return Err(Error::Usage(format!(
-                "USE_PROMETHEUS={other}: give true or false"
-            )))
-        }
+    let var = |name: &str, default: &str| env_var(&env, name, default);
+    if !env_bool(&env, "USE_PROMETHEUS", false)? {
+        return Ok(None);
     }
     let addr = var("PROMETHEUS_ADDR", ":9090");
     let addr = match addr.strip_prefix(':') {
@@ -208,6 +200,10 @@ impl Metrics {
         };
         if found.is_some() {
             return found;
+        }
+        // Past the bound a new detailed series is refused without the lock.
+        if detailed && self.detailed.load(Ordering::Relaxed) >= MAX_DETAILED_SERIES {
+            return None;
         }
         let mut series = match self.series.write() {
             Ok(s) => s,
@@ -689,6 +685,7 @@ mod tests {
     #[test]
     fn the_ratio_is_a_number_from_0_to_1() {
         assert_eq!(near_ratio_from(None), Ok(0.8));
+        assert_eq!(near_ratio_from(Some(String::new())), Ok(0.8));
         assert_eq!(near_ratio_from(Some("0.5".into())), Ok(0.5));
         assert_eq!(
             near_ratio_from(Some("1.5".into())).unwrap_err().to_string(),

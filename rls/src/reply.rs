@@ -186,7 +186,7 @@ pub fn admitted_without_redis(plan: &Plan, headers: Option<&HeaderNames>) -> Rep
         .collect();
     let plan = Plan {
         decisions,
-        matched: plan.matched.clone(),
+        matched: Vec::new(),
         enforced: Vec::new(),
         shadow: Vec::new(),
     };

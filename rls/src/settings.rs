@@ -116,27 +116,37 @@ pub struct Failure {
     pub max_in_flight: Option<usize>,
 }
 
+/// A variable as the peer reads it: unset or empty is `default`.
+pub fn env_var(env: &dyn Fn(&str) -> Option<String>, name: &str, default: &str) -> String {
+    env(name)
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
+/// A true/false variable, in the forms the peer's Go parser takes; unset
+/// or empty is `default`.
+pub fn env_bool(
+    env: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    default: bool,
+) -> Result<bool, Error> {
+    match env_var(env, name, "").as_str() {
+        "" => Ok(default),
+        "true" | "1" | "TRUE" | "True" => Ok(true),
+        "false" | "0" | "FALSE" | "False" => Ok(false),
+        other => Err(Error::Usage(format!("{name}={other}: give true or false"))),
+    }
+}
+
 impl Settings {
     /// From the flags, then `env` (a variable's value by name).
     pub fn resolve(flags: Flags, env: impl Fn(&str) -> Option<String>) -> Result<Settings, Error> {
-        let var = |name: &str, default: &str| {
-            env(name)
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| default.to_string())
-        };
-        let flag = |name: &str| -> Result<bool, Error> {
-            match var(name, "").as_str() {
-                "" => Ok(true),
-                "true" | "1" | "TRUE" | "True" => Ok(true),
-                "false" | "0" | "FALSE" | "False" => Ok(false),
-                other => Err(Error::Usage(format!("{name}={other}: give true or false"))),
-            }
-        };
-        // The peer's default: the root is watched for a symlink swap.
-        let watch_root_var = flag("RUNTIME_WATCH_ROOT")?;
+        let var = |name: &str, default: &str| env_var(&env, name, default);
         let (config, watch_root) = match flags.config {
             Some(path) => (path, None),
             None => {
+                // The peer's default: the root is watched for a symlink swap.
+                let watch_root_var = env_bool(&env, "RUNTIME_WATCH_ROOT", true)?;
                 let root = PathBuf::from(var("RUNTIME_ROOT", "/srv/runtime_data/current"));
                 let mut p = root.clone();
                 p.push(var("RUNTIME_SUBDIRECTORY", ""));
@@ -200,21 +210,15 @@ impl Settings {
         let http_addr = flags
             .http_addr
             .unwrap_or_else(|| format!("{}:{}", var("HOST", "0.0.0.0"), var("PORT", "8080")));
-        let headers = match var("LIMIT_RESPONSE_HEADERS_ENABLED", "false").as_str() {
-            "true" | "1" | "TRUE" | "True" => {
-                let d = HeaderNames::default();
-                Some(HeaderNames {
-                    limit: var("LIMIT_LIMIT_HEADER", &d.limit),
-                    remaining: var("LIMIT_REMAINING_HEADER", &d.remaining),
-                    reset: var("LIMIT_RESET_HEADER", &d.reset),
-                })
-            }
-            "false" | "0" | "FALSE" | "False" => None,
-            other => {
-                return Err(Error::Usage(format!(
-                    "LIMIT_RESPONSE_HEADERS_ENABLED={other}: give true or false"
-                )))
-            }
+        let headers = if env_bool(&env, "LIMIT_RESPONSE_HEADERS_ENABLED", false)? {
+            let d = HeaderNames::default();
+            Some(HeaderNames {
+                limit: var("LIMIT_LIMIT_HEADER", &d.limit),
+                remaining: var("LIMIT_REMAINING_HEADER", &d.remaining),
+                reset: var("LIMIT_RESET_HEADER", &d.reset),
+            })
+        } else {
+            None
         };
         Ok(Settings {
             config,

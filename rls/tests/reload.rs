@@ -93,11 +93,12 @@ async fn without_a_watch_the_file_is_read_once() {
     let rls = start(&daily(5), &redis, &["--watch-interval-ms", "0"]);
     let mut c = rls.client().await;
     std::fs::write(&rls.config, daily(50)).unwrap();
-    // Two of the calls that a 50 ms watch would have been polled across.
+    // Past two polls of the default 1 s watch: a 0 read as "the default"
+    // would have reloaded by the second call.
     for left in [4, 3] {
         let r = c.should_rate_limit(one()).await.unwrap().into_inner();
         assert_eq!(common::codes(&r), vec![(Code::Ok as i32, left)]);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(1250)).await;
     }
     assert!(rls.stderr_so_far().is_empty());
 }
