@@ -10,10 +10,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration;
 use redis::Commands;
+use tb_core::quota::{window, Period};
 use testkit::{server_time_us, Config as ServerConfig, Server};
 use tonic::transport::Channel;
-
-const DAY_MS: i64 = 86_400_000;
 
 fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     RateLimitRequest {
@@ -35,72 +34,12 @@ fn server_ms(redis: &Server) -> i64 {
     server_time_us(&mut redis.conn()) / 1000
 }
 
-/// Days since the epoch of a (year, month, day) of the proleptic
-/// Gregorian calendar (Howard Hinnant's days_from_civil).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// (year, month) of a day since the epoch (civil_from_days).
-fn civil_month(days: i64) -> (i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m)
-}
-
 /// The end of the day (or, `month`, the calendar month) holding `t_ms`,
-/// on a calendar `offset_min` minutes from UTC, in ms since the epoch.
+/// on a calendar `offset_min` minutes from UTC, in ms since the epoch: the
+/// core's calendar, which core/tests/calendar.rs checks against chrono.
 fn period_end_ms(t_ms: i64, month: bool, offset_min: i64) -> i64 {
-    let shift = offset_min * 60_000;
-    let local = t_ms + shift;
-    let end = if month {
-        let (y, m) = civil_month(local.div_euclid(DAY_MS));
-        let (y, m) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
-        days_from_civil(y, m, 1) * DAY_MS
-    } else {
-        (local.div_euclid(DAY_MS) + 1) * DAY_MS
-    };
-    end - shift
-}
-
-#[test]
-fn the_calendar_helpers_know_month_lengths() {
-    assert_eq!(days_from_civil(1970, 1, 1), 0);
-    assert_eq!(
-        days_from_civil(2024, 3, 1) - days_from_civil(2024, 2, 1),
-        29
-    );
-    assert_eq!(
-        days_from_civil(2026, 3, 1) - days_from_civil(2026, 2, 1),
-        28
-    );
-    assert_eq!(civil_month(days_from_civil(2026, 12, 31)), (2026, 12));
-    // 2026-12-07 23:45 UTC: the day ends at midnight, the month on Jan 1st;
-    // at UTC+5:30 it is already the 8th.
-    let t = (days_from_civil(2026, 12, 7) * 24 * 60 + 23 * 60 + 45) * 60_000;
-    assert_eq!(
-        period_end_ms(t, false, 0),
-        days_from_civil(2026, 12, 8) * DAY_MS
-    );
-    assert_eq!(
-        period_end_ms(t, true, 0),
-        days_from_civil(2027, 1, 1) * DAY_MS
-    );
-    assert_eq!(
-        period_end_ms(t, false, 330),
-        days_from_civil(2026, 12, 9) * DAY_MS - 330 * 60_000
-    );
+    let period = if month { Period::Month } else { Period::Day };
+    window(period, offset_min * 60, t_ms.div_euclid(1000)).end * 1000
 }
 
 /// Runs `body` (given a fresh descriptor value) and returns the server
