@@ -99,20 +99,29 @@ def test_an_undefined_variable_is_refused(board: dict[str, Any]) -> None:
         dashboard.fill("rate(x{instance=~'$nosuch'}[$__rate_interval])", board)
 
 
+def used_series(board: dict[str, Any], prefix: str, exported: Any, labels_of: Any, whose: str) -> set[str]:
+    """The series under `prefix` the panels select, each checked to be one
+    `exported` holds and to select only the labels `labels_of(name)` allows."""
+    used: set[str] = set()
+    for q in dashboard.queries(board):
+        for selector in q.selectors():
+            (name,) = Query(q.where, selector).metric_names()
+            if name.startswith(prefix):
+                used.add(name)
+                assert name in exported, f"{q.where}: {name} is not a series of {whose}"
+                labels = set(re.findall(r"(\w+)(?:=|!=|=~|!~)", selector)) - {"__name__"}
+                assert labels <= labels_of(name), f"{q.where}: {selector}"
+    return used
+
+
 def test_the_client_series_are_the_examples_own(board: dict[str, Any]) -> None:
     """The gateway panels name exactly the series python/tb_metrics.py
     exports (a histogram through its buckets), with its labels, under the
     $gateway variable (the exporters' $instance is another set)."""
     exported = dashboard.client_series()
-    used: set[str] = set()
-    for q in dashboard.queries(board):
-        for selector in q.selectors():
-            (name,) = Query(q.where, selector).metric_names()
-            if name.startswith(dashboard.CLIENT_PREFIX):
-                used.add(name)
-                assert name in exported, f"{q.where}: {name} is not a series of the example"
-                labels = set(re.findall(r"(\w+)(?:=|!=|=~|!~)", selector)) - {"__name__"}
-                assert labels <= exported[name] | {"instance", "job"}, f"{q.where}: {selector}"
+    used = used_series(
+        board, dashboard.CLIENT_PREFIX, exported, lambda n: exported[n] | {"instance", "job"}, "the example"
+    )
     assert used == {n for n in exported if not n.endswith(("_count", "_sum"))}
     for p in dashboard.panels(board):
         for t in p.get("targets", []):
@@ -126,15 +135,7 @@ def test_the_rls_series_are_tb_rls_own(board: dict[str, Any]) -> None:
     check the values a real tb-rls serves."""
     exported = dashboard.rls_series()
     assert len(exported) == 17, sorted(exported)
-    used: set[str] = set()
-    for q in dashboard.queries(board):
-        for selector in q.selectors():
-            (name,) = Query(q.where, selector).metric_names()
-            if name.startswith(dashboard.RLS_PREFIX):
-                used.add(name)
-                assert name in exported, f"{q.where}: {name} is not a series of tb-rls"
-                labels = set(re.findall(r"(\w+)(?:=|!=|=~|!~)", selector)) - {"__name__"}
-                assert labels <= {"instance", "job"}, f"{q.where}: {selector}"
+    used = used_series(board, dashboard.RLS_PREFIX, exported, lambda n: {"instance", "job"}, "tb-rls")
     for stat in ("total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode"):
         assert f"ratelimit_service_rate_limit_{stat}" in exported
     assert used <= set(exported)
