@@ -19,59 +19,71 @@ fn example(file: &str) -> PathBuf {
 /// a generic_key's fixed value.
 type Action = (String, Option<String>, Option<String>);
 
-/// Each `rate_limits` entry of envoy.yaml's routes: its descriptor keys,
-/// in order, and the header each one comes from (None: a generic_key,
-/// whose value is fixed).
-fn actions() -> Vec<Vec<Action>> {
-    let text = std::fs::read_to_string(example("envoy.yaml")).unwrap();
-    let docs = Yaml::load_from_str(&text).unwrap();
-    let mut out = Vec::new();
-    let listeners = docs[0]["static_resources"]["listeners"].as_vec().unwrap();
-    for listener in listeners {
-        for chain in listener["filter_chains"].as_vec().unwrap() {
-            for filter in chain["filters"].as_vec().unwrap() {
-                let hosts = &filter["typed_config"]["route_config"]["virtual_hosts"];
-                for host in hosts.as_vec().unwrap() {
-                    for route in host["routes"].as_vec().unwrap() {
-                        let limits = route["route"]["rate_limits"].as_vec().unwrap();
-                        for limit in limits {
-                            let mut keys = Vec::new();
-                            for action in limit["actions"].as_vec().unwrap() {
-                                let text = |node: &Yaml, field: &str| {
-                                    node.as_mapping_get(field)
-                                        .and_then(Yaml::as_str)
-                                        .map(str::to_string)
-                                };
-                                if let Some(h) = action.as_mapping_get("request_headers") {
-                                    let key = text(h, "descriptor_key").unwrap();
-                                    keys.push((key, text(h, "header_name"), None));
-                                } else {
-                                    let g = action.as_mapping_get("generic_key").unwrap();
-                                    let key = text(g, "descriptor_key")
-                                        .unwrap_or_else(|| "generic_key".into());
-                                    keys.push((key, None, text(g, "descriptor_value")));
-                                }
-                            }
-                            out.push(keys);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    out
+/// What the test reads of envoy.yaml: the ratelimit filter's domain, and
+/// each `rate_limits` entry of its routes as its actions, in order.
+struct Envoy {
+    domain: String,
+    limits: Vec<Vec<Action>>,
 }
 
-fn domain() -> String {
-    let text = std::fs::read_to_string(example("envoy.yaml")).unwrap();
-    let (_, rest) = text.split_once("domain: ").unwrap();
-    rest.lines().next().unwrap().trim().to_string()
+fn list<'b, 'a>(node: &'b Yaml<'a>) -> &'b [Yaml<'a>] {
+    node.as_vec().map(Vec::as_slice).unwrap_or_default()
+}
+
+fn text(node: &Yaml, field: &str) -> Option<String> {
+    node.as_mapping_get(field)
+        .and_then(Yaml::as_str)
+        .map(str::to_string)
+}
+
+fn action(a: &Yaml) -> Action {
+    match a.as_mapping_get("request_headers") {
+        Some(h) => (
+            text(h, "descriptor_key").unwrap(),
+            text(h, "header_name"),
+            None,
+        ),
+        None => {
+            let g = a.as_mapping_get("generic_key").unwrap();
+            let key = text(g, "descriptor_key").unwrap_or_else(|| "generic_key".into());
+            (key, None, text(g, "descriptor_value"))
+        }
+    }
+}
+
+fn envoy() -> Envoy {
+    let docs =
+        Yaml::load_from_str(&std::fs::read_to_string(example("envoy.yaml")).unwrap()).unwrap();
+    let filters: Vec<&Yaml> = list(&docs[0]["static_resources"]["listeners"])
+        .iter()
+        .flat_map(|l| list(&l["filter_chains"]))
+        .flat_map(|c| list(&c["filters"]))
+        .collect();
+    let domain = filters
+        .iter()
+        .flat_map(|f| list(&f["typed_config"]["http_filters"]))
+        .find_map(|h| text(&h["typed_config"], "domain"))
+        .unwrap();
+    let limits = filters
+        .iter()
+        .flat_map(|f| list(&f["typed_config"]["route_config"]["virtual_hosts"]))
+        .flat_map(|h| list(&h["routes"]))
+        .flat_map(|r| list(&r["route"]["rate_limits"]))
+        .map(|l| list(&l["actions"]).iter().map(action).collect())
+        .collect();
+    Envoy { domain, limits }
 }
 
 /// The limit each descriptor of one request meets, as (name, requests per unit, unit).
-fn limits(config: &Config, headers: &[(&str, &str)]) -> Vec<Option<(String, u32, Unit)>> {
-    let descriptors: Vec<Descriptor> = actions()
-        .into_iter()
+fn limits(
+    envoy: &Envoy,
+    config: &Config,
+    headers: &[(&str, &str)],
+) -> Vec<Option<(String, u32, Unit)>> {
+    let descriptors: Vec<Descriptor> = envoy
+        .limits
+        .iter()
+        .cloned()
         .filter_map(|keys| {
             // Envoy drops a descriptor one of whose headers is absent.
             let entries: Option<Vec<(String, String)>> = keys
@@ -91,7 +103,7 @@ fn limits(config: &Config, headers: &[(&str, &str)]) -> Vec<Option<(String, u32,
         })
         .collect();
     let request = Request {
-        domain: domain(),
+        domain: envoy.domain.clone(),
         descriptors,
         hits_addend: 1,
     };
@@ -115,6 +127,13 @@ fn limit(name: &str, per_unit: u32, unit: Unit) -> Option<(String, u32, Unit)> {
 #[test]
 fn every_descriptor_of_envoys_actions_meets_its_limit() {
     let config = Config::load(&example("ratelimit/config.yaml")).unwrap();
+    let envoy = envoy();
+    let free = [
+        limit("user", 20, Unit::Minute),
+        limit("key", 1, Unit::Second),
+        limit("model", 300, Unit::Minute),
+        limit("deployment", 200, Unit::Second),
+    ];
     let caller = |tier: &'static str, model: &'static str| {
         [
             ("x-tier", tier),
@@ -124,16 +143,11 @@ fn every_descriptor_of_envoys_actions_meets_its_limit() {
         ]
     };
     assert_eq!(
-        limits(&config, &caller("free", "gpt-4o-mini")),
-        [
-            limit("user", 20, Unit::Minute),
-            limit("key", 1, Unit::Second),
-            limit("model", 300, Unit::Minute),
-            limit("deployment", 200, Unit::Second),
-        ]
+        limits(&envoy, &config, &caller("free", "gpt-4o-mini")),
+        free
     );
     assert_eq!(
-        limits(&config, &caller("pro", "llama-3-8b")),
+        limits(&envoy, &config, &caller("pro", "llama-3-8b")),
         [
             limit("user", 600, Unit::Minute),
             limit("key", 20, Unit::Second),
@@ -142,20 +156,12 @@ fn every_descriptor_of_envoys_actions_meets_its_limit() {
         ]
     );
     // A tier the file doesn't name gets the free tier's limits, not none.
-    assert_eq!(
-        limits(&config, &caller("gold", "gpt-4o")),
-        [
-            limit("user", 20, Unit::Minute),
-            limit("key", 1, Unit::Second),
-            limit("model", 300, Unit::Minute),
-            limit("deployment", 200, Unit::Second),
-        ]
-    );
+    assert_eq!(limits(&envoy, &config, &caller("gold", "gpt-4o")), free);
     // Without the token's headers (jwt_authn refuses such a request first),
     // only the deployment's cap would apply: why the identities must come
     // from the verified token.
     assert_eq!(
-        limits(&config, &[]),
+        limits(&envoy, &config, &[]),
         [limit("deployment", 200, Unit::Second)]
     );
 }
