@@ -1,30 +1,54 @@
 //! Redis: every limit of a request in one TB.MCONSUME (the module), or
 //! `FCALL tb_mconsume` (the Functions library) where the module is not
-//! loaded, found at startup as the clients find it: the call refused as
-//! an unknown command means the next backend. A request with a calendar
-//! quota goes as one TB.CHARGE (or `FCALL tb_charge`) instead, buckets and
-//! quotas all-or-nothing.
+//! loaded, or `EVALSHA <sha> N keys... mconsume ...` (the EVAL script)
+//! where Functions can't be used either (Redis 6.x, FUNCTION renamed away
+//! or refused by an ACL), found at startup as the clients find it: the
+//! call refused as an unknown command means the next backend. A request
+//! with a calendar quota goes as one TB.CHARGE (or `FCALL tb_charge`, or
+//! the script's `charge`) instead, buckets and quotas all-or-nothing.
 
 use crate::error::Error;
 use crate::plan::Group;
 use crate::reply::Bucket;
 use redis::aio::ConnectionManager;
 use redis::Value;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 /// The Functions library, loaded where the module is missing.
 pub const LIBRARY: &str = include_str!("../../lua/tb.lua");
+
+/// The EVAL script, which build.rs has lua/gen_eval.py write from
+/// lua/tb.lua: `EVALSHA <sha> numkeys key... <operation> arg...`.
+pub const EVAL_SCRIPT: &str = include_str!(concat!(env!("OUT_DIR"), "/tb-eval.lua"));
+
+/// The EVAL script's SHA1, as SCRIPT LOAD answers it.
+pub fn eval_sha() -> &'static str {
+    static SHA: OnceLock<String> = OnceLock::new();
+    SHA.get_or_init(|| redis::Script::new(EVAL_SCRIPT).get_hash().to_string())
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Module,
     Functions,
+    Eval,
+}
+
+impl Backend {
+    fn from_u8(n: u8) -> Backend {
+        match n {
+            1 => Backend::Functions,
+            2 => Backend::Eval,
+            _ => Backend::Module,
+        }
+    }
 }
 
 pub struct Engine {
     conn: ConnectionManager,
-    /// true: the Functions library.
-    functions: AtomicBool,
+    /// The backend found last, as `Backend as u8`.
+    backend: AtomicU8,
 }
 
 fn redis_err(e: &redis::RedisError) -> Error {
@@ -39,6 +63,33 @@ fn refused(text: &str) -> bool {
 
 fn function_missing(text: &str) -> bool {
     text.to_lowercase().contains("function not found")
+}
+
+/// Redis itself failed (a dropped connection, a timeout), as opposed to
+/// answering: then no backend can be told from another.
+fn unreachable(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
+}
+
+/// The head of a Lua call of `operation`: `FCALL tb_<operation>`, or
+/// `EVALSHA <sha>`, whose operation follows the keys (`lua_operation`).
+fn lua_head(backend: Backend, operation: &str) -> redis::Cmd {
+    if backend == Backend::Eval {
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(eval_sha());
+        c
+    } else {
+        let mut c = redis::cmd("FCALL");
+        c.arg(format!("tb_{operation}"));
+        c
+    }
+}
+
+/// The EVAL script's operation name, after the keys.
+fn lua_operation(cmd: &mut redis::Cmd, backend: Backend, operation: &str) {
+    if backend == Backend::Eval {
+        cmd.arg(operation);
+    }
 }
 
 /// The library's version, as `tb_version` answers it.
@@ -69,16 +120,13 @@ fn call(backend: Backend, groups: &[Group]) -> redis::Cmd {
 fn charge(backend: Backend, groups: &[Group]) -> redis::Cmd {
     let mut cmd = match backend {
         Backend::Module => redis::cmd("TB.CHARGE"),
-        Backend::Functions => {
-            let mut c = redis::cmd("FCALL");
-            c.arg("tb_charge");
-            c
-        }
+        Backend::Functions | Backend::Eval => lua_head(backend, "charge"),
     };
     cmd.arg(groups.len());
     for g in groups {
         cmd.arg(&g.key);
     }
+    lua_operation(&mut cmd, backend, "charge");
     for g in groups {
         match g.calendar {
             Some(c) => {
@@ -110,12 +158,13 @@ fn mconsume(backend: Backend, groups: &[Group]) -> redis::Cmd {
                     .arg(g.cost);
             }
         }
-        Backend::Functions => {
-            cmd = redis::cmd("FCALL");
-            cmd.arg("tb_mconsume").arg(groups.len());
+        Backend::Functions | Backend::Eval => {
+            cmd = lua_head(backend, "mconsume");
+            cmd.arg(groups.len());
             for g in groups {
                 cmd.arg(&g.key);
             }
+            lua_operation(&mut cmd, backend, "mconsume");
             for g in groups {
                 cmd.arg(g.max).arg(g.rate.to_string()).arg(g.cost);
             }
@@ -178,22 +227,25 @@ impl Engine {
             .map_err(|e| Error::Redis(format!("redis at {url}: {e}")))?;
         let engine = Engine {
             conn,
-            functions: AtomicBool::new(false),
+            backend: AtomicU8::new(Backend::Module as u8),
         };
         engine.detect().await?;
         Ok(engine)
     }
 
     pub fn backend(&self) -> Backend {
-        if self.functions.load(Ordering::Relaxed) {
-            Backend::Functions
-        } else {
-            Backend::Module
-        }
+        Backend::from_u8(self.backend.load(Ordering::Relaxed))
+    }
+
+    fn found(&self, backend: Backend) -> Result<Backend, Error> {
+        self.backend.store(backend as u8, Ordering::Relaxed);
+        Ok(backend)
     }
 
     /// The module if TB.MCONSUME runs (a cost-0 check writes nothing),
-    /// else the Functions library, loaded if missing or not ours.
+    /// else the Functions library, loaded if missing or not ours, else
+    /// the EVAL script where FUNCTION is unknown (Redis 6.x) or refused
+    /// (renamed away, an ACL): the clients' order and tests.
     pub async fn detect(&self) -> Result<Backend, Error> {
         let mut conn = self.conn.clone();
         let probe = [Group {
@@ -207,51 +259,90 @@ impl Engine {
             .query_async::<Value>(&mut conn)
             .await
         {
-            Ok(_) => {
-                self.functions.store(false, Ordering::Relaxed);
-                return Ok(Backend::Module);
-            }
+            Ok(_) => return self.found(Backend::Module),
             Err(e) if refused(&e.to_string()) => e.to_string(),
             Err(e) => return Err(redis_err(&e)),
         };
+        let functions_said = match self.functions(&mut conn).await {
+            Ok(()) => return self.found(Backend::Functions),
+            Err(Ok(why)) => why,
+            Err(Err(e)) => return Err(e),
+        };
+        match self.load_script().await {
+            Ok(()) => self.found(Backend::Eval),
+            Err(e) if unreachable(&e) => Err(redis_err(&e)),
+            Err(e) => Err(Error::Redis(format!(
+                "redis: no backend can run here (TB.MCONSUME: {module_said}; Functions: {functions_said}; SCRIPT LOAD: {e})"
+            ))),
+        }
+    }
+
+    /// The Functions library, ours or loaded now. Err(Ok(why)): Functions
+    /// can't be used here (the next backend); Err(Err(..)): Redis failed.
+    async fn functions(&self, conn: &mut ConnectionManager) -> Result<(), Result<String, Error>> {
         let version: Result<String, _> = redis::cmd("FCALL_RO")
             .arg("tb_version")
             .arg(0)
-            .query_async(&mut conn)
+            .query_async(conn)
             .await;
-        let ours = matches!(&version, Ok(v) if v == library_version());
-        if !ours {
-            if let Err(e) = &version {
-                if !function_missing(&e.to_string()) && !refused(&e.to_string()) {
-                    return Err(redis_err(e));
-                }
-            }
-            let loaded: Result<String, _> = redis::cmd("FUNCTION")
-                .arg("LOAD")
-                .arg("REPLACE")
-                .arg(LIBRARY)
-                .query_async(&mut conn)
-                .await;
-            if let Err(e) = loaded {
-                return Err(Error::Redis(format!(
-                    "redis: neither the module nor the Functions library can run here (TB.MCONSUME: {module_said}; FUNCTION LOAD: {e})"
-                )));
-            }
+        match &version {
+            Ok(v) if v == library_version() => return Ok(()),
+            Ok(_) => {}
+            Err(e) if refused(&e.to_string()) => return Err(Ok(format!("FCALL_RO: {e}"))),
+            Err(e) if function_missing(&e.to_string()) => {}
+            Err(e) => return Err(Err(redis_err(e))),
         }
-        self.functions.store(true, Ordering::Relaxed);
-        Ok(Backend::Functions)
+        let loaded: Result<String, _> = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(LIBRARY)
+            .query_async(conn)
+            .await;
+        match loaded {
+            Ok(_) => Ok(()),
+            Err(e) if unreachable(&e) => Err(Err(redis_err(&e))),
+            // Any answer but the name (unknown, NOPERM, a managed service
+            // that disables it): the EVAL script needs no FUNCTION.
+            Err(e) => Err(Ok(format!("FUNCTION LOAD: {e}"))),
+        }
+    }
+
+    /// SCRIPT LOAD of the EVAL script: at startup, and again after a
+    /// NOSCRIPT (SCRIPT FLUSH, a restart, a failover).
+    async fn load_script(&self) -> Result<(), redis::RedisError> {
+        let mut conn = self.conn.clone();
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(EVAL_SCRIPT)
+            .query_async(&mut conn)
+            .await?;
+        if sha != eval_sha() {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::ResponseError,
+                "SCRIPT LOAD answered another SHA1 than the script's",
+                format!("{sha}, not {}", eval_sha()),
+            )));
+        }
+        Ok(())
     }
 
     /// The enforced call's buckets (none if `enforced` is empty) and one
     /// bucket per shadow group, in one round trip. A backend gone since
     /// startup (a failover to a server without it, FUNCTION FLUSH) is
-    /// found again and the call sent once more: a refused call ran nothing.
+    /// found again, the EVAL script flushed (NOSCRIPT) loaded again, and
+    /// the call sent once more: a refused call ran nothing.
     pub async fn decide(
         &self,
         enforced: &[Group],
         shadow: &[Group],
     ) -> Result<(Vec<Bucket>, Vec<Bucket>), Error> {
         match self.send(enforced, shadow).await {
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                self.load_script().await.map_err(|e| redis_err(&e))?;
+                self.send(enforced, shadow)
+                    .await
+                    .map_err(|e| redis_err(&e))?
+            }
             Err(e) if refused(&e.to_string()) || function_missing(&e.to_string()) => {
                 self.detect().await?;
                 self.send(enforced, shadow)
@@ -307,6 +398,16 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_eval_script_is_built_from_the_library_and_runs_both_operations() {
+        assert!(EVAL_SCRIPT.starts_with("-- GENERATED by lua/gen_eval.py"));
+        assert!(EVAL_SCRIPT.contains("redis.replicate_commands()"));
+        for op in ["'mconsume', tb_mconsume", "'charge', tb_charge"] {
+            assert!(EVAL_SCRIPT.contains(op), "{op}");
+        }
+        assert_eq!(eval_sha().len(), 40);
+    }
 
     #[test]
     fn the_library_version_is_read_from_the_library() {
@@ -370,6 +471,14 @@ mod tests {
             m,
             "buckets alone: MCONSUME"
         );
+        let e = packed(mconsume(Backend::Eval, &g));
+        assert!(
+            e.contains(&format!(
+                "EVALSHA $40 {} $1 2 $1 a $1 b $8 mconsume $1 2 $3 0.5 $1 1 $1 3 $1 1 $1 0",
+                eval_sha()
+            )),
+            "{e}"
+        );
     }
 
     #[test]
@@ -413,6 +522,16 @@ mod tests {
         assert!(
             f.contains(&format!("$5 FCALL $9 tb_charge $1 3 {clauses}")),
             "{f}"
+        );
+        let keys = "$1 3 $1 q $1 b $1 d";
+        let e = packed(call(Backend::Eval, &g));
+        assert!(
+            e.contains(&format!(
+                "$7 EVALSHA $40 {} {keys} $6 charge{}",
+                eval_sha(),
+                &clauses["$1 q $1 b $1 d".len()..]
+            )),
+            "{e}"
         );
     }
 }
