@@ -1,6 +1,6 @@
 //! A real tb-rls process for the integration tests (rls.rs, reload.rs,
-//! failure.rs): its flags, its first stdout line, its stderr as lines, and
-//! a tonic client built from the same envoy-types protos.
+//! failure.rs, eval.rs...): its flags, its first stdout line, its stderr
+//! as lines, and a tonic client built from the same envoy-types protos.
 #![allow(dead_code)]
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
@@ -89,18 +89,26 @@ pub fn command(config: &str, redis: &Server) -> (Command, PathBuf) {
     std::fs::write(dir.join("config.yaml"), config).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tb-rls"));
     cmd.arg("--config").arg(dir.join("config.yaml"));
-    on(&mut cmd, redis);
+    on(&mut cmd, &redis.url());
     (cmd, dir)
 }
 
+/// tb-rls on `config` and the Redis at `url` (as an ACL user, say).
+pub fn start_at(config: &str, url: &str) -> Rls {
+    let dir = scratch("cfg");
+    let path = dir.join("config.yaml");
+    std::fs::write(&path, config).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tb-rls"));
+    cmd.arg("--config").arg(&path);
+    on(&mut cmd, url);
+    spawn(cmd, dir, path)
+}
+
 /// `--redis` and free loopback ports.
-fn on(cmd: &mut Command, redis: &Server) {
-    cmd.arg("--redis").arg(redis.url()).args([
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--http-addr",
-        "127.0.0.1:0",
-    ]);
+fn on(cmd: &mut Command, url: &str) {
+    cmd.arg("--redis")
+        .arg(url)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]);
 }
 
 /// tb-rls on `config`, with `args`.
@@ -120,7 +128,7 @@ pub fn start_env(config: &str, redis: &Server, args: &[&str], env: &[(&str, &str
 /// `redis`, on free ports; `dir` is removed with it, `config` is what a
 /// test rewrites.
 pub fn launch(mut cmd: Command, redis: &Server, dir: PathBuf, config: PathBuf) -> Rls {
-    on(&mut cmd, redis);
+    on(&mut cmd, &redis.url());
     spawn(cmd, dir, config)
 }
 
