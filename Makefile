@@ -205,9 +205,10 @@ test-rust: deps venv build ## unit, property and integration tests on Redis 7.0
 	cargo test -p tb-core --lib
 
 # tb-rls (rls/): its unit tests, then a real tb-rls process against a real
-# redis-server 7.0, with the module and with the Lua library alone. A
-# debug build: the release profile's fat LTO is there for the module.
-test-rls: run-deps build ## tb-rls, Envoy's rate limit service: unit tests and gRPC tests on Redis 7.0
+# redis-server 7.0, with the module and with the Lua library alone, and
+# on Redis 6.2 (the venv's) with the EVAL script. A debug build: the
+# release profile's fat LTO is there for the module.
+test-rls: run-deps venv build ## tb-rls, Envoy's rate limit service: unit tests and gRPC tests on Redis 7.0 and 6.2
 	cargo test -p tb-rls
 
 test-matrix: deps venv build ## the integration suite on Redis 8.2 and Valkey 9.1
