@@ -4,18 +4,24 @@
 //! is too much to write twice; Python 3 (standard library only) is what
 //! the repository's other builds need already.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{exit, Command};
 
+fn var(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name).map(PathBuf::from)
+}
+
 fn main() {
-    let lua = Path::new(env!("CARGO_MANIFEST_DIR")).join("../lua");
+    // Read when run, not when compiled: one compiled build script can
+    // serve two checkouts that share a target directory.
+    let (Some(manifest), Some(out)) = (var("CARGO_MANIFEST_DIR"), var("OUT_DIR")) else {
+        eprintln!("tb-rls build.rs: CARGO_MANIFEST_DIR or OUT_DIR is not set (run through cargo)");
+        exit(1);
+    };
+    let lua = manifest.join("../lua");
     let (library, generator) = (lua.join("tb.lua"), lua.join("gen_eval.py"));
     println!("cargo:rerun-if-changed={}", library.display());
     println!("cargo:rerun-if-changed={}", generator.display());
-    let Some(out) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {
-        eprintln!("tb-rls build.rs: OUT_DIR is not set (run through cargo)");
-        exit(1);
-    };
     let script = out.join("tb-eval.lua");
     match Command::new("python3")
         .arg(&generator)
