@@ -28,11 +28,12 @@ pub fn eval_sha() -> &'static str {
     SHA.get_or_init(|| redis::Script::new(EVAL_SCRIPT).get_hash().to_string())
 }
 
+/// The discriminants are what `Engine::backend` stores (`from_u8`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
-    Module,
-    Functions,
-    Eval,
+    Module = 0,
+    Functions = 1,
+    Eval = 2,
 }
 
 impl Backend {
