@@ -185,7 +185,7 @@ fn int(v: &Value) -> Option<i64> {
 /// (TB.MCONSUME's reply and TB.CHARGE's alike).
 fn parse(reply: &Value, n: usize) -> Result<Vec<Bucket>, Error> {
     let bad = || {
-        Error::Redis(format!(
+        Error::Reply(format!(
             "redis: TB.MCONSUME or TB.CHARGE answered what it never answers: {reply:?}"
         ))
     };

@@ -16,8 +16,11 @@ pub enum Error {
     Usage(String),
     /// A request the service refuses (the gRPC status INVALID_ARGUMENT).
     Request(String),
-    /// Redis failed or answered what no backend answers.
+    /// Redis failed: no answer, a lost connection, an error reply.
     Redis(String),
+    /// Redis answered, but not as any backend answers (a reply of another
+    /// shape): the gRPC status INTERNAL, and no outage for the breaker.
+    Reply(String),
 }
 
 impl Error {
@@ -39,7 +42,9 @@ impl fmt::Display for Error {
                 reason,
             } => write!(f, "{path}: {reason}"),
             Error::Config { path, line, reason } => write!(f, "{path}:{line}: {reason}"),
-            Error::Usage(m) | Error::Request(m) | Error::Redis(m) => f.write_str(m),
+            Error::Usage(m) | Error::Request(m) | Error::Redis(m) | Error::Reply(m) => {
+                f.write_str(m)
+            }
         }
     }
 }

@@ -32,6 +32,8 @@ pub struct Service {
     in_flight: AtomicUsize,
     /// Whether Redis is failing now: its cause is logged once, not per call.
     failing: AtomicBool,
+    /// Whether a reply of no backend's shape was logged (once per process).
+    odd_reply: AtomicBool,
     /// When a shed may be logged next, and the sheds not logged yet.
     next_shed_log_ms: AtomicU64,
     shed_since: AtomicU64,
@@ -67,6 +69,7 @@ impl Service {
             failure,
             in_flight: AtomicUsize::new(0),
             failing: AtomicBool::new(false),
+            odd_reply: AtomicBool::new(false),
             next_shed_log_ms: AtomicU64::new(0),
             shed_since: AtomicU64::new(0),
             started: Instant::now(),
@@ -191,12 +194,22 @@ impl Service {
                     self.headers.as_ref(),
                 )))
             }
+            Err(e @ Error::Reply(_)) => {
+                // Redis answered: no outage, so no failure policy and no
+                // breaker failure; the cause is logged once.
+                self.metrics.record(tally, plan, None);
+                self.metrics.failed(Failed::Service);
+                if let Some(b) = &self.breaker {
+                    b.success(probe);
+                }
+                if !self.odd_reply.swap(true, Ordering::Relaxed) {
+                    eprintln!("tb-rls: {e}");
+                }
+                Err(tonic::Status::internal(e.to_string()))
+            }
             Err(e) => {
                 self.metrics.record(tally, plan, None);
-                self.metrics.failed(match e {
-                    Error::Redis(_) => Failed::Redis,
-                    _ => Failed::Service,
-                });
+                self.metrics.failed(Failed::Redis);
                 let opened = match &self.breaker {
                     Some(b) => b.failure(probe, self.now_ms()),
                     None => false,
@@ -215,10 +228,7 @@ impl Service {
                         );
                     }
                 }
-                match e {
-                    Error::Redis(_) => self.by_policy(plan, &e),
-                    _ => Err(tonic::Status::internal(e.to_string())),
-                }
+                self.by_policy(plan, &e)
             }
         }
     }

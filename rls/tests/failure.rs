@@ -264,3 +264,52 @@ async fn beyond_max_in_flight_a_call_is_shed_at_once() {
         "shedding is logged once, not per call"
     );
 }
+
+/// A library named tb whose tb_mconsume answers what no backend answers:
+/// Redis is up, so each call is INTERNAL, never the open policy's made-up
+/// OK, the breaker stays closed, and the cause is logged once.
+#[tokio::test]
+async fn a_reply_of_no_backends_shape_is_internal_not_an_outage() {
+    let redis = Server::with(testkit::Config::without_module());
+    let rls = start(
+        &daily(10),
+        &redis,
+        &["--on-redis-error", "open", "--breaker-failures", "2"],
+    );
+    let mut c = rls.client().await;
+    let r = c.should_rate_limit(one()).await.unwrap().into_inner();
+    assert_eq!(codes(&r), vec![(OK, 9)]);
+    let version: String = redis::cmd("FCALL_RO")
+        .arg("tb_version")
+        .arg(0)
+        .query(&mut redis.conn())
+        .unwrap();
+    let odd = format!(
+        "#!lua name=tb\n\
+         redis.register_function{{function_name='tb_version', callback=function() return '{version}' end, flags={{'no-writes'}}}}\n\
+         redis.register_function('tb_mconsume', function() return 'odd' end)\n"
+    );
+    let () = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(odd)
+        .query(&mut redis.conn())
+        .unwrap();
+    for _ in 0..4 {
+        let e = c.should_rate_limit(one()).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Internal, "{e:?}");
+        assert!(e.message().contains("never answers"), "{e:?}");
+    }
+    // Bounded: the stderr reader thread has had time to pass every line on.
+    std::thread::sleep(Duration::from_millis(200));
+    let lines = rls.stderr_so_far();
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("never answers")).count(),
+        1,
+        "{lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("breaker open")),
+        "{lines:?}"
+    );
+}
