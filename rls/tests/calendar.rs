@@ -4,27 +4,11 @@
 
 mod common;
 
-use common::{codes, descriptor, start, OK, OVER};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use common::{ask, calls, codes, descriptor, request, start, OK, OVER};
 use envoy_types::pb::google::protobuf::Duration;
 use redis::Commands;
 use tb_core::quota::{window, Period};
 use testkit::{server_time_us, Config as ServerConfig, Server};
-use tonic::transport::Channel;
-
-fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "d".into(),
-        descriptors,
-        hits_addend: 0,
-    }
-}
-
-async fn ask(c: &mut RateLimitServiceClient<Channel>, r: RateLimitRequest) -> RateLimitResponse {
-    c.should_rate_limit(r).await.unwrap().into_inner()
-}
 
 fn ms(d: &Duration) -> i64 {
     d.seconds * 1000 + i64::from(d.nanos) / 1_000_000
@@ -91,9 +75,9 @@ async fn a_daily_limit_admits_exactly_n(redis: &Server, backend: &str) {
         async move {
             let mut oks = Vec::new();
             for _ in 0..3 {
-                oks.push(ask(&mut c, request(vec![descriptor(&[("user", &v)])])).await);
+                oks.push(ask(&mut c, request("d", vec![descriptor(&[("user", &v)])], 0)).await);
             }
-            let over = ask(&mut c, request(vec![descriptor(&[("user", &v)])])).await;
+            let over = ask(&mut c, request("d", vec![descriptor(&[("user", &v)])], 0)).await;
             (oks, over)
         }
     })
@@ -136,8 +120,8 @@ async fn a_daily_limit_admits_exactly_n(redis: &Server, backend: &str) {
     let ((first, second), before, after) = within_one_period(redis, false, 330, |v| {
         let mut c = c2.clone();
         async move {
-            let a = ask(&mut c, request(vec![descriptor(&[("local", &v)])])).await;
-            let b = ask(&mut c, request(vec![descriptor(&[("local", &v)])])).await;
+            let a = ask(&mut c, request("d", vec![descriptor(&[("local", &v)])], 0)).await;
+            let b = ask(&mut c, request("d", vec![descriptor(&[("local", &v)])], 0)).await;
             (a, b)
         }
     })
@@ -157,8 +141,8 @@ async fn a_daily_limit_admits_exactly_n(redis: &Server, backend: &str) {
     let ((first, second), before, after) = within_one_period(redis, true, 0, |v| {
         let mut c = c2.clone();
         async move {
-            let a = ask(&mut c, request(vec![descriptor(&[("team", &v)])])).await;
-            let b = ask(&mut c, request(vec![descriptor(&[("team", &v)])])).await;
+            let a = ask(&mut c, request("d", vec![descriptor(&[("team", &v)])], 0)).await;
+            let b = ask(&mut c, request("d", vec![descriptor(&[("team", &v)])], 0)).await;
             (a, b)
         }
     })
@@ -173,7 +157,11 @@ async fn a_daily_limit_admits_exactly_n(redis: &Server, backend: &str) {
         before,
         after,
     );
-    let third = ask(&mut c2, request(vec![descriptor(&[("team", "run0")])])).await;
+    let third = ask(
+        &mut c2,
+        request("d", vec![descriptor(&[("team", "run0")])], 0),
+    )
+    .await;
     assert_eq!(third.overall_code, OVER);
 }
 
@@ -188,12 +176,18 @@ async fn a_mixed_request_denied_by_one_charges_neither(redis: &Server, backend: 
     let (rs, _, _) = within_one_period(redis, false, 0, |v| {
         let mut c = c.clone();
         async move {
-            let both = || request(vec![descriptor(&[("user", &v)]), descriptor(&[("ip", &v)])]);
+            let both = || {
+                request(
+                    "d",
+                    vec![descriptor(&[("user", &v)]), descriptor(&[("ip", &v)])],
+                    0,
+                )
+            };
             let mut rs = Vec::new();
             for _ in 0..3 {
                 rs.push(ask(&mut c, both()).await);
             }
-            rs.push(ask(&mut c, request(vec![descriptor(&[("ip", &v)])])).await);
+            rs.push(ask(&mut c, request("d", vec![descriptor(&[("ip", &v)])], 0)).await);
             rs
         }
     })
@@ -211,10 +205,11 @@ async fn a_mixed_request_denied_by_one_charges_neither(redis: &Server, backend: 
     // Denied by the bucket: the quota keeps its budget.
     let mut c = c.clone();
     let both = || {
-        request(vec![
-            descriptor(&[("big", "b")]),
-            descriptor(&[("tight", "t")]),
-        ])
+        request(
+            "d",
+            vec![descriptor(&[("big", "b")]), descriptor(&[("tight", "t")])],
+            0,
+        )
     };
     let first = ask(&mut c, both()).await;
     assert_eq!(codes(&first), vec![(OK, 99), (OK, 0)]);
@@ -223,7 +218,7 @@ async fn a_mixed_request_denied_by_one_charges_neither(redis: &Server, backend: 
         (denied.overall_code, codes(&denied)),
         (OVER, vec![(OK, 99), (OVER, 0)])
     );
-    let alone = ask(&mut c, request(vec![descriptor(&[("big", "b")])])).await;
+    let alone = ask(&mut c, request("d", vec![descriptor(&[("big", "b")])], 0)).await;
     assert_eq!(codes(&alone), vec![(OK, 98)]);
     // Each on its own kind of key: two charges of the quota, the bucket's hash.
     let mut conn = redis.conn();
@@ -258,17 +253,6 @@ async fn with_the_lua_library_a_mixed_request_denied_by_one_charges_neither() {
 }
 
 /// How many times Redis ran `command` (INFO commandstats).
-fn calls(redis: &Server, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut redis.conn())
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
 
 #[tokio::test]
 async fn only_a_request_with_a_calendar_limit_is_a_charge() {
@@ -276,16 +260,17 @@ async fn only_a_request_with_a_calendar_limit_is_a_charge() {
     let rls = start(DAILY, &redis, &[]);
     let mut c = rls.client().await;
     let mconsume = calls(&redis, "tb.mconsume");
-    let r = ask(&mut c, request(vec![descriptor(&[("ip", "1")])])).await;
+    let r = ask(&mut c, request("d", vec![descriptor(&[("ip", "1")])], 0)).await;
     assert_eq!(codes(&r), vec![(OK, 99)]);
     assert_eq!(calls(&redis, "tb.charge"), 0);
     assert_eq!(calls(&redis, "tb.mconsume"), mconsume + 1);
     let r = ask(
         &mut c,
-        request(vec![
-            descriptor(&[("ip", "1")]),
-            descriptor(&[("team", "t")]),
-        ]),
+        request(
+            "d",
+            vec![descriptor(&[("ip", "1")]), descriptor(&[("team", "t")])],
+            0,
+        ),
     )
     .await;
     assert_eq!(codes(&r), vec![(OK, 98), (OK, 1)]);
@@ -300,10 +285,11 @@ async fn a_shadow_calendar_limit_answers_ok_and_never_stops_the_enforced_charge(
     let rls = start(config, &redis, &[]);
     let mut c = rls.client().await;
     let both = || {
-        request(vec![
-            descriptor(&[("user", "u")]),
-            descriptor(&[("org", "o")]),
-        ])
+        request(
+            "d",
+            vec![descriptor(&[("user", "u")]), descriptor(&[("org", "o")])],
+            0,
+        )
     };
     let r = ask(&mut c, both()).await;
     assert_eq!((r.overall_code, codes(&r)), (OK, vec![(OK, 2), (OK, 0)]));

@@ -4,40 +4,21 @@
 
 mod common;
 
-use common::{codes, daily, descriptor, one, signal, start};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use common::{calls, codes, daily, descriptor, one, request, signal, start, OK, OVER};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use std::sync::mpsc;
 use std::time::Duration;
-use testkit::info_field;
 use testkit::Server;
-
-const OK: i32 = Code::Ok as i32;
-const OVER: i32 = Code::OverLimit as i32;
 
 fn keyed(v: &str, zero: bool) -> RateLimitRequest {
     let mut descriptors = vec![descriptor(&[("k", v)])];
     if zero {
         descriptors.push(descriptor(&[("z", "x")]));
     }
-    RateLimitRequest {
-        domain: "d".into(),
-        descriptors,
-        hits_addend: 0,
-    }
+    request("d", descriptors, 0)
 }
 
 const WITH_ZERO: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 10}\n  - key: z\n    rate_limit: {unit: day, requests_per_unit: 0}\n";
-
-/// TB.MCONSUME calls Redis has run.
-fn mconsume_calls(redis: &Server) -> u64 {
-    let stats = info_field(&mut redis.conn(), "commandstats", "cmdstat_tb.mconsume");
-    stats
-        .split(',')
-        .find_map(|f| f.strip_prefix("calls="))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
 
 #[tokio::test]
 async fn a_frozen_redis_hits_the_deadline_and_each_policy_holds() {
@@ -127,7 +108,7 @@ async fn an_open_breaker_answers_without_calling_redis() {
         codes(&c.should_rate_limit(one()).await.unwrap().into_inner()),
         vec![(OK, 9)]
     );
-    let before = mconsume_calls(&redis);
+    let before = calls(&redis, "tb.mconsume");
     signal(&redis, "-STOP");
     for _ in 0..2 {
         let e = c.should_rate_limit(one()).await.unwrap_err();
@@ -144,15 +125,15 @@ async fn an_open_breaker_answers_without_calling_redis() {
         );
     }
     signal(&redis, "-CONT");
-    let mut calls = before;
+    let mut ran = before;
     for _ in 0..200 {
-        calls = mconsume_calls(&redis);
-        if calls >= before + 2 {
+        ran = calls(&redis, "tb.mconsume");
+        if ran >= before + 2 {
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(calls, before + 2, "only the two calls before it opened");
+    assert_eq!(ran, before + 2, "only the two calls before it opened");
     let (line, _) = rls.wait_stderr("breaker open");
     assert!(line.contains("2 redis failures within 10000 ms"), "{line}");
 }

@@ -3,28 +3,13 @@
 
 mod common;
 
-use common::{codes, command, descriptor, start, start_env, OK, OVER};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-    rate_limit_descriptor, RateLimitDescriptor,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use common::{ask, codes, command, descriptor, request, start, start_env, OK, OVER};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use std::io::{Read, Write};
 use testkit::{Config as ServerConfig, Server};
 use tonic::transport::Channel;
-
-fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.into(),
-        descriptors,
-        hits_addend: hits,
-    }
-}
-
-async fn ask(c: &mut RateLimitServiceClient<Channel>, r: RateLimitRequest) -> RateLimitResponse {
-    c.should_rate_limit(r).await.unwrap().into_inner()
-}
 
 // Day and hour units throughout: a bucket refills too slowly to change a
 // count while a test runs.

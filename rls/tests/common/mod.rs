@@ -183,13 +183,39 @@ pub fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
     }
 }
 
+/// A request of `domain` with `descriptors` and the request's hits_addend.
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: hits,
+    }
+}
+
+/// The service's answer to `r` (a gRPC error fails the test).
+pub async fn ask(
+    c: &mut RateLimitServiceClient<Channel>,
+    r: RateLimitRequest,
+) -> RateLimitResponse {
+    c.should_rate_limit(r).await.unwrap().into_inner()
+}
+
+/// How many times Redis has run `command` (INFO commandstats, lower case).
+pub fn calls(redis: &Server, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.conn())
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
 /// One descriptor `k=v` of domain `d`.
 pub fn one() -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "d".into(),
-        descriptors: vec![descriptor(&[("k", "v")])],
-        hits_addend: 0,
-    }
+    request("d", vec![descriptor(&[("k", "v")])], 0)
 }
 
 /// (code, remaining) of each status.
