@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 use testkit::{
-    consume, error_of, hgetall, info_field, int, peek, pypi_server, server_time_us, start_replica,
-    wait_replicas, Config, Pypi, Server,
+    consume, error_of, hgetall, info_field, int, ints, peek, pypi_server, server_time_us,
+    start_replica, wait_replicas, Config, Pypi, Server,
 };
 
 fn redis62(module: bool) -> Config {
@@ -158,12 +158,6 @@ fn quotas_and_charge_on_redis_6_2() {
     let s = Server::with(redis62(true));
     let mut c = s.conn();
     assert!(info_field(&mut c, "server", "redis_version").starts_with("6.2."));
-    let ints = |c: &mut redis::Connection, args: &[&str]| -> Vec<i64> {
-        redis::cmd(args[0])
-            .arg(&args[1..])
-            .query(c)
-            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
-    };
     // A fixed period of an hour: it ends at the next whole hour since the
     // epoch, which is where the key expires (PTTL, read between two
     // readings of the server's clock, as above).

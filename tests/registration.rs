@@ -15,6 +15,24 @@ fn getkeys(c: &mut redis::Connection, args: &[&str]) -> Vec<String> {
         .expect("COMMAND GETKEYS")
 }
 
+/// Each key of a command and its key-spec flags (COMMAND GETKEYSANDFLAGS).
+fn flags_of(c: &mut redis::Connection, args: &[&str]) -> Vec<(String, Vec<String>)> {
+    redis::cmd("COMMAND")
+        .arg("GETKEYSANDFLAGS")
+        .arg(args)
+        .query(c)
+        .unwrap_or_else(|e| panic!("COMMAND GETKEYSANDFLAGS {args:?}: {e}"))
+}
+
+/// A read-only key's flags, and a written one's.
+fn read_flags() -> Vec<String> {
+    vec!["RO".to_string(), "access".to_string()]
+}
+
+fn update_flags() -> Vec<String> {
+    vec!["RW".to_string(), "access".to_string(), "update".to_string()]
+}
+
 /// TB.MCONSUME over three buckets: rl:u, rl:k and rl:i.
 const MCONSUME: [&str; 13] = [
     "TB.MCONSUME",
@@ -162,15 +180,7 @@ fn module_list_reports_the_name_and_version() {
 fn key_specs_say_peek_reads_and_the_writers_update() {
     let s = Server::start();
     let mut c = s.conn();
-    let flags_of = |c: &mut redis::Connection, args: &[&str]| -> Vec<(String, Vec<String>)> {
-        redis::cmd("COMMAND")
-            .arg("GETKEYSANDFLAGS")
-            .arg(args)
-            .query(c)
-            .expect("COMMAND GETKEYSANDFLAGS")
-    };
-    let read = vec!["RO".to_string(), "access".to_string()];
-    let update = vec!["RW".to_string(), "access".to_string(), "update".to_string()];
+    let (read, update) = (read_flags(), update_flags());
     assert_eq!(
         flags_of(&mut c, &["TB.PEEK", "rl:p", "10", "1"]),
         [("rl:p".to_string(), read)]
@@ -202,15 +212,7 @@ fn key_specs_say_peek_reads_and_the_writers_update() {
 fn key_specs_of_the_quota_commands_and_charge() {
     let s = Server::start();
     let mut c = s.conn();
-    let flags_of = |c: &mut redis::Connection, args: &[&str]| -> Vec<(String, Vec<String>)> {
-        redis::cmd("COMMAND")
-            .arg("GETKEYSANDFLAGS")
-            .arg(args)
-            .query(c)
-            .unwrap_or_else(|e| panic!("COMMAND GETKEYSANDFLAGS {args:?}: {e}"))
-    };
-    let read = vec!["RO".to_string(), "access".to_string()];
-    let update = vec!["RW".to_string(), "access".to_string(), "update".to_string()];
+    let (read, update) = (read_flags(), update_flags());
     let each = |keys: &[&str], flags: &Vec<String>| -> Vec<(String, Vec<String>)> {
         keys.iter()
             .map(|k| (k.to_string(), flags.clone()))

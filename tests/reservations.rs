@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use testkit::{hgetall, load_library, FakeClock, Server};
+use testkit::{hgetall, ints, load_library, FakeClock, Server};
 
 const CALLERS: usize = 20;
 /// A burst of one token per caller, so the queue never reaches the floor.
@@ -148,12 +148,6 @@ fn a_reservation_given_back_leaves_the_next_wait_as_without_it() {
     let clock = FakeClock::new(T0);
     let s = Server::with(clock.config());
     let mut c = s.conn();
-    let ints = |c: &mut redis::Connection, args: &[&str]| -> Vec<i64> {
-        redis::cmd(args[0])
-            .arg(&args[1..])
-            .query(c)
-            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
-    };
     for key in ["rl:cancelled", "rl:never"] {
         assert_eq!(
             ints(&mut c, &["TB.CONSUME", key, "10", "1", "10"]),

@@ -101,6 +101,15 @@ pub fn hgetall(
     redis::cmd("HGETALL").arg(key).query(c).expect("HGETALL")
 }
 
+/// The integer array a command of words answers (`args[0]` the command);
+/// an error fails the test, naming the command.
+pub fn ints(c: &mut redis::Connection, args: &[&str]) -> Vec<i64> {
+    redis::cmd(args[0])
+        .arg(&args[1..])
+        .query(c)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
 pub fn int(c: &mut redis::Connection, cmd: &str, key: impl redis::ToRedisArgs) -> i64 {
     redis::cmd(cmd).arg(key).query(c).expect(cmd)
 }
