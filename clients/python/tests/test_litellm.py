@@ -538,6 +538,36 @@ def test_max_delay_holds_a_request_for_its_turn_and_a_cancel_gives_it_back(db_re
     run(body())
 
 
+def test_a_release_goes_out_while_the_breaker_is_open(tmp_path: Path):
+    server = Server("redis-7.0", tmp_path / "redis", module=True).start()
+
+    async def body() -> None:
+        spec = parse({"redis_url": server.url, "tiers": {"default": {"key": {"parallel": 2}}}}, "test")
+        lim = AsyncLimiter(redis.asyncio.Redis(port=server.port), on_error="open", timeout=0.2)
+        hook = TokenBucketHook(spec, lim)
+        auth = UserAPIKeyAuth(api_key="sk-breaker")
+        held = await admit(hook, auth, request(litellm_call_id="held"))
+        with server.client() as admin:
+            (key,) = admin.keys("llm:key:parallel:*")
+        assert await lim.in_flight(key) == 1
+        server.pause()  # hung: each call times out, and five open the breaker
+        for i in range(5):
+            await admit(hook, auth, request(litellm_call_id=f"during-{i}"))  # open: admitted, degraded
+        assert lim.breaker_state == "open"
+        server.resume()
+        # Within the breaker's cooldown: decisions skip Redis, a release still goes.
+        await hook.async_post_call_success_hook(held, auth, {})
+        assert lim.breaker_state == "open"
+        with server.client() as admin:  # the limiter's own reads wait for the breaker
+            assert admin.execute_command("TB.INFLIGHT", key) == 0
+
+    try:
+        run(body())
+    finally:
+        server.resume()
+        server.stop()
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
