@@ -202,8 +202,9 @@ def test_a_failed_upstream_call_refunds_and_a_success_is_charged_its_usage(deplo
 # ---- Redis stopped: each policy holds --------------------------------------------------
 
 
-def test_redis_stopped_each_policy_holds(stub: Stub, tmp_path: Path):
-    server = Server("redis-7.0", tmp_path / "redis", module=True).start()
+@pytest.mark.parametrize("module", [True, False], ids=["module", "library"])
+def test_redis_stopped_each_policy_holds(stub: Stub, tmp_path: Path, module: bool):
+    server = Server("redis-7.0", tmp_path / "redis", module=module).start()
     policies = ["open", "closed", "local"]
     per_policy = [rules(server.port, on_error=p, timeout=0.2) for p in policies]
     try:
@@ -244,8 +245,9 @@ def test_redis_stopped_each_policy_holds(stub: Stub, tmp_path: Path):
         server.stop()
 
 
-def test_a_proxy_killed_mid_stream_frees_its_slots_when_the_leases_expire(stub: Stub, tmp_path: Path):
-    server = Server("redis-7.0", tmp_path / "redis", module=True).start()
+@pytest.mark.parametrize("module", [True, False], ids=["module", "library"])
+def test_a_proxy_killed_mid_stream_frees_its_slots_when_the_leases_expire(stub: Stub, tmp_path: Path, module: bool):
+    server = Server("redis-7.0", tmp_path / "redis", module=module).start()
     try:
         (proxy,) = start_proxies(tmp_path, config(stub), [rules(server.port, lease_ms=3000)])
     except BaseException:
