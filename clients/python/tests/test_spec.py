@@ -593,7 +593,7 @@ def limiter_options(s: dict[str, Any], clock: Clock) -> dict[str, Any]:
 
 CALL_FIELDS = {
     "call", "key", "bucket", "quota", "cost", "delta", "groups", "concurrency", "id", "weight", "buckets", "lease",
-    "on_error", "max_wait_ms", "shadow", "redis", "expect", "event", "as",
+    "on_error", "max_wait_ms", "shadow", "block_ms", "redis", "expect", "event", "as",
 }  # fmt: skip
 
 EVENT_FIELDS = {"op", "policy", "allowed", "degraded", "shed", "cached", "backend", "outcome", "rule"}
@@ -628,6 +628,9 @@ def call_of(lim: Any, step: dict[str, Any], leases: dict[str, Any]) -> Callable[
     if "shadow" in step:
         assert op in ("consume", "consume_many"), f"shadow is a consume's or a consume_many's, not {op}'s"
         options["shadow"] = step["shadow"]
+    if "block_ms" in step:
+        assert op == "consume", f"block_ms is a consume's, not {op}'s"
+        options["block"] = step["block_ms"] / 1000
     if op in ("consume", "peek", "wait"):
         # The rule is built inside the call: one its client refuses is the call's usage error.
         return lambda: getattr(lim, op)(step["key"], rule_of(step), step.get("cost", 1), **options)

@@ -23,14 +23,15 @@ import inspect
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Protocol, TypeVar, Union
 
-from ._bucket import Bucket
+from ._bucket import Bucket, check_name
 from ._decision import MultiDecision
 from ._hold import AsyncHold, background
 from ._key_owners import claim
 from ._lease import Concurrency, Lease, check_int
+from ._penalty import check_block, penalized, penalty
 from ._quota import Quota
 from ._quota import Rule as BucketOrQuota
 from ._requests import check_amount
@@ -82,7 +83,16 @@ def refusal_of(decision: Union[MultiDecision, Lease], *, legacy_headers: bool = 
     return Refusal(429, headers, body)
 
 
-class MissingIdentity(Exception):
+class Refused(Exception):
+    """A request refused by its rules before anything is sent to Redis:
+    `refusal` is the answer."""
+
+    @property
+    def refusal(self) -> Refusal:
+        raise NotImplementedError
+
+
+class MissingIdentity(Refused):
     """A rule found no identity for the request (its key function, and its
     `fallback`, returned None) and is not `optional`: the request is
     refused with a 400 (`refusal`), never let through unlimited. Raised
@@ -101,6 +111,50 @@ class MissingIdentity(Exception):
             "detail": f"The {self.name} key is missing.",
         }
         return Refusal(400, {}, body)
+
+
+@dataclass(frozen=True)
+class Deny:
+    """A limit of zero (envoyproxy/ratelimit's `requests_per_unit: 0`): a
+    Rule whose bucket is a Deny refuses every request it applies to, with a
+    429, without calling Redis. No refill ever admits one, so Retry-After
+    is `retry_after` seconds (an hour by default): "not soon", long enough
+    to keep a client out of a retry loop, short enough for a rule lifted
+    meanwhile to be noticed."""
+
+    name: str
+    retry_after: int = 3600
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        if isinstance(self.retry_after, bool) or not isinstance(self.retry_after, int) or self.retry_after < 1:
+            raise ValueError(f"a Deny's retry_after is a whole number of seconds >= 1, got {self.retry_after!r}")
+
+
+class AlwaysDenied(Refused):
+    """A request a Deny rule refuses: a 429 with the rule's RateLimit
+    fields (`q=0`, `r=0`), Retry-After and a problem+json body."""
+
+    def __init__(self, deny: Deny) -> None:
+        super().__init__(f"rule {deny.name}: denies every request")
+        self.deny = deny
+
+    @property
+    def refusal(self) -> Refusal:
+        name, retry = self.deny.name, self.deny.retry_after
+        body = {
+            "type": QUOTA_EXCEEDED,
+            "title": "Request cannot be satisfied as assigned quota has been exceeded",
+            "status": 429,
+            "detail": f"Rate limited by {name}: retry in {retry} s.",
+            "violated-policies": [name],
+        }
+        headers = {
+            "RateLimit-Policy": f'"{name}";q=0',
+            "RateLimit": f'"{name}";r=0;t={retry}',
+            "Retry-After": str(retry),
+        }
+        return Refusal(429, headers, body)
 
 
 async def identity_of(rule: Any, request: Any, name: Callable[[], Awaitable[str]]) -> Optional[str]:
@@ -226,6 +280,9 @@ unless the rule is `optional`)."""
 BucketFunc = Callable[[RequestT], Union[BucketOrQuota, Awaitable[BucketOrQuota]]]
 """The bucket (or quota) for this request (the caller's tier, say)."""
 
+SkipFunc = Callable[[RequestT], Union[bool, Awaitable[bool]]]
+"""True for a trusted caller: the rule is skipped, before anything is sent."""
+
 ConcurrencyFunc = Callable[[RequestT], Union[Concurrency, Awaitable[Concurrency]]]
 """The Concurrency for this request (the caller's tier, say)."""
 
@@ -258,23 +315,51 @@ class Rule:
     denial is reported "shadow_mode" to the limiter's `on_decision` hook
     and logged, never answered with a 429, and puts no fields on the
     response; a request without its identity skips it.
+
+    `block` (seconds) is a penalty, rate-limiter-flexible's
+    `blockDuration`: a request the bucket denies charges it into debt
+    (TB.ADJUST) so that the caller is refused for `block` seconds from the
+    denial (`Limiter.consume`'s `block`). The module's floor of `-max`
+    bounds it: at most `(max + cost) / rate`, checked when the rule is
+    built (or, for a bucket or cost function, when a request is charged).
+
+    `skip` lets trusted callers through: a function of the request (sync or
+    async) answering True, or a set of identities (what `key` returns: API
+    keys, client addresses); a skipped rule sends nothing and is named in
+    `skipped`.
+
+    A Deny in the bucket's place refuses every request the rule applies to
+    (a limit of zero) without calling Redis: a 429, Retry-After its
+    `retry_after`.
     """
 
-    bucket: Union[BucketOrQuota, BucketFunc[Any]]
+    bucket: Union[BucketOrQuota, Deny, BucketFunc[Any]]
     key: KeyFunc[Any]
     cost: Union[float, Callable[[Any], float]] = 1
     prefix: str = "rl"
     optional: bool = False
     fallback: Optional[KeyFunc[Any]] = None
     shadow: bool = False
+    block: Optional[float] = None
+    skip: Union[SkipFunc[Any], frozenset[str], set[str], None] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.shadow, bool):
             raise TypeError(f"a Rule's shadow is True or False, got {self.shadow!r}")
-        if isinstance(self.bucket, (Bucket, Quota)):
+        if self.skip is not None and not callable(self.skip):
+            if not isinstance(self.skip, (set, frozenset)) or not all(isinstance(k, str) for k in self.skip):
+                raise TypeError(f"a Rule's skip is a function of the request or a set of identities, got {self.skip!r}")
+            object.__setattr__(self, "skip", frozenset(self.skip))
+        if isinstance(self.bucket, Deny):
+            if self.block is not None or self.shadow:
+                raise ValueError(f"a Deny rule ({self.bucket.name}) takes no block and is never shadow")
+        elif isinstance(self.bucket, (Bucket, Quota)):
             _check_named(self.bucket)
             if not callable(self.cost):
                 check_amount(self.cost, self.bucket)
+                check_block(self.block, self.bucket, float(self.cost))
+            elif self.block is not None:
+                check_block(self.block, self.bucket, 0)
         elif not callable(self.bucket):
             raise TypeError(f"a Rule's bucket is a Bucket, a Quota or a function of the request, got {self.bucket!r}")
 
@@ -282,14 +367,32 @@ class Rule:
         """The rule's bucket (or quota) for this request."""
         if isinstance(self.bucket, (Bucket, Quota)):
             return self.bucket
+        if isinstance(self.bucket, Deny):
+            raise TypeError(f"the Deny rule {self.bucket.name} has no bucket")
         return _check_named(await of_request(self.bucket, request, (Bucket, Quota), "a Rule's bucket function"))
+
+    async def skipped(self, request: Any) -> bool:
+        """Whether the request is a trusted caller's, which this rule lets
+        through: `skip` answers True, or holds the request's identity."""
+        if self.skip is None:
+            return False
+        if isinstance(self.skip, (set, frozenset)):
+            identity = await of_request(self.key, request)
+            if identity is None and self.fallback is not None:
+                identity = await of_request(self.fallback, request)
+            return identity is not None and str(identity) in self.skip
+        return bool(await of_request(self.skip, request, object, "a Rule's skip function"))
 
     async def group(self, request: Any) -> Optional[tuple[str, BucketOrQuota, float]]:
         identity = await identity_of(self, request, lambda: self.name_for(request))
         if identity is None:
             return None
+        if isinstance(self.bucket, Deny):
+            raise AlwaysDenied(self.bucket)
         bucket = await self.bucket_for(request)
         cost = self.cost(request) if callable(self.cost) else self.cost
+        if self.block is not None and (callable(self.bucket) or callable(self.cost)):
+            check_block(self.block, bucket, float(cost))
         return (f"{self.prefix}:{bucket.name}:{identity}", bucket, cost)
 
     async def name_for(self, request: Any) -> str:
@@ -300,6 +403,8 @@ class Rule:
         """Claims this rule's keys on the limiter (`_key_owners`): its
         bucket's, or `bucket`, one its function returned."""
         b = self.bucket
+        if isinstance(b, Deny):
+            return  # no key: nothing is ever sent for it
         if isinstance(b, Quota):
             claim(limiter, self, self.prefix, str(b.name), ("quota", b.limit, b.period, b.offset))
         elif isinstance(b, Bucket):
@@ -314,16 +419,52 @@ async def groups_of(
     """The (key, bucket, cost) of each rule that applies to the request,
     and the names of the optional ones skipped for want of an identity;
     the buckets rules' functions return claim their keys on first use."""
+    ruled, skipped = await rules_of(limiter, rules, request)
+    return [group for _, group in ruled], skipped
+
+
+async def rules_of(
+    limiter: Limiter, rules: Sequence[Rule], request: Any
+) -> tuple[list[tuple[Rule, tuple[str, BucketOrQuota, float]]], tuple[str, ...]]:
+    """`groups_of`, each group with its rule. A trusted caller's rule
+    (`skip`) is skipped as an optional rule without an identity is; a Deny
+    rule that applies raises AlwaysDenied before anything is sent."""
     groups, skipped = [], []
     for rule in rules:
-        group = await rule.group(request)
+        group = None if await rule.skipped(request) else await rule.group(request)
         if group is None:
             skipped.append(await rule.name_for(request))
             continue
         if not isinstance(rule.bucket, (Bucket, Quota)):
             rule.claim(limiter, group[1])
-        groups.append(group)
+        groups.append((rule, group))
     return groups, tuple(skipped)
+
+
+async def penalize(
+    limiter: Limiter,
+    ruled: Sequence[tuple[Rule, tuple[str, BucketOrQuota, float]]],
+    decision: MultiDecision,
+    timeout: Optional[float],
+) -> MultiDecision:
+    """The penalties of a denial (`Rule.block`): each bucket that denied it,
+    whose rule has a block, charged into debt (TB.ADJUST, failing open: the
+    denial stands whatever becomes of it). An admitted, shadow, cached or
+    degraded decision is charged nothing."""
+    if decision.allowed or decision.cached or decision.degraded or decision.shed:
+        return decision
+    decisions = list(decision.decisions)
+    for i, ((rule, (key, bucket, _)), d) in enumerate(zip(ruled, decision.decisions, strict=False)):
+        if rule.block is None:
+            continue
+        charge = penalty(d, rule.block)
+        if charge > 0:
+            adjusted = await limiter.adjust(key, bucket, -charge, timeout=timeout, on_error="open")
+            decisions[i] = penalized(d, adjusted, rule.block)
+    if decisions == list(decision.decisions):
+        return decision
+    retry = max(d.retry_after_ms for d in decisions)
+    return replace(decision, decisions=tuple(decisions), retry_after_ms=retry)
 
 
 def split_shadow(rules: Sequence[Rule]) -> tuple[tuple[Rule, ...], tuple[Rule, ...]]:

@@ -26,14 +26,16 @@ from ._http import (
     ConcurrencyRule,
     Holds,
     IPNetwork,
-    MissingIdentity,
     Refusal,
+    Refused,
     Rule,
     add_fields,
     charge_shadow,
     client_address,
     groups_of,
+    penalize,
     refusal_of,
+    rules_of,
     split_shadow,
     trusted_networks,
 )
@@ -216,6 +218,7 @@ class RateLimitBase:
         self.limiter = limiter
         self.rules: Sequence[Rule] = rules
         self._enforced, self._shadow = split_shadow(rules)
+        self._block = any(r.block is not None for r in self._enforced)
         self.on_error = on_error
         self.timeout = timeout
         self.atomic = atomic
@@ -229,7 +232,8 @@ class RateLimitBase:
         request the buckets can serve within it is admitted and delayed by
         its reservation's wait, not refused. The shadow rules are charged
         beside, in a call of their own (`charge_shadow`)."""
-        groups, skipped = await groups_of(self.limiter, self._enforced, request)
+        ruled, skipped = await rules_of(self.limiter, self._enforced, request)
+        groups = [group for _, group in ruled]
         shadow = charge_shadow(self.limiter, self._shadow, request, self.timeout) if self._shadow else None
         if not groups:
             if shadow is not None:
@@ -242,6 +246,8 @@ class RateLimitBase:
             decision = await enforced
         else:
             decision, _ = await asyncio.gather(enforced, shadow)
+        if self._block:
+            decision = await penalize(self.limiter, ruled, decision, self.timeout)
         if decision.delay_ms > 0 and not decision.degraded:
             await self.limiter.sleep(decision.delay_ms / 1000)
         return replace(decision, skipped=skipped) if skipped else decision
@@ -357,7 +363,7 @@ class RateLimitMiddleware:
         request = _limited_request(scope, self.exempt)
         try:
             decision = None if request is None else await self.limit.check(request)
-        except MissingIdentity as missing:
+        except Refused as missing:
             await refusal_response(missing.refusal)(scope, receive, send)
             return
         if decision is None:
@@ -400,7 +406,7 @@ class ConcurrencyMiddleware:
         request = _limited_request(scope, self.exempt)
         try:
             held = None if request is None else await self.limit.hold(request)
-        except MissingIdentity as missing:
+        except Refused as missing:
             await refusal_response(missing.refusal)(scope, receive, send)
             return
         if held is None:

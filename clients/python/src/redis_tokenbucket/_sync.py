@@ -17,6 +17,7 @@ from ._engine import Plan
 from ._hold import Hold
 from ._lease import Concurrency, Lease
 from ._limiter import LimiterBase
+from ._penalty import check_block, penalized, penalty
 from ._quota import Rule
 from ._requests import PROBE_KEY, GroupIn, Job, OnError
 from ._transport import SyncTransport
@@ -104,6 +105,7 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
         shadow: Optional[bool] = None,
+        block: Optional[float] = None,
     ) -> Decision:
         """Charges `cost` tokens if the bucket holds them (TB.CONSUME), or
         `cost` of a Quota's period if it has them left (TB.QUOTA).
@@ -111,9 +113,20 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         `max_wait` (seconds, buckets only) reserves: a bucket that would
         hold the tokens within `max_wait` admits now, in debt, and the
         Decision's `delay_ms` is the wait before proceeding (TB.CONSUME
-        ... WAIT max_ms); `wait()` sleeps it for you."""
+        ... WAIT max_ms); `wait()` sleeps it for you.
+
+        `block` (seconds, buckets only) is a penalty: a denial charges the
+        bucket into debt (TB.ADJUST) so that the caller is refused for
+        `block` seconds (`_penalty`); at most `(max + cost) / rate`."""
+        seconds = check_block(block, bucket, cost)
         options = self._options(timeout, on_error)
-        return self._run(self._requests.one("consume", key, bucket, cost, options, max_wait), shadow)
+        d = self._run(self._requests.one("consume", key, bucket, cost, options, max_wait), shadow)
+        charge = penalty(d, seconds) if seconds is not None else 0.0
+        if charge <= 0 or seconds is None:
+            return d
+        # Failing open: Redis's denial stands whatever becomes of its penalty.
+        adjusted = self.adjust(key, bucket, -charge, timeout=timeout, on_error="open")
+        return penalized(d, adjusted, seconds)
 
     def peek(
         self,

@@ -22,6 +22,7 @@ from ._engine import Plan
 from ._hold import AsyncHold
 from ._lease import Concurrency, Lease
 from ._limiter import LimiterBase
+from ._penalty import check_block, penalized, penalty
 from ._quota import Rule
 from ._requests import PROBE_KEY, GroupIn, Job, OnError
 from ._transport import AsyncTransport
@@ -71,12 +72,20 @@ class Limiter(LimiterBase[Union[Redis, RedisCluster]]):
         timeout: Optional[float] = None,
         on_error: Optional[OnError] = None,
         shadow: Optional[bool] = None,
+        block: Optional[float] = None,
     ) -> Decision:
         """Charges `cost` tokens if the bucket holds them (TB.CONSUME), or
         of a Quota's period (TB.QUOTA); `max_wait` reserves, as in
         ``redis_tokenbucket.Limiter.consume``."""
+        seconds = check_block(block, bucket, cost)
         options = self._options(timeout, on_error)
-        return await self._run(self._requests.one("consume", key, bucket, cost, options, max_wait), shadow)
+        d = await self._run(self._requests.one("consume", key, bucket, cost, options, max_wait), shadow)
+        charge = penalty(d, seconds) if seconds is not None else 0.0
+        if charge <= 0 or seconds is None:
+            return d
+        # Failing open: Redis's denial stands whatever becomes of its penalty.
+        adjusted = await self.adjust(key, bucket, -charge, timeout=timeout, on_error="open")
+        return penalized(d, adjusted, seconds)
 
     async def peek(
         self,

@@ -35,7 +35,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ._decision import MultiDecision
-from ._http import QUOTA_EXCEEDED, ConcurrencyRule, Holds, MissingIdentity, Rule, Then, add_fields
+from ._http import (
+    QUOTA_EXCEEDED,
+    AlwaysDenied,
+    ConcurrencyRule,
+    Deny,
+    Holds,
+    MissingIdentity,
+    Refused,
+    Rule,
+    Then,
+    add_fields,
+)
 from ._lease import Lease
 from ._requests import OnError
 from ._starlette import (
@@ -59,17 +70,20 @@ from .asyncio import Limiter
 
 __all__ = [
     "QUOTA_EXCEEDED",
+    "AlwaysDenied",
     "BucketFunc",
     "ConcurrencyFunc",
     "ConcurrencyLimit",
     "ConcurrencyMiddleware",
     "ConcurrencyRule",
+    "Deny",
     "KeyFunc",
     "MissingIdentity",
     "RateLimit",
     "RateLimitHeaders",
     "RateLimitMiddleware",
     "RateLimitRefused",
+    "Refused",
     "Rule",
     "api_key",
     "client_ip",
@@ -187,7 +201,7 @@ class RateLimit(RateLimitBase):
     async def __call__(self, request: Request, response: Response) -> MultiDecision:
         try:
             decision = await self.check(request)
-        except MissingIdentity as missing:
+        except Refused as missing:
             raise RateLimitRefused(refusal_response(missing.refusal), missing.refusal.body) from None
         chosen: Optional[dict[str, str]] = request.scope.get(HEADERS_SCOPE_KEY)
         refusal = self.answer(decision)
@@ -244,7 +258,7 @@ class ConcurrencyLimit(ConcurrencyLimitBase):
             _refuse_uninstalled()
         try:
             held = await self.hold(request)
-        except MissingIdentity as missing:
+        except Refused as missing:
             raise RateLimitRefused(refusal_response(missing.refusal), missing.refusal.body) from None
         if held is None:
             return None
