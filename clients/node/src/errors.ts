@@ -55,6 +55,42 @@ export class MissingIdentity extends LimiterError {
 }
 
 /**
+ * A request a rule with a `Deny` refuses, before anything is sent to
+ * Redis: a 429 with the rule's RateLimit fields (`q=0`, `r=0`),
+ * Retry-After (`retryAfter` seconds) and a problem+json `body`.
+ */
+export class AlwaysDenied extends LimiterError {
+  static {
+    brand(AlwaysDenied);
+  }
+  readonly policy: string;
+  readonly retryAfter: number;
+  readonly status = 429;
+  constructor(policy: string, retryAfter: number) {
+    super(`rule ${policy}: denies every request`);
+    this.policy = policy;
+    this.retryAfter = retryAfter;
+  }
+  get headers(): Record<string, string> {
+    const { policy, retryAfter } = this;
+    return {
+      "RateLimit-Policy": `"${policy}";q=0`,
+      RateLimit: `"${policy}";r=0;t=${retryAfter}`,
+      "Retry-After": String(retryAfter),
+    };
+  }
+  get body(): Record<string, unknown> {
+    return {
+      type: "https://iana.org/assignments/http-problem-types#quota-exceeded",
+      title: "Request cannot be satisfied as assigned quota has been exceeded",
+      status: 429,
+      detail: `Rate limited by ${this.policy}: retry in ${this.retryAfter} s.`,
+      "violated-policies": [this.policy],
+    };
+  }
+}
+
+/**
  * `consumeMany(..., { atomic: true })` on a Redis Cluster with keys in more
  * than one hash slot: one atomic call can't reach them all.
  */

@@ -7,7 +7,7 @@
 
 import type { NextFunction, Request, Response } from "express";
 import type { MultiDecision } from "./decision.js";
-import { MissingIdentity } from "./errors.js";
+import { AlwaysDenied, MissingIdentity } from "./errors.js";
 import { mergeRateLimitHeaders, rateLimitHeaders } from "./headers.js";
 import {
   acquireFor,
@@ -34,6 +34,7 @@ export {
   type ConcurrencyLimitOptions,
   type ConcurrencyRule,
   clientIp,
+  Deny,
   holdUntilSent,
   type KeyFunction,
   type NodeRequest,
@@ -42,6 +43,7 @@ export {
   type RefusalOptions,
   type ResponseEvents,
   type Rule,
+  type Skip,
 } from "./http.js";
 export { type ClientRateLimitInfo, type StoreOptions, StoreUnavailable, TokenBucketStore } from "./store.js";
 
@@ -87,6 +89,10 @@ function setFields(response: Response, fields: Record<string, string>): void {
 /** A request with no identity for a rule: a 400 problem, or the error for `next`. */
 function missingOr(response: Response, next: NextFunction): (error: unknown) => void {
   return (error: unknown) => {
+    if (error instanceof AlwaysDenied) {
+      response.status(429).set(error.headers).type("application/problem+json").send(JSON.stringify(error.body));
+      return;
+    }
     if (!(error instanceof MissingIdentity)) return next(error);
     response.status(400).type("application/problem+json").send(JSON.stringify(error.body));
   };

@@ -7,7 +7,7 @@
 
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from "fastify";
 import type { MultiDecision } from "./decision.js";
-import { MissingIdentity } from "./errors.js";
+import { AlwaysDenied, MissingIdentity } from "./errors.js";
 import { mergeRateLimitHeaders, rateLimitHeaders } from "./headers.js";
 import {
   acquireFor,
@@ -34,6 +34,7 @@ export {
   type ConcurrencyLimitOptions,
   type ConcurrencyRule,
   clientIp,
+  Deny,
   holdUntilSent,
   type KeyFunction,
   type NodeRequest,
@@ -41,6 +42,7 @@ export {
   type Refusal,
   type RefusalOptions,
   type Rule,
+  type Skip,
 } from "./http.js";
 
 declare module "fastify" {
@@ -109,6 +111,9 @@ async function refuse<R>(
 
 /** A request with no identity for a rule: a 400 problem; any other error is thrown on. */
 function missing(error: unknown, reply: FastifyReply): FastifyReply {
+  if (error instanceof AlwaysDenied) {
+    return reply.code(429).headers(error.headers).type("application/problem+json").send(JSON.stringify(error.body));
+  }
   if (!(error instanceof MissingIdentity)) throw error;
   return reply.code(400).type("application/problem+json").send(JSON.stringify(error.body));
 }

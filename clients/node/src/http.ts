@@ -16,12 +16,13 @@
 
 import { createHash } from "node:crypto";
 import { BlockList, isIP } from "node:net";
-import { type Amount, Bucket, checkCost } from "./bucket.js";
+import { type Amount, Bucket, checkCost, number } from "./bucket.js";
 import { MultiDecision } from "./decision.js";
-import { MissingIdentity } from "./errors.js";
+import { AlwaysDenied, MissingIdentity } from "./errors.js";
 import { rateLimitHeaders } from "./headers.js";
 import { Concurrency, checkInt, Lease } from "./lease.js";
 import type { GroupIn, Limiter, ManyOptions } from "./limiter.js";
+import { checkBlock, penalized, penalty } from "./penalty.js";
 import { checkQuotaCost, Quota } from "./quota.js";
 import { checkMaxWait } from "./requests.js";
 
@@ -40,13 +41,40 @@ export interface NodeRequest {
  */
 export type KeyFunction<R = NodeRequest> = (request: R) => string | undefined | Promise<string | undefined>;
 
+/**
+ * A limit of zero (envoyproxy/ratelimit's `requests_per_unit: 0`): a rule
+ * whose bucket is a Deny refuses every request it applies to with a 429,
+ * without calling Redis. No refill ever admits one, so Retry-After is
+ * `retryAfter` seconds (an hour by default): long enough to keep a client
+ * out of a retry loop, short enough to notice the rule lifted.
+ */
+export class Deny {
+  readonly name: string;
+  readonly retryAfter: number;
+  constructor(options: { name: string; retryAfter?: number }) {
+    if (options === null || typeof options !== "object" || typeof options.name !== "string" || options.name === "") {
+      throw new TypeError("Deny takes { name, retryAfter? }");
+    }
+    const retryAfter = options.retryAfter ?? 3600;
+    if (!Number.isSafeInteger(retryAfter) || retryAfter < 1) {
+      throw new RangeError(`a Deny's retryAfter is a whole number of seconds >= 1, got ${String(options.retryAfter)}`);
+    }
+    this.name = options.name;
+    this.retryAfter = retryAfter;
+    Object.freeze(this);
+  }
+}
+
+/** A trusted caller lets a rule through: a function of the request, or a set of identities (what `key` gives). */
+export type Skip<R> = ((request: R) => boolean | Promise<boolean>) | ReadonlySet<string>;
+
 export interface Rule<R = NodeRequest> {
   /**
    * The bucket. Its name names the policy in the headers and in
    * `violated-policies`, and is part of the Redis key, so on one limiter a
    * name has one max and rate (another is refused when written).
    */
-  bucket: Bucket | Quota;
+  bucket: Bucket | Quota | Deny;
   /** The identity: requests are charged at the Redis key `prefix:name:identity`. */
   key: KeyFunction<R>;
   /** Asked when `key` gives no identity (`clientIp`, say). */
@@ -77,6 +105,16 @@ export interface Rule<R = NodeRequest> {
    * never delay).
    */
   maxDelayMs?: number;
+  /**
+   * A penalty (rate-limiter-flexible's `blockDuration`): a request the
+   * bucket denies charges it into debt (TB.ADJUST) so the caller is
+   * refused for this many ms from the denial. The module's floor of `-max`
+   * bounds it: at most `1000 * (max + cost) / rate`, checked when the rule
+   * is written (for a cost function, when a request is charged).
+   */
+  blockMs?: number;
+  /** Trusted callers skip the rule: nothing is sent, and it is named in `skipped`. */
+  skip?: Skip<R>;
 }
 
 export interface LimitOptions extends Pick<ManyOptions, "atomic" | "onError" | "timeoutMs"> {
@@ -168,9 +206,22 @@ export function checkRules<R>(limiter: Limiter, rules: readonly Rule<R>[]): void
     if (rule.bucket.name === undefined) {
       throw new RangeError("a rule's bucket needs a name: new Bucket({ max, rate, name: 'user' })");
     }
+    if (rule.skip !== undefined && typeof rule.skip !== "function" && !(rule.skip instanceof Set)) {
+      throw new TypeError(`rule ${rule.bucket.name}: skip is a function of the request or a Set of identities`);
+    }
+    if (rule.bucket instanceof Deny) {
+      if (rule.blockMs !== undefined || rule.shadow === true || rule.maxDelayMs !== undefined) {
+        throw new TypeError(`rule ${rule.bucket.name}: a Deny takes no blockMs or maxDelayMs and is never shadow`);
+      }
+      continue;
+    }
     if (rule.cost !== undefined && typeof rule.cost !== "function") {
       if (rule.bucket instanceof Quota) checkQuotaCost(rule.cost, rule.bucket);
       else checkCost(rule.cost, rule.bucket);
+    }
+    if (rule.blockMs !== undefined) {
+      const cost = typeof rule.cost === "function" ? 0 : number(rule.cost ?? 1, "cost");
+      checkBlock(rule.blockMs, rule.bucket, cost);
     }
     if (rule.maxDelayMs !== undefined) checkMaxWait(rule.maxDelayMs, "consume", rule.bucket);
     if (rule.shadow !== undefined && typeof rule.shadow !== "boolean") {
@@ -180,8 +231,13 @@ export function checkRules<R>(limiter: Limiter, rules: readonly Rule<R>[]): void
   maxDelayOf(rules);
   claim(
     limiter,
-    rules.map((rule) => [policyKey(rule.prefix, rule.bucket.name), rule.bucket]),
+    limited(rules).map((rule) => [policyKey(rule.prefix, rule.bucket.name), rule.bucket]),
   );
+}
+
+/** The rules that have a bucket: not a Deny's. */
+function limited<R>(rules: readonly Rule<R>[]): (Rule<R> & { bucket: Bucket | Quota })[] {
+  return rules.filter((r): r is Rule<R> & { bucket: Bucket | Quota } => !(r.bucket instanceof Deny));
 }
 
 /**
@@ -191,7 +247,7 @@ export function checkRules<R>(limiter: Limiter, rules: readonly Rule<R>[]): void
  */
 export async function resetIdentity<R>(limiter: Limiter, rules: readonly Rule<R>[], identity: string): Promise<void> {
   await Promise.all(
-    rules.map((rule) =>
+    limited(rules).map((rule) =>
       limiter.adjust(`${policyKey(rule.prefix, rule.bucket.name)}:${identity}`, rule.bucket, 2 * rule.bucket.max, {
         onError: "raise",
       }),
@@ -222,21 +278,73 @@ async function identityOf<R>(
   return identity;
 }
 
-/** A request's `[key, rule, cost]` groups under its rules, and the optional ones skipped for want of an identity. */
-async function groupsOf<R>(rules: readonly Rule<R>[], request: R): Promise<[GroupIn[], string[]]> {
+/** Whether a trusted caller's request skips the rule: `skip` answers true, or holds its identity. */
+async function skips<R>(rule: Rule<R>, request: R): Promise<boolean> {
+  if (rule.skip === undefined) return false;
+  if (typeof rule.skip === "function") return (await rule.skip(request)) === true;
+  let identity = await rule.key(request);
+  if (identity === undefined && rule.fallback !== undefined) identity = await rule.fallback(request);
+  return identity !== undefined && rule.skip.has(identity);
+}
+
+/**
+ * A request's `[key, rule, cost]` groups under its rules, the rule of each,
+ * and those skipped: optional ones without an identity, and trusted
+ * callers' (`skip`). A Deny rule that applies throws AlwaysDenied before
+ * anything is sent.
+ */
+async function groupsOf<R>(rules: readonly Rule<R>[], request: R): Promise<[GroupIn[], string[], Rule<R>[]]> {
   const groups: [string, Bucket | Quota, Amount][] = [];
   const skipped: string[] = [];
+  const ruled: Rule<R>[] = [];
   for (const rule of rules) {
     const name = rule.bucket.name as string;
-    const identity = await identityOf(rule, request, name);
+    const identity = (await skips(rule, request)) ? undefined : await identityOf(rule, request, name);
     if (identity === undefined) {
       skipped.push(name);
       continue;
     }
+    if (rule.bucket instanceof Deny) throw new AlwaysDenied(name, rule.bucket.retryAfter);
     const cost = typeof rule.cost === "function" ? rule.cost(request) : (rule.cost ?? 1);
+    if (rule.blockMs !== undefined && typeof rule.cost === "function") {
+      checkBlock(rule.blockMs, rule.bucket, number(cost, "cost"));
+    }
     groups.push([`${policyKey(rule.prefix, name)}:${identity}`, rule.bucket, cost]);
+    ruled.push(rule);
   }
-  return [groups, skipped];
+  return [groups, skipped, ruled];
+}
+
+/**
+ * The penalties of a denial (`blockMs`): each bucket that denied it, whose
+ * rule has a block, charged into debt (TB.ADJUST, failing open: the denial
+ * stands whatever becomes of it). An admitted, shadow, cached or degraded
+ * decision is charged nothing.
+ */
+async function penalize<R>(
+  limiter: Limiter,
+  groups: readonly GroupIn[],
+  ruled: readonly Rule<R>[],
+  m: MultiDecision,
+  timeoutMs?: number,
+): Promise<MultiDecision> {
+  if (m.allowed || m.cached || m.degraded || m.shed) return m;
+  let changed = false;
+  const decisions = await Promise.all(
+    m.decisions.map(async (d, i) => {
+      const blockMs = ruled[i]?.blockMs;
+      const group = groups[i];
+      if (blockMs === undefined || group === undefined) return d;
+      const charge = penalty(d, blockMs);
+      if (charge <= 0) return d;
+      const adjusted = await limiter.adjust(group[0], group[1], -charge, { timeoutMs, onError: "open" });
+      changed = true;
+      return penalized(d, adjusted, blockMs);
+    }),
+  );
+  if (!changed) return m;
+  const retry = Math.max(...decisions.map((d) => d.retryAfterMs));
+  return new MultiDecision(m.allowed, retry, decisions, { ...m });
 }
 
 /**
@@ -270,7 +378,7 @@ export async function check<R>(
 ): Promise<MultiDecision> {
   const enforced = rules.filter((r) => r.shadow !== true);
   const shadowRules = rules.filter((r) => r.shadow === true);
-  const [groups, skipped] = await groupsOf(enforced, request);
+  const [groups, skipped, ruled] = await groupsOf(enforced, request);
   const { atomic, onError, timeoutMs } = options;
   const shadow = shadowRules.length > 0 ? chargeShadow(limiter, shadowRules, request, timeoutMs) : undefined;
   if (groups.length === 0) {
@@ -279,7 +387,7 @@ export async function check<R>(
   }
   const maxWaitMs = maxDelayOf(enforced);
   const wait = maxWaitMs === undefined || !groups.some(([, b]) => b instanceof Bucket) ? undefined : maxWaitMs;
-  const [m] = await Promise.all([
+  const [charged] = await Promise.all([
     limiter.consumeMany(groups, {
       atomic,
       onError,
@@ -288,6 +396,9 @@ export async function check<R>(
     }),
     shadow,
   ]);
+  const m = ruled.some((r) => r.blockMs !== undefined)
+    ? await penalize(limiter, groups, ruled, charged, timeoutMs)
+    : charged;
   if (m.delayMs > 0 && !m.degraded) await limiter.sleep(m.delayMs);
   return skipped.length === 0 ? m : new MultiDecision(m.allowed, m.retryAfterMs, m.decisions, { ...m, skipped });
 }

@@ -17,6 +17,7 @@ export { LIBRARY_VERSION } from "./contract.js";
 export { Decision, MultiDecision } from "./decision.js";
 export { type BackendName, type Logger, refused } from "./engine.js";
 export {
+  AlwaysDenied,
   CircuitOpenError,
   CrossSlotError,
   LimiterError,

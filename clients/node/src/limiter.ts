@@ -6,7 +6,7 @@
 
 import { type Arg, type Connection, connect, type RedisLike } from "./adapters.js";
 import { Breaker, type BreakerState } from "./breaker.js";
-import type { Amount, Key } from "./bucket.js";
+import { type Amount, type Key, number } from "./bucket.js";
 import { DenialCache } from "./cache.js";
 import { Decision, MultiDecision } from "./decision.js";
 import { type BackendName, Engine, type IO, type Logger } from "./engine.js";
@@ -16,6 +16,7 @@ import { Keeper, type LeaseKeeper } from "./hold.js";
 import { keyId } from "./keys.js";
 import { Busy, type Concurrency, Lease } from "./lease.js";
 import { requireWasmoon } from "./local.js";
+import { checkBlock, penalized, penalty } from "./penalty.js";
 import { FailurePolicy } from "./policy.js";
 import type { Rule } from "./quota.js";
 import { checkWaitReplicas, checkWaitTimeout, ReplicaWait } from "./replicas.js";
@@ -235,10 +236,19 @@ export class Limiter {
    * Charges `cost` tokens if the bucket holds them (TB.CONSUME), or `cost`
    * of a Quota's period budget (TB.QUOTA). With `maxWaitMs` (buckets
    * only), a reservation: admitted if its turn comes within that wait,
-   * `delayMs` saying how long to wait before going ahead.
+   * `delayMs` saying how long to wait before going ahead. With `blockMs`
+   * (buckets only), a penalty: a denial charges the bucket into debt
+   * (TB.ADJUST) so the caller is refused for `blockMs` (penalty.ts); at
+   * most `1000 * (max + cost) / rate`.
    */
   async consume(key: Key, bucket: Rule, cost: Amount = 1, options?: ConsumeOptions): Promise<Decision> {
-    return this.run(oneJob(this.ctx, "consume", key, bucket, cost, options), options?.shadow);
+    const blockMs = checkBlock(options?.blockMs, bucket, number(cost, "cost"));
+    const d = await this.run(oneJob(this.ctx, "consume", key, bucket, cost, options), options?.shadow);
+    const charge = blockMs === undefined ? 0 : penalty(d, blockMs);
+    if (charge <= 0 || blockMs === undefined) return d;
+    // Failing open: Redis's denial stands whatever becomes of its penalty.
+    const adjusted = await this.adjust(key, bucket, -charge, { timeoutMs: options?.timeoutMs, onError: "open" });
+    return penalized(d, adjusted, blockMs);
   }
 
   /** What `consume` would answer, without charging (TB.PEEK, TB.QPEEK). */

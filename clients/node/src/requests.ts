@@ -39,6 +39,12 @@ export interface ConsumeOptions extends CallOptions {
   maxWaitMs?: number;
   /** consume only: this call in shadow mode (default: the limiter's `shadow`). */
   shadow?: boolean;
+  /**
+   * consume only, buckets only: a penalty. A denial charges the bucket into
+   * debt (TB.ADJUST) so the caller is refused for this many ms; at most
+   * `1000 * (max + cost) / rate`, the floor of `-max`.
+   */
+  blockMs?: number;
 }
 
 /** Options of wait: a call's, and the longest wait it may be given (required). */

@@ -514,6 +514,10 @@ function ruleOf(step) {
 async function invoke(limiter, step, leases, slept) {
   const options = step.on_error === undefined ? {} : { onError: step.on_error };
   if (step.max_wait_ms !== undefined) options.maxWaitMs = step.max_wait_ms;
+  if (step.block_ms !== undefined) {
+    assert.equal(step.call, "consume", "block_ms is a consume's");
+    options.blockMs = step.block_ms;
+  }
   if (step.shadow !== undefined) {
     assert.ok(["consume", "consume_many"].includes(step.call), `shadow is a consume's or a consume_many's`);
     options.shadow = step.shadow;
