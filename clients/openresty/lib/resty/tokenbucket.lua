@@ -27,12 +27,13 @@ local hold_mod = require "resty.tokenbucket.hold"
 local limiter_mod = require "resty.tokenbucket.limiter"
 local logonce = require "resty.tokenbucket.logonce"
 local memdict = require "resty.tokenbucket.memdict"
+local penalty = require "resty.tokenbucket.penalty"
 local transport_mod = require "resty.tokenbucket.transport"
 local rules_mod = require "resty.tokenbucket.rules"
 local slot = require "resty.tokenbucket.slot"
 
 local ngx = ngx
-local type, pairs, tostring, setmetatable = type, pairs, tostring, setmetatable
+local type, pairs, ipairs, tostring, setmetatable = type, pairs, ipairs, tostring, setmetatable
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -236,6 +237,31 @@ function Edge:shadow_rules(groups)
   return enforced
 end
 
+-- The penalties of a denial (a rule's block_ms): each bucket that denied
+-- it, whose rule has a block, charged into debt (TB.ADJUST, failing open:
+-- the denial stands whatever becomes of it). An admitted, shadow, cached
+-- or degraded decision is charged nothing.
+function Edge:penalize(groups, decision)
+  if decision.allowed or decision.cached or decision.degraded or decision.shed then return decision end
+  local decisions, changed = {}, false
+  for i, d in ipairs(decision.decisions) do
+    local g = groups[i]
+    local block_ms = g and g.block_ms
+    local charge = block_ms and penalty.charge(d, block_ms) or 0
+    if charge > 0 then
+      local adjusted = self.limiter:adjust(g[1], d.bucket, -charge, { on_error = "open" })
+      d, changed = penalty.penalized(d, adjusted, block_ms), true
+    end
+    decisions[i] = d
+  end
+  if not changed then return decision end
+  local out = {}
+  for k, v in pairs(decision) do out[k] = v end
+  out.decisions = decisions
+  for i = 1, #decisions do out.retry_after_ms = math.max(out.retry_after_ms, decisions[i].retry_after_ms) end
+  return out
+end
+
 -- access_by_lua: this request's decision under the rules. Admitted: the
 -- request goes on, with its RateLimit fields; else the refusal is sent
 -- (429 with the fields and a problem body, 503 shed or failing closed,
@@ -244,7 +270,11 @@ function Edge:access()
   local rules = self.rules
   if rules == nil then error("resty.tokenbucket: access() needs rules or a concurrency in the configuration", 2) end
   local groups, lease_spec = rules:evaluate(var, ngx.ctx)
-  if groups == nil then return self:bad_request(lease_spec) end
+  if groups == nil then
+    -- A deny rule's 429, made before anything is sent.
+    if lease_spec.refusal then return self:refuse(lease_spec.refusal) end
+    return self:bad_request(lease_spec)
+  end
   local limiter = self.limiter
   groups = self:shadow_rules(groups)
   if lease_spec then
@@ -261,6 +291,7 @@ function Edge:access()
   local delay = self.max_delay_ms
   local decision, err = limiter:consume_many(groups, delay and { max_wait_ms = delay } or nil)
   if decision == nil then return self:fail(err) end
+  decision = self:penalize(groups, decision)
   local refusal = headers.refusal(decision, self.legacy)
   if refusal then return self:refuse(refusal) end
   self:fields(decision)

@@ -79,7 +79,7 @@ function T.rules_are_checked_when_loaded()
   h.eq(err({ rules = { { name = "u", max = 1, rate = 1, key = "x" } } }),
     'resty.tokenbucket rules: rule u: key must be an nginx variable ("$http_x_api_key") or a function, got x')
   h.eq(err({ rules = { { name = "u", max = 1, rate = 1, limit = "1/second", key = "$x" } } }),
-    'resty.tokenbucket rules: rule u: give one of bucket, limit ("N/minute"), max and rate, or quota ({limit, period})')
+    'resty.tokenbucket rules: rule u: give one of bucket, limit ("N/minute"), max and rate, quota ({limit, period}) or deny')
   h.eq(err({ rules = { { name = "u", limit = "10/fortnight", key = "$x" } } }),
     "resty.tokenbucket rules: rule u: invalid limit '10/fortnight': expected N/unit or N per [k] unit, units: second, "
       .. "minute, hour, day, month, year")
@@ -90,6 +90,44 @@ function T.rules_are_checked_when_loaded()
     "resty.tokenbucket rules: rule u: cost must not exceed max, it could never pass")
   h.eq(err({ concurrency = { name = "s", limit = 0, lease_ms = 1, key = "$x" } }),
     "resty.tokenbucket rules: concurrency s: limit must be >= 1 and <= 1000000")
+end
+
+function T.block_ms_is_checked_against_the_floor_when_written()
+  local function refused(rule)
+    local ok, e = pcall(rules.new, { rules = { rule } })
+    h.eq(ok, false)
+    return e
+  end
+  -- From -max to a cost of 1: 1000 * (1 + 1) / 0.01 = 200000 ms.
+  local r = rules.new({ rules = { { name = "k", max = 1, rate = 0.01, key = "$x", block_ms = 200000 } } })
+  h.eq(r:evaluate(vars({ x = "a" }), {})[1].block_ms, 200000)
+  h.eq(refused({ name = "k", max = 1, rate = 0.01, key = "$x", block_ms = 200001 }),
+    "resty.tokenbucket rules: rule k: block_ms 200001 is longer than this bucket can hold: TB.ADJUST's debt"
+    .. " stops at -max, so a call of cost 1 waits at most 1000 * (max + cost) / rate = 200000 ms")
+  h.eq(refused({ name = "k", max = 1, rate = 0.01, key = "$x", block_ms = 0 }),
+    "resty.tokenbucket rules: rule k: block_ms must be > 0, got 0")
+  h.eq(refused({ name = "q", quota = { limit = 5, period = "day" }, key = "$x", block_ms = 10 }),
+    "resty.tokenbucket rules: rule q: block_ms needs a bucket: a quota's period ends when it ends")
+  h.eq(refused({ name = "b", deny = true, key = "$x", block_ms = 10 }),
+    "resty.tokenbucket rules: rule b: a deny rule takes no block_ms and is never shadow")
+  h.eq(refused({ name = "b", deny = true, key = "$x", retry_after = 0 }),
+    "resty.tokenbucket rules: rule b: retry_after is a whole number of seconds >= 1, got 0")
+end
+
+function T.a_deny_rule_refuses_with_429_and_trusted_callers_skip()
+  local r = rules.new({ rules = {
+    { name = "banned", deny = true, key = "$peer", skip = { "10.0.0.7" }, retry_after = 60 },
+    { name = "user", max = 5, rate = 1, key = "$user", skip = function(ctx) return ctx.internal end },
+  } })
+  local groups, bad = r:evaluate(vars({ peer = "10.0.0.8", user = "u" }), {})
+  h.eq(groups, nil)
+  h.eq({ bad.status, bad.refusal.status, bad.refusal.headers["Retry-After"], bad.refusal.headers["RateLimit-Policy"] },
+    { 429, 429, "60", '"banned";q=0' })
+  h.eq(bad.refusal.body["violated-policies"], { "banned" })
+  groups = r:evaluate(vars({ peer = "10.0.0.7", user = "u" }), {})
+  h.eq({ #groups, groups[1][1] }, { 1, "rl:user:u" })
+  groups = r:evaluate(vars({ peer = "10.0.0.7", user = "u" }), { internal = true })
+  h.eq(#groups, 0, "both rules skipped: nothing to send")
 end
 
 return T

@@ -376,8 +376,10 @@ local function invoke(lim, step, leases)
   if step.shadow ~= nil and op ~= "consume" and op ~= "consume_many" then
     error("shadow is a consume's or a consume_many's, not " .. tostring(op) .. "'s", 0)
   end
-  local opts = (step.on_error or step.max_wait_ms or step.shadow ~= nil)
-    and { on_error = step.on_error, max_wait_ms = step.max_wait_ms, shadow = step.shadow } or nil
+  if step.block_ms ~= nil and op ~= "consume" then error("block_ms is a consume's, not " .. tostring(op) .. "'s", 0) end
+  local opts = (step.on_error or step.max_wait_ms or step.shadow ~= nil or step.block_ms)
+    and { on_error = step.on_error, max_wait_ms = step.max_wait_ms, shadow = step.shadow, block_ms = step.block_ms }
+    or nil
   if op == "consume" or op == "peek" then return lim[op](lim, step.key, rule_of(step), step.cost or 1, opts)
   elseif op == "wait" then return lim:delay(step.key, rule_of(step), step.cost or 1, opts)
   elseif op == "adjust" then return lim:adjust(step.key, rule_of(step), step.delta, opts)

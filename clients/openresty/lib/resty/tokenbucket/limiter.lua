@@ -28,6 +28,7 @@ local logonce = require "resty.tokenbucket.logonce"
 local memdict = require "resty.tokenbucket.memdict"
 local decision_mod = require "resty.tokenbucket.decision"
 local policy = require "resty.tokenbucket.policy"
+local penalty = require "resty.tokenbucket.penalty"
 local requests = require "resty.tokenbucket.requests"
 
 local type, pairs, pcall, setmetatable, tostring = type, pairs, pcall, setmetatable, tostring
@@ -255,10 +256,21 @@ end
 -- Charges `cost` (default 1) if the bucket holds it (TB.CONSUME).
 -- opts.shadow (default: the limiter's shadow): a bucket's denial is
 -- answered admitted, with shadow = true.
+-- opts.block_ms (buckets only): a penalty, a denial charged into debt
+-- (TB.ADJUST) so the caller is refused for block_ms (penalty.lua); at most
+-- 1000 * (max + cost) / rate.
 function Limiter:consume(key, bucket, cost, opts)
+  local block_ms, bad = penalty.check(opts and opts.block_ms, bucket, cost)
+  if bad ~= nil then return nil, bad end
   local j, err = checked(requests.one, self, "consume", key, bucket, cost, opts)
   if j == nil then return nil, err end
-  return run(self, j, opts and opts.shadow)
+  local d, e = run(self, j, opts and opts.shadow)
+  if d == nil or block_ms == nil then return d, e end
+  local charge = penalty.charge(d, block_ms)
+  if charge <= 0 then return d end
+  -- Failing open: Redis's denial stands whatever becomes of its penalty.
+  local adjusted = self:adjust(key, d.bucket, -charge, { on_error = "open" })
+  return penalty.penalized(d, adjusted, block_ms)
 end
 
 -- What consume would answer, without charging (TB.PEEK).

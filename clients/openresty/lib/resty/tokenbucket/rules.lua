@@ -22,10 +22,21 @@
 -- A `shadow = true` rule is charged in a call of its own and never refuses
 -- (a request without its identity skips it): its denials are let through,
 -- reported "shadow_mode" to on_decision and logged.
+--
+-- `block_ms` is a penalty (rate-limiter-flexible's blockDuration): a
+-- request the bucket denies charges it into debt with TB.ADJUST so that
+-- the caller is refused for block_ms (penalty.lua), at most
+-- 1000 * (max + cost) / rate, checked here. `deny = true` in place of a
+-- bucket is a limit of zero (envoyproxy/ratelimit's requests_per_unit: 0):
+-- every request the rule applies to is refused with a 429, Retry-After
+-- `retry_after` seconds (3600 by default), without calling Redis. `skip`
+-- lets trusted callers through before anything is sent: a function of
+-- ngx.ctx answering true, or a list of identities (what `key` gives).
 -- Plain Lua: the variable lookup is injected.
 
 local bucket_mod = require "resty.tokenbucket.bucket"
 local quota_mod = require "resty.tokenbucket.quota"
+local penalty = require "resty.tokenbucket.penalty"
 
 local type, tostring, pcall, find, byte = type, tostring, pcall, string.find, string.byte
 local setmetatable = setmetatable
@@ -75,9 +86,33 @@ local function check_rule(rule, i, prefix)
     shadow = rule.shadow == true, prefix = check_prefix(rule.prefix or prefix, where) }
   if rule.shadow ~= nil and type(rule.shadow) ~= "boolean" then fail(where .. ": shadow must be true or false") end
   local sources = (rule.bucket ~= nil and 1 or 0) + (rule.limit ~= nil and 1 or 0) + (rule.max ~= nil and 1 or 0)
-    + (rule.quota ~= nil and 1 or 0)
+    + (rule.quota ~= nil and 1 or 0) + (rule.deny ~= nil and 1 or 0)
   if sources ~= 1 then
-    fail(where .. ": give one of bucket, limit (\"N/minute\"), max and rate, or quota ({limit, period})")
+    fail(where .. ": give one of bucket, limit (\"N/minute\"), max and rate, quota ({limit, period}) or deny")
+  end
+  local skip = rule.skip
+  if type(skip) == "function" then
+    out.skip_fn = skip
+  elseif type(skip) == "table" then
+    out.skip = {}
+    for i = 1, #skip do
+      if type(skip[i]) ~= "string" then fail(where .. ": skip is a function or a list of identities") end
+      out.skip[skip[i]] = true
+    end
+  elseif skip ~= nil then
+    fail(where .. ": skip is a function or a list of identities, got " .. type(skip))
+  end
+  if rule.deny ~= nil then
+    if rule.deny ~= true then fail(where .. ": deny must be true") end
+    if rule.block_ms ~= nil or out.shadow then fail(where .. ": a deny rule takes no block_ms and is never shadow") end
+    local retry = rule.retry_after == nil and 3600 or rule.retry_after
+    if type(retry) ~= "number" or retry % 1 ~= 0 or retry < 1 then
+      fail(where .. ": retry_after is a whole number of seconds >= 1, got " .. tostring(rule.retry_after))
+    end
+    out.deny, out.retry_after = true, retry
+    out.key = key_spec(rule.key, where)
+    if rule.binary ~= nil then out.key.binary = rule.binary == true end
+    return out
   end
   if rule.quota ~= nil then
     local q = rule.quota
@@ -102,6 +137,13 @@ local function check_rule(rule, i, prefix)
       with_where(bucket_mod.check_cost, where, rule.cost, out.bucket)
     end
     out.cost = rule.cost
+  end
+  if rule.block_ms ~= nil then
+    if out.bucket then
+      local _, bad = penalty.check(rule.block_ms, out.bucket, out.cost_fn and 0 or out.cost or 1)
+      if bad ~= nil then fail(where .. ": " .. tostring(bad.message or bad)) end
+    end
+    out.block_ms = rule.block_ms
   end
   out.key = key_spec(rule.key, where)
   if rule.binary ~= nil then out.key.binary = rule.binary == true end
@@ -228,16 +270,59 @@ local function called(rule, what, f, ctx)
   return res
 end
 
+-- A 429 for a deny rule, sent before anything goes to Redis.
+local function denied(rule)
+  local name, retry = rule.name, rule.retry_after
+  return {
+    status = 429,
+    refusal = {
+      status = 429,
+      reason = "limited",
+      headers = {
+        ["RateLimit-Policy"] = '"' .. name .. '";q=0',
+        ["RateLimit"] = '"' .. name .. '";r=0;t=' .. retry,
+        ["Retry-After"] = tostring(retry),
+      },
+      body = {
+        type = "https://iana.org/assignments/http-problem-types#quota-exceeded",
+        title = "Request cannot be satisfied as assigned quota has been exceeded",
+        status = 429,
+        detail = "Rate limited by " .. name .. ": retry in " .. retry .. " s.",
+        ["violated-policies"] = { name },
+      },
+    },
+  }
+end
+
+-- Whether a trusted caller's request skips the rule: its skip function
+-- answers true, or its identity is in the skip list.
+local function skips(self, rule, var, ctx)
+  if rule.skip_fn then
+    local yes, bad = called(rule, "skip", rule.skip_fn, ctx)
+    if yes == false and bad then return nil, bad end
+    return yes == true
+  end
+  if rule.skip then
+    local id = identity(self, { name = rule.name, key = rule.key, optional = true }, var, ctx)
+    return id ~= nil and id ~= false and rule.skip[id] == true
+  end
+  return false
+end
+
 -- This request's groups {key, bucket, cost, shadow = true for a shadow
--- rule's} and its lease {key,
+-- rule's, block_ms} and its lease {key,
 -- concurrency, weight} (or nil), or nil and a refusal {status, cause,
 -- detail}. `var(name)` reads an nginx variable; functions get `ctx`.
 function Rules:evaluate(var, ctx)
   local groups = {}
   for i = 1, #self.rules do
     local rule = self.rules[i]
-    local id, bad = identity(self, rule, var, ctx)
+    local skipped, bad = skips(self, rule, var, ctx)
+    if skipped == nil then return nil, bad end
+    local id
+    if skipped then id = nil else id, bad = identity(self, rule, var, ctx) end
     if id == false then return nil, bad end
+    if id ~= nil and rule.deny then return nil, denied(rule) end
     if id ~= nil then
       local b = rule.bucket
       if b == nil then
@@ -257,7 +342,15 @@ function Rules:evaluate(var, ctx)
         cost, bad = called(rule, "cost", rule.cost_fn, ctx)
         if cost == false then return nil, bad end
       end
-      groups[#groups + 1] = { redis_key(rule, id), b, cost == nil and 1 or cost, shadow = rule.shadow or nil }
+      if rule.block_ms ~= nil and (rule.bucket_fn or rule.cost_fn) then
+        local _, wrong = penalty.check(rule.block_ms, b, cost == nil and 1 or cost)
+        if wrong ~= nil then
+          return nil, { status = 500, cause = "rule " .. rule.name .. ": " .. tostring(wrong.message or wrong),
+            detail = "The rate limiter's rules failed." }
+        end
+      end
+      groups[#groups + 1] = { redis_key(rule, id), b, cost == nil and 1 or cost, shadow = rule.shadow or nil,
+        block_ms = rule.block_ms }
     end
     ::continue::
   end
