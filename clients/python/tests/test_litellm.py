@@ -36,9 +36,9 @@ from conftest import run
 from fastapi import HTTPException
 from litellm.proxy._types import UserAPIKeyAuth
 from tblitellm import AUTH, Proxy, Stub, chat, config, start_proxies
-from tbservers import Server
+from tbservers import Cluster, Server
 
-from redis_tokenbucket import Limiter
+from redis_tokenbucket import Bucket, Limiter
 from redis_tokenbucket.asyncio import Limiter as AsyncLimiter
 from redis_tokenbucket.litellm import RulesError, TokenBucketHook, load, parse
 
@@ -568,6 +568,36 @@ def test_a_release_goes_out_while_the_breaker_is_open(tmp_path: Path):
     finally:
         server.resume()
         server.stop()
+
+
+def test_on_a_cluster_a_later_denial_refunds_the_earlier_and_holds_no_slot(tmp_path: Path):
+    cluster = Cluster("redis-7.0", tmp_path / "cluster", module=True).start()
+
+    async def body() -> None:
+        tiers = {"default": {"key": {"rpm": 5, "parallel": 2}, "team": {"rpm": 1}}}
+        spec = parse({"on_error": "closed", "tiers": tiers}, "test")
+        client = redis.asyncio.RedisCluster(host="127.0.0.1", port=cluster.port)
+        hook = TokenBucketHook(spec, AsyncLimiter(client))
+        auth = UserAPIKeyAuth(api_key="sk-cluster", team_id="team-c")
+        first = await admit(hook, auth, request(litellm_call_id="c1"))
+        # The key's slot and bucket are in other slots than the team's bucket: taken
+        # one by one, then given back when the team's bucket (spent) refuses.
+        denied = await refused(hook, auth, request(litellm_call_id="c2"))
+        assert denied.status_code == 429 and "team" in str(denied.detail)
+        keys = [k.decode() async for k in client.scan_iter("llm:key:*")]
+        (bucket,) = [k for k in keys if ":requests:" in k]
+        (slots,) = [k for k in keys if ":parallel:" in k]
+        lim = hook.limiter
+        assert (await lim.peek(bucket, Bucket(5, 5 / 60), 0)).remaining == 4  # c1's only
+        assert await lim.in_flight(slots) == 1  # c1's only
+        await hook.async_post_call_success_hook(first, auth, {})
+        assert await lim.in_flight(slots) == 0
+        await client.aclose()
+
+    try:
+        run(body())
+    finally:
+        cluster.stop()
 
 
 @pytest.mark.parametrize(
