@@ -86,7 +86,7 @@ FUZZ_SECONDS ?= 120
 .PHONY: help build run check test test-rust test-matrix test-examples test-python test-dist \
         test-prometheus test-node test-openresty test-rls test-litellm lint lint-docs lint-rust lint-python lint-prometheus lint-node lint-generated contract \
         deps build-deps run-deps prometheus-deps openresty-deps venv python-tools python-wheel node-tools install dist \
-        bench bench-python bench-node bench-gateway bench-litellm bench-leases bench-failover charts bench-prometheus bench-nginx run-nginx run-rls \
+        bench bench-python bench-node bench-gateway bench-litellm bench-rls bench-leases bench-failover charts bench-prometheus bench-nginx run-nginx run-rls \
         fuzz fuzz-smoke soak clean
 
 # Grouped under the `# ---- name ----` headings below, in file order.
@@ -333,6 +333,12 @@ LITELLM_BENCH := $(lastword $(LITELLM_VERSIONS))
 bench-litellm: deps build ## two LiteLLM proxies sharing Redis: no limiter, its router's rpm and parallel, this hook: admitted vs budget, streams vs cap, slots held, latency added
 	TB_LITELLM_SETUP_ONLY=1 bash scripts/test-litellm.sh "$(LITELLM_BENCH)" $(LITELLM_TEST_PKGS)
 	$(PY_CLIENT)/.venv-litellm-$(LITELLM_BENCH)/bin/python bench/litellm.py --report docs/benchmarks.md
+
+# A release build of tb-rls and of the bench (the client must not be the
+# bottleneck); the module comes from `build`.
+bench-rls: run-deps build ## tb-rls (1 and 2 instances) against envoyproxy/ratelimit's INCRBY + EXPIRE pipeline: decisions/s, p50/p99, Redis and tb-rls CPU per decision, admitted vs budget; writes docs/benchmarks.md
+	cargo build --release -p tb-rls --bin tb-rls
+	cargo run --release -p tb-rls --example bench_rls -- --report docs/benchmarks.md
 
 bench-leases: deps venv build ## lease calls on keys of 1 to 10,000 live leases (pairs, denials, a churn): module, FCALL, EVAL, a sorted-set script
 	$(PY) bench/leases.py --report docs/benchmarks.md
