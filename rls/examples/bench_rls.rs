@@ -471,6 +471,19 @@ fn args() -> R<Args> {
     Ok(a)
 }
 
+/// `n` rounded, with thousands separated by commas, as the other tables.
+fn thousands(n: f64) -> String {
+    let digits = format!("{:.0}", n.max(0.0));
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
 fn verdict(ok: bool) -> &'static str {
     if ok {
         "PASS"
@@ -627,11 +640,12 @@ fn report(cells: &[Cell], exact: &[Exact], secs: f64) -> String {
          \n\
          Targets:\n\
          \n\
-         - exact: a budget of {BUDGET} a day on one key, {EXACT_SENT} requests sent through tb-rls; admitted within\n\
+         - exact: a budget of {BUDGET} a day on one key, {} requests sent through tb-rls; admitted within\n\
          \x20 one token of the budget at every concurrency, with one tb-rls and with two.\n\
          - Redis CPU per decision with the module at most 1.1x the fixed window's pipeline, with 1 and with 3\n\
          \x20 descriptors, at the same concurrency: `module` against `fixed window`, and `tb-rls` against\n\
-         \x20 `fixed window at tb-rls's rate`.\n"
+         \x20 `fixed window at tb-rls's rate`.\n",
+        thousands(EXACT_SENT as f64)
     );
     let _ = writeln!(
         s,
@@ -653,12 +667,12 @@ fn report(cells: &[Cell], exact: &[Exact], secs: f64) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.1} | {} | {} |",
             c.backend,
             c.descs,
             c.instances,
             c.in_flight,
-            c.per_s,
+            thousands(c.per_s),
             c.p50,
             c.p99,
             c.redis_us,
@@ -677,10 +691,11 @@ fn report(cells: &[Cell], exact: &[Exact], secs: f64) -> String {
     for e in exact {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {EXACT_SENT} | {} | {BUDGET} | {} |",
+            "| {} | {} | {} | {} | {} | {BUDGET} | {} |",
             e.descs,
             e.instances,
             e.in_flight,
+            thousands(EXACT_SENT as f64),
             e.admitted,
             verdict(e.pass())
         );

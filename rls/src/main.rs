@@ -128,7 +128,10 @@ async fn run() -> Result<(), Error> {
             .with_graceful_shutdown(shutdown())
             .await
     });
-    let incoming = tonic::transport::server::TcpIncoming::from(grpc);
+    // The builder's TCP_NODELAY (on by default) is ignored for an incoming
+    // stream: without it, a reply written in two segments waits on the
+    // caller's delayed ACK (40 ms p99s under load in `make bench-rls`).
+    let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(RateLimitServiceServer::from_arc(service))
