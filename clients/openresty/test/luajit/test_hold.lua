@@ -101,6 +101,30 @@ function T.a_lease_whose_request_is_gone_without_done_is_let_go()
   h.ok(logs[#logs]:find("log_by_lua_block", 1, true), logs[#logs])
 end
 
+-- nginx fires a timer at whole ms, a hair before its due, and ngx.now()
+-- stands still through that pass of timers: the tick must renew (or arm at
+-- least 1 ms ahead), never arm a timer that fires again in the same pass.
+function T.a_timer_fired_a_hair_early_renews_and_never_spins()
+  local k, lim, s, clock, _, _, timers = make()
+  clock.at = 100.0004
+  local lease = lim:acquire("rl:streams:u", C)
+  k:hold(lease, nil)
+  h.eq(#timers, 1)
+  local due = timers[1].at -- 101.0004
+  clock.at = math.floor(due * 1000) / 1000 -- the ms nginx fires it in
+  local passes = 0
+  while timers[1] and timers[1].at <= clock.at + 0.001 and passes < 10 do
+    passes = passes + 1
+    table.remove(timers, 1).fn(false)
+  end
+  h.eq(passes, 1, "one tick in this pass")
+  local renews = 0
+  for _, name in ipairs(s.sent) do if name == "tb.renew" then renews = renews + 1 end end
+  h.eq(renews, 1, "renewed, a hair early")
+  h.eq(#timers, 1)
+  h.ok(timers[1].at >= clock.at + 0.9, "the next one a third of the lease on")
+end
+
 function T.one_timer_at_a_time_for_many_leases()
   local k, lim, _, _, _, _, timers = make()
   for i = 1, 50 do k:hold(lim:acquire("rl:streams:u" .. i, C), nil) end

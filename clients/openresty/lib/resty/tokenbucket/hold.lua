@@ -47,12 +47,19 @@ end
 
 local tick
 
+-- nginx runs timers at whole ms, and ngx.now() stands still while it runs
+-- a pass of them: a delay under 1 ms would fire in that same pass, still
+-- before its due, and arm again, forever, starving the worker's I/O. So a
+-- delay is at least 1 ms, and a lease within 1 ms of its due is due.
+local MS = 0.001
+
 local function arm(self, at)
   if self.armed_at ~= nil and self.armed_at <= at then return end
   self.generation = self.generation + 1
   local generation = self.generation
   self.armed_at = at
-  local ok, err = self.timer_at(max(0, at - self.clock()), function(premature) tick(self, generation, premature) end)
+  local delay = max(MS, at - self.clock())
+  local ok, err = self.timer_at(delay, function(premature) tick(self, generation, premature) end)
   if not ok then
     self.armed_at = nil
     self.logonce:report("keeper-timer", 60, "error", "rate limiter: no timer to renew leases (" .. tostring(err)
@@ -63,7 +70,8 @@ end
 local function rearm(self)
   local next_due
   for handle in pairs(self.held) do
-    if next_due == nil or handle.due < next_due then next_due = handle.due end
+    -- A lease being renewed is armed again by the tick renewing it.
+    if not handle.renewing and (next_due == nil or handle.due < next_due) then next_due = handle.due end
   end
   if next_due ~= nil then arm(self, next_due) end
 end
@@ -86,7 +94,7 @@ tick = function(self, generation, premature)
       drop(self, handle)
       self.logonce:report("keeper-orphan", 60, "warn", "rate limiter: a lease of " .. handle.lease.key
         .. " outlived its request and was left to expire: is log_by_lua_block { limit:log() } missing?")
-    elseif handle.due <= now and not handle.renewing then
+    elseif handle.due <= now + MS and not handle.renewing then
       due[#due + 1] = handle
     end
   end
