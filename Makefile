@@ -62,7 +62,9 @@ INSTALL_DOCS  = README.md CHANGELOG.md $(wildcard LICENSE) docs/*.md docs/img/*.
                 clients/python/README.md clients/node/README.md clients/openresty/README.md clients/spec/README.md \
                 contrib/prometheus/README.md contrib/prometheus/scrape-cost.md contrib/prometheus/tb-rules.yml \
                 contrib/prometheus/tb-dashboard.json contrib/prometheus/tb-collect.lua \
-                contrib/prometheus/python/tb_metrics.py bench/optimisations.md
+                contrib/prometheus/python/tb_metrics.py bench/optimisations.md \
+                rls/README.md examples/envoy/README.md examples/envoy/envoy.yaml \
+                examples/envoy/ratelimit/config.yaml examples/litellm/README.md
 # The one version: [package] in Cargo.toml (no cargo needed to read it).
 TB_VERSION   := $(shell awk -F'"' '/^\[/ { p = ($$0 == "[package]") } p && /^version *=/ { print $$2; exit }' Cargo.toml)
 DIST_NAME    := redis-tokenbucket-$(TB_VERSION)-linux-$(shell uname -m)
